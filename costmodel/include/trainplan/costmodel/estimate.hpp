@@ -1,0 +1,102 @@
+#pragma once
+// Estimate: memory per GPU on the worst rank, time per step, throughput, and the cost of a whole
+// training run (checkpoints, failures, GPU-hours) for one fixed Plan; the
+// `trainplan/estimate/v1` document. The executor writes measurements in the same shape.
+
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "trainplan/costmodel/plan.hpp"
+#include "trainplan/costmodel/units.hpp"
+
+namespace trainplan::costmodel {
+
+// Model states per GPU (ZeRO paper accounting), before activations and buffers.
+struct ModelStateBytes {
+  double weights = 0;
+  double gradients = 0;
+  double optimizer = 0;  // optimizer states incl. fp32 master weights
+};
+
+// Bytes per trainable parameter of each model state for a precision and optimizer
+// (ZeRO §3: mixed-precision Adam is 2 + 2 + K with K = 12).
+struct StateWidths {
+  double weights = 0, gradients = 0, optimizer = 0;
+};
+[[nodiscard]] StateWidths state_widths(Precision precision, OptimizerKind optimizer);
+
+// Model-state bytes of `params` parameters replicated over `dp` ranks with ZeRO stage
+// `zero_stage` (0..3): ZeRO Table 1 for mixed-precision Adam.
+[[nodiscard]] ModelStateBytes zero_model_states(double params, Precision precision, OptimizerKind optimizer,
+                                                int zero_stage, int dp);
+
+struct MemoryBreakdown {
+  Bytes weights, gradients, optimizer, activations, buffers, overhead, total, capacity;
+  int worst_stage = 0;           // pipeline stage with the largest total
+  double micro_batches_in_flight = 0;  // on that stage, per the schedule
+  Bytes cpu_offload_per_node;    // host memory used by offloaded states
+};
+
+struct TimeBreakdown {
+  Seconds step, compute, recompute, tp_comm, cp_comm, ep_comm, pp_comm, dp_comm_exposed, dp_comm_total, bubble,
+      optimizer, offload;
+};
+
+struct Throughput {
+  double tokens_per_second = 0;
+  double tokens_per_second_per_gpu = 0;
+  double model_tflops_per_gpu = 0;     // model FLOPs (no recompute) per second per GPU, in TFLOP/s
+  double hardware_tflops_per_gpu = 0;  // executed FLOPs (recompute included), in TFLOP/s
+  double mfu = 0;                      // model FLOPs utilisation, fraction of dense peak
+  double hfu = 0;                      // hardware FLOPs utilisation
+};
+
+struct RunCost {
+  double train_tokens = 0;
+  Seconds compute_time;          // failure-free time to train train_tokens
+  Bytes checkpoint_bytes;        // whole job, all shards
+  Seconds checkpoint_write_time; // blocking write at the cluster's storage bandwidth
+  Seconds checkpoint_interval;   // optimal interval (Young/Daly)
+  Seconds job_mtbf;
+  double goodput = 1;            // compute_time / wall_time
+  Seconds wall_time;             // with checkpoints, failures, restarts
+  double gpu_hours = 0;
+  double cost_usd = 0;
+};
+
+// The pipeline schedule the time model assumes, for drawing it.
+struct PipelineTimeline {
+  int stages = 1;
+  int virtual_stages = 1;
+  int micro_batches = 1;
+  Schedule schedule = Schedule::kOneFOneB;
+  std::vector<double> forward_seconds;   // per stage, one micro-batch through all its chunks
+  std::vector<double> backward_seconds;  // per stage, recompute included
+  double p2p_seconds = 0;                // one activation transfer between stages
+};
+
+struct Estimate {
+  bool fits = true;
+  std::vector<std::string> reasons;  // why it does not fit, or notable warnings
+  MemoryBreakdown memory;
+  TimeBreakdown time;
+  Throughput throughput;
+  RunCost run;
+  PipelineTimeline pipeline;
+  int micro_batches = 1;  // per optimizer step per pipeline (gradient-accumulation steps)
+  double parameters = 0;  // total model parameters
+  double trainable_parameters = 0;
+};
+
+// REQUIRES: validate_plan(plan) is ok. Never fails: a plan that does not fit has fits == false
+// and the reason in `reasons`.
+[[nodiscard]] Estimate estimate(const Plan& plan);
+
+// Cost of a run given a step time; exposed for tests of the Young/Daly model.
+[[nodiscard]] RunCost run_cost(const Plan& plan, Seconds step, double checkpoint_bytes);
+
+[[nodiscard]] nlohmann::json estimate_to_json(const Plan& plan, const Estimate& e);
+
+}  // namespace trainplan::costmodel

@@ -1,0 +1,68 @@
+#pragma once
+// HardwareProfile: one cluster kind (GPU, node, intra- and inter-node links, storage, reliability,
+// price) and the `trainplan/hwprofile/v1` JSON document. Units are converted once, on load.
+
+#include <string>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "trainplan/costmodel/result.hpp"
+#include "trainplan/costmodel/units.hpp"
+
+namespace trainplan::costmodel {
+
+enum class Dtype { kFp32 = 0, kBf16 = 1, kFp16 = 2, kFp8 = 3 };
+inline constexpr int kDtypeCount = 4;
+[[nodiscard]] const char* dtype_name(Dtype d);
+[[nodiscard]] double dtype_bytes(Dtype d);
+
+struct GpuSpec {
+  std::string name;
+  FlopsPerSecond peak[kDtypeCount];  // dense peak per dtype; 0 where unsupported (fp8 on A100)
+  Bytes hbm_capacity;
+  BytesPerSecond hbm_bandwidth;
+  int sm_count = 0;
+  double gemm_efficiency = 0;      // fraction of peak a large, well-shaped GEMM reaches
+  double attention_efficiency = 0; // fraction of peak a fused (flash) attention kernel reaches
+  double memory_efficiency = 0;    // fraction of HBM bandwidth a streaming kernel reaches
+  Bytes reserved_memory;           // CUDA context, cuBLAS/NCCL workspaces: not usable for tensors
+  Seconds min_kernel_time;         // launch + tail: no kernel is shorter than this
+  [[nodiscard]] FlopsPerSecond peak_for(Dtype d) const { return peak[static_cast<int>(d)]; }
+};
+
+struct LinkSpec {
+  std::string kind;                // "nvswitch", "nvlink", "pcie", "infiniband", "roce", "efa"
+  BytesPerSecond bandwidth;        // intra: per GPU per direction; inter: per NIC per direction
+  int nics_per_node = 0;           // inter-node only
+  double efficiency = 0;           // bus bandwidth reached by large NCCL collectives / wire rate
+  Seconds latency;                 // per message hop
+};
+
+struct HardwareProfile {
+  std::string name;
+  std::string source;
+  GpuSpec gpu;
+  int gpus_per_node = 0;
+  BytesPerSecond pcie_bandwidth;          // host<->GPU, per GPU per direction
+  Bytes cpu_memory;                       // per node
+  BytesPerSecond cpu_memory_bandwidth;    // per node
+  BytesPerSecond nvme_bandwidth;          // per node, for NVMe offload
+  LinkSpec intra_node;
+  LinkSpec inter_node;
+  BytesPerSecond checkpoint_write_bandwidth;  // aggregate, to the shared file system
+  double gpu_mtbf_hours = 0;              // mean time between failures of one GPU (incl. its host share)
+  Seconds restart_time;                   // detect, reschedule, reload after a failure
+  double price_per_gpu_hour_usd = 0;
+
+  // Inter-node bandwidth available to one GPU when all GPUs of a node send at once.
+  [[nodiscard]] BytesPerSecond nic_bandwidth_per_gpu() const {
+    return BytesPerSecond(inter_node.bandwidth.value() * inter_node.nics_per_node / gpus_per_node);
+  }
+};
+
+[[nodiscard]] Result<HardwareProfile> parse_hwprofile(const nlohmann::json& json, const std::string& file,
+                                                      const std::string& pointer = "");
+[[nodiscard]] Result<HardwareProfile> parse_hwprofile_text(const std::string& text, const std::string& file);
+[[nodiscard]] nlohmann::json hwprofile_to_json(const HardwareProfile& hw);
+
+}  // namespace trainplan::costmodel

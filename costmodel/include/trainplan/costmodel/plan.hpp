@@ -1,0 +1,146 @@
+#pragma once
+// Plan: what to train (model), where (cluster, GPU count), how (training settings) and with
+// which parallel layout; the `trainplan/plan/v1` document. A PlanRequest may leave parallel
+// fields open ("auto" or omitted) for the planner to search; a Plan has all of them fixed.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "trainplan/costmodel/hardware.hpp"
+#include "trainplan/costmodel/model.hpp"
+#include "trainplan/costmodel/result.hpp"
+
+namespace trainplan::costmodel {
+
+enum class Precision { kFp32, kBf16, kFp16, kFp8 };
+enum class OptimizerKind { kAdamW, kSgdMomentum, kAdafactor, kAdam8bit };
+enum class TrainingMode { kPretrain, kFull, kLora, kQlora };
+enum class Schedule { kGpipe, kOneFOneB, kInterleaved };
+enum class Recompute { kNone, kSelective, kFull };
+enum class Offload { kNone, kCpu, kNvme };
+enum class AttentionKernel { kFlash, kStandard };
+enum class QuantFormat { kNf4, kInt8 };
+
+const char* precision_name(Precision p);
+const char* optimizer_name(OptimizerKind o);
+const char* mode_name(TrainingMode m);
+const char* schedule_name(Schedule s);
+const char* recompute_name(Recompute r);
+const char* offload_name(Offload o);
+
+struct LoraConfig {
+  int rank = 16;
+  // Linear layers that carry adapters: any of q, k, v, o, gate, up, down.
+  std::vector<std::string> targets = {"q", "k", "v", "o"};
+  QuantFormat base_format = QuantFormat::kNf4;  // QLoRA only: storage of the frozen base weights
+};
+
+struct TrainingConfig {
+  std::int64_t seq_len = 0;        // tokens per sequence; 0 = the model's max_seq_len
+  std::int64_t global_batch = 0;   // sequences per optimizer step; 0 = default (see resolve_defaults)
+  Precision precision = Precision::kBf16;
+  OptimizerKind optimizer = OptimizerKind::kAdamW;
+  TrainingMode mode = TrainingMode::kPretrain;
+  LoraConfig lora;
+  double train_tokens = 0;         // tokens to train; 0 = default (20 per parameter when pretraining)
+  bool dropout = false;            // dropout layers present (stores masks, costs time)
+  AttentionKernel attention = AttentionKernel::kFlash;
+  // Element-wise ops (norms, rotary, activation functions): fused kernels (Megatron, Transformer
+  // Engine, torch.compile) or one PyTorch eager kernel per op with fp32 upcasts.
+  bool fused_kernels = true;
+};
+
+struct ParallelConfig {
+  int tp = 1;                      // tensor parallel (within a node, innermost axis)
+  int pp = 1;                      // pipeline stages
+  int dp = 1;                      // data parallel replicas (ZeRO shards over this axis)
+  int cp = 1;                      // context parallel (ring attention over sequence chunks)
+  int ep = 1;                      // expert parallel, carved out of dp; REQUIRES dp % ep == 0
+  bool sequence_parallel = false;  // Megatron SP; meaningful only with tp > 1
+  int zero_stage = 0;              // 0 DDP, 1 optimizer, 2 +gradients, 3 +parameters (FSDP full shard)
+  int shard_group = 0;             // ZeRO-3 hybrid shard group size; 0 = dp (shard over all of dp)
+  int micro_batch = 1;             // sequences per micro-batch per replica
+  int virtual_stages = 1;          // model chunks per pipeline rank (interleaved 1F1B)
+  Schedule schedule = Schedule::kOneFOneB;
+  Recompute recompute = Recompute::kNone;
+  int recompute_layers = 0;        // with recompute "full": layers per stage recomputed; 0 = all
+  Offload offload_optimizer = Offload::kNone;  // optimizer states (+ master weights) and step on CPU/NVMe
+  Offload offload_params = Offload::kNone;     // ZeRO-Infinity: sharded parameters kept off the GPU
+  std::int64_t fsdp_wrap_min_params = 0;       // FSDP unit size: 0 = one unit per transformer block
+  bool prefetch = true;                        // FSDP/ZeRO-3 forward/backward prefetch of the next unit
+  Dtype reduce_dtype = Dtype::kFp32;           // gradient reduction dtype for data parallelism
+  // Gradient reduction overlaps the backward pass (DDP, FSDP, Megatron --overlap-grad-reduce);
+  // false: it runs after the last backward (Megatron-LM before 2023).
+  bool overlap_grad_reduce = true;
+
+  [[nodiscard]] int gpus() const { return tp * pp * dp * cp; }
+  [[nodiscard]] int shard_size() const { return zero_stage == 3 && shard_group > 0 ? shard_group : dp; }
+};
+
+// Which parallel fields the user fixed; unset fields are searched by the planner.
+struct ParallelConstraints {
+  std::optional<int> tp, pp, dp, cp, ep, zero_stage, shard_group, micro_batch, virtual_stages;
+  std::optional<bool> sequence_parallel;
+  std::optional<Schedule> schedule;
+  std::optional<Recompute> recompute;
+  int recompute_layers = 0;
+  std::optional<Offload> offload_optimizer;
+  Offload offload_params = Offload::kNone;
+  std::int64_t fsdp_wrap_min_params = 0;
+  bool prefetch = true;
+  Dtype reduce_dtype = Dtype::kFp32;
+  bool overlap_grad_reduce = true;
+  [[nodiscard]] bool fully_fixed() const;
+  // REQUIRES: fully_fixed().
+  [[nodiscard]] ParallelConfig fixed() const;
+};
+
+struct PlanRequest {
+  std::string name;
+  std::string model_ref;     // what the document named ("llama3-70b", a path, or "inline")
+  std::string cluster_ref;
+  ModelSpec model;
+  HardwareProfile cluster;
+  int gpus = 0;
+  TrainingConfig training;
+  ParallelConstraints parallel;
+};
+
+struct Plan {
+  std::string name;
+  std::string model_ref;
+  std::string cluster_ref;
+  ModelSpec model;
+  HardwareProfile cluster;
+  int gpus = 0;
+  TrainingConfig training;
+  ParallelConfig parallel;
+};
+
+// Fills seq_len, global_batch and train_tokens left at 0 with their documented defaults:
+// seq_len = max_seq_len; global_batch = 4 Mi tokens / seq_len when pretraining, 128 otherwise;
+// train_tokens = 20 x parameters (Chinchilla) when pretraining, 1e9 otherwise.
+void resolve_training_defaults(const ModelSpec& model, TrainingConfig& training);
+
+// Parses a plan document. Model and cluster may be preset names, paths (relative paths are
+// tried as given, then beside `file`), or inline documents.
+[[nodiscard]] Result<PlanRequest> parse_plan(const nlohmann::json& json, const std::string& file);
+[[nodiscard]] Result<PlanRequest> parse_plan_text(const std::string& text, const std::string& file);
+[[nodiscard]] Result<PlanRequest> load_plan_file(const std::string& path);
+
+// Structural checks of a fixed plan (divisibility, products, supported combinations).
+// Returns the first violated rule as an error, e.g.
+// "tp(8) * cp(1) * pp(4) * dp(4) = 128 != gpus(64)". Not fitting in memory is no error.
+[[nodiscard]] Result<bool> validate_plan(const Plan& plan);
+// Checks constraints alone against model and GPU count (for early, clear CLI errors).
+[[nodiscard]] Result<bool> validate_request(const PlanRequest& request);
+
+[[nodiscard]] nlohmann::json plan_to_json(const Plan& plan, bool inline_documents = false);
+[[nodiscard]] nlohmann::json parallel_to_json(const ParallelConfig& p);
+[[nodiscard]] nlohmann::json training_to_json(const TrainingConfig& t);
+
+}  // namespace trainplan::costmodel

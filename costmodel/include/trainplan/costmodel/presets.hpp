@@ -1,0 +1,42 @@
+#pragma once
+// Built-in presets: the model documents in samples/models/ and the hardware profiles in
+// hwprofiles/, compiled into the library (cmake/EmbedPresets.cmake), plus name resolution:
+// a preset name, a short alias ("70b"), or a path to a JSON file.
+
+#include <string>
+#include <vector>
+
+#include "trainplan/costmodel/hardware.hpp"
+#include "trainplan/costmodel/model.hpp"
+#include "trainplan/costmodel/result.hpp"
+
+namespace trainplan::costmodel {
+
+struct EmbeddedDocument {
+  const char* name;  // file stem, e.g. "llama3-70b"
+  const char* path;  // source path at build time (for messages)
+  const char* text;  // the JSON text
+};
+
+const std::vector<EmbeddedDocument>& embedded_models();
+const std::vector<EmbeddedDocument>& embedded_hwprofiles();
+
+// The default cluster when none is given.
+inline constexpr const char* kDefaultCluster = "dgx-h100";
+
+// Preset names, sorted as stored.
+[[nodiscard]] std::vector<std::string> model_preset_names();
+[[nodiscard]] std::vector<std::string> hwprofile_preset_names();
+
+// Short aliases: "70b" -> "llama3-70b", "405b" -> "llama3-405b", "8b" -> "llama3-8b", "175b" -> "gpt3-175b".
+[[nodiscard]] std::string resolve_model_alias(const std::string& name);
+
+// Finds a model by preset name, alias, or path to a `trainplan/model/v1` file. The error lists
+// the presets when the name is unknown.
+[[nodiscard]] Result<ModelSpec> find_model(const std::string& name_or_path);
+[[nodiscard]] Result<HardwareProfile> find_hwprofile(const std::string& name_or_path);
+
+// Reads a whole file; the error names the path.
+[[nodiscard]] Result<std::string> read_text_file(const std::string& path);
+
+}  // namespace trainplan::costmodel

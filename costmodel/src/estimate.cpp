@@ -1,0 +1,495 @@
+#include "trainplan/costmodel/estimate.hpp"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdio>
+
+#include <nlohmann/json.hpp>
+
+#include "trainplan/costmodel/compute.hpp"
+#include "trainplan/costmodel/network.hpp"
+
+namespace trainplan::costmodel {
+
+StateWidths state_widths(Precision precision, OptimizerKind optimizer) {
+  const bool fp32 = precision == Precision::kFp32;
+  StateWidths w;
+  w.weights = fp32 ? 4 : 2;
+  w.gradients = fp32 ? 4 : 2;
+  // Optimizer states per parameter; mixed precision adds a 4-byte fp32 master copy.
+  double states = 0;
+  switch (optimizer) {
+    case OptimizerKind::kAdamW: states = 8; break;        // momentum + variance, fp32
+    case OptimizerKind::kSgdMomentum: states = 4; break;  // momentum, fp32
+    case OptimizerKind::kAdafactor: states = 0; break;    // factored second moment: O(rows + cols)
+    case OptimizerKind::kAdam8bit: states = 2; break;     // block-wise 8-bit momentum + variance
+  }
+  w.optimizer = states + (fp32 ? 0 : 4);
+  return w;
+}
+
+ModelStateBytes zero_model_states(double params, Precision precision, OptimizerKind optimizer, int zero_stage, int dp) {
+  const StateWidths w = state_widths(precision, optimizer);
+  ModelStateBytes b;
+  b.weights = params * w.weights / (zero_stage >= 3 ? dp : 1);
+  b.gradients = params * w.gradients / (zero_stage >= 2 ? dp : 1);
+  b.optimizer = params * w.optimizer / (zero_stage >= 1 ? dp : 1);
+  return b;
+}
+
+namespace {
+
+// Ranks of each axis that share one node, with the layout TP (innermost), CP, PP, DP.
+struct NodeShare {
+  int tp = 1, cp = 1, pp = 1, dp = 1;
+};
+
+NodeShare node_share(const ParallelConfig& p, int gpus_per_node) {
+  NodeShare n;
+  int remaining = gpus_per_node;
+  const auto take = [&](int size) {
+    const int in_node = std::max(1, std::min(size, remaining));
+    remaining = std::max(1, remaining / size);
+    return in_node;
+  };
+  n.tp = take(p.tp);
+  n.cp = take(p.cp);
+  n.pp = take(p.pp);
+  n.dp = take(p.dp);
+  return n;
+}
+
+double lora_params_per_layer(const ModelSpec& m, const LoraConfig& lora) {
+  const double h = static_cast<double>(m.hidden);
+  const double kv = static_cast<double>(m.kv_dim());
+  const double f = m.moe ? static_cast<double>(m.moe->expert_ffn_hidden) : static_cast<double>(m.ffn_hidden);
+  const double copies = m.moe ? m.moe->experts : 1.0;
+  double total = 0;
+  for (const auto& t : lora.targets) {
+    if (t == "q" || t == "o") total += lora.rank * (h + h);
+    else if (t == "k" || t == "v") total += lora.rank * (h + kv);
+    else if (t == "gate" && m.architecture == Architecture::kLlama) total += copies * lora.rank * (h + f);
+    else if (t == "up" || t == "down") total += copies * lora.rank * (h + f);
+  }
+  return total;
+}
+
+// Micro-batches whose activations a stage holds at its peak.
+double in_flight(const ParallelConfig& p, int stage, int m) {
+  if (p.pp == 1) return 1;
+  switch (p.schedule) {
+    case Schedule::kGpipe: return m;
+    case Schedule::kOneFOneB: return std::min(m, p.pp - stage);
+    case Schedule::kInterleaved: {
+      // Megatron's interleaved warm-up: (p - i - 1) * 2 + (v - 1) * p chunks, plus the one in backward.
+      const double chunks = std::min<double>(static_cast<double>(m) * p.virtual_stages,
+                                             (p.pp - stage - 1) * 2.0 + (p.virtual_stages - 1.0) * p.pp + 1.0);
+      return chunks / p.virtual_stages;
+    }
+  }
+  return 1;
+}
+
+std::string gib_text(double bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f GiB", bytes / 1073741824.0);
+  return buf;
+}
+
+// Daly 2006: optimal checkpoint interval for a checkpoint cost delta and mean time between failures M.
+double daly_interval(double delta, double mtbf) {
+  if (delta >= 2 * mtbf) return mtbf;
+  const double x = std::sqrt(delta / (2 * mtbf));
+  return std::sqrt(2 * delta * mtbf) * (1 + x / 3 + x * x / 9) - delta;
+}
+
+}  // namespace
+
+RunCost run_cost(const Plan& plan, Seconds step, double checkpoint_bytes) {
+  RunCost r;
+  const HardwareProfile& hw = plan.cluster;
+  const double tokens_per_step = static_cast<double>(plan.training.global_batch) * plan.training.seq_len;
+  r.train_tokens = plan.training.train_tokens;
+  r.compute_time = Seconds(r.train_tokens / tokens_per_step * step.value());
+  r.checkpoint_bytes = Bytes(checkpoint_bytes);
+  r.checkpoint_write_time = Bytes(checkpoint_bytes) / hw.checkpoint_write_bandwidth;
+  r.job_mtbf = Seconds::hours(hw.gpu_mtbf_hours / plan.gpus);
+  const double delta = r.checkpoint_write_time.value();
+  const double mtbf = r.job_mtbf.value();
+  const double tau = std::max(daly_interval(delta, mtbf), step.value());
+  r.checkpoint_interval = Seconds(tau);
+  // Daly 2006, eq. 20: expected wall time for exponential failures with restart time R.
+  const double restart = hw.restart_time.value();
+  const double wall = mtbf * std::exp(restart / mtbf) * std::expm1((tau + delta) / mtbf) * r.compute_time.value() / tau;
+  r.wall_time = Seconds(std::isfinite(wall) ? wall : r.compute_time.value() * 1e6);
+  r.goodput = r.compute_time.value() / r.wall_time.value();
+  r.gpu_hours = r.wall_time.in_hours() * plan.gpus;
+  r.cost_usd = r.gpu_hours * hw.price_per_gpu_hour_usd;
+  return r;
+}
+
+Estimate estimate(const Plan& plan) {
+  const ModelSpec& mdl = plan.model;
+  const HardwareProfile& hw = plan.cluster;
+  const TrainingConfig& tr = plan.training;
+  const ParallelConfig& p = plan.parallel;
+  const ParameterCounts pc = count_parameters(mdl);
+  const bool lora = tr.mode == TrainingMode::kLora || tr.mode == TrainingMode::kQlora;
+  const bool fp32 = tr.precision == Precision::kFp32;
+  const double e = fp32 ? 4.0 : 2.0;
+  const int gpn = hw.gpus_per_node;
+  const NodeShare share = node_share(p, gpn);
+
+  Estimate est;
+  est.parameters = pc.total(mdl.layers);
+  est.micro_batches = static_cast<int>(tr.global_batch / (static_cast<std::int64_t>(p.dp) * p.micro_batch));
+  const int m = est.micro_batches;
+
+  LayerSetting s;
+  s.micro_batch = p.micro_batch;
+  s.seq_len = static_cast<double>(tr.seq_len);
+  s.tp = p.tp;
+  s.cp = p.cp;
+  s.ep = p.ep;
+  s.sequence_parallel = p.sequence_parallel && p.tp > 1;
+  s.precision = tr.precision;
+  s.dropout = tr.dropout;
+  s.attention = tr.attention;
+  s.fused_kernels = tr.fused_kernels;
+  s.recompute = p.recompute;
+  s.mode = tr.mode;
+  s.lora = tr.lora;
+  s.tp_group = {p.tp, share.tp};
+  s.cp_group = {p.cp, share.cp};
+  s.ep_group = {p.ep, std::min(p.ep, share.dp)};
+  LayerCost lc = transformer_layer_cost(mdl, hw, s);
+  const int max_stage_layers = (mdl.layers + p.pp - 1) / p.pp;
+  const bool partial = p.recompute == Recompute::kFull && p.recompute_layers > 0 && p.recompute_layers < max_stage_layers;
+  if (partial) {  // Megatron --recompute-num-layers: only some layers of each stage are recomputed
+    LayerSetting none = s;
+    none.recompute = Recompute::kNone;
+    lc = blend(transformer_layer_cost(mdl, hw, none), lc, static_cast<double>(p.recompute_layers) / max_stage_layers);
+  }
+  const EndsCost ec = ends_cost(mdl, hw, s);
+
+  // --- per-stage layers, parameters and times ---
+  const int stages = p.pp;
+  std::vector<int> layers(stages, mdl.layers / stages);
+  for (int i = 0; i < mdl.layers % stages; ++i) layers[i] += 1;
+  const double t = p.tp;
+  const double h = static_cast<double>(mdl.hidden);
+  const double router = mdl.moe ? h * mdl.moe->experts : 0.0;
+  const double dense_layer = (pc.attention + pc.norms + (mdl.moe ? router : pc.mlp)) / t;
+  const double expert_layer = mdl.moe ? (pc.mlp - router) / (t * p.ep) : 0.0;
+  const double lora_layer = lora ? lora_params_per_layer(mdl, tr.lora) / t : 0.0;
+
+  const StateWidths w = state_widths(tr.precision, tr.optimizer);
+  const double reduce_bytes = fp32 ? 4.0 : dtype_bytes(p.reduce_dtype);
+  const double grad_width = std::max(w.gradients, reduce_bytes);  // grads are accumulated in the reduce dtype
+  const int dense_shard = p.zero_stage == 3 ? p.shard_size() * p.cp : p.dp * p.cp;
+  const int expert_shard = std::max(1, (p.zero_stage == 3 ? p.shard_size() : p.dp) / p.ep) * p.cp;
+  const double frozen_width = tr.mode == TrainingMode::kQlora
+                                  ? (tr.lora.base_format == QuantFormat::kNf4 ? 4.127 / 8.0 : 1.0 + 4.0 / h)
+                                  : e;
+
+  struct StageState {
+    double dense = 0, expert = 0, trainable = 0, frozen = 0, frozen_linear = 0;
+    double forward = 0, backward = 0;
+    double weights = 0, gradients = 0, optimizer = 0, activations = 0, buffers = 0, overhead = 0, total = 0;
+    double in_flight = 0;
+    double host = 0;
+  };
+  std::vector<StageState> st(stages);
+  for (int i = 0; i < stages; ++i) {
+    StageState& x = st[i];
+    x.dense = layers[i] * dense_layer;
+    x.expert = layers[i] * expert_layer;
+    if (i == 0) x.dense += pc.embedding / t;
+    if (i == stages - 1) {
+      x.dense += pc.final_norm + (mdl.tied_embeddings ? (stages > 1 ? pc.embedding / t : 0.0) : pc.output / t);
+    }
+    x.forward = layers[i] * lc.forward_total() + (i == 0 ? ec.embedding_forward : 0.0) + (i == stages - 1 ? ec.head_forward : 0.0);
+    x.backward = layers[i] * lc.backward_total() + (i == 0 ? ec.embedding_backward : 0.0) + (i == stages - 1 ? ec.head_backward : 0.0);
+
+    // Model states.
+    const double base = x.dense + x.expert;
+    if (lora) {
+      x.trainable = layers[i] * lora_layer;
+      x.frozen_linear = layers[i] * (pc.attention / t + (mdl.moe ? expert_layer : pc.mlp / t));  // quantized in QLoRA
+      x.frozen = base;
+      const double other = base - x.frozen_linear;
+      const double frozen_bytes = x.frozen_linear * frozen_width + other * e;
+      const double adapters_shard = p.zero_stage >= 1 ? static_cast<double>(dense_shard) : 1.0;
+      x.weights = frozen_bytes / (p.zero_stage == 3 ? dense_shard : 1) + x.trainable * w.weights / (p.zero_stage == 3 ? dense_shard : 1);
+      x.gradients = x.trainable * grad_width / (p.zero_stage >= 2 ? dense_shard : 1);
+      x.optimizer = x.trainable * w.optimizer / adapters_shard;
+    } else {
+      x.trainable = base;
+      x.weights = x.dense * w.weights / (p.zero_stage == 3 ? dense_shard : 1) + x.expert * w.weights / (p.zero_stage == 3 ? expert_shard : 1);
+      x.gradients = x.dense * grad_width / (p.zero_stage >= 2 ? dense_shard : 1) + x.expert * grad_width / (p.zero_stage >= 2 ? expert_shard : 1);
+      x.optimizer = x.dense * w.optimizer / (p.zero_stage >= 1 ? dense_shard : 1) + x.expert * w.optimizer / (p.zero_stage >= 1 ? expert_shard : 1);
+    }
+    if (p.offload_optimizer != Offload::kNone) {
+      x.host += x.optimizer;
+      x.optimizer = 0;
+    }
+    if (p.offload_params != Offload::kNone) {
+      x.host += x.weights;
+      x.weights = 0;
+    }
+
+    // Activations.
+    x.in_flight = in_flight(p, i, m);
+    x.activations = x.in_flight * layers[i] * lc.activation_bytes;
+    if (p.recompute == Recompute::kFull) x.activations += lc.full_activation_bytes;  // the layer being recomputed
+    if (i == 0) x.activations += x.in_flight * ec.embedding_activation_bytes;
+    if (i == stages - 1) x.activations += (p.schedule == Schedule::kGpipe && stages > 1 ? m : 1) * ec.head_activation_bytes;
+
+    // Communication buffers.
+    const double tokens = p.micro_batch * static_cast<double>(tr.seq_len) / p.cp;
+    if (p.zero_stage == 3) {
+      const double unit = std::max(static_cast<double>(p.fsdp_wrap_min_params), dense_layer + expert_layer);
+      x.buffers += (p.prefetch ? 2.0 : 1.0) * unit * w.weights + unit * reduce_bytes;
+    } else if (p.dp * p.cp > 1) {
+      x.buffers += 2.0 * 25.0 * 1048576.0;  // two 25 MiB gradient buckets in flight
+    }
+    if (s.sequence_parallel) x.buffers += tokens * h * e;  // gathered input of a column-parallel GEMM
+    if (stages > 1) x.buffers += 2.0 * tokens * h * e / (s.sequence_parallel ? t : 1.0);  // p2p send/recv
+    x.overhead = hw.gpu.reserved_memory.value() + 0.05 * (x.activations + x.buffers);
+    x.total = x.weights + x.gradients + x.optimizer + x.activations + x.buffers + x.overhead;
+  }
+
+  // Worst stage for memory; slowest stage for time.
+  int worst = 0, slowest = 0;
+  double stage_sum = 0;
+  for (int i = 0; i < stages; ++i) {
+    if (st[i].total > st[worst].total) worst = i;
+    if (st[i].forward + st[i].backward > st[slowest].forward + st[slowest].backward) slowest = i;
+    stage_sum += st[i].forward + st[i].backward;
+  }
+  const StageState& W = st[worst];
+  const StageState& S = st[slowest];
+  est.trainable_parameters = lora ? mdl.layers * lora_params_per_layer(mdl, tr.lora) : est.parameters;
+
+  MemoryBreakdown& mem = est.memory;
+  mem.weights = Bytes(W.weights);
+  mem.gradients = Bytes(W.gradients);
+  mem.optimizer = Bytes(W.optimizer);
+  mem.activations = Bytes(W.activations);
+  mem.buffers = Bytes(W.buffers);
+  mem.overhead = Bytes(W.overhead);
+  mem.total = Bytes(W.total);
+  mem.capacity = hw.gpu.hbm_capacity;
+  mem.worst_stage = worst;
+  mem.micro_batches_in_flight = W.in_flight;
+  double host = 0;
+  for (const auto& x : st) host = std::max(host, x.host);
+  mem.cpu_offload_per_node = Bytes(host * gpn);
+
+  if (W.total > mem.capacity.value()) {
+    est.fits = false;
+    std::string where = stages > 1 ? "stage " + std::to_string(worst) + " needs " : "needs ";
+    est.reasons.push_back(where + gib_text(W.total) + " > " + gib_text(mem.capacity.value()) + " (weights " +
+                          gib_text(W.weights) + ", gradients " + gib_text(W.gradients) + ", optimizer " +
+                          gib_text(W.optimizer) + ", activations " + gib_text(W.activations) + ")");
+  }
+  if (p.offload_optimizer == Offload::kCpu || p.offload_params == Offload::kCpu) {
+    if (mem.cpu_offload_per_node.value() > 0.9 * hw.cpu_memory.value()) {
+      est.fits = false;
+      est.reasons.push_back("offload needs " + gib_text(mem.cpu_offload_per_node.value()) + " of host memory per node > 90% of " +
+                            gib_text(hw.cpu_memory.value()));
+    }
+  }
+
+  // --- time per step ---
+  TimeBreakdown& tm = est.time;
+  const int L = layers[slowest];
+  tm.compute = Seconds(m * (L * (lc.forward + lc.backward) + (slowest == 0 ? ec.embedding_forward + ec.embedding_backward : 0.0) +
+                            (slowest == stages - 1 ? ec.head_forward + ec.head_backward : 0.0)));
+  tm.recompute = Seconds(m * L * lc.recompute);
+  tm.tp_comm = Seconds(m * L * (lc.tp_comm_forward + lc.tp_comm_backward + lc.tp_comm_recompute));
+  tm.cp_comm = Seconds(m * L * lc.cp_comm);
+  tm.ep_comm = Seconds(m * L * lc.ep_comm);
+  const double tokens = p.micro_batch * static_cast<double>(tr.seq_len) / p.cp;
+  double p2p = 0;
+  if (stages > 1) {
+    const bool across = static_cast<long long>(p.tp) * p.cp * p.pp > gpn;
+    // Megatron sends 1/t of the activation across the slow link (scatter/gather or sequence parallel).
+    p2p = send_recv_time(hw, Bytes(tokens * h * e / t), across).value();
+    tm.pp_comm = Seconds(2.0 * p2p * (static_cast<double>(p.virtual_stages) * m + stages - 1));
+    tm.bubble = Seconds((stages - 1.0) / p.virtual_stages * stage_sum / stages);
+  }
+
+  // Data-parallel traffic of the slowest stage.
+  const CollectiveGroup dp_group{p.dp * p.cp, share.dp * share.cp};
+  const CollectiveGroup edp_group{std::max(1, p.dp / p.ep) * p.cp, std::max(1, share.dp / p.ep) * share.cp};
+  const double dense_trainable = lora ? S.trainable : S.dense;
+  const double expert_trainable = lora ? 0.0 : S.expert;
+  const double units = std::max(1, L);
+  double dp_exposed = 0, dp_total = 0;
+  if (p.zero_stage == 3) {
+    const CollectiveGroup shard{p.shard_size() * p.cp, std::min(p.shard_size(), share.dp) * share.cp};
+    const double gather_bytes = (S.dense + S.expert) * (lora ? (tr.mode == TrainingMode::kQlora ? frozen_width : e) : w.weights);
+    const double ag = collective_time(hw, Collective::kAllGather, Bytes(gather_bytes), shard).value();
+    const double rs = collective_time(hw, Collective::kReduceScatter, Bytes((dense_trainable + expert_trainable) * reduce_bytes), shard).value();
+    const double fwd = p.prefetch ? std::max(0.0, ag - S.forward) + ag / units : ag;
+    const double bwd = p.prefetch ? std::max(0.0, ag + rs - S.backward) + (ag + rs) / units : ag + rs;
+    dp_exposed += m * (fwd + bwd);
+    dp_total += m * (2 * ag + rs);
+    if (p.shard_size() < p.dp) {  // hybrid shard: all-reduce the shards across replicas
+      const int replicas = p.dp / p.shard_size();
+      const CollectiveGroup rg{replicas, std::max(1, share.dp / p.shard_size())};
+      const double ar = collective_time(hw, Collective::kAllReduce, Bytes((dense_trainable + expert_trainable) * reduce_bytes / p.shard_size()), rg).value();
+      dp_exposed += std::max(0.0, ar - S.backward) + ar / units;
+      dp_total += ar;
+    }
+  } else if (p.dp * p.cp > 1) {
+    const Collective reduce = p.zero_stage == 0 ? Collective::kAllReduce : Collective::kReduceScatter;
+    const double red = collective_time(hw, reduce, Bytes(dense_trainable * reduce_bytes), dp_group).value() +
+                       collective_time(hw, reduce, Bytes(expert_trainable * reduce_bytes), edp_group).value();
+    // Overlaps the last micro-batch's backward, except the last bucket.
+    dp_exposed += p.overlap_grad_reduce ? std::max(0.0, red - S.backward) + red / units : red;
+    dp_total += red;
+    if (p.zero_stage >= 1) {  // gather updated parameters after the sharded step
+      const double ag = collective_time(hw, Collective::kAllGather, Bytes(dense_trainable * w.weights), dp_group).value() +
+                        collective_time(hw, Collective::kAllGather, Bytes(expert_trainable * w.weights), edp_group).value();
+      dp_exposed += std::max(0.0, ag - S.forward) + ag / units;  // overlaps the next step's first forward
+      dp_total += ag;
+    }
+  }
+  tm.dp_comm_exposed = Seconds(dp_exposed);
+  // Overlapped collectives are not free: NCCL kernels take SMs and HBM bandwidth from the
+  // compute they hide behind (ring kernels run on ~8-16 of 108-132 SMs).
+  constexpr double kOverlapSlowdown = 0.1;
+  tm.compute += Seconds(kOverlapSlowdown * std::max(0.0, dp_total - dp_exposed));
+  tm.dp_comm_total = Seconds(dp_total);
+
+  // Optimizer step (memory-bound), possibly on the host.
+  const double opt_shard = p.zero_stage >= 1 ? static_cast<double>(dense_shard) : 1.0;
+  const double local = (dense_trainable + expert_trainable) / opt_shard;
+  const double touched = 2.0 * w.optimizer + grad_width + 2.0 * w.weights;  // read+write states, read grad, write weights
+  if (p.offload_optimizer == Offload::kNone) {
+    tm.optimizer = Seconds(local * touched / (hw.gpu.hbm_bandwidth.value() * hw.gpu.memory_efficiency));
+  } else {
+    const double host_bw = 0.5 * hw.cpu_memory_bandwidth.value() / gpn;  // a GPU's share, at 50% efficiency
+    tm.optimizer = Seconds(local * touched / host_bw);
+    double offload = std::max(local * grad_width, local * w.weights) / hw.pcie_bandwidth.value();
+    if (p.offload_optimizer == Offload::kNvme) offload += 2.0 * local * w.optimizer / (hw.nvme_bandwidth.value() / gpn);
+    tm.offload = Seconds(offload);
+  }
+  if (p.offload_params != Offload::kNone) {
+    const double shard_bytes = (S.dense + S.expert) * w.weights / p.shard_size();
+    const double bw = p.offload_params == Offload::kNvme ? hw.nvme_bandwidth.value() / gpn : hw.pcie_bandwidth.value();
+    tm.offload += Seconds(m * 2.0 * shard_bytes / bw);
+  }
+
+  tm.step = tm.compute + tm.recompute + tm.tp_comm + tm.cp_comm + tm.ep_comm + tm.pp_comm + tm.bubble +
+            tm.dp_comm_exposed + tm.optimizer + tm.offload;
+
+  // --- throughput ---
+  const double step_tokens = static_cast<double>(tr.global_batch) * tr.seq_len;
+  Throughput& th = est.throughput;
+  th.tokens_per_second = step_tokens / tm.step.value();
+  th.tokens_per_second_per_gpu = th.tokens_per_second / plan.gpus;
+  const double per_token_model = (mdl.layers * lc.model_flops + ec.head_model_flops) * t / tokens;
+  const double per_token_hw = (mdl.layers * lc.hardware_flops + ec.head_model_flops) * t / tokens;
+  const double peak = hw.gpu.peak_for(compute_dtype(tr.precision)).value();
+  th.model_tflops_per_gpu = per_token_model * th.tokens_per_second_per_gpu / 1e12;
+  th.hardware_tflops_per_gpu = per_token_hw * th.tokens_per_second_per_gpu / 1e12;
+  th.mfu = th.model_tflops_per_gpu * 1e12 / peak;
+  th.hfu = th.hardware_tflops_per_gpu * 1e12 / peak;
+
+  // --- pipeline timeline ---
+  PipelineTimeline& pl = est.pipeline;
+  pl.stages = stages;
+  pl.virtual_stages = p.virtual_stages;
+  pl.micro_batches = m;
+  pl.schedule = p.schedule;
+  pl.p2p_seconds = p2p;
+  for (const auto& x : st) {
+    pl.forward_seconds.push_back(x.forward);
+    pl.backward_seconds.push_back(x.backward);
+  }
+
+  // --- whole run ---
+  const double trainable = est.trainable_parameters;
+  // A checkpoint holds what resuming needs: fp32 master weights and optimizer states (LoRA: adapters only).
+  est.run = run_cost(plan, tm.step, trainable * (w.optimizer + (fp32 || w.optimizer == 0 ? w.weights : 0.0)));
+  return est;
+}
+
+nlohmann::json estimate_to_json(const Plan& plan, const Estimate& e) {
+  const auto& m = e.memory;
+  const auto& t = e.time;
+  const auto& th = e.throughput;
+  nlohmann::json pipeline = {
+      {"stages", e.pipeline.stages},
+      {"virtual_stages", e.pipeline.virtual_stages},
+      {"micro_batches", e.pipeline.micro_batches},
+      {"schedule", schedule_name(e.pipeline.schedule)},
+      {"forward_seconds", e.pipeline.forward_seconds},
+      {"backward_seconds", e.pipeline.backward_seconds},
+      {"p2p_seconds", e.pipeline.p2p_seconds},
+  };
+  return {
+      {"schema", "trainplan/estimate/v1"},
+      {"name", plan.name},
+      {"model", plan.model.name},
+      {"cluster", plan.cluster.name},
+      {"gpus", plan.gpus},
+      {"training", training_to_json(plan.training)},
+      {"parallel", parallel_to_json(plan.parallel)},
+      {"fits", e.fits},
+      {"reasons", e.reasons},
+      {"parameters", e.parameters},
+      {"trainable_parameters", e.trainable_parameters},
+      {"micro_batches_per_step", e.micro_batches},
+      {"memory",
+       {{"weights_bytes", m.weights.value()},
+        {"gradients_bytes", m.gradients.value()},
+        {"optimizer_bytes", m.optimizer.value()},
+        {"activations_bytes", m.activations.value()},
+        {"buffers_bytes", m.buffers.value()},
+        {"overhead_bytes", m.overhead.value()},
+        {"total_bytes", m.total.value()},
+        {"capacity_bytes", m.capacity.value()},
+        {"worst_stage", m.worst_stage},
+        {"micro_batches_in_flight", m.micro_batches_in_flight},
+        {"cpu_offload_per_node_bytes", m.cpu_offload_per_node.value()}}},
+      {"time",
+       {{"step_seconds", t.step.value()},
+        {"compute_seconds", t.compute.value()},
+        {"recompute_seconds", t.recompute.value()},
+        {"tp_comm_seconds", t.tp_comm.value()},
+        {"cp_comm_seconds", t.cp_comm.value()},
+        {"ep_comm_seconds", t.ep_comm.value()},
+        {"pp_comm_seconds", t.pp_comm.value()},
+        {"dp_comm_exposed_seconds", t.dp_comm_exposed.value()},
+        {"dp_comm_total_seconds", t.dp_comm_total.value()},
+        {"bubble_seconds", t.bubble.value()},
+        {"optimizer_seconds", t.optimizer.value()},
+        {"offload_seconds", t.offload.value()}}},
+      {"throughput",
+       {{"tokens_per_second", th.tokens_per_second},
+        {"tokens_per_second_per_gpu", th.tokens_per_second_per_gpu},
+        {"model_tflops_per_gpu", th.model_tflops_per_gpu},
+        {"hardware_tflops_per_gpu", th.hardware_tflops_per_gpu},
+        {"mfu", th.mfu},
+        {"hfu", th.hfu}}},
+      {"run",
+       {{"train_tokens", e.run.train_tokens},
+        {"compute_seconds", e.run.compute_time.value()},
+        {"checkpoint_bytes", e.run.checkpoint_bytes.value()},
+        {"checkpoint_write_seconds", e.run.checkpoint_write_time.value()},
+        {"checkpoint_interval_seconds", e.run.checkpoint_interval.value()},
+        {"job_mtbf_seconds", e.run.job_mtbf.value()},
+        {"goodput", e.run.goodput},
+        {"wall_seconds", e.run.wall_time.value()},
+        {"gpu_hours", e.run.gpu_hours},
+        {"cost_usd", e.run.cost_usd}}},
+      {"pipeline", pipeline},
+  };
+}
+
+}  // namespace trainplan::costmodel

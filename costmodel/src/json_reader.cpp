@@ -1,0 +1,151 @@
+#include "json_reader.hpp"
+
+#include <cmath>
+#include <sstream>
+
+namespace trainplan::costmodel::detail {
+
+void fail_at(const std::string& file, const std::string& pointer, const std::string& rule) {
+  throw DocumentError(file + ": " + (pointer.empty() ? "/" : pointer) + ": " + rule);
+}
+
+nlohmann::json parse_json(const std::string& text, const std::string& file) {
+  try {
+    return nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/true, /*ignore_comments=*/false);
+  } catch (const nlohmann::json::parse_error& e) {
+    // Report the line and column of the byte offset nlohmann gives.
+    std::size_t line = 1, column = 1;
+    for (std::size_t i = 0; i < e.byte - (e.byte > 0 ? 1 : 0) && i < text.size(); ++i) {
+      if (text[i] == '\n') { ++line; column = 1; } else { ++column; }
+    }
+    std::ostringstream out;
+    out << file << ": line " << line << ", column " << column << ": malformed JSON";
+    const std::string what = e.what();
+    const auto pos = what.find("syntax error");
+    if (pos != std::string::npos) out << " (" << what.substr(pos) << ")";
+    throw DocumentError(out.str());
+  }
+}
+
+namespace {
+std::string format_number(double x) {
+  std::ostringstream out;
+  out << x;
+  return out.str();
+}
+}  // namespace
+
+ObjectReader::ObjectReader(const nlohmann::json& json, std::string file, std::string pointer)
+    : json_(json), file_(std::move(file)), pointer_(std::move(pointer)) {
+  if (!json_.is_object()) fail_at(file_, pointer_, "must be a JSON object");
+}
+
+bool ObjectReader::has(const std::string& key) const { return json_.contains(key) && !json_.at(key).is_null(); }
+
+const nlohmann::json& ObjectReader::at(const std::string& key) {
+  used_.insert(key);
+  if (!json_.contains(key)) fail(key, "is required");
+  return json_.at(key);
+}
+
+const nlohmann::json& ObjectReader::raw(const std::string& key) { return at(key); }
+
+void ObjectReader::fail(const std::string& key, const std::string& rule) const {
+  fail_at(file_, pointer(key), rule);
+}
+
+double ObjectReader::number(const std::string& key, double min, double max, bool exclusive_min) {
+  const auto& v = at(key);
+  if (!v.is_number()) fail(key, "must be a number");
+  const double x = v.get<double>();
+  if (!std::isfinite(x)) fail(key, "must be a finite number");
+  if (exclusive_min ? !(x > min) : !(x >= min)) {
+    fail(key, std::string("must be ") + (exclusive_min ? "> " : ">= ") + format_number(min) +
+                  " (got " + format_number(x) + ")");
+  }
+  if (x > max) fail(key, "must be <= " + format_number(max) + " (got " + format_number(x) + ")");
+  return x;
+}
+
+std::optional<double> ObjectReader::optional_number(const std::string& key, double min, double max,
+                                                    bool exclusive_min) {
+  used_.insert(key);
+  if (!has(key)) return std::nullopt;
+  return number(key, min, max, exclusive_min);
+}
+
+std::int64_t ObjectReader::integer(const std::string& key, std::int64_t min, std::int64_t max) {
+  const auto& v = at(key);
+  if (!v.is_number()) fail(key, "must be an integer");
+  const double x = v.get<double>();
+  if (!std::isfinite(x) || std::floor(x) != x) fail(key, "must be an integer (got " + v.dump() + ")");
+  if (x < static_cast<double>(min) || x > static_cast<double>(max)) {
+    fail(key, "must be in [" + std::to_string(min) + ", " + std::to_string(max) + "] (got " + v.dump() + ")");
+  }
+  return static_cast<std::int64_t>(x);
+}
+
+std::optional<std::int64_t> ObjectReader::optional_integer(const std::string& key, std::int64_t min,
+                                                           std::int64_t max) {
+  used_.insert(key);
+  if (!has(key)) return std::nullopt;
+  return integer(key, min, max);
+}
+
+bool ObjectReader::boolean(const std::string& key) {
+  const auto& v = at(key);
+  if (!v.is_boolean()) fail(key, "must be true or false");
+  return v.get<bool>();
+}
+
+std::optional<bool> ObjectReader::optional_boolean(const std::string& key) {
+  used_.insert(key);
+  if (!has(key)) return std::nullopt;
+  return boolean(key);
+}
+
+std::string ObjectReader::string(const std::string& key) {
+  const auto& v = at(key);
+  if (!v.is_string()) fail(key, "must be a string");
+  return v.get<std::string>();
+}
+
+std::optional<std::string> ObjectReader::optional_string(const std::string& key) {
+  used_.insert(key);
+  if (!has(key)) return std::nullopt;
+  return string(key);
+}
+
+std::string ObjectReader::one_of(const std::string& key, std::initializer_list<const char*> choices) {
+  const std::string s = string(key);
+  std::string list;
+  for (const char* c : choices) {
+    if (s == c) return s;
+    list += (list.empty() ? "" : " | ") + std::string(c);
+  }
+  fail(key, "must be one of " + list + " (got \"" + s + "\")");
+}
+
+std::optional<std::string> ObjectReader::optional_one_of(const std::string& key,
+                                                         std::initializer_list<const char*> choices) {
+  used_.insert(key);
+  if (!has(key)) return std::nullopt;
+  return one_of(key, choices);
+}
+
+ObjectReader ObjectReader::object(const std::string& key) {
+  return ObjectReader(at(key), file_, pointer(key));
+}
+
+void ObjectReader::expect_schema(const std::string& expected) {
+  const std::string got = string("schema");
+  if (got != expected) fail("schema", "must be \"" + expected + "\" (got \"" + got + "\")");
+}
+
+void ObjectReader::finish() const {
+  for (auto it = json_.begin(); it != json_.end(); ++it) {
+    if (used_.count(it.key()) == 0) fail(it.key(), "unknown key");
+  }
+}
+
+}  // namespace trainplan::costmodel::detail

@@ -1,0 +1,384 @@
+#include "trainplan/costmodel/plan.hpp"
+
+#include <cmath>
+#include <filesystem>
+
+#include <nlohmann/json.hpp>
+
+#include "json_reader.hpp"
+#include "trainplan/costmodel/presets.hpp"
+
+namespace trainplan::costmodel {
+
+const char* precision_name(Precision p) {
+  switch (p) {
+    case Precision::kFp32: return "fp32";
+    case Precision::kBf16: return "bf16";
+    case Precision::kFp16: return "fp16";
+    case Precision::kFp8: return "fp8";
+  }
+  return "?";
+}
+const char* optimizer_name(OptimizerKind o) {
+  switch (o) {
+    case OptimizerKind::kAdamW: return "adamw";
+    case OptimizerKind::kSgdMomentum: return "sgd";
+    case OptimizerKind::kAdafactor: return "adafactor";
+    case OptimizerKind::kAdam8bit: return "adam8bit";
+  }
+  return "?";
+}
+const char* mode_name(TrainingMode m) {
+  switch (m) {
+    case TrainingMode::kPretrain: return "pretrain";
+    case TrainingMode::kFull: return "full";
+    case TrainingMode::kLora: return "lora";
+    case TrainingMode::kQlora: return "qlora";
+  }
+  return "?";
+}
+const char* schedule_name(Schedule s) {
+  switch (s) {
+    case Schedule::kGpipe: return "gpipe";
+    case Schedule::kOneFOneB: return "1f1b";
+    case Schedule::kInterleaved: return "interleaved";
+  }
+  return "?";
+}
+const char* recompute_name(Recompute r) {
+  switch (r) {
+    case Recompute::kNone: return "none";
+    case Recompute::kSelective: return "selective";
+    case Recompute::kFull: return "full";
+  }
+  return "?";
+}
+const char* offload_name(Offload o) {
+  switch (o) {
+    case Offload::kNone: return "none";
+    case Offload::kCpu: return "cpu";
+    case Offload::kNvme: return "nvme";
+  }
+  return "?";
+}
+
+bool ParallelConstraints::fully_fixed() const {
+  return tp && pp && dp && cp && ep && zero_stage && micro_batch && virtual_stages && sequence_parallel &&
+         schedule && recompute && offload_optimizer && shard_group;
+}
+
+ParallelConfig ParallelConstraints::fixed() const {
+  ParallelConfig p;
+  p.tp = *tp; p.pp = *pp; p.dp = *dp; p.cp = *cp; p.ep = *ep;
+  p.zero_stage = *zero_stage; p.shard_group = *shard_group; p.micro_batch = *micro_batch;
+  p.virtual_stages = *virtual_stages; p.sequence_parallel = *sequence_parallel;
+  p.schedule = *schedule; p.recompute = *recompute; p.offload_optimizer = *offload_optimizer;
+  p.recompute_layers = recompute_layers;
+  p.offload_params = offload_params; p.fsdp_wrap_min_params = fsdp_wrap_min_params;
+  p.prefetch = prefetch; p.reduce_dtype = reduce_dtype; p.overlap_grad_reduce = overlap_grad_reduce;
+  return p;
+}
+
+void resolve_training_defaults(const ModelSpec& model, TrainingConfig& t) {
+  if (t.seq_len == 0) t.seq_len = model.max_seq_len;
+  const bool pretrain = t.mode == TrainingMode::kPretrain;
+  if (t.global_batch == 0) {
+    t.global_batch = pretrain ? std::max<std::int64_t>(1, std::llround(4194304.0 / static_cast<double>(t.seq_len))) : 128;
+  }
+  if (t.train_tokens == 0) {
+    t.train_tokens = pretrain ? 20.0 * count_parameters(model).total(model.layers) : 1e9;
+  }
+}
+
+namespace {
+
+using detail::ObjectReader;
+
+bool is_auto(ObjectReader& r, const std::string& key) {
+  if (!r.has(key)) return true;
+  const auto& v = r.raw(key);
+  return v.is_string() && v.get<std::string>() == "auto";
+}
+
+std::optional<int> auto_int(ObjectReader& r, const std::string& key, int min, int max) {
+  if (is_auto(r, key)) { r.optional_string(key); return std::nullopt; }
+  return static_cast<int>(r.integer(key, min, max));
+}
+
+template <typename E>
+std::optional<E> auto_enum(ObjectReader& r, const std::string& key, std::initializer_list<const char*> names,
+                           std::initializer_list<E> values) {
+  if (is_auto(r, key)) { r.optional_string(key); return std::nullopt; }
+  const std::string s = r.one_of(key, names);
+  auto v = values.begin();
+  for (const char* n : names) { if (s == n) return *v; ++v; }
+  return std::nullopt;
+}
+
+Offload parse_offload_value(ObjectReader& r, const std::string& key) {
+  const auto& v = r.raw(key);
+  if (v.is_boolean()) return v.get<bool>() ? Offload::kCpu : Offload::kNone;
+  const std::string s = r.one_of(key, {"none", "cpu", "nvme"});
+  return s == "cpu" ? Offload::kCpu : s == "nvme" ? Offload::kNvme : Offload::kNone;
+}
+
+std::string resolve_relative(const std::string& ref, const std::string& plan_file) {
+  namespace fs = std::filesystem;
+  if (ref.find('/') == std::string::npos && ref.find(".json") == std::string::npos) return ref;  // a preset
+  std::error_code ec;
+  if (fs::exists(ref, ec) || fs::path(ref).is_absolute()) return ref;
+  const fs::path beside = fs::path(plan_file).parent_path() / ref;
+  if (fs::exists(beside, ec)) return beside.string();
+  return ref;
+}
+
+ParallelConstraints parse_parallel(ObjectReader r) {
+  ParallelConstraints c;
+  c.tp = auto_int(r, "tp", 1, 1 << 16);
+  c.pp = auto_int(r, "pp", 1, 1 << 16);
+  c.dp = auto_int(r, "dp", 1, 1 << 24);
+  c.cp = auto_int(r, "cp", 1, 1 << 16);
+  c.ep = auto_int(r, "ep", 1, 1 << 16);
+  c.zero_stage = auto_int(r, "zero_stage", 0, 3);
+  c.shard_group = auto_int(r, "shard_group", 0, 1 << 24);
+  c.micro_batch = auto_int(r, "micro_batch", 1, 1 << 20);
+  c.virtual_stages = auto_int(r, "virtual_stages", 1, 1024);
+  if (is_auto(r, "sequence_parallel")) r.optional_string("sequence_parallel");
+  else c.sequence_parallel = r.boolean("sequence_parallel");
+  c.schedule = auto_enum<Schedule>(r, "schedule", {"gpipe", "1f1b", "interleaved"},
+                                   {Schedule::kGpipe, Schedule::kOneFOneB, Schedule::kInterleaved});
+  c.recompute = auto_enum<Recompute>(r, "recompute", {"none", "selective", "full"},
+                                     {Recompute::kNone, Recompute::kSelective, Recompute::kFull});
+  c.recompute_layers = static_cast<int>(r.optional_integer("recompute_layers", 0, 100000).value_or(0));
+  if (is_auto(r, "offload_optimizer")) r.optional_string("offload_optimizer");
+  else c.offload_optimizer = parse_offload_value(r, "offload_optimizer");
+  if (r.has("offload_params")) c.offload_params = parse_offload_value(r, "offload_params");
+  c.fsdp_wrap_min_params = r.optional_integer("fsdp_wrap_min_params", 0, INT64_C(1) << 50).value_or(0);
+  c.prefetch = r.optional_boolean("prefetch").value_or(true);
+  c.overlap_grad_reduce = r.optional_boolean("overlap_grad_reduce").value_or(true);
+  if (auto d = r.optional_one_of("reduce_dtype", {"fp32", "bf16", "fp16"})) {
+    c.reduce_dtype = *d == "fp32" ? Dtype::kFp32 : *d == "bf16" ? Dtype::kBf16 : Dtype::kFp16;
+  }
+  r.finish();
+  return c;
+}
+
+TrainingConfig parse_training(ObjectReader r) {
+  TrainingConfig t;
+  t.seq_len = r.optional_integer("seq_len", 1, 1 << 24).value_or(0);
+  t.global_batch = r.optional_integer("global_batch", 1, INT64_C(1) << 32).value_or(0);
+  const std::string precision = r.optional_one_of("precision", {"fp32", "bf16", "fp16", "fp8"}).value_or("bf16");
+  t.precision = precision == "fp32" ? Precision::kFp32 : precision == "fp16" ? Precision::kFp16
+              : precision == "fp8" ? Precision::kFp8 : Precision::kBf16;
+  const std::string opt = r.optional_one_of("optimizer", {"adamw", "sgd", "adafactor", "adam8bit"}).value_or("adamw");
+  t.optimizer = opt == "sgd" ? OptimizerKind::kSgdMomentum : opt == "adafactor" ? OptimizerKind::kAdafactor
+              : opt == "adam8bit" ? OptimizerKind::kAdam8bit : OptimizerKind::kAdamW;
+  const std::string mode = r.optional_one_of("mode", {"pretrain", "full", "lora", "qlora"}).value_or("pretrain");
+  t.mode = mode == "full" ? TrainingMode::kFull : mode == "lora" ? TrainingMode::kLora
+         : mode == "qlora" ? TrainingMode::kQlora : TrainingMode::kPretrain;
+  if (r.has("lora")) {
+    ObjectReader l = r.object("lora");
+    t.lora.rank = static_cast<int>(l.optional_integer("rank", 1, 65536).value_or(16));
+    if (l.has("targets")) {
+      const auto& targets = l.raw("targets");
+      if (!targets.is_array() || targets.empty()) l.fail("targets", "must be a non-empty array of strings");
+      t.lora.targets.clear();
+      for (std::size_t i = 0; i < targets.size(); ++i) {
+        const auto& v = targets[i];
+        static const char* kValid[] = {"q", "k", "v", "o", "gate", "up", "down"};
+        bool ok = v.is_string();
+        if (ok) ok = std::find_if(std::begin(kValid), std::end(kValid), [&](const char* n) { return v.get<std::string>() == n; }) != std::end(kValid);
+        if (!ok) l.fail("targets/" + std::to_string(i), "must be one of q | k | v | o | gate | up | down");
+        t.lora.targets.push_back(v.get<std::string>());
+      }
+    }
+    if (auto f = l.optional_one_of("base_format", {"nf4", "int8"})) t.lora.base_format = *f == "int8" ? QuantFormat::kInt8 : QuantFormat::kNf4;
+    l.finish();
+  } else {
+    r.optional_string("lora");
+  }
+  t.train_tokens = r.optional_number("train_tokens", 0, 1e18, true).value_or(0);
+  t.dropout = r.optional_boolean("dropout").value_or(false);
+  t.attention = r.optional_one_of("attention", {"flash", "standard"}).value_or("flash") == "standard"
+                    ? AttentionKernel::kStandard : AttentionKernel::kFlash;
+  t.fused_kernels = r.optional_one_of("kernels", {"fused", "eager"}).value_or("fused") == "fused";
+  r.finish();
+  return t;
+}
+
+}  // namespace
+
+Result<PlanRequest> parse_plan(const nlohmann::json& json, const std::string& file) {
+  try {
+    ObjectReader r(json, file, "");
+    r.expect_schema("trainplan/plan/v1");
+    PlanRequest req;
+    req.name = r.optional_string("name").value_or("");
+    r.optional_string("source");
+    // model and cluster: name, path, or inline document.
+    const auto load_ref = [&](const std::string& key, auto find, auto parse_inline, std::string& ref) {
+      const auto& v = r.raw(key);
+      if (v.is_object()) {
+        ref = "inline";
+        auto parsed = parse_inline(v, file, "/" + key);
+        if (!parsed) throw detail::DocumentError(parsed.error().message);
+        return std::move(parsed).value();
+      }
+      if (!v.is_string()) r.fail(key, "must be a preset name, a path, or an inline document");
+      ref = v.get<std::string>();
+      auto found = find(resolve_relative(ref, file));
+      if (!found) r.fail(key, found.error().message);
+      return std::move(found).value();
+    };
+    req.model = load_ref("model", find_model, parse_model, req.model_ref);
+    req.cluster = load_ref("cluster", find_hwprofile, parse_hwprofile, req.cluster_ref);
+    req.gpus = static_cast<int>(r.integer("gpus", 1, 1 << 24));
+    req.training = r.has("training") ? parse_training(r.object("training")) : TrainingConfig{};
+    if (!r.has("training")) r.optional_string("training");
+    req.parallel = r.has("parallel") ? parse_parallel(r.object("parallel")) : ParallelConstraints{};
+    if (!r.has("parallel")) r.optional_string("parallel");
+    r.finish();
+    resolve_training_defaults(req.model, req.training);
+    auto valid = validate_request(req);
+    if (!valid) return Error{file + ": " + valid.error().message};
+    return req;
+  } catch (const detail::DocumentError& e) {
+    return Error{e.what()};
+  }
+}
+
+Result<PlanRequest> parse_plan_text(const std::string& text, const std::string& file) {
+  try {
+    return parse_plan(detail::parse_json(text, file), file);
+  } catch (const detail::DocumentError& e) {
+    return Error{e.what()};
+  }
+}
+
+Result<PlanRequest> load_plan_file(const std::string& path) {
+  auto text = read_text_file(path);
+  if (!text) return text.error();
+  return parse_plan_text(*text, path);
+}
+
+namespace {
+std::string dims_text(int tp, int cp, int pp, int dp) {
+  return "tp(" + std::to_string(tp) + ") * cp(" + std::to_string(cp) + ") * pp(" + std::to_string(pp) + ") * dp(" +
+         std::to_string(dp) + ") = " + std::to_string(static_cast<long long>(tp) * cp * pp * dp);
+}
+}  // namespace
+
+Result<bool> validate_request(const PlanRequest& req) {
+  const ParallelConstraints& c = req.parallel;
+  const ModelSpec& m = req.model;
+  const auto err = [](const std::string& s) { return Error{s}; };
+  if (c.tp && m.heads % *c.tp != 0) return err("/parallel/tp: tp(" + std::to_string(*c.tp) + ") must divide heads (" + std::to_string(m.heads) + ")");
+  if (c.tp && c.pp && c.dp && c.cp && static_cast<long long>(*c.tp) * *c.pp * *c.dp * *c.cp != req.gpus) {
+    return err("/parallel: " + dims_text(*c.tp, *c.cp, *c.pp, *c.dp) + " != gpus(" + std::to_string(req.gpus) + ")");
+  }
+  long long fixed_product = 1;
+  for (const auto& d : {c.tp, c.pp, c.dp, c.cp}) if (d) fixed_product *= *d;
+  if (req.gpus % fixed_product != 0) {
+    return err("/parallel: the fixed axes multiply to " + std::to_string(fixed_product) + ", which does not divide gpus(" +
+               std::to_string(req.gpus) + ")");
+  }
+  if (c.pp && *c.pp > m.layers) return err("/parallel/pp: pp(" + std::to_string(*c.pp) + ") exceeds layers (" + std::to_string(m.layers) + ")");
+  if (c.ep && *c.ep > 1 && !m.moe) return err("/parallel/ep: ep(" + std::to_string(*c.ep) + ") needs a mixture-of-experts model");
+  if (c.ep && m.moe && m.moe->experts % *c.ep != 0) return err("/parallel/ep: ep(" + std::to_string(*c.ep) + ") must divide experts (" + std::to_string(m.moe->experts) + ")");
+  if (c.cp && req.training.seq_len % *c.cp != 0) return err("/parallel/cp: cp(" + std::to_string(*c.cp) + ") must divide seq_len (" + std::to_string(req.training.seq_len) + ")");
+  if (c.dp && req.training.global_batch % *c.dp != 0) return err("/training/global_batch: " + std::to_string(req.training.global_batch) + " sequences must be divisible by dp(" + std::to_string(*c.dp) + ")");
+  if (c.micro_batch && c.dp && req.training.global_batch % (static_cast<long long>(*c.dp) * *c.micro_batch) != 0) {
+    return err("/parallel/micro_batch: global_batch(" + std::to_string(req.training.global_batch) + ") must be divisible by dp(" +
+               std::to_string(*c.dp) + ") * micro_batch(" + std::to_string(*c.micro_batch) + ")");
+  }
+  if (req.training.precision == Precision::kFp8 && req.cluster.gpu.peak_for(Dtype::kFp8).value() <= 0) {
+    return err("/training/precision: fp8 is not supported by " + req.cluster.gpu.name);
+  }
+  if (req.training.seq_len < 1) return err("/training/seq_len: must be >= 1");
+  return true;
+}
+
+Result<bool> validate_plan(const Plan& plan) {
+  const ParallelConfig& p = plan.parallel;
+  const ModelSpec& m = plan.model;
+  const auto err = [](const std::string& s) { return Error{s}; };
+  const auto n = [](long long x) { return std::to_string(x); };
+  if (p.tp < 1 || p.pp < 1 || p.dp < 1 || p.cp < 1 || p.ep < 1 || p.micro_batch < 1 || p.virtual_stages < 1) {
+    return err("/parallel: every axis and micro_batch must be >= 1");
+  }
+  if (p.gpus() != plan.gpus) return err("/parallel: " + dims_text(p.tp, p.cp, p.pp, p.dp) + " != gpus(" + n(plan.gpus) + ")");
+  if (m.heads % p.tp != 0) return err("/parallel/tp: tp(" + n(p.tp) + ") must divide heads (" + n(m.heads) + ")");
+  if (m.kv_heads % p.tp != 0 && p.tp % m.kv_heads != 0) {
+    return err("/parallel/tp: tp(" + n(p.tp) + ") and kv_heads (" + n(m.kv_heads) + ") must divide one another");
+  }
+  if (m.ffn_hidden % p.tp != 0) return err("/parallel/tp: tp(" + n(p.tp) + ") must divide ffn_hidden (" + n(m.ffn_hidden) + ")");
+  if (p.pp * p.virtual_stages > m.layers) {
+    return err("/parallel/pp: pp(" + n(p.pp) + ") * virtual_stages(" + n(p.virtual_stages) + ") exceeds layers (" + n(m.layers) + ")");
+  }
+  if (p.virtual_stages > 1 && p.schedule != Schedule::kInterleaved) return err("/parallel/virtual_stages: > 1 needs schedule \"interleaved\"");
+  if (p.schedule == Schedule::kInterleaved && p.pp == 1) return err("/parallel/schedule: \"interleaved\" needs pp > 1");
+  const std::int64_t gb = plan.training.global_batch;
+  if (gb % (static_cast<std::int64_t>(p.dp) * p.micro_batch) != 0) {
+    return err("/parallel/micro_batch: global_batch(" + n(gb) + ") must be divisible by dp(" + n(p.dp) + ") * micro_batch(" + n(p.micro_batch) + ")");
+  }
+  if (plan.training.seq_len % p.cp != 0) return err("/parallel/cp: cp(" + n(p.cp) + ") must divide seq_len (" + n(plan.training.seq_len) + ")");
+  if (p.ep > 1) {
+    if (!m.moe) return err("/parallel/ep: ep(" + n(p.ep) + ") needs a mixture-of-experts model");
+    if (m.moe->experts % p.ep != 0) return err("/parallel/ep: ep(" + n(p.ep) + ") must divide experts (" + n(m.moe->experts) + ")");
+    if (p.dp % p.ep != 0) return err("/parallel/ep: ep(" + n(p.ep) + ") must divide dp(" + n(p.dp) + ")");
+  }
+  if (p.zero_stage < 0 || p.zero_stage > 3) return err("/parallel/zero_stage: must be 0, 1, 2 or 3");
+  if (p.shard_group != 0) {
+    if (p.zero_stage != 3) return err("/parallel/shard_group: hybrid sharding needs zero_stage 3");
+    if (p.dp % p.shard_group != 0) return err("/parallel/shard_group: shard_group(" + n(p.shard_group) + ") must divide dp(" + n(p.dp) + ")");
+  }
+  if (p.recompute_layers < 0) return err("/parallel/recompute_layers: must be >= 0");
+  if (p.recompute_layers > 0 && p.recompute != Recompute::kFull) return err("/parallel/recompute_layers: needs recompute \"full\"");
+  if (p.offload_params != Offload::kNone && p.zero_stage != 3) return err("/parallel/offload_params: needs zero_stage 3");
+  if (plan.training.precision == Precision::kFp8 && plan.cluster.gpu.peak_for(Dtype::kFp8).value() <= 0) {
+    return err("/training/precision: fp8 is not supported by " + plan.cluster.gpu.name);
+  }
+  return true;
+}
+
+nlohmann::json parallel_to_json(const ParallelConfig& p) {
+  return {
+      {"tp", p.tp}, {"pp", p.pp}, {"dp", p.dp}, {"cp", p.cp}, {"ep", p.ep},
+      {"sequence_parallel", p.sequence_parallel}, {"zero_stage", p.zero_stage}, {"shard_group", p.shard_group},
+      {"micro_batch", p.micro_batch}, {"virtual_stages", p.virtual_stages}, {"schedule", schedule_name(p.schedule)},
+      {"recompute", recompute_name(p.recompute)}, {"recompute_layers", p.recompute_layers}, {"offload_optimizer", offload_name(p.offload_optimizer)},
+      {"offload_params", offload_name(p.offload_params)}, {"fsdp_wrap_min_params", p.fsdp_wrap_min_params},
+      {"prefetch", p.prefetch}, {"reduce_dtype", dtype_name(p.reduce_dtype)}, {"overlap_grad_reduce", p.overlap_grad_reduce},
+  };
+}
+
+nlohmann::json training_to_json(const TrainingConfig& t) {
+  nlohmann::json j = {
+      {"seq_len", t.seq_len}, {"global_batch", t.global_batch}, {"precision", precision_name(t.precision)},
+      {"optimizer", optimizer_name(t.optimizer)}, {"mode", mode_name(t.mode)}, {"train_tokens", t.train_tokens},
+      {"dropout", t.dropout}, {"attention", t.attention == AttentionKernel::kFlash ? "flash" : "standard"},
+      {"kernels", t.fused_kernels ? "fused" : "eager"},
+  };
+  if (t.mode == TrainingMode::kLora || t.mode == TrainingMode::kQlora) {
+    j["lora"] = {{"rank", t.lora.rank}, {"targets", t.lora.targets},
+                 {"base_format", t.lora.base_format == QuantFormat::kNf4 ? "nf4" : "int8"}};
+  }
+  return j;
+}
+
+nlohmann::json plan_to_json(const Plan& plan, bool inline_documents) {
+  const bool model_inline = inline_documents || plan.model_ref.empty() || plan.model_ref == "inline";
+  const bool cluster_inline = inline_documents || plan.cluster_ref.empty() || plan.cluster_ref == "inline";
+  nlohmann::json j = {
+      {"schema", "trainplan/plan/v1"},
+      {"name", plan.name},
+      {"model", model_inline ? model_to_json(plan.model) : nlohmann::json(plan.model_ref)},
+      {"cluster", cluster_inline ? hwprofile_to_json(plan.cluster) : nlohmann::json(plan.cluster_ref)},
+      {"gpus", plan.gpus},
+      {"training", training_to_json(plan.training)},
+      {"parallel", parallel_to_json(plan.parallel)},
+  };
+  return j;
+}
+
+}  // namespace trainplan::costmodel

@@ -1,0 +1,76 @@
+#include "trainplan/costmodel/presets.hpp"
+
+#include <fstream>
+#include <map>
+#include <sstream>
+
+namespace trainplan::costmodel {
+
+namespace {
+
+std::vector<std::string> names_of(const std::vector<EmbeddedDocument>& docs) {
+  std::vector<std::string> names;
+  for (const auto& d : docs) names.emplace_back(d.name);
+  return names;
+}
+
+bool looks_like_path(const std::string& s) {
+  return s.find('/') != std::string::npos || (s.size() > 5 && s.substr(s.size() - 5) == ".json");
+}
+
+template <typename T, typename Parse>
+Result<T> find_document(const std::string& name, const std::vector<EmbeddedDocument>& docs, const char* kind,
+                        Parse parse) {
+  for (const auto& d : docs) {
+    if (name == d.name) return parse(d.text, std::string(d.name) + ".json (built-in)");
+  }
+  if (looks_like_path(name)) {
+    auto text = read_text_file(name);
+    if (!text) return text.error();
+    return parse(*text, name);
+  }
+  std::string list;
+  for (const auto& d : docs) list += (list.empty() ? "" : ", ") + std::string(d.name);
+  return Error{std::string("unknown ") + kind + " \"" + name + "\" (presets: " + list +
+               "; or give a path to a .json file)"};
+}
+
+}  // namespace
+
+std::vector<std::string> model_preset_names() { return names_of(embedded_models()); }
+std::vector<std::string> hwprofile_preset_names() { return names_of(embedded_hwprofiles()); }
+
+std::string resolve_model_alias(const std::string& name) {
+  static const std::map<std::string, std::string> aliases = {
+      {"8b", "llama3-8b"},   {"70b", "llama3-70b"}, {"405b", "llama3-405b"}, {"175b", "gpt3-175b"},
+      {"7b", "llama2-7b"},   {"13b", "llama2-13b"}, {"1.1b", "tinyllama-1.1b"}, {"1.5b", "gpt2-1.5b"},
+      {"8x7b", "mixtral-8x7b"}, {"mixtral", "mixtral-8x7b"}, {"tinyllama", "tinyllama-1.1b"},
+  };
+  const auto it = aliases.find(name);
+  return it == aliases.end() ? name : it->second;
+}
+
+Result<ModelSpec> find_model(const std::string& name_or_path) {
+  return find_document<ModelSpec>(resolve_model_alias(name_or_path), embedded_models(), "model",
+                                  [](const std::string& text, const std::string& file) {
+                                    return parse_model_text(text, file);
+                                  });
+}
+
+Result<HardwareProfile> find_hwprofile(const std::string& name_or_path) {
+  return find_document<HardwareProfile>(name_or_path, embedded_hwprofiles(), "cluster",
+                                        [](const std::string& text, const std::string& file) {
+                                          return parse_hwprofile_text(text, file);
+                                        });
+}
+
+Result<std::string> read_text_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return Error{path + ": cannot open file"};
+  std::ostringstream out;
+  out << in.rdbuf();
+  if (in.bad()) return Error{path + ": read error"};
+  return out.str();
+}
+
+}  // namespace trainplan::costmodel

@@ -1,0 +1,334 @@
+// planner: searches every valid parallel plan for a model on a cluster and recommends one;
+// `evaluate` estimates one fixed plan; `models` and `hardware` list the presets.
+// Exit codes: 0 success, 1 no plan fits, 2 bad input.
+
+#include <cmath>
+#include <unistd.h>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <string>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "trainplan/costmodel/presets.hpp"
+#include "trainplan/planner/report.hpp"
+#include "trainplan/planner/search.hpp"
+
+namespace cm = trainplan::costmodel;
+namespace pl = trainplan::planner;
+
+namespace {
+
+constexpr int kExitNoFit = 1;
+constexpr int kExitBadInput = 2;
+
+int fail(const std::string& message) {
+  std::cerr << "planner: error: " << message << "\n";
+  return kExitBadInput;
+}
+
+// "16M" -> 16 * 2^20 when binary, 16e6 when decimal; "Ki/Mi/Gi/Ti" are always binary.
+cm::Result<double> parse_count(const std::string& text, bool binary, const std::string& what) {
+  std::size_t used = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &used);
+  } catch (...) {
+    return cm::Error{what + ": \"" + text + "\" is not a number"};
+  }
+  std::string suffix = text.substr(used);
+  double scale = 1;
+  bool force_binary = suffix.size() == 2 && suffix[1] == 'i';
+  const char unit = suffix.empty() ? ' ' : static_cast<char>(std::toupper(suffix[0]));
+  const int power = unit == 'K' ? 1 : unit == 'M' ? 2 : unit == 'G' || unit == 'B' ? 3 : unit == 'T' ? 4 : unit == 'P' ? 5 : 0;
+  if (!suffix.empty() && (power == 0 || suffix.size() > (force_binary ? 2u : 1u))) {
+    return cm::Error{what + ": unknown suffix \"" + suffix + "\" in \"" + text + "\" (use K, M, G, T or Ki, Mi, Gi, Ti)"};
+  }
+  scale = std::pow((binary || force_binary) ? 1024.0 : 1000.0, power);
+  value *= scale;
+  if (!std::isfinite(value) || value <= 0) return cm::Error{what + ": must be a positive number (got \"" + text + "\")"};
+  return value;
+}
+
+pl::Format parse_format(const std::string& s) {
+  if (s == "json") return pl::Format::kJson;
+  if (s == "csv") return pl::Format::kCsv;
+  if (s == "md") return pl::Format::kMarkdown;
+  return pl::Format::kText;
+}
+
+bool write_file(const std::string& path, const std::string& text, std::string& error) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary);
+    if (!out) { error = path + ": cannot write"; return false; }
+    out << text;
+    if (!out) { error = path + ": write failed"; return false; }
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) { error = path + ": cannot rename temporary file"; return false; }
+  return true;
+}
+
+// Applies one "--fix key=value" to the constraints.
+std::string apply_fix(const std::string& fix, cm::ParallelConstraints& c) {
+  const auto eq = fix.find('=');
+  if (eq == std::string::npos) return "--fix " + fix + ": expected key=value (e.g. tp=8)";
+  const std::string key = fix.substr(0, eq), value = fix.substr(eq + 1);
+  const auto as_int = [&](int min, int max, std::optional<int>& out) -> std::string {
+    try {
+      std::size_t used = 0;
+      const long v = std::stol(value, &used);
+      if (used != value.size() || v < min || v > max) throw std::out_of_range("range");
+      out = static_cast<int>(v);
+      return "";
+    } catch (...) {
+      return "--fix " + fix + ": " + key + " must be an integer in [" + std::to_string(min) + ", " + std::to_string(max) + "]";
+    }
+  };
+  if (key == "tp") return as_int(1, 1 << 16, c.tp);
+  if (key == "pp") return as_int(1, 1 << 16, c.pp);
+  if (key == "dp") return as_int(1, 1 << 24, c.dp);
+  if (key == "cp") return as_int(1, 1 << 16, c.cp);
+  if (key == "ep") return as_int(1, 1 << 16, c.ep);
+  if (key == "zero" || key == "zero_stage") return as_int(0, 3, c.zero_stage);
+  if (key == "shard_group") return as_int(0, 1 << 24, c.shard_group);
+  if (key == "mb" || key == "micro_batch") return as_int(1, 1 << 20, c.micro_batch);
+  if (key == "v" || key == "virtual_stages") return as_int(1, 1024, c.virtual_stages);
+  if (key == "sp" || key == "sequence_parallel") {
+    if (value == "on" || value == "true" || value == "1") c.sequence_parallel = true;
+    else if (value == "off" || value == "false" || value == "0") c.sequence_parallel = false;
+    else return "--fix " + fix + ": sp must be on or off";
+    return "";
+  }
+  if (key == "schedule") {
+    if (value == "gpipe") c.schedule = cm::Schedule::kGpipe;
+    else if (value == "1f1b") c.schedule = cm::Schedule::kOneFOneB;
+    else if (value == "interleaved") c.schedule = cm::Schedule::kInterleaved;
+    else return "--fix " + fix + ": schedule must be gpipe, 1f1b or interleaved";
+    return "";
+  }
+  if (key == "recompute") {
+    if (value == "none") c.recompute = cm::Recompute::kNone;
+    else if (value == "selective") c.recompute = cm::Recompute::kSelective;
+    else if (value == "full") c.recompute = cm::Recompute::kFull;
+    else return "--fix " + fix + ": recompute must be none, selective or full";
+    return "";
+  }
+  if (key == "offload" || key == "offload_optimizer") {
+    if (value == "none") c.offload_optimizer = cm::Offload::kNone;
+    else if (value == "cpu") c.offload_optimizer = cm::Offload::kCpu;
+    else if (value == "nvme") c.offload_optimizer = cm::Offload::kNvme;
+    else return "--fix " + fix + ": offload must be none, cpu or nvme";
+    return "";
+  }
+  return "--fix " + fix + ": unknown key \"" + key + "\" (tp, pp, dp, cp, ep, zero, shard_group, mb, v, sp, schedule, recompute, offload)";
+}
+
+std::string join_args(int argc, char** argv) {
+  std::string s = "planner";
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    s += " " + (a.find(' ') != std::string::npos ? "'" + a + "'" : a);
+  }
+  return s;
+}
+
+int list_models() {
+  std::printf("%-16s %10s %7s %7s %6s %4s %7s %8s  %s\n", "model", "params", "arch", "layers", "hidden", "kv", "vocab", "context", "aliases");
+  const std::map<std::string, std::string> aliases = {{"llama3-8b", "8b"}, {"llama3-70b", "70b"}, {"llama3-405b", "405b"}, {"gpt3-175b", "175b"},
+                                                      {"llama2-7b", "7b"}, {"llama2-13b", "13b"}, {"tinyllama-1.1b", "1.1b, tinyllama"},
+                                                      {"gpt2-1.5b", "1.5b"}, {"mixtral-8x7b", "8x7b, mixtral"}};
+  for (const auto& name : cm::model_preset_names()) {
+    auto m = cm::find_model(name);
+    if (!m) return fail(m.error().message);
+    const auto& x = *m;
+    const auto it = aliases.find(name);
+    std::printf("%-16s %10s %7s %7d %6lld %4d %7lld %8lld  %s\n", name.c_str(), pl::si(cm::count_parameters(x).total(x.layers)).c_str(),
+                cm::architecture_name(x.architecture), x.layers, static_cast<long long>(x.hidden), x.kv_heads,
+                static_cast<long long>(x.vocab), static_cast<long long>(x.max_seq_len), it == aliases.end() ? "" : it->second.c_str());
+  }
+  std::printf("\nAny model can also be given as a trainplan/model/v1 JSON file: --model path/to/model.json\n");
+  return 0;
+}
+
+int list_hardware() {
+  std::printf("%-13s %-20s %5s %8s %9s %9s %10s %-22s %8s\n", "cluster", "GPU", "GPUs", "HBM GiB", "HBM TB/s", "bf16 TF/s",
+              "NVLink GB/s", "inter-node per node", "$/GPU-h");
+  for (const auto& name : cm::hwprofile_preset_names()) {
+    auto h = cm::find_hwprofile(name);
+    if (!h) return fail(h.error().message);
+    const auto& x = *h;
+    const std::string inter = std::to_string(x.inter_node.nics_per_node) + " x " +
+                              std::to_string(static_cast<int>(x.inter_node.bandwidth.value() * 8 / 1e9)) + " Gb/s " + x.inter_node.kind;
+    std::printf("%-13s %-20s %5d %8.0f %9.2f %9.0f %10.0f  %-22s %8.2f%s\n", name.c_str(), x.gpu.name.c_str(), x.gpus_per_node,
+                x.gpu.hbm_capacity.in_gib(), x.gpu.hbm_bandwidth.value() / 1e12, x.gpu.peak_for(cm::Dtype::kBf16).in_tflops(),
+                x.intra_node.bandwidth.in_gb_per_s(), inter.c_str(), x.price_per_gpu_hour_usd, name == cm::kDefaultCluster ? "  (default)" : "");
+  }
+  std::printf("\nAny cluster can also be given as a trainplan/hwprofile/v1 JSON file: --cluster path/to/cluster.json (format: README.md)\n");
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"trainplan planner: what fits, how fast it goes, and why"};
+  app.require_subcommand(0, 1);
+
+  std::string model = "70b", cluster, seq_len_text, batch_tokens_text, train_tokens_text, format = "text", save_plan, objective = "throughput";
+  std::string precision = "bf16", optimizer = "adamw", mode = "pretrain", attention = "flash";
+  int gpus = 0, lora_rank = 16, top = 10;
+  long long global_batch = 0;
+  bool dropout = false, quiet = false;
+  std::vector<std::string> fixes;
+  app.add_option("--model", model, "Model preset, alias (70b, 405b, 8b, 175b) or model JSON file")->capture_default_str();
+  app.add_option("--gpus", gpus, "Number of GPUs");
+  app.add_option("--cluster", cluster, std::string("Cluster preset or hwprofile JSON file (default ") + cm::kDefaultCluster + ")");
+  app.add_option("--seq-len", seq_len_text, "Tokens per sequence (default: the model's context length)");
+  app.add_option("--global-batch", global_batch, "Sequences per optimizer step");
+  app.add_option("--global-batch-tokens", batch_tokens_text, "Tokens per optimizer step; K/M/G suffixes are binary here (16M = 16*2^20)");
+  app.add_option("--train-tokens", train_tokens_text, "Tokens to train; K/M/B/T suffixes are decimal (15T = 15e12). Default: 20 per parameter");
+  app.add_option("--precision", precision, "fp32 | bf16 | fp16 | fp8")->check(CLI::IsMember({"fp32", "bf16", "fp16", "fp8"}))->capture_default_str();
+  app.add_option("--optimizer", optimizer, "adamw | sgd | adafactor | adam8bit")->check(CLI::IsMember({"adamw", "sgd", "adafactor", "adam8bit"}))->capture_default_str();
+  app.add_option("--mode", mode, "pretrain | full | lora | qlora")->check(CLI::IsMember({"pretrain", "full", "lora", "qlora"}))->capture_default_str();
+  app.add_option("--lora-rank", lora_rank, "LoRA rank")->check(CLI::Range(1, 65536))->capture_default_str();
+  app.add_option("--attention", attention, "flash | standard (materialised scores)")->check(CLI::IsMember({"flash", "standard"}))->capture_default_str();
+  app.add_flag("--dropout", dropout, "Model has dropout layers");
+  app.add_option("--fix", fixes, "Fix a parallel setting, e.g. --fix tp=8 --fix pp=4 --fix recompute=full");
+  app.add_option("--objective", objective, "throughput | time | cost")->check(CLI::IsMember({"throughput", "time", "cost"}))->capture_default_str();
+  app.add_option("--top", top, "Plans to list")->check(CLI::Range(1, 1000))->capture_default_str();
+  app.add_option("--format", format, "text | json | csv | md")->check(CLI::IsMember({"text", "json", "csv", "md"}))->capture_default_str();
+  app.add_option("--save-plan", save_plan, "Write the recommended plan (trainplan/plan/v1) to this file");
+  app.add_flag("--quiet", quiet, "No progress on stderr");
+
+  CLI::App* evaluate_cmd = app.add_subcommand("evaluate", "Estimate one fixed plan (trainplan/plan/v1) with the full breakdown");
+  std::string plan_file;
+  evaluate_cmd->add_option("plan", plan_file, "Plan JSON file")->required();
+  evaluate_cmd->add_option("--format", format, "text | json | csv | md")->check(CLI::IsMember({"text", "json", "csv", "md"}));
+  CLI::App* search_cmd = app.add_subcommand("search", "Search the open (\"auto\") fields of a plan file");
+  search_cmd->add_option("plan", plan_file, "Plan JSON file")->required();
+  search_cmd->add_option("--format", format, "text | json | csv | md")->check(CLI::IsMember({"text", "json", "csv", "md"}));
+  search_cmd->add_option("--save-plan", save_plan, "Write the recommended plan to this file");
+  search_cmd->add_option("--top", top, "Plans to list")->check(CLI::Range(1, 1000));
+  app.add_subcommand("models", "List model presets");
+  app.add_subcommand("hardware", "List cluster presets");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);
+    return code == 0 ? 0 : kExitBadInput;
+  }
+
+  if (app.got_subcommand("models")) return list_models();
+  if (app.got_subcommand("hardware")) return list_hardware();
+
+  const pl::Format fmt = parse_format(format);
+  pl::ReportContext ctx;
+  ctx.command = join_args(argc, argv);
+
+  if (app.got_subcommand("evaluate")) {
+    auto req = cm::load_plan_file(plan_file);
+    if (!req) return fail(req.error().message);
+    if (!req->parallel.fully_fixed()) {
+      // Unset fields take their documented defaults (tp=pp=cp=ep=1, dp = the rest, zero 0, ...).
+      auto& c = req.value().parallel;
+      c.tp = c.tp.value_or(1); c.pp = c.pp.value_or(1); c.cp = c.cp.value_or(1); c.ep = c.ep.value_or(1);
+      c.dp = c.dp.value_or(req->gpus / std::max(1, *c.tp * *c.pp * *c.cp));
+      c.zero_stage = c.zero_stage.value_or(0); c.shard_group = c.shard_group.value_or(0);
+      c.micro_batch = c.micro_batch.value_or(1); c.virtual_stages = c.virtual_stages.value_or(1);
+      c.sequence_parallel = c.sequence_parallel.value_or(*c.tp > 1);
+      c.schedule = c.schedule.value_or(*c.virtual_stages > 1 ? cm::Schedule::kInterleaved : cm::Schedule::kOneFOneB);
+      c.recompute = c.recompute.value_or(cm::Recompute::kNone); c.offload_optimizer = c.offload_optimizer.value_or(cm::Offload::kNone);
+    }
+    cm::Plan plan{req->name, req->model_ref, req->cluster_ref, req->model, req->cluster, req->gpus, req->training, req->parallel.fixed()};
+    auto cand = pl::evaluate(plan);
+    if (!cand) return fail(plan_file + ": " + cand.error().message);
+    std::cout << pl::render_evaluation(*cand, ctx, fmt);
+    return cand->estimate.fits ? 0 : kExitNoFit;
+  }
+
+  cm::PlanRequest req;
+  if (app.got_subcommand("search")) {
+    auto loaded = cm::load_plan_file(plan_file);
+    if (!loaded) return fail(loaded.error().message);
+    req = std::move(loaded).value();
+  } else {
+    if (gpus <= 0) return fail("--gpus: must be a positive number of GPUs (e.g. --gpus 64)");
+    auto m = cm::find_model(model);
+    if (!m) return fail("--model: " + m.error().message);
+    ctx.default_cluster = cluster.empty();
+    auto hw = cm::find_hwprofile(cluster.empty() ? cm::kDefaultCluster : cluster);
+    if (!hw) return fail("--cluster: " + hw.error().message);
+    req.model = std::move(m).value();
+    req.model_ref = cm::resolve_model_alias(model);
+    req.cluster = std::move(hw).value();
+    req.cluster_ref = cluster.empty() ? cm::kDefaultCluster : cluster;
+    req.gpus = gpus;
+    req.name = req.model.name + "-" + std::to_string(gpus) + "gpu";
+    auto& t = req.training;
+    if (!seq_len_text.empty()) {
+      auto s = parse_count(seq_len_text, true, "--seq-len");
+      if (!s) return fail(s.error().message);
+      if (*s > (1 << 24) || std::floor(*s) != *s) return fail("--seq-len: must be a whole number of tokens <= 16Mi");
+      t.seq_len = static_cast<std::int64_t>(*s);
+    }
+    t.precision = precision == "fp32" ? cm::Precision::kFp32 : precision == "fp16" ? cm::Precision::kFp16
+                : precision == "fp8" ? cm::Precision::kFp8 : cm::Precision::kBf16;
+    t.optimizer = optimizer == "sgd" ? cm::OptimizerKind::kSgdMomentum : optimizer == "adafactor" ? cm::OptimizerKind::kAdafactor
+                : optimizer == "adam8bit" ? cm::OptimizerKind::kAdam8bit : cm::OptimizerKind::kAdamW;
+    t.mode = mode == "full" ? cm::TrainingMode::kFull : mode == "lora" ? cm::TrainingMode::kLora
+           : mode == "qlora" ? cm::TrainingMode::kQlora : cm::TrainingMode::kPretrain;
+    t.lora.rank = lora_rank;
+    t.dropout = dropout;
+    t.attention = attention == "standard" ? cm::AttentionKernel::kStandard : cm::AttentionKernel::kFlash;
+    if (t.seq_len == 0) t.seq_len = req.model.max_seq_len;
+    if (global_batch < 0) return fail("--global-batch: must be a positive number of sequences");
+    if (global_batch > 0 && !batch_tokens_text.empty()) return fail("--global-batch and --global-batch-tokens: give one, not both");
+    if (global_batch > 0) t.global_batch = global_batch;
+    if (!batch_tokens_text.empty()) {
+      auto tokens = parse_count(batch_tokens_text, true, "--global-batch-tokens");
+      if (!tokens) return fail(tokens.error().message);
+      const double sequences = std::round(*tokens / static_cast<double>(t.seq_len));
+      if (sequences < 1) return fail("--global-batch-tokens: less than one sequence of " + std::to_string(t.seq_len) + " tokens");
+      t.global_batch = static_cast<std::int64_t>(sequences);
+    }
+    if (!train_tokens_text.empty()) {
+      auto tokens = parse_count(train_tokens_text, false, "--train-tokens");
+      if (!tokens) return fail(tokens.error().message);
+      t.train_tokens = *tokens;
+    } else {
+      ctx.train_tokens_note = t.mode == cm::TrainingMode::kPretrain ? "20 per parameter, the default; set --train-tokens" : "default; set --train-tokens";
+    }
+    cm::resolve_training_defaults(req.model, t);
+    for (const auto& f : fixes) {
+      const std::string error = apply_fix(f, req.parallel);
+      if (!error.empty()) return fail(error);
+    }
+    auto valid = cm::validate_request(req);
+    if (!valid) return fail(valid.error().message);
+  }
+
+  pl::SearchOptions options;
+  options.top = top;
+  options.objective = objective == "cost" ? pl::Objective::kCost : objective == "time" ? pl::Objective::kTime : pl::Objective::kThroughput;
+  const bool show_progress = !quiet && fmt == pl::Format::kText && isatty(fileno(stderr));
+  if (show_progress) {
+    options.progress = [](double f) { std::fprintf(stderr, "\rsearching... %3.0f%%", 100 * f); };
+  }
+  auto result = pl::search(req, options);
+  if (show_progress) std::fprintf(stderr, "\r                \r");
+  if (!result) return fail(result.error().message);
+
+  if (!save_plan.empty() && !result->ranked.empty()) {
+    std::string error;
+    if (!write_file(save_plan, cm::plan_to_json(result->ranked.front().plan).dump(2) + "\n", error)) return fail(error);
+    ctx.plan_path = save_plan;
+  }
+  std::cout << pl::render_search(req, *result, ctx, fmt);
+  return result->ranked.empty() ? kExitNoFit : 0;
+}

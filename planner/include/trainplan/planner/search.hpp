@@ -1,0 +1,65 @@
+#pragma once
+// Plan search: enumerates every valid parallel layout for a PlanRequest (the fields the user did
+// not fix), estimates each with the cost model, and ranks those that fit.
+//
+// Pruned, because they can never win: sequence parallelism off when tp > 1 (same traffic, more
+// memory and time), GPipe unless asked for (1F1B has the same bubble and less memory), and
+// CPU offload unless no plan fits without it.
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "trainplan/costmodel/estimate.hpp"
+#include "trainplan/costmodel/plan.hpp"
+#include "trainplan/costmodel/result.hpp"
+
+namespace trainplan::planner {
+
+enum class Objective {
+  kThroughput,  // most tokens per second
+  kTime,        // least wall-clock time for the run (throughput with goodput)
+  kCost,        // least dollars for the run
+};
+
+struct SearchOptions {
+  Objective objective = Objective::kThroughput;
+  int top = 10;  // ranked plans kept
+  // Called now and then with the fraction done (0..1). Optional.
+  std::function<void(double)> progress;
+};
+
+struct Candidate {
+  costmodel::Plan plan;
+  costmodel::Estimate estimate;
+};
+
+// The best variant of one (tp, cp, pp) shape, and why it loses to the recommendation.
+struct Alternative {
+  Candidate candidate;
+  std::string shape;   // "tp=8 pp=2 cp=1"
+  std::string reason;  // "stage 0 needs 91.3 GiB > 80.0 GiB ..." or "12% slower: bubble +0.41 s"
+};
+
+struct SearchResult {
+  std::vector<Candidate> ranked;          // fitting plans, best first (at most options.top)
+  std::vector<Alternative> alternatives;  // other shapes, best first
+  std::int64_t evaluated = 0;             // plans estimated
+  std::int64_t fitting = 0;               // plans that fit
+  double seconds = 0;                     // wall time of the search
+  bool offload_considered = false;        // offload was searched because nothing fit without it
+};
+
+// Fails only on requests no plan can satisfy structurally (an error naming the rule);
+// a search whose plans all run out of memory returns an empty `ranked` and the alternatives.
+[[nodiscard]] costmodel::Result<SearchResult> search(const costmodel::PlanRequest& request, const SearchOptions& options = {});
+
+// Estimates one fixed plan, after validate_plan.
+[[nodiscard]] costmodel::Result<Candidate> evaluate(const costmodel::Plan& plan);
+
+// Score to minimise for an objective.
+[[nodiscard]] double objective_score(const costmodel::Estimate& e, Objective objective);
+[[nodiscard]] const char* objective_name(Objective o);
+
+}  // namespace trainplan::planner

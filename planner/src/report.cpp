@@ -1,0 +1,354 @@
+#include "trainplan/planner/report.hpp"
+
+#include <cmath>
+#include <cstdarg>
+#include <cstdio>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+namespace trainplan::planner {
+
+using namespace trainplan::costmodel;
+
+namespace {
+
+std::string fmt(const char* f, ...) {
+  char buf[512];
+  va_list args;
+  va_start(args, f);
+  std::vsnprintf(buf, sizeof buf, f, args);
+  va_end(args);
+  return buf;
+}
+
+double gib(Bytes b) { return b.in_gib(); }
+
+std::string duration_text(double seconds) {
+  if (seconds < 120) return fmt("%.0f s", seconds);
+  if (seconds < 7200) return fmt("%.0f min", seconds / 60);
+  if (seconds < 172800) return fmt("%.1f h", seconds / 3600);
+  return fmt("%.1f days", seconds / 86400);
+}
+
+std::string plan_line(const ParallelConfig& p) {
+  std::string s = fmt("tp=%d pp=%d dp=%d cp=%d", p.tp, p.pp, p.dp, p.cp);
+  if (p.ep > 1) s += fmt(" ep=%d", p.ep);
+  s += fmt(" zero=%d", p.zero_stage);
+  if (p.shard_group) s += fmt(" shard_group=%d", p.shard_group);
+  s += fmt(" micro_batch=%d recompute=%s", p.micro_batch, recompute_name(p.recompute));
+  if (p.pp > 1) s += fmt(" schedule=%s", schedule_name(p.schedule));
+  if (p.virtual_stages > 1) s += fmt(" virtual_stages=%d", p.virtual_stages);
+  if (p.tp > 1) s += p.sequence_parallel ? " sp=on" : " sp=off";
+  if (p.offload_optimizer != Offload::kNone) s += fmt(" offload_optimizer=%s", offload_name(p.offload_optimizer));
+  return s;
+}
+
+const char* sharding_name(const ParallelConfig& p) {
+  if (p.dp * p.cp == 1) return "none";
+  switch (p.zero_stage) {
+    case 0: return "DDP";
+    case 1: return "ZeRO-1";
+    case 2: return "ZeRO-2 (FSDP grad-op)";
+    default: return p.shard_group ? "FSDP hybrid shard" : "ZeRO-3 (FSDP full shard)";
+  }
+}
+
+std::string model_line(const ModelSpec& m) {
+  const double params = count_parameters(m).total(m.layers);
+  std::string s = fmt("%s: %s parameters (%s; %d layers, hidden %lld, %d heads", m.name.c_str(), si(params).c_str(),
+                      architecture_name(m.architecture), m.layers, static_cast<long long>(m.hidden), m.heads);
+  if (m.kv_heads != m.heads) s += fmt(" / %d kv", m.kv_heads);
+  s += fmt(", ffn %lld, vocab %lld", static_cast<long long>(m.ffn_hidden), static_cast<long long>(m.vocab));
+  if (m.moe) {
+    s += fmt(", %d experts top-%d, %s active", m.moe->experts, m.moe->top_k, si(count_parameters(m).active(m.layers)).c_str());
+  }
+  return s + ")";
+}
+
+std::string cluster_line(const HardwareProfile& hw, int gpus, bool is_default) {
+  const int nodes = (gpus + hw.gpus_per_node - 1) / hw.gpus_per_node;
+  std::string s = fmt("%s: %d node%s x %d %s (%.0f GiB HBM, %.0f TFLOP/s bf16 dense), %s %.0f GB/s per GPU, %d x %.0f Gb/s %s per node",
+                      hw.name.c_str(), nodes, nodes == 1 ? "" : "s", std::min(gpus, hw.gpus_per_node), hw.gpu.name.c_str(),
+                      hw.gpu.hbm_capacity.in_gib(), hw.gpu.peak_for(Dtype::kBf16).in_tflops(), hw.intra_node.kind.c_str(),
+                      hw.intra_node.bandwidth.in_gb_per_s(), hw.inter_node.nics_per_node,
+                      hw.inter_node.bandwidth.value() * 8 / 1e9, hw.inter_node.kind.c_str());
+  if (is_default) s += "  [default cluster; choose another with --cluster]";
+  return s;
+}
+
+std::string training_line(const TrainingConfig& t, const std::string& tokens_note) {
+  std::string s = fmt("seq_len %lld, global batch %lld sequences (%s tokens), %s, %s, %s", static_cast<long long>(t.seq_len),
+                      static_cast<long long>(t.global_batch), si(static_cast<double>(t.global_batch) * t.seq_len).c_str(),
+                      precision_name(t.precision), optimizer_name(t.optimizer), mode_name(t.mode));
+  if (t.mode == TrainingMode::kLora || t.mode == TrainingMode::kQlora) s += fmt(" (rank %d)", t.lora.rank);
+  s += fmt(", %s tokens to train", si(t.train_tokens).c_str());
+  if (!tokens_note.empty()) s += " (" + tokens_note + ")";
+  return s;
+}
+
+struct Row {
+  std::vector<std::string> cells;
+};
+
+std::string table(const std::vector<std::string>& header, const std::vector<Row>& rows, bool markdown,
+                  const std::vector<bool>& right_align) {
+  std::vector<std::size_t> width(header.size());
+  for (std::size_t i = 0; i < header.size(); ++i) width[i] = header[i].size();
+  for (const auto& r : rows)
+    for (std::size_t i = 0; i < r.cells.size(); ++i) width[i] = std::max(width[i], r.cells[i].size());
+  std::ostringstream out;
+  const auto line = [&](const std::vector<std::string>& cells) {
+    if (markdown) out << "|";
+    for (std::size_t i = 0; i < cells.size(); ++i) {
+      const std::string pad(width[i] - cells[i].size(), ' ');
+      out << (markdown ? " " : (i ? "  " : "  "));
+      out << (right_align[i] ? pad + cells[i] : cells[i] + pad);
+      if (markdown) out << " |";
+    }
+    out << "\n";
+  };
+  line(header);
+  if (markdown) {
+    out << "|";
+    for (std::size_t i = 0; i < header.size(); ++i) out << (right_align[i] ? std::string(width[i] + 1, '-') + ":|" : std::string(width[i] + 2, '-') + "|");
+    out << "\n";
+  }
+  for (const auto& r : rows) line(r.cells);
+  return out.str();
+}
+
+Row ranked_row(int rank, const Candidate& c) {
+  const auto& p = c.plan.parallel;
+  const auto& e = c.estimate;
+  return Row{{std::to_string(rank), std::to_string(p.tp), std::to_string(p.pp), std::to_string(p.dp), std::to_string(p.cp),
+              std::to_string(p.ep), std::to_string(p.zero_stage) + (p.shard_group ? fmt("/h%d", p.shard_group) : ""),
+              std::to_string(p.micro_batch), std::to_string(e.micro_batches), recompute_name(p.recompute),
+              p.pp == 1 ? "-" : (p.virtual_stages > 1 ? fmt("int.v%d", p.virtual_stages) : schedule_name(p.schedule)),
+              fmt("%.1f / %.0f", gib(e.memory.total), gib(e.memory.capacity)), fmt("%.2f", e.time.step.value()),
+              si(e.throughput.tokens_per_second), fmt("%.1f%%", 100 * e.throughput.mfu),
+              fmt("%.1f", e.run.wall_time.in_days()), si(e.run.gpu_hours)}};
+}
+
+const std::vector<std::string> kRankedHeader = {"#", "TP", "PP", "DP", "CP", "EP", "ZeRO", "MB", "GA", "recompute", "schedule",
+                                                "GiB/GPU (of)", "step s", "tokens/s", "MFU", "days", "GPU-h"};
+const std::vector<bool> kRankedRight = {true, true, true, true, true, true, true, true, true, false, false, true, true, true, true, true, true};
+
+std::string memory_table(const Estimate& e, bool md) {
+  const auto& m = e.memory;
+  std::vector<Row> rows;
+  const auto add = [&](const char* name, Bytes b, const std::string& note) {
+    rows.push_back(Row{{name, fmt("%.2f", gib(b)), fmt("%.0f%%", 100 * b.value() / m.capacity.value()), note}});
+  };
+  add("weights", m.weights, "");
+  add("gradients", m.gradients, "");
+  add("optimizer states", m.optimizer, "incl. fp32 master weights");
+  add("activations", m.activations, fmt("%.2g micro-batches in flight", m.micro_batches_in_flight));
+  add("comm buffers", m.buffers, "");
+  add("overhead", m.overhead, "CUDA context, workspaces, fragmentation");
+  add("total", m.total, e.fits ? "fits" : "DOES NOT FIT");
+  add("capacity", m.capacity, "");
+  return table({"memory per GPU" + std::string(e.pipeline.stages > 1 ? fmt(" (stage %d)", m.worst_stage) : ""), "GiB", "of HBM", ""},
+               rows, md, {false, true, true, false});
+}
+
+std::string time_table(const Estimate& e, bool md) {
+  const auto& t = e.time;
+  std::vector<Row> rows;
+  const auto add = [&](const char* name, Seconds s, const std::string& note) {
+    if (s.value() <= 0 && std::string(name) != "step") return;
+    rows.push_back(Row{{name, fmt("%.3f", s.value()), fmt("%.1f%%", 100 * s.value() / t.step.value()), note}});
+  };
+  add("compute", t.compute, fmt("%d micro-batches", e.micro_batches));
+  add("recompute", t.recompute, "");
+  add("tensor-parallel comm", t.tp_comm, "exposed");
+  add("context-parallel comm", t.cp_comm, "exposed part of the ring");
+  add("expert-parallel comm", t.ep_comm, "all-to-all");
+  add("pipeline p2p", t.pp_comm, "");
+  add("pipeline bubble", t.bubble, "");
+  add("data-parallel comm", t.dp_comm_exposed, fmt("exposed, of %.3f s total", t.dp_comm_total.value()));
+  add("optimizer step", t.optimizer, "");
+  add("offload transfers", t.offload, "");
+  add("step", t.step, "");
+  return table({"time per step", "s", "share", ""}, rows, md, {false, true, true, false});
+}
+
+std::string run_lines(const Plan& plan, const Estimate& e) {
+  const auto& r = e.run;
+  std::ostringstream out;
+  out << fmt("  Checkpoint %s GB, written in %s at %.0f GB/s; optimal interval %s (Young/Daly) for a job MTBF of %s.\n",
+             si(r.checkpoint_bytes.value() / 1e9).c_str(), duration_text(r.checkpoint_write_time.value()).c_str(),
+             plan.cluster.checkpoint_write_bandwidth.in_gb_per_s(), duration_text(r.checkpoint_interval.value()).c_str(),
+             duration_text(r.job_mtbf.value()).c_str());
+  out << fmt("  Training %s tokens: %s of compute, %s with checkpoints and failures (goodput %.1f%%), %s GPU-hours, $%s at $%.2f per GPU-hour.\n",
+             si(r.train_tokens).c_str(), duration_text(r.compute_time.value()).c_str(), duration_text(r.wall_time.value()).c_str(),
+             100 * r.goodput, si(r.gpu_hours).c_str(), si(r.cost_usd).c_str(), plan.cluster.price_per_gpu_hour_usd);
+  return out.str();
+}
+
+std::string why_line(const Candidate& best, const SearchResult& result) {
+  const auto& e = best.estimate;
+  std::string s = fmt("highest throughput of the %lld plans that fit (of %lld evaluated): %s tokens/s, MFU %.1f%%, %.1f of %.0f GiB per GPU.",
+                      static_cast<long long>(result.fitting), static_cast<long long>(result.evaluated),
+                      si(e.throughput.tokens_per_second).c_str(), 100 * e.throughput.mfu, gib(e.memory.total), gib(e.memory.capacity));
+  if (result.ranked.size() > 1) {
+    const auto& second = result.ranked[1].estimate;
+    s += fmt(" The runner-up is %.1f%% slower.", 100 * (e.throughput.tokens_per_second / second.throughput.tokens_per_second - 1));
+  }
+  const auto& p = best.plan.parallel;
+  s += fmt(" Sharding: %s.", sharding_name(p));
+  return s;
+}
+
+}  // namespace
+
+std::string si(double x, int precision) {
+  const char* suffix[] = {"", " K", " M", " B", " T", " P", " E"};
+  int i = 0;
+  double v = x;
+  while (std::fabs(v) >= 1000 && i < 6) { v /= 1000; ++i; }
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*g%s", precision, v, suffix[i]);
+  return buf;
+}
+
+std::string executor_command(const Plan& plan, const std::string& plan_path) {
+  const int gpn = plan.cluster.gpus_per_node;
+  const int nodes = (plan.gpus + gpn - 1) / gpn;
+  std::string s = fmt("torchrun --nnodes %d --nproc-per-node %d --no-python executor --plan %s", nodes, std::min(plan.gpus, gpn), plan_path.c_str());
+  return s;
+}
+
+std::string render_evaluation(const Candidate& c, const ReportContext& ctx, Format format) {
+  const Plan& plan = c.plan;
+  const Estimate& e = c.estimate;
+  if (format == Format::kJson) return estimate_to_json(plan, e).dump(2) + "\n";
+  if (format == Format::kCsv) {
+    std::ostringstream out;
+    out << "fits,tp,pp,dp,cp,ep,zero_stage,micro_batch,micro_batches,recompute,schedule,virtual_stages,memory_total_bytes,capacity_bytes,step_seconds,tokens_per_second,mfu,hfu,wall_days,gpu_hours,cost_usd\n";
+    const auto& p = plan.parallel;
+    out << (e.fits ? "true" : "false") << "," << p.tp << "," << p.pp << "," << p.dp << "," << p.cp << "," << p.ep << "," << p.zero_stage
+        << "," << p.micro_batch << "," << e.micro_batches << "," << recompute_name(p.recompute) << "," << schedule_name(p.schedule) << ","
+        << p.virtual_stages << "," << e.memory.total.value() << "," << e.memory.capacity.value() << "," << e.time.step.value() << ","
+        << e.throughput.tokens_per_second << "," << e.throughput.mfu << "," << e.throughput.hfu << "," << e.run.wall_time.in_days() << ","
+        << e.run.gpu_hours << "," << e.run.cost_usd << "\n";
+    return out.str();
+  }
+  const bool md = format == Format::kMarkdown;
+  std::ostringstream out;
+  out << (md ? "# " : "") << "trainplan estimate" << (plan.name.empty() ? "" : ": " + plan.name) << "\n\n";
+  out << (md ? "- " : "") << "Model     " << model_line(plan.model) << "\n";
+  out << (md ? "- " : "") << "Cluster   " << cluster_line(plan.cluster, plan.gpus, false) << "\n";
+  out << (md ? "- " : "") << "Training  " << training_line(plan.training, ctx.train_tokens_note) << "\n";
+  out << (md ? "- " : "") << "Plan      " << plan_line(plan.parallel) << "\n\n";
+  if (!e.fits) {
+    out << "DOES NOT FIT:\n";
+    for (const auto& r : e.reasons) out << "  " << r << "\n";
+    out << "\n";
+  }
+  out << fmt("%s tokens/s (%s per GPU), model %.0f TFLOP/s per GPU (MFU %.1f%%), hardware %.0f TFLOP/s (HFU %.1f%%)\n\n",
+             si(e.throughput.tokens_per_second).c_str(), si(e.throughput.tokens_per_second_per_gpu).c_str(),
+             e.throughput.model_tflops_per_gpu, 100 * e.throughput.mfu, e.throughput.hardware_tflops_per_gpu, 100 * e.throughput.hfu);
+  out << (md ? "```\n" : "") << memory_table(e, false) << "\n" << time_table(e, false) << (md ? "```\n" : "") << "\n";
+  out << run_lines(plan, e);
+  return out.str();
+}
+
+std::string render_search(const PlanRequest& req, const SearchResult& result, const ReportContext& ctx, Format format) {
+  const Candidate* best = result.ranked.empty() ? nullptr : &result.ranked.front();
+  if (format == Format::kJson) {
+    nlohmann::json j = {
+        {"schema", "trainplan/search/v1"},
+        {"model", model_to_json(req.model)},
+        {"cluster", req.cluster.name},
+        {"default_cluster", ctx.default_cluster},
+        {"gpus", req.gpus},
+        {"training", training_to_json(req.training)},
+        {"evaluated", result.evaluated},
+        {"fitting", result.fitting},
+        {"search_seconds", result.seconds},
+        {"recommended", best ? estimate_to_json(best->plan, best->estimate) : nlohmann::json(nullptr)},
+    };
+    j["ranked"] = nlohmann::json::array();
+    for (const auto& c : result.ranked) j["ranked"].push_back(estimate_to_json(c.plan, c.estimate));
+    j["alternatives"] = nlohmann::json::array();
+    for (const auto& a : result.alternatives) {
+      j["alternatives"].push_back({{"shape", a.shape}, {"fits", a.candidate.estimate.fits}, {"reason", a.reason},
+                                   {"parallel", parallel_to_json(a.candidate.plan.parallel)}});
+    }
+    if (best) j["executor_command"] = executor_command(best->plan, ctx.plan_path.empty() ? "plan.json" : ctx.plan_path);
+    return j.dump(2) + "\n";
+  }
+  if (format == Format::kCsv) {
+    std::ostringstream out;
+    out << "rank,tp,pp,dp,cp,ep,zero_stage,shard_group,micro_batch,micro_batches,recompute,schedule,virtual_stages,memory_total_bytes,capacity_bytes,step_seconds,tokens_per_second,tokens_per_second_per_gpu,mfu,hfu,wall_days,gpu_hours,cost_usd\n";
+    int rank = 1;
+    for (const auto& c : result.ranked) {
+      const auto& p = c.plan.parallel;
+      const auto& e = c.estimate;
+      out << rank++ << "," << p.tp << "," << p.pp << "," << p.dp << "," << p.cp << "," << p.ep << "," << p.zero_stage << "," << p.shard_group
+          << "," << p.micro_batch << "," << e.micro_batches << "," << recompute_name(p.recompute) << "," << schedule_name(p.schedule) << ","
+          << p.virtual_stages << "," << e.memory.total.value() << "," << e.memory.capacity.value() << "," << e.time.step.value() << ","
+          << e.throughput.tokens_per_second << "," << e.throughput.tokens_per_second_per_gpu << "," << e.throughput.mfu << ","
+          << e.throughput.hfu << "," << e.run.wall_time.in_days() << "," << e.run.gpu_hours << "," << e.run.cost_usd << "\n";
+    }
+    return out.str();
+  }
+
+  const bool md = format == Format::kMarkdown;
+  std::ostringstream out;
+  const std::string h1 = md ? "# " : "", h2 = md ? "## " : "", li = md ? "- " : "";
+  out << h1 << "trainplan: " << req.model.name << " on " << req.gpus << " GPUs\n\n";
+  out << li << "Model     " << model_line(req.model) << "\n";
+  out << li << "Cluster   " << cluster_line(req.cluster, req.gpus, ctx.default_cluster) << "\n";
+  out << li << "Training  " << training_line(req.training, ctx.train_tokens_note) << "\n";
+  out << li << fmt("Searched  %s plans in %.3f s (%s plans/s); %s fit in memory", si(static_cast<double>(result.evaluated)).c_str(),
+                   result.seconds, si(result.evaluated / std::max(result.seconds, 1e-9)).c_str(), si(static_cast<double>(result.fitting)).c_str());
+  out << (result.offload_considered ? "; nothing fit without optimizer offload, so CPU offload was searched too" : "") << "\n\n";
+
+  if (!best) {
+    out << h2 << "No plan fits.\n\n";
+    out << "The closest shapes, and what they need:\n";
+    int shown = 0;
+    for (const auto& a : result.alternatives) {
+      if (shown++ >= 8) break;
+      out << "  " << a.shape << ": " << a.reason << "\n";
+    }
+    out << "\nTry more GPUs, a larger-memory cluster (--cluster dgx-h200), a shorter --seq-len, or --mode lora.\n";
+    return out.str();
+  }
+
+  out << h2 << "Recommended: " << plan_line(best->plan.parallel) << "\n";
+  out << "  Why: " << why_line(*best, result) << "\n\n";
+
+  out << h2 << "Top plans\n" << (md ? "\n" : "");
+  std::vector<Row> rows;
+  int rank = 1;
+  for (const auto& c : result.ranked) rows.push_back(ranked_row(rank++, c));
+  out << table(kRankedHeader, rows, md, kRankedRight) << "\n";
+  out << "  GA = micro-batches per step (gradient accumulation); ZeRO 3/hN = hybrid shard over N; days and GPU-hours include checkpoints and failures.\n\n";
+
+  out << h2 << "Where the memory and time go (recommended plan)\n\n" << (md ? "```\n" : "");
+  out << memory_table(best->estimate, false) << "\n" << time_table(best->estimate, false) << (md ? "```\n" : "") << "\n";
+
+  if (!result.alternatives.empty()) {
+    out << h2 << "Alternatives that lose\n\n";
+    int shown = 0;
+    for (const auto& a : result.alternatives) {
+      if (shown++ >= 8) break;
+      out << li << "  " << a.shape << ": " << a.reason << "\n";
+    }
+    out << "\n";
+  }
+
+  out << h2 << "Run\n\n" << run_lines(best->plan, best->estimate) << "\n";
+  out << h2 << "Run it\n\n";
+  const std::string path = ctx.plan_path.empty() ? "plan.json" : ctx.plan_path;
+  if (ctx.plan_path.empty()) out << "  " << ctx.command << " --save-plan plan.json\n";
+  else out << "  (plan saved to " << ctx.plan_path << ")\n";
+  out << "  " << executor_command(best->plan, path) << "\n";
+  out << "  planner evaluate " << path << "        # the full breakdown of this plan\n";
+  return out.str();
+}
+
+}  // namespace trainplan::planner

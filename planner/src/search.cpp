@@ -1,0 +1,258 @@
+#include "trainplan/planner/search.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <map>
+
+namespace trainplan::planner {
+
+using namespace trainplan::costmodel;
+
+const char* objective_name(Objective o) {
+  switch (o) {
+    case Objective::kThroughput: return "throughput";
+    case Objective::kTime: return "time";
+    case Objective::kCost: return "cost";
+  }
+  return "?";
+}
+
+double objective_score(const Estimate& e, Objective objective) {
+  switch (objective) {
+    case Objective::kThroughput: return -e.throughput.tokens_per_second;
+    case Objective::kTime: return e.run.wall_time.value();
+    case Objective::kCost: return e.run.cost_usd;
+  }
+  return 0;
+}
+
+Result<Candidate> evaluate(const Plan& plan) {
+  auto valid = validate_plan(plan);
+  if (!valid) return valid.error();
+  return Candidate{plan, estimate(plan)};
+}
+
+namespace {
+
+std::vector<int> divisors(std::int64_t n, std::int64_t limit) {
+  std::vector<int> out;
+  for (std::int64_t d = 1; d <= std::min(n, limit); ++d) {
+    if (n % d == 0) out.push_back(static_cast<int>(d));
+  }
+  return out;
+}
+
+template <typename T>
+std::vector<T> fixed_or(const std::optional<T>& fixed, std::vector<T> all) {
+  if (fixed) return {*fixed};
+  return all;
+}
+
+std::string shape_of(const ParallelConfig& p) {
+  char buf[96];
+  std::snprintf(buf, sizeof buf, "tp=%d pp=%d cp=%d", p.tp, p.pp, p.cp);
+  return buf;
+}
+
+// The time component that grew most against the best plan, for "why it loses".
+std::string slower_reason(const Estimate& e, const Estimate& best) {
+  const auto& a = e.time;
+  const auto& b = best.time;
+  const std::pair<const char*, double> parts[] = {
+      {"compute", (a.compute - b.compute).value()},
+      {"recompute", (a.recompute - b.recompute).value()},
+      {"tensor-parallel comm", (a.tp_comm - b.tp_comm).value()},
+      {"context-parallel comm", (a.cp_comm - b.cp_comm).value()},
+      {"expert-parallel comm", (a.ep_comm - b.ep_comm).value()},
+      {"pipeline p2p", (a.pp_comm - b.pp_comm).value()},
+      {"pipeline bubble", (a.bubble - b.bubble).value()},
+      {"exposed data-parallel comm", (a.dp_comm_exposed - b.dp_comm_exposed).value()},
+      {"optimizer", (a.optimizer - b.optimizer).value()},
+      {"offload", (a.offload - b.offload).value()},
+  };
+  const auto* worst = std::max_element(std::begin(parts), std::end(parts),
+                                       [](const auto& x, const auto& y) { return x.second < y.second; });
+  const double slower = best.throughput.tokens_per_second / e.throughput.tokens_per_second - 1.0;
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "%.0f%% slower: %s +%.3g s per step", 100.0 * slower, worst->first, worst->second);
+  return buf;
+}
+
+}  // namespace
+
+Result<SearchResult> search(const PlanRequest& req, const SearchOptions& options) {
+  const auto started = std::chrono::steady_clock::now();
+  auto valid = validate_request(req);
+  if (!valid) return valid.error();
+
+  const ModelSpec& m = req.model;
+  const ParallelConstraints& c = req.parallel;
+  const int gpus = req.gpus;
+  const int gpn = req.cluster.gpus_per_node;
+  const std::int64_t gb = req.training.global_batch;
+
+  std::vector<int> tps;
+  for (int d : divisors(gpus, c.tp ? *c.tp : gpn)) {
+    if (c.tp && d != *c.tp) continue;
+    if (m.heads % d || m.ffn_hidden % d) continue;
+    if (m.kv_heads % d && d % m.kv_heads) continue;
+    tps.push_back(d);
+  }
+  std::vector<int> cps;
+  for (int d = 1; d <= gpus; d *= 2) {
+    if (c.cp ? d == *c.cp : (req.training.seq_len % d == 0 && req.training.seq_len / d >= 1024)) cps.push_back(d);
+  }
+  if (c.cp && std::find(cps.begin(), cps.end(), *c.cp) == cps.end()) cps = {*c.cp};
+
+  SearchResult result;
+  std::vector<Candidate> fitting;
+  std::map<std::string, Candidate> best_by_shape;
+
+  const auto consider = [&](const Plan& plan) {
+    ++result.evaluated;
+    Estimate e = estimate(plan);
+    const std::string shape = shape_of(plan.parallel);
+    auto it = best_by_shape.find(shape);
+    const auto better = [&](const Estimate& a, const Estimate& b) {
+      if (a.fits != b.fits) return a.fits;
+      if (!a.fits) return a.memory.total < b.memory.total;
+      return objective_score(a, options.objective) < objective_score(b, options.objective);
+    };
+    if (it == best_by_shape.end()) best_by_shape.emplace(shape, Candidate{plan, e});
+    else if (better(e, it->second.estimate)) it->second = Candidate{plan, e};
+    if (e.fits) {
+      ++result.fitting;
+      fitting.push_back(Candidate{plan, std::move(e)});
+      // Keep memory bounded: trim to the best few hundred now and then.
+      if (fitting.size() > 4096) {
+        std::nth_element(fitting.begin(), fitting.begin() + 512, fitting.end(), [&](const Candidate& a, const Candidate& b) {
+          return objective_score(a.estimate, options.objective) < objective_score(b.estimate, options.objective);
+        });
+        fitting.resize(512);
+      }
+    }
+  };
+
+  // One plan, reused: only its parallel layout changes in the loops below.
+  Plan plan;
+  plan.name = req.name;
+  plan.model_ref = req.model_ref;
+  plan.cluster_ref = req.cluster_ref;
+  plan.model = req.model;
+  plan.cluster = req.cluster;
+  plan.gpus = gpus;
+  plan.training = req.training;
+
+  const auto run = [&](std::vector<Offload> offloads) {
+    const double total_outer = static_cast<double>(tps.size() * cps.size());
+    double done_outer = 0;
+    for (int tp : tps) {
+      for (int cp : cps) {
+        if (options.progress) options.progress(done_outer / total_outer);
+        done_outer += 1;
+        if (gpus % (tp * cp) != 0) continue;
+        for (int pp : divisors(gpus / (tp * cp), m.layers)) {
+          if (c.pp && pp != *c.pp) continue;
+          const int dp = gpus / (tp * cp * pp);
+          if (c.dp && dp != *c.dp) continue;
+          if (gb % dp != 0) continue;
+          std::vector<int> eps = {1};
+          if (m.moe) {
+            eps.clear();
+            for (int d : divisors(dp, m.moe->experts)) if (m.moe->experts % d == 0) eps.push_back(d);
+          }
+          for (int ep : fixed_or(c.ep, eps)) {
+            if (dp % ep != 0) continue;
+            std::vector<int> zeros = (dp * cp == 1) ? std::vector<int>{0} : std::vector<int>{0, 1, 2, 3};
+            for (int zero : fixed_or(c.zero_stage, zeros)) {
+              std::vector<int> groups = {0};
+              if (zero == 3 && !c.shard_group) {
+                // Hybrid shard within a node when dp spans nodes.
+                const int in_node = std::max(1, std::min(dp, gpn / (tp * cp * pp) > 0 ? gpn / (tp * cp * pp) : 1));
+                if (in_node > 1 && in_node < dp && dp % in_node == 0) groups.push_back(in_node);
+              }
+              for (int group : fixed_or(c.shard_group, groups)) {
+                for (int mb : divisors(gb / dp, 64)) {
+                  if (c.micro_batch && mb != *c.micro_batch) continue;
+                  const int micro_batches = static_cast<int>(gb / (dp * static_cast<std::int64_t>(mb)));
+                  std::vector<std::pair<Schedule, int>> schedules;
+                  if (c.schedule || c.virtual_stages) {
+                    const Schedule sch = c.schedule.value_or(c.virtual_stages && *c.virtual_stages > 1 ? Schedule::kInterleaved : Schedule::kOneFOneB);
+                    if (sch == Schedule::kInterleaved && !c.virtual_stages) {
+                      for (int v = 2; v <= 8 && pp * v <= m.layers; ++v) if (m.layers % (pp * v) == 0) schedules.push_back({sch, v});
+                    } else {
+                      schedules.push_back({sch, c.virtual_stages.value_or(1)});
+                    }
+                  } else {
+                    schedules.push_back({Schedule::kOneFOneB, 1});
+                    if (pp > 1 && micro_batches >= pp) {
+                      for (int v = 2; v <= 8 && pp * v <= m.layers; ++v) if (m.layers % (pp * v) == 0) schedules.push_back({Schedule::kInterleaved, v});
+                    }
+                  }
+                  for (const auto& [schedule, v] : schedules) {
+                    if (pp == 1 && schedule == Schedule::kInterleaved) continue;
+                    for (Recompute rc : fixed_or(c.recompute, {Recompute::kNone, Recompute::kSelective, Recompute::kFull})) {
+                      for (Offload off : fixed_or(c.offload_optimizer, offloads)) {
+                        ParallelConfig& p = plan.parallel;
+                        p.tp = tp; p.cp = cp; p.pp = pp; p.dp = dp; p.ep = ep;
+                        p.sequence_parallel = c.sequence_parallel.value_or(tp > 1);
+                        p.zero_stage = zero; p.shard_group = group; p.micro_batch = mb;
+                        p.virtual_stages = v; p.schedule = schedule; p.recompute = rc;
+                        p.offload_optimizer = off; p.offload_params = c.offload_params;
+                        p.fsdp_wrap_min_params = c.fsdp_wrap_min_params; p.prefetch = c.prefetch;
+                        p.reduce_dtype = c.reduce_dtype;
+                        p.overlap_grad_reduce = c.overlap_grad_reduce;
+                        p.recompute_layers = rc == Recompute::kFull ? c.recompute_layers : 0;
+                        if (!validate_plan(plan)) continue;
+                        consider(plan);
+                      }
+                    }
+                  }
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  };
+
+  run({Offload::kNone});
+  if (result.fitting == 0 && !c.offload_optimizer) {
+    result.offload_considered = true;
+    run({Offload::kCpu});
+  }
+  if (options.progress) options.progress(1.0);
+  if (result.evaluated == 0) {
+    return Error{"no valid plan: no combination of tp, cp, pp and dp fits " + std::to_string(gpus) +
+                 " GPUs with the fixed values, heads (" + std::to_string(m.heads) + ") and global batch (" +
+                 std::to_string(gb) + " sequences)"};
+  }
+
+  std::sort(fitting.begin(), fitting.end(), [&](const Candidate& a, const Candidate& b) {
+    return objective_score(a.estimate, options.objective) < objective_score(b.estimate, options.objective);
+  });
+  if (static_cast<int>(fitting.size()) > options.top) fitting.resize(options.top);
+  result.ranked = std::move(fitting);
+
+  // Alternatives: the best of every other shape, and why it loses.
+  const Candidate* best = result.ranked.empty() ? nullptr : &result.ranked.front();
+  for (auto& [shape, cand] : best_by_shape) {
+    if (best && shape == shape_of(best->plan.parallel)) continue;
+    Alternative alt{cand, shape, ""};
+    if (!cand.estimate.fits) alt.reason = cand.estimate.reasons.empty() ? "does not fit" : cand.estimate.reasons.front();
+    else if (best) alt.reason = slower_reason(cand.estimate, best->estimate);
+    result.alternatives.push_back(std::move(alt));
+  }
+  std::sort(result.alternatives.begin(), result.alternatives.end(), [&](const Alternative& a, const Alternative& b) {
+    if (a.candidate.estimate.fits != b.candidate.estimate.fits) return a.candidate.estimate.fits;
+    if (!a.candidate.estimate.fits) return a.candidate.estimate.memory.total < b.candidate.estimate.memory.total;
+    return objective_score(a.candidate.estimate, options.objective) < objective_score(b.candidate.estimate, options.objective);
+  });
+  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  return result;
+}
+
+}  // namespace trainplan::planner

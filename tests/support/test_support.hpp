@@ -1,0 +1,79 @@
+#pragma once
+// Test helpers: paths to tests/data (absolute, set by CMake, so no test depends on the working
+// directory), a small CSV reader, and plan builders.
+
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "trainplan/costmodel/plan.hpp"
+#include "trainplan/costmodel/presets.hpp"
+
+namespace trainplan::testing {
+
+inline std::string data_path(const std::string& name) { return std::string(TRAINPLAN_TEST_DATA_DIR) + "/" + name; }
+inline std::string source_path(const std::string& name) { return std::string(TRAINPLAN_SOURCE_DIR) + "/" + name; }
+
+// Rows of a CSV file as maps from header to cell; lines starting with '#' are comments.
+// Quoted cells are not needed by our data and not supported.
+inline std::vector<std::map<std::string, std::string>> read_csv(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw std::runtime_error("cannot open " + path);
+  std::vector<std::string> header;
+  std::vector<std::map<std::string, std::string>> rows;
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    std::vector<std::string> cells;
+    std::stringstream ss(line);
+    std::string cell;
+    while (std::getline(ss, cell, ',')) cells.push_back(cell);
+    if (line.back() == ',') cells.emplace_back();
+    if (header.empty()) { header = cells; continue; }
+    std::map<std::string, std::string> row;
+    for (std::size_t i = 0; i < header.size(); ++i) row[header[i]] = i < cells.size() ? cells[i] : "";
+    rows.push_back(std::move(row));
+  }
+  return rows;
+}
+
+// A GPT-style model as in Megatron-LM's experiments (ffn 4h, tied embeddings, vocab 51200).
+inline costmodel::ModelSpec gpt_model(const std::string& name, int layers, long long hidden, int heads, long long seq, long long vocab = 51200) {
+  costmodel::ModelSpec m;
+  m.name = name;
+  m.architecture = costmodel::Architecture::kGpt;
+  m.layers = layers;
+  m.hidden = hidden;
+  m.heads = heads;
+  m.kv_heads = heads;
+  m.ffn_hidden = 4 * hidden;
+  m.vocab = vocab;
+  m.tied_embeddings = true;
+  m.max_seq_len = seq;
+  return m;
+}
+
+inline costmodel::HardwareProfile cluster(const std::string& name) {
+  auto hw = costmodel::find_hwprofile(name);
+  if (!hw) throw std::runtime_error(hw.error().message);
+  return *hw;
+}
+
+inline costmodel::HardwareProfile hwprofile_file(const std::string& path) {
+  auto text = costmodel::read_text_file(path);
+  if (!text) throw std::runtime_error(text.error().message);
+  auto hw = costmodel::parse_hwprofile_text(*text, path);
+  if (!hw) throw std::runtime_error(hw.error().message);
+  return *hw;
+}
+
+inline costmodel::ModelSpec model(const std::string& name) {
+  auto m = costmodel::find_model(name);
+  if (!m) throw std::runtime_error(m.error().message);
+  return *m;
+}
+
+}  // namespace trainplan::testing
