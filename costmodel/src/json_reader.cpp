@@ -24,6 +24,11 @@ nlohmann::json parse_json(const std::string& text, const std::string& file) {
     const auto pos = what.find("syntax error");
     if (pos != std::string::npos) out << " (" << what.substr(pos) << ")";
     throw DocumentError(out.str());
+  } catch (const nlohmann::json::exception& e) {
+    // Valid syntax nlohmann cannot represent, e.g. a number beyond double range ("1e400").
+    const std::string what = e.what();
+    const auto pos = what.find("] ");
+    throw DocumentError(file + ": malformed JSON (" + (pos == std::string::npos ? what : what.substr(pos + 2)) + ")");
   }
 }
 

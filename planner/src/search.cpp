@@ -181,14 +181,14 @@ Result<SearchResult> search(const PlanRequest& req, const SearchOptions& options
                   if (c.schedule || c.virtual_stages) {
                     const Schedule sch = c.schedule.value_or(c.virtual_stages && *c.virtual_stages > 1 ? Schedule::kInterleaved : Schedule::kOneFOneB);
                     if (sch == Schedule::kInterleaved && !c.virtual_stages) {
-                      for (int v = 2; v <= 8 && pp * v <= m.layers; ++v) if (m.layers % (pp * v) == 0) schedules.push_back({sch, v});
+                      for (int v = 2; v <= 8 && pp * v <= m.layers; ++v) schedules.push_back({sch, v});
                     } else {
                       schedules.push_back({sch, c.virtual_stages.value_or(1)});
                     }
                   } else {
                     schedules.push_back({Schedule::kOneFOneB, 1});
                     if (pp > 1 && micro_batches >= pp) {
-                      for (int v = 2; v <= 8 && pp * v <= m.layers; ++v) if (m.layers % (pp * v) == 0) schedules.push_back({Schedule::kInterleaved, v});
+                      for (int v = 2; v <= 8 && pp * v <= m.layers; ++v) schedules.push_back({Schedule::kInterleaved, v});
                     }
                   }
                   for (const auto& [schedule, v] : schedules) {

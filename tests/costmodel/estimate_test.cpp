@@ -1,0 +1,370 @@
+// Step time, throughput, run cost and the estimate document for fixed plans. Formulas from
+// shared/notes/cost-model-references.md: pipeline bubble (p-1)/(v m) of the ideal time
+// (Narayanan 2021, Sec. 2.2); MFU and HFU (PaLM, Chowdhery et al. 2022, App. B); checkpoint
+// interval and expected wall time with failures (Young 1974; Daly 2006).
+
+#include <cmath>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "test_support.hpp"
+#include "trainplan/costmodel/estimate.hpp"
+#include "trainplan/costmodel/model.hpp"
+
+namespace trainplan {
+namespace {
+
+using namespace costmodel;
+
+Plan make_plan(const ModelSpec& model, const std::string& cluster, int gpus, long long seq_len, long long global_batch) {
+  Plan p;
+  p.name = "estimate-test";
+  p.model = model;
+  p.model_ref = "inline";
+  p.cluster = testing::cluster(cluster);
+  p.cluster_ref = cluster;
+  p.gpus = gpus;
+  p.training.seq_len = seq_len;
+  p.training.global_batch = global_batch;
+  resolve_training_defaults(p.model, p.training);
+  p.parallel.dp = gpus;
+  return p;
+}
+
+Plan make_plan(const std::string& model, const std::string& cluster, int gpus, long long seq_len, long long global_batch) {
+  Plan p = make_plan(testing::model(model), cluster, gpus, seq_len, global_batch);
+  p.model_ref = model;
+  return p;
+}
+
+Estimate checked_estimate(const Plan& plan) {
+  auto valid = validate_plan(plan);
+  if (!valid) throw std::runtime_error(valid.error().message);
+  return estimate(plan);
+}
+
+Plan sample_plan(const std::string& file) {
+  auto req = load_plan_file(testing::source_path("samples/plans/" + file));
+  if (!req) throw std::runtime_error(req.error().message);
+  return Plan{req->name, req->model_ref, req->cluster_ref, req->model, req->cluster, req->gpus, req->training, req->parallel.fixed()};
+}
+
+double component_sum(const TimeBreakdown& t) {
+  return (t.compute + t.recompute + t.tp_comm + t.cp_comm + t.ep_comm + t.pp_comm + t.bubble + t.dp_comm_exposed + t.optimizer +
+          t.offload)
+      .value();
+}
+
+struct StepCase {
+  const char* what;
+  Plan plan;
+  std::vector<const char*> nonzero;  // components this layout must have
+};
+
+std::vector<StepCase> step_cases() {
+  std::vector<StepCase> cases;
+  cases.push_back({"gpt3 sample: tp8 pp8 interleaved, full recompute", sample_plan("gpt3-175b-1024xa100.json"),
+                   {"tp_comm", "pp_comm", "bubble", "recompute", "dp_comm_exposed"}});
+  {
+    Plan p = make_plan("llama3-70b", "dgx-h100", 64, 8192, 512);
+    p.parallel.tp = 8; p.parallel.pp = 4; p.parallel.dp = 2; p.parallel.sequence_parallel = true;
+    p.parallel.zero_stage = 1; p.parallel.schedule = Schedule::kInterleaved; p.parallel.virtual_stages = 2;
+    p.parallel.recompute = Recompute::kSelective;
+    cases.push_back({"llama3-70b tp8 pp4 dp2 interleaved", p, {"tp_comm", "pp_comm", "bubble", "recompute"}});
+  }
+  {
+    Plan p = make_plan("llama3-8b", "dgx-h100", 16, 8192, 64);
+    p.parallel.cp = 16; p.parallel.dp = 1; p.parallel.zero_stage = 3;
+    cases.push_back({"llama3-8b cp16 across two nodes", p, {"cp_comm", "dp_comm_exposed"}});
+  }
+  {
+    Plan p = make_plan("mixtral-8x7b", "dgx-h100", 64, 4096, 256);
+    p.parallel.tp = 2; p.parallel.dp = 32; p.parallel.ep = 8; p.parallel.sequence_parallel = true; p.parallel.zero_stage = 1;
+    p.parallel.recompute = Recompute::kFull;
+    cases.push_back({"mixtral tp2 dp32 ep8", p, {"ep_comm", "tp_comm", "recompute"}});
+  }
+  {
+    Plan p = make_plan("llama3-8b", "dgx-a100-40g", 16, 4096, 64);
+    p.parallel.zero_stage = 3; p.parallel.offload_optimizer = Offload::kCpu;
+    cases.push_back({"llama3-8b zero3 cpu offload over two nodes", p, {"offload", "optimizer", "dp_comm_exposed"}});
+  }
+  {
+    Plan p = make_plan("llama3-8b", "dgx-h100", 16, 4096, 64);
+    p.parallel.zero_stage = 3; p.parallel.shard_group = 8; p.parallel.offload_optimizer = Offload::kNvme;
+    cases.push_back({"llama3-8b hybrid shard, nvme offload", p, {"offload", "optimizer"}});
+  }
+  return cases;
+}
+
+double component(const TimeBreakdown& t, const std::string& name) {
+  if (name == "compute") return t.compute.value();
+  if (name == "recompute") return t.recompute.value();
+  if (name == "tp_comm") return t.tp_comm.value();
+  if (name == "cp_comm") return t.cp_comm.value();
+  if (name == "ep_comm") return t.ep_comm.value();
+  if (name == "pp_comm") return t.pp_comm.value();
+  if (name == "bubble") return t.bubble.value();
+  if (name == "dp_comm_exposed") return t.dp_comm_exposed.value();
+  if (name == "optimizer") return t.optimizer.value();
+  if (name == "offload") return t.offload.value();
+  throw std::runtime_error("unknown component " + name);
+}
+
+TEST(StepTime, EqualsTheSumOfItsComponents) {
+  for (const StepCase& c : step_cases()) {
+    SCOPED_TRACE(c.what);
+    const Estimate e = checked_estimate(c.plan);
+    const TimeBreakdown& t = e.time;
+    EXPECT_GT(t.step.value(), 0);
+    EXPECT_GT(t.compute.value(), 0);
+    EXPECT_NEAR(t.step.value(), component_sum(t), 1e-9 * t.step.value());
+    for (const char* name : {"compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "bubble", "dp_comm_exposed", "optimizer", "offload"}) {
+      EXPECT_GE(component(t, name), 0.0) << name;
+    }
+    for (const char* name : c.nonzero) EXPECT_GT(component(t, name), 0.0) << name;
+    EXPECT_LE(t.dp_comm_exposed.value(), t.dp_comm_total.value() * (1 + 1e-12));
+  }
+}
+
+// Narayanan 2021, Sec. 2.2: the bubble is (p-1)/(v m) of the ideal (bubble-free) time. A
+// GPT with 96 layers and a small vocabulary keeps the stages balanced (the output layer adds
+// ~3% to the last stage), so the ratio holds within a few per cent.
+TEST(PipelineBubble, IsPMinusOneOverVmOfTheComputeTime) {
+  const ModelSpec m = testing::gpt_model("gpt-96l", 96, 6144, 48, 2048);
+  const int p = 4, micro_batches = 16;
+  for (int v : {1, 2, 3, 4}) {
+    Plan plan = make_plan(m, "dgx-a100-80g", p, 2048, micro_batches);
+    plan.parallel.dp = 1;
+    plan.parallel.pp = p;
+    plan.parallel.virtual_stages = v;
+    plan.parallel.schedule = v > 1 ? Schedule::kInterleaved : Schedule::kOneFOneB;
+    const Estimate e = checked_estimate(plan);
+    ASSERT_EQ(e.micro_batches, micro_batches);
+    const TimeBreakdown& t = e.time;
+    const double work = (t.compute + t.recompute + t.tp_comm + t.cp_comm + t.ep_comm).value();
+    const double expected = (p - 1.0) / (v * micro_batches);
+    EXPECT_NEAR(t.bubble.value() / work / expected, 1.0, 0.04) << "v=" << v;
+    // Exactly: (p-1)/v times the mean stage time of one micro-batch.
+    const auto& fw = e.pipeline.forward_seconds;
+    const auto& bw = e.pipeline.backward_seconds;
+    ASSERT_EQ(fw.size(), static_cast<std::size_t>(p));
+    const double mean_stage = (std::accumulate(fw.begin(), fw.end(), 0.0) + std::accumulate(bw.begin(), bw.end(), 0.0)) / p;
+    EXPECT_NEAR(t.bubble.value(), (p - 1.0) / v * mean_stage, 1e-9 * t.bubble.value()) << "v=" << v;
+  }
+}
+
+// Ring attention overlaps each step's K/V transfer with attention on the previous chunk. Llama 3
+// 8B, seq 8192, cp 4 in one node: T = 2048 tokens per rank, a K/V chunk of 2 * 2048 * 1024 * 2 B
+// = 8 MiB takes ~23 us over NVLink (369 GB/s), attention on a 2048 x 2048 block (4 T^2 h =
+// 69 GFLOP) ~100 us: hidden. Across two nodes with cp 16 (T = 512, 45 GB/s per GPU) it is not.
+TEST(ContextParallel, RingTrafficIsHiddenInsideANodeAndExposedAcrossNodes) {
+  Plan in_node = make_plan("llama3-8b", "dgx-h100", 8, 8192, 64);
+  in_node.parallel.cp = 4; in_node.parallel.dp = 2; in_node.parallel.zero_stage = 2;
+  EXPECT_EQ(checked_estimate(in_node).time.cp_comm.value(), 0.0);
+  Plan across = make_plan("llama3-8b", "dgx-h100", 16, 8192, 64);
+  across.parallel.cp = 16; across.parallel.dp = 1; across.parallel.zero_stage = 3;
+  EXPECT_GT(checked_estimate(across).time.cp_comm.value(), 0.0);
+}
+
+TEST(PipelineBubble, IsZeroWithoutPipelining) {
+  Plan plan = make_plan("llama3-8b", "dgx-h100", 8, 4096, 64);
+  plan.parallel.zero_stage = 3;
+  const Estimate e = checked_estimate(plan);
+  EXPECT_EQ(e.time.bubble.value(), 0.0);
+  EXPECT_EQ(e.time.pp_comm.value(), 0.0);
+}
+
+TEST(Throughput, FollowsFromStepTimeAndPeak) {
+  for (const StepCase& c : step_cases()) {
+    SCOPED_TRACE(c.what);
+    const Estimate e = checked_estimate(c.plan);
+    const Throughput& th = e.throughput;
+    const double tokens = static_cast<double>(c.plan.training.global_batch) * c.plan.training.seq_len;
+    EXPECT_NEAR(th.tokens_per_second, tokens / e.time.step.value(), 1e-9 * th.tokens_per_second);
+    EXPECT_NEAR(th.tokens_per_second_per_gpu, th.tokens_per_second / c.plan.gpus, 1e-9 * th.tokens_per_second_per_gpu);
+    const double peak = c.plan.cluster.gpu.peak_for(Dtype::kBf16).value();  // all cases train in bf16
+    EXPECT_NEAR(th.mfu, th.model_tflops_per_gpu * 1e12 / peak, 1e-12);
+    EXPECT_NEAR(th.hfu, th.hardware_tflops_per_gpu * 1e12 / peak, 1e-12);
+    EXPECT_GT(th.mfu, 0.05);
+    EXPECT_LT(th.mfu, 1.0);
+    EXPECT_GE(th.hfu, th.mfu);
+  }
+}
+
+// PaLM App. B: model FLOPs per token 6N + 12 L h s; the per-GPU model TFLOP/s must agree with
+// model_flops_per_token times the tokens each GPU processes per second.
+TEST(Throughput, ModelTflopsAgreeWithModelFlopsPerToken) {
+  for (const StepCase& c : step_cases()) {
+    SCOPED_TRACE(c.what);
+    const Estimate e = checked_estimate(c.plan);
+    const double expected = model_flops_per_token(c.plan.model, c.plan.training.seq_len) * e.throughput.tokens_per_second_per_gpu / 1e12;
+    EXPECT_NEAR(e.throughput.model_tflops_per_gpu / expected, 1.0, 0.01);
+  }
+}
+
+// Full recompute reruns each layer's forward in the backward pass (~ +33% compute, Korthikanti
+// 2022 Table 4: 27.2 vs 19.6 ms per layer) and keeps only the layer inputs.
+TEST(Recompute, FullRecomputeIsSlowerAndSmallerThanNone) {
+  Plan plan = make_plan("llama3-70b", "dgx-h100", 64, 8192, 512);
+  plan.parallel.tp = 8; plan.parallel.pp = 4; plan.parallel.dp = 2; plan.parallel.sequence_parallel = true; plan.parallel.zero_stage = 1;
+  plan.parallel.recompute = Recompute::kNone;
+  const Estimate none = checked_estimate(plan);
+  plan.parallel.recompute = Recompute::kSelective;
+  const Estimate selective = checked_estimate(plan);
+  plan.parallel.recompute = Recompute::kFull;
+  const Estimate full = checked_estimate(plan);
+  EXPECT_GT(full.time.step.value(), none.time.step.value());
+  EXPECT_LT(full.memory.activations.value(), none.memory.activations.value());
+  EXPECT_EQ(none.time.recompute.value(), 0.0);
+  EXPECT_GT(full.time.recompute.value(), selective.time.recompute.value());
+  EXPECT_LE(selective.memory.activations.value(), none.memory.activations.value());
+  EXPECT_LT(full.memory.activations.value(), selective.memory.activations.value());
+  // Extra forward is at most the forward itself: < 1/2 of compute (backward is ~2x forward).
+  EXPECT_LT(full.time.recompute.value(), 0.5 * full.time.compute.value());
+  EXPECT_GT(full.throughput.hfu, full.throughput.mfu);
+}
+
+// H100 SXM datasheet: fp8 dense 1979 TFLOP/s, twice bf16's 989.
+TEST(Precision, Fp8OnH100IsFasterThanBf16) {
+  Plan plan = make_plan("llama3-70b", "dgx-h100", 64, 8192, 512);
+  plan.parallel.tp = 8; plan.parallel.pp = 4; plan.parallel.dp = 2; plan.parallel.sequence_parallel = true; plan.parallel.zero_stage = 1;
+  plan.parallel.recompute = Recompute::kSelective;
+  const Estimate bf16 = checked_estimate(plan);
+  plan.training.precision = Precision::kFp8;
+  const Estimate fp8 = checked_estimate(plan);
+  EXPECT_LT(fp8.time.step.value(), bf16.time.step.value());
+  EXPECT_LT(fp8.time.compute.value(), bf16.time.compute.value());
+  EXPECT_GT(fp8.throughput.tokens_per_second, bf16.throughput.tokens_per_second);
+}
+
+// A100 has no fp8 tensor cores (datasheet): the plan is invalid, and the error says why.
+TEST(Precision, Fp8OnA100FailsValidation) {
+  Plan plan = make_plan("llama3-8b", "dgx-a100-80g", 8, 4096, 64);
+  plan.parallel.zero_stage = 3;
+  ASSERT_TRUE(validate_plan(plan).ok());
+  plan.training.precision = Precision::kFp8;
+  auto valid = validate_plan(plan);
+  ASSERT_FALSE(valid.ok());
+  EXPECT_NE(valid.error().message.find("/training/precision"), std::string::npos) << valid.error().message;
+  EXPECT_NE(valid.error().message.find("fp8"), std::string::npos) << valid.error().message;
+  EXPECT_NE(valid.error().message.find("A100"), std::string::npos) << valid.error().message;
+}
+
+TEST(ValidatePlan, ProductOfAxesMustEqualGpusAndTheMessageNamesEveryFactor) {
+  Plan plan = make_plan("llama3-70b", "dgx-h100", 64, 8192, 512);
+  plan.parallel.tp = 8; plan.parallel.pp = 4; plan.parallel.dp = 4;
+  auto valid = validate_plan(plan);
+  ASSERT_FALSE(valid.ok());
+  EXPECT_EQ(valid.error().message, "/parallel: tp(8) * cp(1) * pp(4) * dp(4) = 128 != gpus(64)");
+}
+
+TEST(RunCost, WallTimeCoversComputeAndGpuHoursFollow) {
+  for (const StepCase& c : step_cases()) {
+    SCOPED_TRACE(c.what);
+    const Estimate e = checked_estimate(c.plan);
+    const RunCost& r = e.run;
+    const double tokens_per_step = static_cast<double>(c.plan.training.global_batch) * c.plan.training.seq_len;
+    EXPECT_NEAR(r.compute_time.value(), r.train_tokens / tokens_per_step * e.time.step.value(), 1e-9 * r.compute_time.value());
+    EXPECT_GE(r.wall_time.value(), r.compute_time.value());
+    EXPECT_GT(r.goodput, 0.0);
+    EXPECT_LE(r.goodput, 1.0);
+    EXPECT_NEAR(r.goodput, r.compute_time.value() / r.wall_time.value(), 1e-12);
+    EXPECT_NEAR(r.gpu_hours, r.wall_time.in_hours() * c.plan.gpus, 1e-9 * r.gpu_hours);
+    EXPECT_NEAR(r.cost_usd, r.gpu_hours * c.plan.cluster.price_per_gpu_hour_usd, 1e-9 * r.cost_usd);
+    EXPECT_NEAR(r.job_mtbf.in_hours(), c.plan.cluster.gpu_mtbf_hours / c.plan.gpus, 1e-9);
+  }
+}
+
+// Young 1974 / Daly 2006: checkpoint write time delta, job MTBF M, x = sqrt(delta / 2M):
+// interval tau = sqrt(2 delta M) (1 + x/3 + x^2/9) - delta, and the expected wall time
+// M e^{R/M} (e^{(tau + delta)/M} - 1) T / tau for restart time R and failure-free time T.
+TEST(RunCost, CheckpointIntervalAndWallTimeFollowDaly) {
+  Plan plan = make_plan("llama3-70b", "dgx-h100", 1024, 8192, 1024);
+  const HardwareProfile& hw = plan.cluster;
+  const double delta = 120.0;  // seconds to write the checkpoint
+  const double checkpoint_bytes = delta * hw.checkpoint_write_bandwidth.value();
+  const RunCost r = run_cost(plan, Seconds(10.0), checkpoint_bytes);
+  const double M = hw.gpu_mtbf_hours * 3600.0 / 1024;
+  const double x = std::sqrt(delta / (2 * M));
+  const double tau = std::sqrt(2 * delta * M) * (1 + x / 3 + x * x / 9) - delta;
+  EXPECT_NEAR(r.checkpoint_write_time.value(), delta, 1e-9);
+  EXPECT_NEAR(r.checkpoint_interval.value(), tau, 1e-6 * tau);
+  EXPECT_NEAR(r.checkpoint_interval.value() / std::sqrt(2 * delta * M), 1.0, 0.05);  // Young's first-order estimate
+  const double T = plan.training.train_tokens / (1024.0 * 8192) * 10.0;
+  const double R = hw.restart_time.value();
+  const double wall = M * std::exp(R / M) * std::expm1((tau + delta) / M) * T / tau;
+  EXPECT_NEAR(r.compute_time.value(), T, 1e-9 * T);
+  EXPECT_NEAR(r.wall_time.value(), wall, 1e-9 * wall);
+  EXPECT_GT(r.goodput, 0.8);
+  EXPECT_LT(r.goodput, 1.0);
+}
+
+TEST(RunCost, MoreGpusMeanMoreFrequentFailures) {
+  const Plan small = make_plan("llama3-8b", "dgx-h100", 64, 8192, 512);
+  const Plan large = make_plan("llama3-8b", "dgx-h100", 8192, 8192, 8192);
+  const RunCost a = run_cost(small, Seconds(5), 1e11), b = run_cost(large, Seconds(5), 1e11);
+  EXPECT_GT(a.job_mtbf.value(), b.job_mtbf.value());
+  EXPECT_GT(a.checkpoint_interval.value(), b.checkpoint_interval.value());
+  EXPECT_GT(a.goodput, b.goodput);
+}
+
+TEST(EstimateDocument, HasEveryDocumentedKey) {
+  const Plan plan = sample_plan("gpt3-175b-1024xa100.json");
+  const nlohmann::json j = estimate_to_json(plan, checked_estimate(plan));
+  EXPECT_EQ(j.at("schema"), "trainplan/estimate/v1");
+  ASSERT_TRUE(j.contains("fits"));
+  EXPECT_TRUE(j.at("fits").is_boolean());
+  ASSERT_TRUE(j.contains("reasons"));
+  EXPECT_TRUE(j.at("reasons").is_array());
+  const std::pair<const char*, std::vector<const char*>> sections[] = {
+      {"memory", {"weights_bytes", "gradients_bytes", "optimizer_bytes", "activations_bytes", "buffers_bytes", "overhead_bytes",
+                  "total_bytes", "capacity_bytes"}},
+      {"time", {"step_seconds", "compute_seconds", "recompute_seconds", "tp_comm_seconds", "pp_comm_seconds", "dp_comm_exposed_seconds",
+                "bubble_seconds", "optimizer_seconds"}},
+      {"throughput", {"tokens_per_second", "tokens_per_second_per_gpu", "model_tflops_per_gpu", "hardware_tflops_per_gpu", "mfu", "hfu"}},
+  };
+  for (const auto& [section, keys] : sections) {
+    ASSERT_TRUE(j.contains(section)) << section;
+    for (const char* key : keys) {
+      ASSERT_TRUE(j.at(section).contains(key)) << section << "." << key;
+      EXPECT_TRUE(j.at(section).at(key).is_number()) << section << "." << key;
+    }
+  }
+  const Estimate e = checked_estimate(plan);
+  EXPECT_DOUBLE_EQ(j.at("time").at("step_seconds").get<double>(), e.time.step.value());
+  EXPECT_DOUBLE_EQ(j.at("memory").at("total_bytes").get<double>(), e.memory.total.value());
+  EXPECT_DOUBLE_EQ(j.at("throughput").at("mfu").get<double>(), e.throughput.mfu);
+  EXPECT_EQ(j.at("parallel").at("tp"), 8);
+  EXPECT_EQ(j.at("gpus"), 1024);
+}
+
+// Llama 3 70B on one node with plain data parallelism needs 16 bytes per parameter (> 1 TB).
+TEST(Fit, PlanBeyondCapacityDoesNotFitAndSaysByHowMuch) {
+  Plan plan = make_plan("llama3-70b", "dgx-h100", 8, 8192, 64);
+  plan.parallel.tp = 8;
+  plan.parallel.dp = 1;
+  plan.parallel.sequence_parallel = true;
+  const Estimate e = checked_estimate(plan);
+  EXPECT_FALSE(e.fits);
+  EXPECT_GT(e.memory.total.value(), e.memory.capacity.value());
+  ASSERT_FALSE(e.reasons.empty());
+  EXPECT_NE(e.reasons.front().find("GiB >"), std::string::npos) << e.reasons.front();
+  EXPECT_NE(e.reasons.front().find("80.0 GiB"), std::string::npos) << e.reasons.front();
+  const nlohmann::json j = estimate_to_json(plan, e);
+  EXPECT_EQ(j.at("fits"), false);
+  EXPECT_EQ(j.at("reasons").size(), e.reasons.size());
+}
+
+TEST(Fit, SamplePlanFitsWithinCapacity) {
+  const Estimate e = checked_estimate(sample_plan("gpt3-175b-1024xa100.json"));
+  EXPECT_TRUE(e.fits);
+  EXPECT_LE(e.memory.total.value(), e.memory.capacity.value());
+  EXPECT_TRUE(e.reasons.empty() || e.reasons.front().find("GiB >") == std::string::npos);
+}
+
+}  // namespace
+}  // namespace trainplan

@@ -1,0 +1,194 @@
+// The planner command line, run as a process: what it prints, its exit codes (0 success,
+// 1 no plan fits, 2 bad input) and its one-line error messages. Paths are absolute
+// (TRAINPLAN_PLANNER_BIN, TRAINPLAN_SOURCE_DIR, a temporary folder), so no test depends on the
+// working directory.
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "test_support.hpp"
+#include "trainplan/costmodel/plan.hpp"
+
+namespace trainplan {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Outcome {
+  int exit_code = -1;
+  std::string out;  // stdout
+  std::string err;  // stderr
+  [[nodiscard]] std::string all() const { return out + err; }
+};
+
+std::string quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+class PlannerCli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    dir_ = fs::temp_directory_path() / (std::string("trainplan_cli_test_") + info->name() + "_" + std::to_string(::getpid()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // Runs the planner with `args` (already quoted where needed); stdout and stderr are kept apart.
+  Outcome run(const std::string& args) const {
+    const fs::path err_file = dir_ / "stderr.txt";
+    const std::string command = quote(TRAINPLAN_PLANNER_BIN) + " " + args + " 2>" + quote(err_file.string());
+    Outcome r;
+    FILE* pipe = ::popen(command.c_str(), "r");
+    if (!pipe) throw std::runtime_error("popen failed: " + command);
+    char buffer[4096];
+    std::size_t n = 0;
+    while ((n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0) r.out.append(buffer, n);
+    const int status = ::pclose(pipe);
+    r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    std::ifstream in(err_file);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    r.err = ss.str();
+    return r;
+  }
+
+  fs::path write(const std::string& name, const std::string& text) const {
+    const fs::path p = dir_ / name;
+    std::ofstream(p) << text;
+    return p;
+  }
+
+  fs::path dir_;
+};
+
+std::string sample(const std::string& name) { return testing::source_path("samples/plans/" + name); }
+
+TEST_F(PlannerCli, RecommendsAPlanForLlama70bOn64Gpus) {
+  const Outcome r = run("--model 70b --gpus 64");
+  EXPECT_EQ(r.exit_code, 0) << r.all();
+  EXPECT_NE(r.out.find("Recommended"), std::string::npos) << r.all();
+  EXPECT_NE(r.out.find("llama3-70b"), std::string::npos) << r.all();
+}
+
+TEST_F(PlannerCli, JsonOutputIsASearchDocument) {
+  const Outcome r = run("--model 70b --gpus 64 --format json");
+  ASSERT_EQ(r.exit_code, 0) << r.all();
+  nlohmann::json j;
+  ASSERT_NO_THROW(j = nlohmann::json::parse(r.out)) << r.out;
+  EXPECT_EQ(j.at("schema"), "trainplan/search/v1");
+  EXPECT_EQ(j.at("gpus"), 64);
+  EXPECT_GT(j.at("evaluated").get<long long>(), 1000);
+  ASSERT_TRUE(j.at("recommended").is_object());
+  EXPECT_EQ(j.at("recommended").at("schema"), "trainplan/estimate/v1");
+  EXPECT_EQ(j.at("recommended").at("fits"), true);
+  ASSERT_FALSE(j.at("ranked").empty());
+  EXPECT_EQ(j.at("ranked").at(0), j.at("recommended"));
+}
+
+TEST_F(PlannerCli, ModelsListsThePresets) {
+  const Outcome r = run("models");
+  EXPECT_EQ(r.exit_code, 0) << r.all();
+  for (const char* name : {"llama3-405b", "llama3-70b", "gpt3-175b", "mixtral-8x7b"}) EXPECT_NE(r.out.find(name), std::string::npos) << name;
+}
+
+TEST_F(PlannerCli, HardwareListsTheClusters) {
+  const Outcome r = run("hardware");
+  EXPECT_EQ(r.exit_code, 0) << r.all();
+  for (const char* name : {"dgx-b200", "dgx-h100", "dgx-a100-80g", "aws-p5en"}) EXPECT_NE(r.out.find(name), std::string::npos) << name;
+}
+
+TEST_F(PlannerCli, EvaluatesASamplePlanAsJson) {
+  const Outcome r = run("evaluate " + quote(sample("gpt3-175b-1024xa100.json")) + " --format json");
+  ASSERT_EQ(r.exit_code, 0) << r.all();
+  nlohmann::json j;
+  ASSERT_NO_THROW(j = nlohmann::json::parse(r.out)) << r.out;
+  EXPECT_EQ(j.at("schema"), "trainplan/estimate/v1");
+  ASSERT_TRUE(j.contains("fits"));
+  EXPECT_EQ(j.at("fits"), true);
+  EXPECT_EQ(j.at("parallel").at("tp"), 8);
+  EXPECT_EQ(j.at("parallel").at("pp"), 8);
+  EXPECT_EQ(j.at("parallel").at("virtual_stages"), 2);
+}
+
+TEST_F(PlannerCli, SearchesTheOpenFieldsOfAPlanFile) {
+  const Outcome r = run("search " + quote(sample("llama3-70b-64xh100-auto.json")) + " --format json");
+  ASSERT_EQ(r.exit_code, 0) << r.all();
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j.at("schema"), "trainplan/search/v1");
+  EXPECT_FALSE(j.at("ranked").empty());
+}
+
+struct ErrorCase {
+  const char* what;
+  std::string args;
+  std::string fragment;  // expected in the message
+};
+
+TEST_F(PlannerCli, BadInputExitsTwoWithOneLineMessage) {
+  const fs::path malformed = write("malformed.json", "{\"schema\": \"trainplan/plan/v1\", \"model\": ");
+  const fs::path overflow = write("overflow.json", "{\"schema\": \"trainplan/plan/v1\", \"model\": \"8b\", \"cluster\": \"dgx-h100\", \"gpus\": 1e400}");
+  const ErrorCase cases[] = {
+      {"unknown model", "--model llama9-1t --gpus 8", "unknown model \"llama9-1t\""},
+      {"zero gpus", "--gpus 0", "--gpus"},
+      {"negative gpus", "--gpus -5", "--gpus"},
+      {"malformed plan file", "evaluate " + quote(malformed.string()), "malformed JSON"},
+      {"number beyond double range", "evaluate " + quote(overflow.string()), "number overflow"},
+      {"missing plan file", "evaluate " + quote((dir_ / "nope.json").string()), "nope.json"},
+      {"heads not divisible by tp", "--model 70b --gpus 64 --fix tp=3", "tp(3) must divide heads (64)"},
+      {"unknown cluster", "--model 8b --gpus 8 --cluster dgx-z900", "unknown cluster \"dgx-z900\""},
+      {"bad --fix key", "--model 8b --gpus 8 --fix tensor=2", "unknown key"},
+  };
+  for (const ErrorCase& c : cases) {
+    SCOPED_TRACE(c.what);
+    const Outcome r = run(c.args);
+    EXPECT_EQ(r.exit_code, 2) << r.all();
+    EXPECT_TRUE(r.out.empty()) << r.out;
+    ASSERT_FALSE(r.err.empty());
+    EXPECT_EQ(r.err.back(), '\n') << r.err;
+    EXPECT_EQ(r.err.find('\n'), r.err.size() - 1) << "more than one line: " << r.err;
+    EXPECT_EQ(r.err.rfind("planner: error: ", 0), 0u) << r.err;
+    EXPECT_NE(r.err.find(c.fragment), std::string::npos) << r.err;
+  }
+  // The malformed plan's message names the file.
+  EXPECT_NE(run("evaluate " + quote(malformed.string())).err.find(malformed.string()), std::string::npos);
+}
+
+TEST_F(PlannerCli, ModelThatFitsNowhereExitsOne) {
+  const Outcome r = run("--model 405b --gpus 8 --cluster dgx-a100-40g");
+  EXPECT_EQ(r.exit_code, 1) << r.all();
+}
+
+TEST_F(PlannerCli, SavedPlanIsAcceptedByEvaluate) {
+  const fs::path saved = dir_ / "recommended.json";
+  const Outcome search = run("--model 8b --gpus 16 --format json --save-plan " + quote(saved.string()));
+  ASSERT_EQ(search.exit_code, 0) << search.all();
+  ASSERT_TRUE(fs::exists(saved));
+  auto loaded = costmodel::load_plan_file(saved.string());
+  ASSERT_TRUE(loaded.ok()) << loaded.error().message;
+  EXPECT_TRUE(loaded->parallel.fully_fixed());
+
+  const Outcome evaluate = run("evaluate " + quote(saved.string()) + " --format json");
+  ASSERT_EQ(evaluate.exit_code, 0) << evaluate.all();
+  const auto recommended = nlohmann::json::parse(search.out).at("recommended");
+  const auto evaluated = nlohmann::json::parse(evaluate.out);
+  EXPECT_EQ(evaluated.at("parallel"), recommended.at("parallel"));
+  EXPECT_EQ(evaluated.at("fits"), true);
+  EXPECT_DOUBLE_EQ(evaluated.at("time").at("step_seconds").get<double>(), recommended.at("time").at("step_seconds").get<double>());
+}
+
+}  // namespace
+}  // namespace trainplan

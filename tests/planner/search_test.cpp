@@ -1,0 +1,222 @@
+// Plan search: ranking, fixed constraints, structurally impossible requests, models that fit
+// nowhere, and the objectives.
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "test_support.hpp"
+#include "trainplan/costmodel/estimate.hpp"
+#include "trainplan/planner/search.hpp"
+
+namespace trainplan {
+namespace {
+
+using namespace costmodel;
+using planner::Objective;
+using planner::SearchOptions;
+using planner::SearchResult;
+
+PlanRequest request(const std::string& model, const std::string& cluster, int gpus) {
+  PlanRequest r;
+  r.name = model + "-search-test";
+  r.model = testing::model(model);
+  r.model_ref = model;
+  r.cluster = testing::cluster(cluster);
+  r.cluster_ref = cluster;
+  r.gpus = gpus;
+  resolve_training_defaults(r.model, r.training);
+  return r;
+}
+
+SearchResult run_search(const PlanRequest& r, SearchOptions options = {}) {
+  auto result = planner::search(r, options);
+  if (!result) throw std::runtime_error(result.error().message);
+  return std::move(result).value();
+}
+
+TEST(Search, Llama70bOn64H100sRanksFittingPlansByThroughput) {
+  const PlanRequest r = request("llama3-70b", "dgx-h100", 64);
+  ASSERT_EQ(r.training.seq_len, 8192);
+  ASSERT_EQ(r.training.global_batch, 512);  // 4 Mi tokens / 8192
+  const SearchResult s = run_search(r);
+  ASSERT_FALSE(s.ranked.empty());
+  EXPECT_LE(s.ranked.size(), 10u);  // SearchOptions::top
+  EXPECT_GT(s.evaluated, 1000);
+  EXPECT_GE(s.fitting, static_cast<std::int64_t>(s.ranked.size()));
+  EXPECT_LE(s.fitting, s.evaluated);
+  EXPECT_FALSE(s.offload_considered);
+  for (std::size_t i = 0; i < s.ranked.size(); ++i) {
+    const auto& c = s.ranked[i];
+    SCOPED_TRACE("rank " + std::to_string(i));
+    EXPECT_TRUE(c.estimate.fits);
+    EXPECT_LE(c.estimate.memory.total.value(), c.estimate.memory.capacity.value());
+    EXPECT_EQ(c.plan.parallel.gpus(), 64);
+    EXPECT_TRUE(validate_plan(c.plan).ok());
+    if (i > 0) {
+      EXPECT_GE(s.ranked[i - 1].estimate.throughput.tokens_per_second, c.estimate.throughput.tokens_per_second);
+    }
+  }
+  // The recommendation's estimate is the cost model's for that plan, nothing cached or mixed up.
+  const Estimate again = estimate(s.ranked.front().plan);
+  EXPECT_DOUBLE_EQ(again.time.step.value(), s.ranked.front().estimate.time.step.value());
+  EXPECT_DOUBLE_EQ(again.memory.total.value(), s.ranked.front().estimate.memory.total.value());
+  // Each other shape is represented by its best variant: one that fits where any does, so
+  // fitting alternatives exist here and come first.
+  ASSERT_FALSE(s.alternatives.empty());
+  EXPECT_TRUE(s.alternatives.front().candidate.estimate.fits) << s.alternatives.front().shape;
+  for (std::size_t i = 1; i < s.alternatives.size(); ++i) {
+    EXPECT_FALSE(!s.alternatives[i - 1].candidate.estimate.fits && s.alternatives[i].candidate.estimate.fits) << "fitting after non-fitting at " << i;
+  }
+  // Nothing among the alternatives that fits beats the recommendation.
+  for (const auto& a : s.alternatives) {
+    if (a.candidate.estimate.fits) {
+      EXPECT_LE(a.candidate.estimate.throughput.tokens_per_second, s.ranked.front().estimate.throughput.tokens_per_second) << a.shape;
+    }
+    EXPECT_FALSE(a.reason.empty()) << a.shape;
+  }
+}
+
+TEST(Search, IsDeterministic) {
+  const PlanRequest r = request("llama3-8b", "dgx-a100-80g", 32);
+  const SearchResult a = run_search(r), b = run_search(r);
+  ASSERT_EQ(a.ranked.size(), b.ranked.size());
+  EXPECT_EQ(a.evaluated, b.evaluated);
+  for (std::size_t i = 0; i < a.ranked.size(); ++i) {
+    EXPECT_EQ(parallel_to_json(a.ranked[i].plan.parallel), parallel_to_json(b.ranked[i].plan.parallel)) << i;
+  }
+}
+
+TEST(Search, FixedTensorParallelismHoldsForEveryPlan) {
+  PlanRequest r = request("llama3-70b", "dgx-h100", 64);
+  r.parallel.tp = 8;
+  const SearchResult s = run_search(r);
+  ASSERT_FALSE(s.ranked.empty());
+  for (const auto& c : s.ranked) EXPECT_EQ(c.plan.parallel.tp, 8);
+  for (const auto& a : s.alternatives) EXPECT_EQ(a.candidate.plan.parallel.tp, 8) << a.shape;
+}
+
+TEST(Search, SeveralFixedFieldsHoldTogether) {
+  PlanRequest r = request("llama3-70b", "dgx-h100", 64);
+  r.parallel.pp = 4;
+  r.parallel.recompute = Recompute::kFull;
+  r.parallel.zero_stage = 1;
+  const SearchResult s = run_search(r);
+  ASSERT_FALSE(s.ranked.empty());
+  for (const auto& c : s.ranked) {
+    EXPECT_EQ(c.plan.parallel.pp, 4);
+    EXPECT_EQ(c.plan.parallel.recompute, Recompute::kFull);
+    EXPECT_EQ(c.plan.parallel.zero_stage, 1);
+  }
+}
+
+TEST(Search, TensorParallelismThatDoesNotDivideHeadsIsAnError) {
+  PlanRequest r = request("llama3-70b", "dgx-h100", 64);
+  r.parallel.tp = 3;
+  auto s = planner::search(r);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.error().message.find("tp(3)"), std::string::npos) << s.error().message;
+  EXPECT_NE(s.error().message.find("heads (64)"), std::string::npos) << s.error().message;
+}
+
+TEST(Search, FixedAxesThatDoNotDivideTheGpusAreAnError) {
+  PlanRequest r = request("llama3-70b", "dgx-h100", 64);
+  r.parallel.pp = 5;
+  auto s = planner::search(r);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.error().message.find("gpus(64)"), std::string::npos) << s.error().message;
+}
+
+// Llama 3 405B needs ~811 GB just for 16-bit weights; 8 A100 40GB hold 344 GB in all.
+TEST(Search, ModelTooBigForTheClusterYieldsNoPlanButExplainedAlternatives) {
+  const PlanRequest r = request("llama3-405b", "dgx-a100-40g", 8);
+  const SearchResult s = run_search(r);
+  EXPECT_TRUE(s.ranked.empty());
+  EXPECT_EQ(s.fitting, 0);
+  EXPECT_GT(s.evaluated, 0);
+  EXPECT_TRUE(s.offload_considered) << "CPU offload is tried when nothing fits without it";
+  ASSERT_FALSE(s.alternatives.empty());
+  for (const auto& a : s.alternatives) {
+    EXPECT_FALSE(a.candidate.estimate.fits) << a.shape;
+    EXPECT_NE(a.reason.find("GiB"), std::string::npos) << a.shape << ": " << a.reason;
+  }
+  // Sorted by how close they come to fitting.
+  for (std::size_t i = 1; i < s.alternatives.size(); ++i) {
+    EXPECT_LE(s.alternatives[i - 1].candidate.estimate.memory.total.value(), s.alternatives[i].candidate.estimate.memory.total.value());
+  }
+}
+
+TEST(Search, CostObjectiveRanksByDollars) {
+  const PlanRequest r = request("llama3-8b", "dgx-h100", 64);
+  SearchOptions options;
+  options.objective = Objective::kCost;
+  const SearchResult by_cost = run_search(r, options);
+  ASSERT_GE(by_cost.ranked.size(), 2u);
+  for (std::size_t i = 1; i < by_cost.ranked.size(); ++i) {
+    EXPECT_LE(by_cost.ranked[i - 1].estimate.run.cost_usd, by_cost.ranked[i].estimate.run.cost_usd) << i;
+  }
+  const SearchResult by_throughput = run_search(r);
+  ASSERT_FALSE(by_throughput.ranked.empty());
+  EXPECT_LE(by_cost.ranked.front().estimate.run.cost_usd, by_throughput.ranked.front().estimate.run.cost_usd);
+  EXPECT_GE(by_throughput.ranked.front().estimate.throughput.tokens_per_second, by_cost.ranked.front().estimate.throughput.tokens_per_second);
+}
+
+TEST(Search, TimeObjectiveRanksByWallTime) {
+  const PlanRequest r = request("llama3-8b", "dgx-h100", 64);
+  SearchOptions options;
+  options.objective = Objective::kTime;
+  const SearchResult s = run_search(r, options);
+  ASSERT_GE(s.ranked.size(), 2u);
+  for (std::size_t i = 1; i < s.ranked.size(); ++i) EXPECT_LE(s.ranked[i - 1].estimate.run.wall_time.value(), s.ranked[i].estimate.run.wall_time.value());
+}
+
+TEST(Search, TopLimitsTheRankedListAndProgressEndsAtOne) {
+  const PlanRequest r = request("llama3-8b", "dgx-h100", 16);
+  SearchOptions options;
+  options.top = 3;
+  std::vector<double> progress;
+  options.progress = [&](double f) { progress.push_back(f); };
+  const SearchResult s = run_search(r, options);
+  EXPECT_EQ(s.ranked.size(), 3u);
+  ASSERT_FALSE(progress.empty());
+  EXPECT_DOUBLE_EQ(progress.back(), 1.0);
+  for (double f : progress) {
+    EXPECT_GE(f, 0.0);
+    EXPECT_LE(f, 1.0);
+  }
+}
+
+TEST(ObjectiveScore, LowerIsBetterForEveryObjective) {
+  Estimate fast, slow;
+  fast.throughput.tokens_per_second = 2e5;
+  slow.throughput.tokens_per_second = 1e5;
+  fast.run.wall_time = Seconds(100);
+  slow.run.wall_time = Seconds(200);
+  fast.run.cost_usd = 10;
+  slow.run.cost_usd = 20;
+  for (Objective o : {Objective::kThroughput, Objective::kTime, Objective::kCost}) {
+    EXPECT_LT(planner::objective_score(fast, o), planner::objective_score(slow, o)) << planner::objective_name(o);
+  }
+  EXPECT_STREQ(planner::objective_name(Objective::kCost), "cost");
+}
+
+TEST(Evaluate, RejectsAnInvalidPlanWithTheRule) {
+  auto req = load_plan_file(testing::source_path("samples/plans/gpt3-175b-1024xa100.json"));
+  ASSERT_TRUE(req.ok()) << req.error().message;
+  Plan plan{req->name, req->model_ref, req->cluster_ref, req->model, req->cluster, req->gpus, req->training, req->parallel.fixed()};
+  auto ok = planner::evaluate(plan);
+  ASSERT_TRUE(ok.ok()) << ok.error().message;
+  EXPECT_TRUE(ok->estimate.fits);
+  plan.parallel.pp = 16;
+  plan.parallel.dp = 8;
+  plan.parallel.virtual_stages = 7;  // 16 stages x 7 chunks = 112 > 96 layers
+  auto bad = planner::evaluate(plan);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message.find("exceeds layers (96)"), std::string::npos) << bad.error().message;
+}
+
+}  // namespace
+}  // namespace trainplan
