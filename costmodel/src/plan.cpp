@@ -277,9 +277,15 @@ Result<bool> validate_request(const PlanRequest& req) {
     return err("/parallel: " + dims_text(*c.tp, *c.cp, *c.pp, *c.dp) + " != gpus(" + std::to_string(req.gpus) + ")");
   }
   long long fixed_product = 1;
-  for (const auto& d : {c.tp, c.pp, c.dp, c.cp}) if (d) fixed_product *= *d;
+  std::string factors;
+  const std::pair<const char*, std::optional<int>> axes[] = {{"tp", c.tp}, {"cp", c.cp}, {"pp", c.pp}, {"dp", c.dp}};
+  for (const auto& [axis, d] : axes) {
+    if (!d) continue;
+    fixed_product *= *d;
+    factors += (factors.empty() ? "" : " * ") + std::string(axis) + "(" + std::to_string(*d) + ")";
+  }
   if (req.gpus % fixed_product != 0) {
-    return err("/parallel: the fixed axes multiply to " + std::to_string(fixed_product) + ", which does not divide gpus(" +
+    return err("/parallel: " + factors + " = " + std::to_string(fixed_product) + " does not divide gpus(" +
                std::to_string(req.gpus) + ")");
   }
   if (c.pp && *c.pp > m.layers) return err("/parallel/pp: pp(" + std::to_string(*c.pp) + ") exceeds layers (" + std::to_string(m.layers) + ")");
