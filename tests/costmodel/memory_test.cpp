@@ -17,20 +17,8 @@ namespace {
 
 using namespace costmodel;
 
-Plan make_plan(const std::string& model, const std::string& cluster, int gpus, long long seq_len, long long global_batch) {
-  Plan p;
-  p.name = "memory-test";
-  p.model = testing::model(model);
-  p.model_ref = model;
-  p.cluster = testing::cluster(cluster);
-  p.cluster_ref = cluster;
-  p.gpus = gpus;
-  p.training.seq_len = seq_len;
-  p.training.global_batch = global_batch;
-  resolve_training_defaults(p.model, p.training);
-  p.parallel.dp = gpus;
-  return p;
-}
+using testing::make_plan;
+
 
 Estimate checked_estimate(const Plan& plan) {
   auto valid = validate_plan(plan);

@@ -76,4 +76,29 @@ inline costmodel::ModelSpec model(const std::string& name) {
   return *m;
 }
 
+// A plan with every GPU in data parallelism (dp = gpus) and default training settings;
+// tests set the parallel fields they study.
+inline costmodel::Plan make_plan(const costmodel::ModelSpec& model, const std::string& cluster_name, int gpus, long long seq_len,
+                                 long long global_batch) {
+  costmodel::Plan p;
+  p.name = "test-plan";
+  p.model = model;
+  p.model_ref = "inline";
+  p.cluster = cluster(cluster_name);
+  p.cluster_ref = cluster_name;
+  p.gpus = gpus;
+  p.training.seq_len = seq_len;
+  p.training.global_batch = global_batch;
+  costmodel::resolve_training_defaults(p.model, p.training);
+  p.parallel.dp = gpus;
+  return p;
+}
+
+inline costmodel::Plan make_plan(const std::string& model_name, const std::string& cluster_name, int gpus, long long seq_len,
+                                 long long global_batch) {
+  costmodel::Plan p = make_plan(model(model_name), cluster_name, gpus, seq_len, global_batch);
+  p.model_ref = model_name;
+  return p;
+}
+
 }  // namespace trainplan::testing
