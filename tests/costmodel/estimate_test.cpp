@@ -21,13 +21,7 @@ namespace {
 using namespace costmodel;
 
 using testing::make_plan;
-
-
-Estimate checked_estimate(const Plan& plan) {
-  auto valid = validate_plan(plan);
-  if (!valid) throw std::runtime_error(valid.error().message);
-  return estimate(plan);
-}
+using testing::checked_estimate;
 
 Plan sample_plan(const std::string& file) {
   auto req = load_plan_file(testing::source_path("samples/plans/" + file));

@@ -18,13 +18,7 @@ namespace {
 using namespace costmodel;
 
 using testing::make_plan;
-
-
-Estimate checked_estimate(const Plan& plan) {
-  auto valid = validate_plan(plan);
-  if (!valid) throw std::runtime_error(valid.error().message);
-  return estimate(plan);
-}
+using testing::checked_estimate;
 
 // ZeRO Fig. 1: Psi = 7.5B, N_d = 64, K = 12: baseline (2+2+K) Psi = 120 GB; P_os 4 Psi + K Psi/N_d
 // = 31.4 GB; P_os+g 2 Psi + (2+K) Psi/N_d = 16.6 GB; P_os+g+p (2+2+K) Psi/N_d = 1.9 GB.

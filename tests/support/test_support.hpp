@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "trainplan/costmodel/estimate.hpp"
 #include "trainplan/costmodel/plan.hpp"
 #include "trainplan/costmodel/presets.hpp"
 
@@ -99,6 +100,13 @@ inline costmodel::Plan make_plan(const std::string& model_name, const std::strin
   costmodel::Plan p = make_plan(model(model_name), cluster_name, gpus, seq_len, global_batch);
   p.model_ref = model_name;
   return p;
+}
+
+// The estimate of a plan that must be valid; a structural error fails the test loudly.
+inline costmodel::Estimate checked_estimate(const costmodel::Plan& plan) {
+  auto valid = costmodel::validate_plan(plan);
+  if (!valid) throw std::runtime_error(valid.error().message);
+  return costmodel::estimate(plan);
 }
 
 }  // namespace trainplan::testing
