@@ -194,7 +194,7 @@ Estimate estimate(const Plan& plan) {
                                   : e;
 
   struct StageState {
-    double dense = 0, expert = 0, trainable = 0, frozen = 0, frozen_linear = 0;
+    double dense = 0, expert = 0, trainable = 0, frozen_linear = 0;
     double forward = 0, backward = 0;
     double weights = 0, gradients = 0, optimizer = 0, activations = 0, buffers = 0, overhead = 0, total = 0;
     double in_flight = 0;
@@ -217,7 +217,6 @@ Estimate estimate(const Plan& plan) {
     if (lora) {
       x.trainable = layers[i] * lora_layer;
       x.frozen_linear = layers[i] * (pc.attention / t + (mdl.moe ? expert_layer : pc.mlp / t));  // quantized in QLoRA
-      x.frozen = base;
       const double other = base - x.frozen_linear;
       const double frozen_bytes = x.frozen_linear * frozen_width + other * e;
       const double adapters_shard = p.zero_stage >= 1 ? static_cast<double>(dense_shard) : 1.0;
