@@ -1,6 +1,7 @@
 #include "trainplan/costmodel/plan.hpp"
 
 #include <cmath>
+#include <algorithm>
 #include <filesystem>
 
 #include <nlohmann/json.hpp>
@@ -302,6 +303,28 @@ Result<bool> validate_request(const PlanRequest& req) {
   }
   if (req.training.seq_len < 1) return err("/training/seq_len: must be >= 1");
   return true;
+}
+
+Result<Plan> plan_with_defaults(const PlanRequest& request) {
+  ParallelConstraints c = request.parallel;
+  c.tp = c.tp.value_or(1);
+  c.pp = c.pp.value_or(1);
+  c.cp = c.cp.value_or(1);
+  c.ep = c.ep.value_or(1);
+  c.dp = c.dp.value_or(request.gpus / std::max(1, *c.tp * *c.pp * *c.cp));
+  c.zero_stage = c.zero_stage.value_or(0);
+  c.shard_group = c.shard_group.value_or(0);
+  c.micro_batch = c.micro_batch.value_or(1);
+  c.virtual_stages = c.virtual_stages.value_or(1);
+  c.sequence_parallel = c.sequence_parallel.value_or(*c.tp > 1);
+  c.schedule = c.schedule.value_or(*c.virtual_stages > 1 ? Schedule::kInterleaved : Schedule::kOneFOneB);
+  c.recompute = c.recompute.value_or(Recompute::kNone);
+  c.offload_optimizer = c.offload_optimizer.value_or(Offload::kNone);
+  Plan plan{request.name, request.model_ref, request.cluster_ref, request.model, request.cluster, request.gpus,
+            request.training, c.fixed()};
+  auto valid = validate_plan(plan);
+  if (!valid) return valid.error();
+  return plan;
 }
 
 Result<bool> validate_plan(const Plan& plan) {

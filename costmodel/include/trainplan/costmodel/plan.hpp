@@ -138,6 +138,10 @@ void resolve_training_defaults(const ModelSpec& model, TrainingConfig& training)
 [[nodiscard]] Result<bool> validate_plan(const Plan& plan);
 // Checks constraints alone against model and GPU count (for early, clear CLI errors).
 [[nodiscard]] Result<bool> validate_request(const PlanRequest& request);
+// The fixed plan a request describes, unset parallel fields taking their documented defaults
+// (tp = pp = cp = ep = 1, dp = the remaining GPUs, ZeRO 0, micro-batch 1, no recompute, SP on
+// when tp > 1), checked with validate_plan. What `planner evaluate` and the executor run.
+[[nodiscard]] Result<Plan> plan_with_defaults(const PlanRequest& request);
 
 [[nodiscard]] nlohmann::json plan_to_json(const Plan& plan, bool inline_documents = false);
 [[nodiscard]] nlohmann::json parallel_to_json(const ParallelConfig& p);

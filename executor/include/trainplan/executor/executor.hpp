@@ -1,0 +1,44 @@
+#pragma once
+// The executor's entry point: trains a `trainplan/plan/v1` plan for real (LibTorch; MPI ranks on
+// CPU, NCCL ranks on GPU), prints a line per step on rank 0 and writes a
+// `trainplan/measurement/v1` document in the shape of the cost model's estimate.
+// This header is free of LibTorch so apps and tests can include it cheaply.
+
+#include <cstdint>
+#include <string>
+
+namespace trainplan::executor {
+
+struct RunOptions {
+  std::string plan_path;               // REQUIRES: a fully fixed plan (planner --save-plan)
+  int64_t steps = 20;                  // optimizer steps to reach (counting resumed ones)
+  std::string device = "auto";         // "auto" (cuda when present), "cpu" or "cuda"
+  std::string data = "synthetic";      // "synthetic" or a token file path
+  std::string data_dtype = "uint16";   // token file element: "uint16" or "uint32"
+  uint64_t seed = 1234;                // initialisation and synthetic data
+  double lr = 3e-4;                    // peak learning rate
+  double min_lr_ratio = 0.1;           // cosine decay floor, fraction of lr
+  int64_t warmup_steps = -1;           // linear warmup; -1 = steps / 10
+  int64_t decay_steps = 0;             // end of the cosine; 0 = steps
+  double weight_decay = 0.1;
+  double clip_grad = 1.0;              // global-norm clipping; 0 = off
+  std::string checkpoint_dir;          // empty = no checkpoints
+  int64_t checkpoint_every = 0;        // steps between checkpoints; 0 = only at the end/stop
+  std::string resume;                  // a checkpoint directory: continue from its newest step
+  std::string export_dir;              // consolidated safetensors + config.json at the end
+  std::string measurement_path;        // where rank 0 writes the measurement document
+  int64_t stop_after = 0;              // stop (and checkpoint) after this many steps of this run
+  int timeout_seconds = 300;           // a collective waiting longer ends the run
+  int threads = 0;                     // intra-op CPU threads per rank; 0 = cores / local ranks
+  int64_t fail_at_step = 0;            // fault injection for tests: SIGKILL `fail_rank` at this step
+  int fail_rank = 0;
+  bool quiet = false;                  // no per-step lines
+};
+
+// Runs the plan in this process as one rank of the job the environment describes (MPI launcher,
+// torchrun/SLURM variables, or a single process). Returns the exit code: 0 success, 2 bad input
+// (plan, data, checkpoint), 3 a failure during the run (dead peer, I/O). Messages go to stderr
+// prefixed with the rank.
+[[nodiscard]] int run_executor(const RunOptions& options, const std::string& command_line);
+
+}  // namespace trainplan::executor

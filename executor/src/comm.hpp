@@ -1,0 +1,80 @@
+#pragma once
+// Collective communication for the executor: a small Communicator interface (sum all-reduce,
+// reduce-scatter, all-gather, broadcast, split into sub-groups) with three engines: MPI (CPU
+// tensors), NCCL (CUDA tensors) and a single-rank one. Every collective is asynchronous and
+// returns a Work whose wait() rethrows a failure; a wait that exceeds the communicator's timeout
+// throws CommError naming the collective and the group, so a dead peer never hangs the run.
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+namespace trainplan::executor {
+
+struct CommError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+class Work {
+ public:
+  virtual ~Work() = default;
+  // Blocks until the collective completed. Throws CommError on failure or timeout.
+  virtual void wait() = 0;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  [[nodiscard]] virtual int rank() const = 0;
+  [[nodiscard]] virtual int size() const = 0;
+  // Group name for messages ("world", "dp", "shard", "replica").
+  [[nodiscard]] virtual const std::string& name() const = 0;
+
+  // In place: tensor = sum over ranks. REQUIRES: contiguous; not touched until wait() returns.
+  [[nodiscard]] virtual std::unique_ptr<Work> all_reduce_sum(const at::Tensor& tensor) = 0;
+  // output (n elements) = sum over ranks of input chunk rank() (input has size()*n elements).
+  [[nodiscard]] virtual std::unique_ptr<Work> reduce_scatter_sum(const at::Tensor& input, const at::Tensor& output) = 0;
+  // output (size()*n elements) = concatenation of every rank's input (n elements).
+  [[nodiscard]] virtual std::unique_ptr<Work> all_gather(const at::Tensor& input, const at::Tensor& output) = 0;
+  virtual void broadcast(const at::Tensor& tensor, int root) = 0;
+  virtual void barrier() = 0;
+  // Every rank's string, in rank order (small control messages: checkpoint manifests, errors).
+  [[nodiscard]] virtual std::vector<std::string> all_gather_strings(const std::string& value) = 0;
+  // The ranks with equal `color` form a new group, ordered by `key` (MPI_Comm_split semantics).
+  [[nodiscard]] virtual std::unique_ptr<Communicator> split(int color, int key, const std::string& name) = 0;
+  // Ends every rank of the job at once (MPI_Abort / process exit); used after a fatal error.
+  [[noreturn]] virtual void abort(int exit_code) = 0;
+};
+
+// Sum over ranks of a double (loss, norms, flags) through `comm`.
+[[nodiscard]] double all_reduce_scalar(Communicator& comm, double value);
+
+struct CommOptions {
+  std::chrono::seconds timeout{300};  // Default: 300 s. A collective waiting longer fails.
+};
+
+// A one-rank group: collectives are local copies.
+[[nodiscard]] std::unique_ptr<Communicator> make_self_communicator(const std::string& name = "world");
+
+// True when the executor was built with MPI.
+[[nodiscard]] bool mpi_available();
+// True when this process was started by an MPI launcher (mpirun, srun with PMI).
+[[nodiscard]] bool launched_by_mpi();
+// MPI_COMM_WORLD. Initialises MPI on first use. REQUIRES: mpi_available().
+[[nodiscard]] std::unique_ptr<Communicator> make_mpi_communicator(const CommOptions& options);
+void finalize_mpi();
+
+// True when the executor was built with CUDA/NCCL support.
+[[nodiscard]] bool nccl_available();
+// NCCL over all ranks; the unique id travels through `bootstrap` (rank 0 broadcasts it) or, when
+// bootstrap is null, through a c10d::TCPStore at MASTER_ADDR:MASTER_PORT. REQUIRES: the current
+// CUDA device is set.
+[[nodiscard]] std::unique_ptr<Communicator> make_nccl_communicator(int rank, int size, Communicator* bootstrap,
+                                                                   const CommOptions& options);
+
+}  // namespace trainplan::executor

@@ -1,0 +1,228 @@
+// The NCCL engine: CUDA tensors, collectives on the current CUDA stream, completion tracked with
+// CUDA events; a wait past the deadline aborts the NCCL communicator and throws.
+
+#include <nccl.h>
+
+#include <cuda_runtime.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+
+#include <c10/cuda/CUDAStream.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include "comm.hpp"
+
+namespace trainplan::executor {
+namespace {
+
+void check(ncclResult_t r, const std::string& what) {
+  if (r != ncclSuccess && r != ncclInProgress) throw CommError(what + " failed: " + ncclGetErrorString(r));
+}
+void check_cuda(cudaError_t r, const std::string& what) {
+  if (r != cudaSuccess) throw CommError(what + " failed: " + cudaGetErrorString(r));
+}
+
+ncclDataType_t nccl_type(const at::Tensor& t, const std::string& what) {
+  switch (t.scalar_type()) {
+    case at::kFloat: return ncclFloat32;
+    case at::kDouble: return ncclFloat64;
+    case at::kHalf: return ncclFloat16;
+    case at::kBFloat16: return ncclBfloat16;
+    case at::kLong: return ncclInt64;
+    case at::kByte: return ncclUint8;
+    default: throw CommError(what + ": unsupported dtype " + std::string(c10::toString(t.scalar_type())));
+  }
+}
+
+class NcclWork final : public Work {
+ public:
+  NcclWork(ncclComm_t comm, cudaStream_t stream, std::string what, std::chrono::seconds timeout)
+      : comm_(comm), what_(std::move(what)), timeout_(timeout) {
+    check_cuda(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), what_);
+    check_cuda(cudaEventRecord(event_, stream), what_);
+  }
+  ~NcclWork() override { cudaEventDestroy(event_); }
+  // Work was queued on the current stream, so later kernels already follow it; waiting here only
+  // surfaces failures and enforces the deadline.
+  void wait() override {
+    const auto deadline = std::chrono::steady_clock::now() + timeout_;
+    while (true) {
+      const cudaError_t q = cudaEventQuery(event_);
+      if (q == cudaSuccess) return;
+      if (q != cudaErrorNotReady) check_cuda(q, what_);
+      ncclResult_t async = ncclSuccess;
+      ncclCommGetAsyncError(comm_, &async);
+      if (async != ncclSuccess && async != ncclInProgress) throw CommError(what_ + " failed: " + ncclGetErrorString(async));
+      if (std::chrono::steady_clock::now() > deadline) {
+        ncclCommAbort(comm_);
+        throw CommError(what_ + " did not complete within " + std::to_string(timeout_.count()) +
+                        " s: a peer rank has probably died or hangs");
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+  }
+
+ private:
+  ncclComm_t comm_;
+  cudaEvent_t event_{};
+  std::string what_;
+  std::chrono::seconds timeout_;
+};
+
+class NcclCommunicator final : public Communicator {
+ public:
+  NcclCommunicator(ncclComm_t comm, std::string name, CommOptions options) : comm_(comm), name_(std::move(name)), options_(options) {
+    ncclCommUserRank(comm_, &rank_);
+    ncclCommCount(comm_, &size_);
+  }
+  ~NcclCommunicator() override { ncclCommDestroy(comm_); }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const std::string& name() const override { return name_; }
+
+  std::unique_ptr<Work> all_reduce_sum(const at::Tensor& t) override {
+    const std::string what = label("all-reduce", t.numel());
+    require(t, what);
+    check(ncclAllReduce(t.data_ptr(), t.data_ptr(), static_cast<size_t>(t.numel()), nccl_type(t, what), ncclSum, comm_, stream()), what);
+    return work(what);
+  }
+  std::unique_ptr<Work> reduce_scatter_sum(const at::Tensor& in, const at::Tensor& out) override {
+    const std::string what = label("reduce-scatter", in.numel());
+    require(in, what);
+    require(out, what);
+    if (in.numel() != out.numel() * size_ || in.scalar_type() != out.scalar_type()) {
+      throw CommError(what + ": input must hold size() x output elements of the same dtype");
+    }
+    check(ncclReduceScatter(in.data_ptr(), out.data_ptr(), static_cast<size_t>(out.numel()), nccl_type(in, what), ncclSum, comm_,
+                            stream()),
+          what);
+    return work(what);
+  }
+  std::unique_ptr<Work> all_gather(const at::Tensor& in, const at::Tensor& out) override {
+    const std::string what = label("all-gather", out.numel());
+    require(in, what);
+    require(out, what);
+    if (out.numel() != in.numel() * size_ || in.scalar_type() != out.scalar_type()) {
+      throw CommError(what + ": output must hold size() x input elements of the same dtype");
+    }
+    check(ncclAllGather(in.data_ptr(), out.data_ptr(), static_cast<size_t>(in.numel()), nccl_type(in, what), comm_, stream()), what);
+    return work(what);
+  }
+  void broadcast(const at::Tensor& t, int root) override {
+    const std::string what = label("broadcast", t.numel());
+    require(t, what);
+    check(ncclBroadcast(t.data_ptr(), t.data_ptr(), static_cast<size_t>(t.numel()), nccl_type(t, what), root, comm_, stream()), what);
+    work(what)->wait();
+  }
+  void barrier() override {
+    at::Tensor one = at::ones({1}, at::TensorOptions().dtype(at::kFloat).device(at::kCUDA));
+    all_reduce_sum(one)->wait();
+  }
+  std::vector<std::string> all_gather_strings(const std::string& value) override {
+    const auto cuda = at::TensorOptions().dtype(at::kLong).device(at::kCUDA);
+    at::Tensor length = at::full({1}, static_cast<int64_t>(value.size()), cuda);
+    at::Tensor lengths = at::empty({size_}, cuda);
+    all_gather(length, lengths)->wait();
+    const at::Tensor host_lengths = lengths.cpu();
+    const int64_t longest = host_lengths.max().item<int64_t>();
+    at::Tensor mine = at::zeros({longest}, at::TensorOptions().dtype(at::kByte));
+    std::memcpy(mine.data_ptr(), value.data(), value.size());
+    at::Tensor everything = at::empty({longest * size_}, at::TensorOptions().dtype(at::kByte).device(at::kCUDA));
+    all_gather(mine.to(at::kCUDA), everything)->wait();
+    const at::Tensor host = everything.cpu();
+    std::vector<std::string> out;
+    for (int r = 0; r < size_; ++r) {
+      const char* base = static_cast<const char*>(host.data_ptr()) + r * longest;
+      out.emplace_back(base, static_cast<std::size_t>(host_lengths[r].item<int64_t>()));
+    }
+    return out;
+  }
+  std::unique_ptr<Communicator> split(int color, int key, const std::string& name) override {
+    ncclComm_t sub = nullptr;
+    check(ncclCommSplit(comm_, color, key, &sub, nullptr), "ncclCommSplit for group " + name);
+    return std::make_unique<NcclCommunicator>(sub, name, options_);
+  }
+  [[noreturn]] void abort(int exit_code) override {
+    ncclCommAbort(comm_);
+    std::_Exit(exit_code);
+  }
+
+ private:
+  static cudaStream_t stream() { return c10::cuda::getCurrentCUDAStream().stream(); }
+  static void require(const at::Tensor& t, const std::string& what) {
+    if (!t.is_cuda()) throw CommError(what + ": the NCCL engine takes CUDA tensors");
+    if (!t.is_contiguous()) throw CommError(what + ": tensor must be contiguous");
+  }
+  std::string label(const char* op, int64_t elements) const {
+    return std::string(op) + " of " + std::to_string(elements) + " elements on group '" + name_ + "' (rank " +
+           std::to_string(rank_) + " of " + std::to_string(size_) + ")";
+  }
+  std::unique_ptr<Work> work(const std::string& what) const {
+    return std::make_unique<NcclWork>(comm_, stream(), what, options_.timeout);
+  }
+
+  ncclComm_t comm_;
+  std::string name_;
+  CommOptions options_;
+  int rank_ = 0, size_ = 1;
+};
+
+std::string env_or(const char* name, const std::string& fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? std::string(v) : fallback;
+}
+
+// Exchanges the NCCL unique id through the torchrun-style store at MASTER_ADDR:MASTER_PORT.
+ncclUniqueId exchange_through_store(int rank, int size, const CommOptions& options) {
+  const std::string host = env_or("MASTER_ADDR", "127.0.0.1");
+  const int port = std::stoi(env_or("MASTER_PORT", "29500"));
+  // Under torchrun's agent store every worker is a client, keys live under /worker/attempt_<n>.
+  const bool agent_store = env_or("TORCHELASTIC_USE_AGENT_STORE", "") == "True";
+  c10d::TCPStoreOptions store_options;
+  store_options.port = static_cast<uint16_t>(port);
+  store_options.isServer = !agent_store && rank == 0;
+  store_options.numWorkers = agent_store ? std::nullopt : std::optional<std::size_t>(static_cast<std::size_t>(size));
+  store_options.timeout = std::chrono::duration_cast<std::chrono::milliseconds>(options.timeout);
+  auto tcp = c10::make_intrusive<c10d::TCPStore>(host, store_options);
+  const std::string prefix = agent_store ? "/worker/attempt_" + env_or("TORCHELASTIC_RESTART_COUNT", "0") : "";
+  c10::intrusive_ptr<c10d::Store> store = c10::make_intrusive<c10d::PrefixStore>(prefix + "/trainplan", tcp);
+  ncclUniqueId id;
+  if (rank == 0) {
+    check(ncclGetUniqueId(&id), "ncclGetUniqueId");
+    std::vector<uint8_t> bytes(sizeof(id));
+    std::memcpy(bytes.data(), &id, sizeof(id));
+    store->set("nccl_unique_id", bytes);
+  } else {
+    const std::vector<uint8_t> bytes = store->get("nccl_unique_id");
+    if (bytes.size() != sizeof(id)) throw CommError("NCCL unique id from the store has the wrong size");
+    std::memcpy(&id, bytes.data(), sizeof(id));
+  }
+  return id;
+}
+
+}  // namespace
+
+bool nccl_available() { return true; }
+
+std::unique_ptr<Communicator> make_nccl_communicator(int rank, int size, Communicator* bootstrap, const CommOptions& options) {
+  ncclUniqueId id;
+  if (bootstrap != nullptr) {
+    at::Tensor bytes = at::zeros({static_cast<int64_t>(sizeof(id))}, at::TensorOptions().dtype(at::kByte));
+    if (bootstrap->rank() == 0) {
+      check(ncclGetUniqueId(&id), "ncclGetUniqueId");
+      std::memcpy(bytes.data_ptr(), &id, sizeof(id));
+    }
+    bootstrap->broadcast(bytes, 0);
+    std::memcpy(&id, bytes.data_ptr(), sizeof(id));
+  } else {
+    id = exchange_through_store(rank, size, options);
+  }
+  ncclComm_t comm = nullptr;
+  check(ncclCommInitRank(&comm, size, id, rank), "ncclCommInitRank (rank " + std::to_string(rank) + " of " + std::to_string(size) + ")");
+  return std::make_unique<NcclCommunicator>(comm, "world", options);
+}
+
+}  // namespace trainplan::executor

@@ -1,0 +1,52 @@
+#pragma once
+// Training data: deterministic synthetic sequences, or a flat token file (uint16 or uint32,
+// memory-mapped). The sampler is a pure function of (step, data-parallel rank, micro-batch), so
+// every data-parallel rank reads distinct samples, a 1-rank run with the same global batch sees
+// the same samples, and a resumed run continues exactly where it stopped.
+
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+namespace trainplan::executor {
+
+struct DataError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+struct DataSpec {
+  std::string source = "synthetic";  // "synthetic" or a path to a token file
+  int token_bytes = 2;               // 2 (uint16) or 4 (uint32) for token files
+  uint64_t seed = 1234;
+};
+
+struct MicroBatch {
+  at::Tensor tokens;   // [micro_batch, seq] int64
+  at::Tensor targets;  // [micro_batch, seq] int64: tokens shifted by one
+};
+
+class TokenSource;
+
+class DataLoader {
+ public:
+  // Throws DataError naming the file when it cannot be opened or holds fewer than seq_len + 1
+  // tokens.
+  DataLoader(const DataSpec& spec, int64_t vocab, int64_t seq_len);
+  ~DataLoader();
+  // Samples (step - 1) * global_batch + dp_rank * (global_batch / dp) + micro_index * micro_batch
+  // and the next micro_batch - 1. Throws DataError naming the file and token offset when a token
+  // id is >= vocab. `step` counts from 1.
+  [[nodiscard]] MicroBatch micro_batch(int64_t step, int dp_rank, int dp, int64_t global_batch, int64_t micro_batch,
+                                       int64_t micro_index, const at::Device& device);
+  [[nodiscard]] std::string describe() const;
+
+ private:
+  std::unique_ptr<TokenSource> source_;
+  int64_t vocab_, seq_len_;
+};
+
+}  // namespace trainplan::executor

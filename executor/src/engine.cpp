@@ -1,0 +1,425 @@
+// The data-parallel engine (see engine.hpp for the stages and their state).
+
+#include "engine.hpp"
+
+#include <chrono>
+#include <cmath>
+
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+namespace trainplan::executor {
+
+namespace cm = trainplan::costmodel;
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// ZeRO-3 frees a unit's gathered parameters between uses but keeps the storage object, because
+// tensors autograd saved for backward are views of it; re-gathering refills the same storage.
+void allocate_storage(const at::Tensor& t, std::size_t bytes) {
+  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+  if (s->nbytes() == bytes && s->data() != nullptr) return;
+  s->set_data_ptr_noswap(s->allocator()->allocate(bytes));
+  s->set_nbytes(bytes);
+}
+void free_storage(const at::Tensor& t) {
+  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+  s->set_data_ptr_noswap(at::DataPtr(nullptr, t.device()));
+  s->set_nbytes(0);
+}
+
+int64_t engine_id(DataParallelEngine* e) { return reinterpret_cast<int64_t>(e); }
+DataParallelEngine* engine_of(AutogradContext* ctx) {
+  return reinterpret_cast<DataParallelEngine*>(ctx->saved_data["engine"].toInt());
+}
+
+// Hands out a unit's parameter views; its backward runs once every use of the unit's parameters
+// has its gradient, which is when the unit's reduction starts.
+struct UnitViewsFn : torch::autograd::Function<UnitViewsFn> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& /*anchor*/, int64_t engine, int64_t unit) {
+    ctx->saved_data["engine"] = engine;
+    ctx->saved_data["unit"] = unit;
+    return reinterpret_cast<DataParallelEngine*>(engine)->unit_views(static_cast<std::size_t>(unit));
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    engine_of(ctx)->on_unit_gradients(static_cast<std::size_t>(ctx->saved_data["unit"].toInt()), grads);
+    return {at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+// Identity whose backward runs just before the backward of the unit that produced its input:
+// ZeRO-3 gathers that unit's parameters again there.
+struct BeforeBackwardFn : torch::autograd::Function<BeforeBackwardFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t engine, int64_t unit) {
+    ctx->saved_data["engine"] = engine;
+    ctx->saved_data["unit"] = unit;
+    return x.view_as(x);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    engine_of(ctx)->before_unit_backward(static_cast<std::size_t>(ctx->saved_data["unit"].toInt()));
+    return {grads[0], at::Tensor(), at::Tensor()};
+  }
+};
+
+// Full activation recompute of one block: forward without a graph, keeping only the input; the
+// backward gathers the parameters (ZeRO-3), runs the forward again with a graph and backward.
+struct RecomputedBlockFn : torch::autograd::Function<RecomputedBlockFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t engine, int64_t unit) {
+    ctx->saved_data["engine"] = engine;
+    ctx->saved_data["unit"] = unit;
+    ctx->save_for_backward({x});
+    DataParallelEngine* e = reinterpret_cast<DataParallelEngine*>(engine);
+    const auto u = static_cast<std::size_t>(unit);
+    e->gather(u, +1);
+    at::Tensor out;
+    {
+      torch::autograd::AutoGradMode no_grad(false);
+      out = block_forward(e->model(), e->unit_views(u), x, e->rotary(), AttentionRecompute::kNone);
+    }
+    e->release(u);
+    return out;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    DataParallelEngine* e = engine_of(ctx);
+    const int64_t unit = ctx->saved_data["unit"].toInt();
+    const auto u = static_cast<std::size_t>(unit);
+    at::Tensor x = ctx->get_saved_variables()[0].detach().requires_grad_(true);
+    e->gather(u, -1);
+    {
+      torch::autograd::AutoGradMode enable(true);
+      const variable_list views = UnitViewsFn::apply(e->anchor(u), engine_id(e), unit);
+      const at::Tensor out = block_forward(e->model(), views, x, e->rotary(), AttentionRecompute::kNone);
+      torch::autograd::backward({out}, {grads[0]});
+    }
+    return {x.grad(), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+class Unit {
+ public:
+  UnitLayout layout;
+  int64_t padded = 0;        // numel rounded up to a multiple of the shard group
+  int64_t shard = 0;         // owned elements
+  int64_t offset = 0;        // start of the owned range in the padded buffer
+  at::Tensor full;           // compute dtype, padded; ZeRO-3: storage only while gathered
+  at::Tensor shard_param;    // ZeRO-3: the compute-dtype shard
+  at::Tensor master;         // float32 owned range (a view of full/shard_param in fp32 runs)
+  bool separate_master = false;
+  at::Tensor grad;           // float32: padded (stage 0/1) or owned shard (stage 2/3)
+  at::Tensor exp_avg, exp_avg_sq;
+  at::Tensor anchor;         // 0-dim leaf that makes the unit's views part of the graph
+  bool gathered = true;
+  std::unique_ptr<Work> gather_work;
+  std::vector<std::pair<int64_t, int64_t>> decay_ranges;  // (start, length) within the owned range
+
+  [[nodiscard]] at::Tensor owned_grad(int stage) const { return stage <= 1 ? grad.narrow(0, offset, shard) : grad; }
+};
+
+struct DataParallelEngine::Pending {
+  std::size_t unit = 0;
+  std::unique_ptr<Work> work;
+  at::Tensor source;  // kept alive until the collective completed
+  at::Tensor result;  // the reduce-scattered shard, or undefined for an in-place all-reduce
+};
+
+DataParallelEngine::DataParallelEngine(const cm::ModelSpec& model, const EngineConfig& config, Communicator& world,
+                                       int64_t seq_len)
+    : model_(model), config_(config), world_(world), layout_(model_layout(model)) {
+  const int dp = world.size(), stage = config.zero_stage;
+  const int s = stage == 0 ? 1 : stage == 3 && config.shard_group > 0 ? config.shard_group : dp;
+  shard_comm_ = world.split(world.rank() / s, world.rank(), "shard");
+  replica_comm_ = world.split(world.rank() % s, world.rank(), "replica");
+  rotary_ = make_rotary(model, seq_len, config.device);
+
+  const auto f32 = at::TensorOptions().dtype(at::kFloat).device(config.device);
+  const auto compute = f32.dtype(config.compute_dtype);
+  const bool fp32 = config.compute_dtype == at::kFloat;
+  for (const UnitLayout& l : layout_) {
+    auto u = std::make_unique<Unit>();
+    u->layout = l;
+    u->padded = (l.numel + s - 1) / s * s;
+    u->shard = u->padded / s;
+    u->offset = shard_comm_->rank() * u->shard;
+    at::Tensor init = at::zeros({u->padded}, at::TensorOptions().dtype(at::kFloat));
+    init_unit(l, model, config.seed, init);
+    const at::Tensor owned = init.narrow(0, u->offset, u->shard);
+    if (stage < 3) {
+      u->full = init.to(compute, /*non_blocking=*/false, /*copy=*/true);
+      u->master = fp32 ? u->full.narrow(0, u->offset, u->shard) : owned.to(f32, false, true);
+    } else {
+      u->shard_param = owned.to(compute, false, true);
+      u->master = fp32 ? u->shard_param : owned.to(f32, false, true);
+      u->full = at::empty({u->padded}, compute);
+      free_storage(u->full);
+      u->gathered = false;
+    }
+    u->separate_master = !fp32;
+    u->grad = at::zeros({stage <= 1 ? u->padded : u->shard}, f32);
+    u->exp_avg = at::zeros({u->shard}, f32);
+    u->exp_avg_sq = at::zeros({u->shard}, f32);
+    u->anchor = at::zeros({}, at::TensorOptions().dtype(at::kFloat)).requires_grad_(true);
+    for (const ParamSlot& slot : l.slots) {
+      if (!slot.weight_decay) continue;
+      const int64_t begin = std::max(slot.offset, u->offset), end = std::min(slot.offset + slot.numel, u->offset + u->shard);
+      if (begin < end) u->decay_ranges.emplace_back(begin - u->offset, end - begin);
+    }
+    units_.push_back(std::move(u));
+  }
+}
+
+DataParallelEngine::~DataParallelEngine() = default;
+
+std::vector<at::Tensor> DataParallelEngine::unit_views(std::size_t unit) {
+  Unit& u = *units_[unit];
+  std::vector<at::Tensor> views;
+  const at::Tensor base = u.full.variable_data();
+  for (const ParamSlot& s : u.layout.slots) views.push_back(base.narrow(0, s.offset, s.numel).view(s.shape));
+  return views;
+}
+
+at::Tensor DataParallelEngine::anchor(std::size_t unit) { return units_[unit]->anchor; }
+
+bool DataParallelEngine::recompute_block(int layer) const {
+  if (config_.recompute != cm::Recompute::kFull) return false;
+  return config_.recompute_layers == 0 || layer < config_.recompute_layers;
+}
+
+void DataParallelEngine::gather(std::size_t unit, int prefetch_direction) {
+  if (config_.zero_stage != 3) return;
+  const auto start_gather = [&](Unit& u) {
+    allocate_storage(u.full, static_cast<std::size_t>(u.padded) * u.full.element_size());
+    u.gather_work = shard_comm_->all_gather(u.shard_param, u.full);
+  };
+  Unit& u = *units_[unit];
+  if (!u.gathered) {
+    if (!u.gather_work) start_gather(u);
+    const auto t0 = std::chrono::steady_clock::now();
+    u.gather_work->wait();
+    timers_.gather_wait_seconds += seconds_since(t0);
+    u.gather_work.reset();
+    u.gathered = true;
+  }
+  const auto next = static_cast<int64_t>(unit) + prefetch_direction;
+  if (config_.prefetch && next >= 0 && next < static_cast<int64_t>(units_.size())) {
+    Unit& n = *units_[static_cast<std::size_t>(next)];
+    if (!n.gathered && !n.gather_work) start_gather(n);
+  }
+}
+
+void DataParallelEngine::release(std::size_t unit) {
+  if (config_.zero_stage != 3) return;
+  Unit& u = *units_[unit];
+  if (u.gather_work) {
+    u.gather_work->wait();
+    u.gather_work.reset();
+  }
+  free_storage(u.full);
+  u.gathered = false;
+}
+
+void DataParallelEngine::before_unit_backward(std::size_t unit) { gather(unit, -1); }
+
+at::Tensor DataParallelEngine::run_unit_forward(std::size_t unit, const at::Tensor& x) {
+  const int64_t id = engine_id(this), index = static_cast<int64_t>(unit);
+  const int layer = units_[unit]->layout.layer;
+  if (recompute_block(layer)) return RecomputedBlockFn::apply(x, id, index);
+  gather(unit, +1);
+  const variable_list views = UnitViewsFn::apply(anchor(unit), id, index);
+  const auto attention = config_.recompute == cm::Recompute::kSelective ? AttentionRecompute::kSelective : AttentionRecompute::kNone;
+  at::Tensor y = block_forward(model_, views, x, rotary_, attention);
+  if (config_.zero_stage == 3) y = BeforeBackwardFn::apply(y, id, index);
+  release(unit);
+  return y;
+}
+
+double DataParallelEngine::micro_batch(const at::Tensor& tokens, const at::Tensor& targets, double loss_multiplier, bool last) {
+  last_micro_batch_ = last;
+  const int64_t id = engine_id(this);
+  const std::size_t head = units_.size() - 1;
+  const bool stage3 = config_.zero_stage == 3, tied = model_.tied_embeddings;
+
+  gather(0, +1);
+  const variable_list embedding = UnitViewsFn::apply(anchor(0), id, 0);
+  at::Tensor x = embedding_forward(model_, embedding, tokens);
+  if (stage3) x = BeforeBackwardFn::apply(x, id, 0);
+  if (!tied) release(0);
+  for (std::size_t i = 1; i < head; ++i) x = run_unit_forward(i, x);
+
+  gather(head, +1);
+  const variable_list head_params = UnitViewsFn::apply(anchor(head), id, static_cast<int64_t>(head));
+  const at::Tensor& output_weight = tied ? embedding[0] : head_params.back();
+  const at::Tensor loss = head_loss(model_, head_params, output_weight, x, targets);
+  at::Tensor scaled = loss * loss_multiplier;
+  if (stage3) {
+    scaled = BeforeBackwardFn::apply(scaled, id, static_cast<int64_t>(head));
+    if (tied) scaled = BeforeBackwardFn::apply(scaled, id, 0);
+  }
+  release(head);
+  if (tied) release(0);
+
+  torch::autograd::backward({scaled});
+  drain(last);
+  return loss.item<double>();
+}
+
+void DataParallelEngine::on_unit_gradients(std::size_t unit, const std::vector<at::Tensor>& grads) {
+  Unit& u = *units_[unit];
+  const int stage = config_.zero_stage;
+  if (stage <= 1) {
+    for (std::size_t k = 0; k < grads.size(); ++k) {
+      if (!grads[k].defined()) continue;
+      const ParamSlot& s = u.layout.slots[k];
+      u.grad.narrow(0, s.offset, s.numel).add_(grads[k].reshape({-1}));
+    }
+    if (last_micro_batch_) {
+      if (config_.overlap_grad_reduce) launch_reduction(unit, u.grad);
+      else deferred_.emplace_back(unit, u.grad);
+    }
+  } else {
+    at::Tensor full = at::zeros({u.padded}, u.grad.options());
+    for (std::size_t k = 0; k < grads.size(); ++k) {
+      if (!grads[k].defined()) continue;
+      const ParamSlot& s = u.layout.slots[k];
+      full.narrow(0, s.offset, s.numel).copy_(grads[k].reshape({-1}));
+    }
+    if (config_.overlap_grad_reduce) launch_reduction(unit, full);
+    else deferred_.emplace_back(unit, full);
+  }
+  release(unit);
+}
+
+void DataParallelEngine::launch_reduction(std::size_t unit, at::Tensor full_grad) {
+  Unit& u = *units_[unit];
+  Pending p;
+  p.unit = unit;
+  if (config_.zero_stage == 0) {
+    p.work = replica_comm_->all_reduce_sum(full_grad);
+  } else {
+    p.result = at::empty({u.shard}, full_grad.options());
+    p.work = shard_comm_->reduce_scatter_sum(full_grad, p.result);
+  }
+  p.source = std::move(full_grad);
+  pending_.push_back(std::move(p));
+}
+
+void DataParallelEngine::drain(bool last) {
+  for (auto& [unit, grad] : deferred_) launch_reduction(unit, grad);
+  deferred_.clear();
+  const auto t0 = std::chrono::steady_clock::now();
+  const int stage = config_.zero_stage;
+  for (Pending& p : pending_) {
+    p.work->wait();
+    Unit& u = *units_[p.unit];
+    if (stage == 1) u.grad.narrow(0, u.offset, u.shard).copy_(p.result);
+    if (stage >= 2) u.grad.add_(p.result);
+  }
+  pending_.clear();
+  if (last) {
+    if (stage >= 2 && replica_comm_->size() > 1) {
+      std::vector<std::unique_ptr<Work>> works;
+      for (auto& u : units_) works.push_back(replica_comm_->all_reduce_sum(u->grad));
+      for (auto& w : works) w->wait();
+    }
+    const double inverse = 1.0 / world_.size();
+    for (auto& u : units_) u->owned_grad(stage).mul_(inverse);
+  }
+  timers_.dp_wait_seconds += seconds_since(t0);
+}
+
+double DataParallelEngine::gradient_norm() {
+  double sum = 0;
+  for (auto& u : units_) sum += u->owned_grad(config_.zero_stage).pow(2).sum().item<double>();
+  return std::sqrt(all_reduce_scalar(*shard_comm_, sum));
+}
+
+bool DataParallelEngine::gradients_finite() {
+  double bad = 0;
+  for (auto& u : units_) bad += at::isfinite(u->owned_grad(config_.zero_stage)).logical_not().sum().item<double>();
+  return all_reduce_scalar(world_, bad) == 0;
+}
+
+void DataParallelEngine::optimizer_step(const AdamWSettings& a, double lr, double gradient_multiplier, int64_t step) {
+  const double bc1 = 1.0 - std::pow(a.beta1, static_cast<double>(step));
+  const double bc2 = 1.0 - std::pow(a.beta2, static_cast<double>(step));
+  for (auto& up : units_) {
+    Unit& u = *up;
+    const at::Tensor g = u.owned_grad(config_.zero_stage) * gradient_multiplier;
+    u.exp_avg.mul_(a.beta1).add_(g, 1.0 - a.beta1);
+    u.exp_avg_sq.mul_(a.beta2).addcmul_(g, g, 1.0 - a.beta2);
+    const at::Tensor denom = (u.exp_avg_sq.sqrt() / std::sqrt(bc2)).add_(a.eps);
+    for (const auto& [start, length] : u.decay_ranges) u.master.narrow(0, start, length).mul_(1.0 - lr * a.weight_decay);
+    u.master.addcdiv_(u.exp_avg, denom, -lr / bc1);
+  }
+  refresh_compute_copies();
+}
+
+void DataParallelEngine::refresh_compute_copies() {
+  const int stage = config_.zero_stage;
+  std::vector<std::pair<std::unique_ptr<Work>, at::Tensor>> gathers;
+  for (auto& up : units_) {
+    Unit& u = *up;
+    if (stage == 0) {
+      if (u.separate_master) u.full.copy_(u.master);
+    } else if (stage < 3) {
+      at::Tensor mine = u.master.to(u.full.scalar_type(), false, /*copy=*/true);
+      gathers.emplace_back(shard_comm_->all_gather(mine, u.full), mine);
+    } else if (u.separate_master) {
+      u.shard_param.copy_(u.master);
+    }
+  }
+  for (auto& g : gathers) g.first->wait();
+}
+
+void DataParallelEngine::zero_gradients() {
+  for (auto& u : units_) u->grad.zero_();
+}
+
+StateBytes DataParallelEngine::state_bytes() const {
+  StateBytes b;
+  for (const auto& up : units_) {
+    const Unit& u = *up;
+    const auto bytes = [](const at::Tensor& t) { return static_cast<double>(t.numel()) * t.element_size(); };
+    b.weights += config_.zero_stage < 3 ? bytes(u.full) : bytes(u.shard_param);
+    b.gradients += bytes(u.grad);
+    b.optimizer += bytes(u.exp_avg) + bytes(u.exp_avg_sq) + (u.separate_master ? bytes(u.master) : 0.0);
+  }
+  return b;
+}
+
+EngineTimers DataParallelEngine::take_timers() {
+  EngineTimers t = timers_;
+  timers_ = EngineTimers{};
+  return t;
+}
+
+std::vector<OwnedState> DataParallelEngine::owned_states() {
+  std::vector<OwnedState> out;
+  for (auto& u : units_) out.push_back(OwnedState{u->master, u->exp_avg, u->exp_avg_sq});
+  return out;
+}
+
+bool DataParallelEngine::writes_checkpoint() const { return replica_comm_->rank() == 0; }
+int DataParallelEngine::shard_rank() const { return shard_comm_->rank(); }
+int DataParallelEngine::shard_size() const { return shard_comm_->size(); }
+int64_t DataParallelEngine::shard_numel(std::size_t unit) const { return units_[unit]->shard; }
+
+void DataParallelEngine::load_masters_done() { refresh_compute_copies(); }
+
+at::Tensor DataParallelEngine::full_master(std::size_t unit) {
+  Unit& u = *units_[unit];
+  if (shard_comm_->size() == 1) return u.master.narrow(0, 0, u.layout.numel);
+  at::Tensor out = at::empty({u.padded}, u.master.options());
+  shard_comm_->all_gather(u.master.contiguous(), out)->wait();
+  return out.narrow(0, 0, u.layout.numel);
+}
+
+}  // namespace trainplan::executor

@@ -1,0 +1,136 @@
+#pragma once
+// The data-parallel engine: one flat buffer per model unit (embedding, each block, head) and the
+// DDP / ZeRO-1 / ZeRO-2 / ZeRO-3 (FSDP full shard) / hybrid-shard state kept for it.
+//
+// Every stage is one shape, "shard over S ranks, replicate over R = dp / S":
+//   stage 0 (DDP)   S = 1,  R = dp: full params, full grads all-reduced over replicas, full AdamW.
+//   stage 1         S = dp, R = 1:  full params and grads; grads reduce-scattered at the last
+//                   micro-batch; each rank updates its shard; params all-gathered after the step.
+//   stage 2         as 1, but the full gradient of a unit lives only while it is reduce-scattered
+//                   (every micro-batch); each rank keeps its gradient shard.
+//   stage 3         params sharded too: a unit is all-gathered before its forward and its backward
+//                   (the next unit prefetched) and freed after each; shard_group < dp is hybrid
+//                   shard (S = shard_group; gradient shards then all-reduced over the R replicas).
+// Gradient reductions start from the autograd callbacks of each unit, so they overlap the rest
+// of backward. Master weights, gradients and AdamW moments are float32; the compute copy is the
+// plan's precision (fp32, bf16 or fp16).
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+#include "comm.hpp"
+#include "model.hpp"
+#include "trainplan/costmodel/plan.hpp"
+
+namespace trainplan::executor {
+
+struct EngineConfig {
+  int zero_stage = 0;
+  int shard_group = 0;            // 0 = dp (see ParallelConfig::shard_group)
+  bool prefetch = true;
+  bool overlap_grad_reduce = true;
+  costmodel::Recompute recompute = costmodel::Recompute::kNone;
+  int recompute_layers = 0;       // with kFull: the first n blocks are recomputed; 0 = all
+  at::ScalarType compute_dtype = at::kFloat;
+  at::Device device = at::kCPU;
+  uint64_t seed = 1234;
+};
+
+struct AdamWSettings {
+  double beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;
+};
+
+// Bytes of model state this rank holds between steps (the cost model's weights, gradients and
+// optimizer, ZeRO accounting: a separate fp32 master copy counts as optimizer state).
+struct StateBytes {
+  double weights = 0, gradients = 0, optimizer = 0;
+};
+
+// Time spent this step waiting for data-parallel communication after backward (exposed).
+struct EngineTimers {
+  double dp_wait_seconds = 0;
+  double gather_wait_seconds = 0;
+};
+
+// The owned part of one unit's optimizer state (checkpoint shards).
+struct OwnedState {
+  at::Tensor master, exp_avg, exp_avg_sq;  // float32, shard_numel elements each
+};
+
+class Unit;
+
+class DataParallelEngine {
+ public:
+  // REQUIRES: world.size() % S == 0 (validated with the plan).
+  DataParallelEngine(const costmodel::ModelSpec& model, const EngineConfig& config, Communicator& world, int64_t seq_len);
+  ~DataParallelEngine();
+  DataParallelEngine(const DataParallelEngine&) = delete;
+  DataParallelEngine& operator=(const DataParallelEngine&) = delete;
+
+  // Forward and backward of one micro-batch. `tokens`/`targets`: [micro_batch, seq] int64 on the
+  // engine's device. The backward pass is scaled by `loss_multiplier` (1/accumulation x loss
+  // scale). Returns the micro-batch's mean loss (unscaled). `last` marks the last micro-batch of
+  // the step: data-parallel reductions then complete before this returns.
+  double micro_batch(const at::Tensor& tokens, const at::Tensor& targets, double loss_multiplier, bool last);
+
+  // Global L2 norm of the (averaged, still loss-scaled) gradients over every shard.
+  [[nodiscard]] double gradient_norm();
+  // False when any gradient on any rank is inf or NaN (fp16 loss scaling).
+  [[nodiscard]] bool gradients_finite();
+  // AdamW on the owned shards with gradients multiplied by `gradient_multiplier` (clipping and
+  // loss-scale removal), then the compute copies refreshed. `step` counts from 1.
+  void optimizer_step(const AdamWSettings& settings, double lr, double gradient_multiplier, int64_t step);
+  void zero_gradients();
+
+  [[nodiscard]] StateBytes state_bytes() const;
+  [[nodiscard]] EngineTimers take_timers();
+
+  // Checkpoint support: units in order, each rank's owned state, and whether this rank writes it
+  // (the first replica does; replicas hold identical shards).
+  [[nodiscard]] const std::vector<UnitLayout>& layout() const { return layout_; }
+  [[nodiscard]] std::vector<OwnedState> owned_states();
+  [[nodiscard]] bool writes_checkpoint() const;
+  [[nodiscard]] int shard_rank() const;
+  [[nodiscard]] int shard_size() const;
+  [[nodiscard]] int64_t shard_numel(std::size_t unit) const;
+  // After master weights were loaded: refresh the compute copies.
+  void load_masters_done();
+  // The full float32 master weights of one unit (unpadded), on every rank of its shard group.
+  [[nodiscard]] at::Tensor full_master(std::size_t unit);
+
+  // Callbacks from the autograd functions (not for other callers).
+  void on_unit_gradients(std::size_t unit, const std::vector<at::Tensor>& grads);
+  void before_unit_backward(std::size_t unit);
+  void gather(std::size_t unit, int prefetch_direction);
+  void release(std::size_t unit);
+  [[nodiscard]] std::vector<at::Tensor> unit_views(std::size_t unit);
+  [[nodiscard]] at::Tensor anchor(std::size_t unit);
+  [[nodiscard]] const costmodel::ModelSpec& model() const { return model_; }
+  [[nodiscard]] const Rotary& rotary() const { return rotary_; }
+  [[nodiscard]] const EngineConfig& config() const { return config_; }
+
+ private:
+  struct Pending;
+  void launch_reduction(std::size_t unit, at::Tensor full_grad);
+  void drain(bool last);
+  [[nodiscard]] bool recompute_block(int layer) const;
+  [[nodiscard]] at::Tensor run_unit_forward(std::size_t unit, const at::Tensor& x);
+  void refresh_compute_copies();
+
+  costmodel::ModelSpec model_;
+  EngineConfig config_;
+  Communicator& world_;
+  std::unique_ptr<Communicator> shard_comm_, replica_comm_;
+  std::vector<UnitLayout> layout_;
+  std::vector<std::unique_ptr<Unit>> units_;
+  std::vector<Pending> pending_;
+  std::vector<std::pair<std::size_t, at::Tensor>> deferred_;  // without overlap: reduced after backward
+  Rotary rotary_;
+  bool last_micro_batch_ = false;
+  EngineTimers timers_;
+};
+
+}  // namespace trainplan::executor

@@ -1,0 +1,95 @@
+// Executor test helpers (see executor_support.hpp).
+
+#include "executor_support.hpp"
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <stdexcept>
+
+namespace trainplan::testing {
+
+namespace fs = std::filesystem;
+
+std::string scratch_dir(const std::string& name) {
+  const fs::path dir = fs::temp_directory_path() / ("trainplan-executor-" + std::to_string(::getpid()) + "-" + name);
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir.string();
+}
+
+std::string write_plan(const std::string& dir, const std::string& name, const PlanSpec& s) {
+  const nlohmann::json plan = {
+      {"schema", "trainplan/plan/v1"},
+      {"name", name},
+      {"model", s.model},
+      {"cluster", "dgx-h100"},
+      {"gpus", s.ranks * s.tp},
+      {"training", {{"seq_len", s.seq_len}, {"global_batch", s.global_batch}, {"precision", s.precision}, {"optimizer", "adamw"}, {"train_tokens", 1e6}}},
+      {"parallel",
+       {{"tp", s.tp}, {"pp", 1}, {"dp", s.ranks}, {"cp", 1}, {"ep", 1}, {"zero_stage", s.zero_stage}, {"shard_group", s.shard_group},
+        {"micro_batch", s.micro_batch}, {"recompute", s.recompute}}},
+  };
+  const std::string path = (fs::path(dir) / (name + ".json")).string();
+  std::ofstream(path) << plan.dump(2);
+  return path;
+}
+
+Outcome run_command(const std::string& command) {
+  Outcome o;
+  const auto start = std::chrono::steady_clock::now();
+  FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
+  if (pipe == nullptr) throw std::runtime_error("popen failed: " + command);
+  std::array<char, 4096> buffer{};
+  std::size_t n = 0;
+  while ((n = std::fread(buffer.data(), 1, buffer.size(), pipe)) > 0) o.output.append(buffer.data(), n);
+  const int status = ::pclose(pipe);
+  o.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  o.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return o;
+}
+
+Outcome run_executor(int ranks, const std::string& args) {
+  const std::string exe = TRAINPLAN_EXECUTOR_BIN;
+  if (ranks <= 1) return run_command(exe + " " + args);
+  // Root in containers needs the two variables; the single-copy mechanism fails in containers.
+  const std::string mpirun = std::string("OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 ") + TRAINPLAN_MPIRUN +
+                             " --oversubscribe --mca btl_vader_single_copy_mechanism none -n " + std::to_string(ranks) + " ";
+  return run_command(mpirun + exe + " " + args);
+}
+
+nlohmann::json read_json(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw std::runtime_error("cannot open " + path);
+  return nlohmann::json::parse(in);
+}
+
+std::map<std::string, std::vector<float>> read_safetensors(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error("cannot open " + path);
+  uint64_t header_length = 0;
+  in.read(reinterpret_cast<char*>(&header_length), 8);
+  std::string header(header_length, '\0');
+  in.read(header.data(), static_cast<std::streamsize>(header_length));
+  const nlohmann::json h = nlohmann::json::parse(header);
+  const std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::map<std::string, std::vector<float>> out;
+  for (const auto& [name, info] : h.items()) {
+    if (name == "__metadata__") continue;
+    if (info.at("dtype") != "F32") throw std::runtime_error(path + ": " + name + " is not F32");
+    const auto begin = info.at("data_offsets")[0].get<std::size_t>(), end = info.at("data_offsets")[1].get<std::size_t>();
+    if (end > data.size() || begin > end) throw std::runtime_error(path + ": " + name + " has offsets beyond the file");
+    std::vector<float> values((end - begin) / 4);
+    std::memcpy(values.data(), data.data() + begin, end - begin);
+    out[name] = std::move(values);
+  }
+  return out;
+}
+
+}  // namespace trainplan::testing

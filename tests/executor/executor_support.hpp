@@ -1,0 +1,45 @@
+#pragma once
+// Helpers for executor tests: plan files for tiny models, running the executor (directly or
+// under mpirun), and reading its measurement documents and safetensors exports.
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace trainplan::testing {
+
+struct PlanSpec {
+  std::string model = "tiny-llama";
+  int ranks = 1;
+  int zero_stage = 0;
+  int shard_group = 0;
+  int micro_batch = 8;
+  int global_batch = 8;
+  int seq_len = 32;
+  std::string recompute = "none";
+  std::string precision = "fp32";
+  int tp = 1;
+};
+
+struct Outcome {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr
+  double seconds = 0;
+};
+
+// A fresh directory under the system temp dir, unique per test.
+std::string scratch_dir(const std::string& name);
+// Writes a trainplan/plan/v1 document for `spec` into `dir`; returns its path.
+std::string write_plan(const std::string& dir, const std::string& name, const PlanSpec& spec);
+// Runs the executor on `ranks` ranks (mpirun when ranks > 1) with `args` after the binary.
+Outcome run_executor(int ranks, const std::string& args);
+// Runs a shell command, capturing output.
+Outcome run_command(const std::string& command);
+nlohmann::json read_json(const std::string& path);
+// Every tensor of a float32 safetensors file, by name (parsed from the format's header).
+std::map<std::string, std::vector<float>> read_safetensors(const std::string& path);
+
+}  // namespace trainplan::testing

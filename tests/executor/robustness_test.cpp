@@ -1,0 +1,190 @@
+// Checkpoints, resume, failures and bad input: the run stops with a clear message naming what
+// and where, within a bounded time, and loses nothing already checkpointed.
+
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+
+#include <gtest/gtest.h>
+
+#include "executor_support.hpp"
+
+namespace trainplan::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string common_args(const std::string& plan) { return "--plan " + plan + " --steps 20 --lr 3e-3 --threads 1 --quiet "; }
+
+TEST(Resume, StoppingAtStepTenAndResumingGivesTheUninterruptedLosses) {
+  const std::string dir = scratch_dir("resume");
+  PlanSpec spec;
+  spec.ranks = 2;
+  spec.zero_stage = 2;
+  spec.micro_batch = 2;
+  const std::string plan = write_plan(dir, "resume", spec);
+  ASSERT_EQ(run_executor(2, common_args(plan) + "--measurement " + dir + "/full.json").exit_code, 0);
+  const Outcome first = run_executor(2, common_args(plan) + "--stop-after 10 --checkpoint-dir " + dir + "/ckpt");
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  ASSERT_TRUE(fs::exists(dir + "/ckpt/step_000010/manifest.json"));
+  const Outcome second = run_executor(2, common_args(plan) + "--resume " + dir + "/ckpt --measurement " + dir + "/resumed.json");
+  ASSERT_EQ(second.exit_code, 0) << second.output;
+
+  const auto full = read_json(dir + "/full.json").at("losses").get<std::vector<double>>();
+  const auto resumed = read_json(dir + "/resumed.json");
+  const auto losses = resumed.at("losses").get<std::vector<double>>();
+  ASSERT_EQ(losses.size(), 20u);
+  ASSERT_EQ(resumed.at("steps").size(), 10u);  // this run trained steps 11..20
+  EXPECT_EQ(resumed.at("steps")[0].at("step"), 11);
+  for (std::size_t i = 0; i < 20; ++i) EXPECT_DOUBLE_EQ(losses[i], full[i]) << "step " << i + 1;
+}
+
+TEST(Resume, ATruncatedShardIsDetectedAndNamed) {
+  const std::string dir = scratch_dir("corrupt");
+  PlanSpec spec;
+  spec.ranks = 2;
+  spec.zero_stage = 3;
+  spec.micro_batch = 4;
+  const std::string plan = write_plan(dir, "corrupt", spec);
+  ASSERT_EQ(run_executor(2, common_args(plan) + "--stop-after 3 --checkpoint-dir " + dir + "/ckpt").exit_code, 0);
+  const std::string shard = dir + "/ckpt/step_000003/shard_00001.bin";
+  ASSERT_TRUE(fs::exists(shard));
+  fs::resize_file(shard, fs::file_size(shard) / 2);
+  const Outcome o = run_executor(2, common_args(plan) + "--resume " + dir + "/ckpt");
+  EXPECT_EQ(o.exit_code, 2) << o.output;
+  EXPECT_NE(o.output.find("shard_00001.bin"), std::string::npos) << o.output;
+  EXPECT_NE(o.output.find("truncated"), std::string::npos) << o.output;
+}
+
+TEST(Resume, AFlippedByteFailsTheChecksum) {
+  const std::string dir = scratch_dir("bitflip");
+  PlanSpec spec;
+  spec.ranks = 2;
+  spec.zero_stage = 1;
+  spec.micro_batch = 4;
+  const std::string plan = write_plan(dir, "bitflip", spec);
+  ASSERT_EQ(run_executor(2, common_args(plan) + "--stop-after 2 --checkpoint-dir " + dir + "/ckpt").exit_code, 0);
+  const std::string shard = dir + "/ckpt/step_000002/shard_00000.bin";
+  {
+    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(100);
+    f.put('\x7f');
+  }
+  const Outcome o = run_executor(2, common_args(plan) + "--resume " + dir + "/ckpt");
+  EXPECT_EQ(o.exit_code, 2) << o.output;
+  EXPECT_NE(o.output.find("shard_00000.bin: CRC-32 mismatch"), std::string::npos) << o.output;
+}
+
+TEST(Failure, AKilledRankEndsTheRunWithinSixtySecondsAndKeepsCheckpoints) {
+  const std::string dir = scratch_dir("killed");
+  PlanSpec spec;
+  spec.ranks = 2;
+  spec.zero_stage = 2;
+  spec.micro_batch = 4;
+  const std::string plan = write_plan(dir, "killed", spec);
+  // `timeout 120` only guards the test itself against a hang.
+  const Outcome o = run_command("timeout 120 env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 " + std::string(TRAINPLAN_MPIRUN) +
+                                " --oversubscribe --mca btl_vader_single_copy_mechanism none -n 2 " + TRAINPLAN_EXECUTOR_BIN + " " +
+                                common_args(plan) + "--timeout 30 --checkpoint-dir " + dir + "/ckpt --checkpoint-every 2 --fail-at-step 6 --fail-rank 1");
+  EXPECT_NE(o.exit_code, 0) << o.output;
+  EXPECT_NE(o.exit_code, 124) << "the run hung until the test's guard: " << o.output;
+  EXPECT_LT(o.seconds, 60.0) << o.output;
+  // Steps 2 and 4 were checkpointed before the failure; the newest is complete and resumable.
+  EXPECT_TRUE(fs::exists(dir + "/ckpt/step_000004/manifest.json"));
+  const Outcome resumed = run_executor(2, "--plan " + plan + " --steps 6 --lr 3e-3 --threads 1 --quiet --resume " + dir + "/ckpt");
+  EXPECT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("resumed from"), std::string::npos) << resumed.output;
+  EXPECT_NE(resumed.output.find("at step 4"), std::string::npos) << resumed.output;
+}
+
+TEST(Data, ATokenBeyondTheVocabIsAnErrorNamingFileAndOffset) {
+  const std::string dir = scratch_dir("tokens");
+  const std::string tokens = dir + "/tokens.bin";
+  {
+    std::vector<uint16_t> ids(4096);
+    for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<uint16_t>(i % 256);
+    ids[1000] = 300;  // tiny-llama's vocab is 256
+    std::ofstream(tokens, std::ios::binary).write(reinterpret_cast<const char*>(ids.data()), static_cast<std::streamsize>(ids.size() * 2));
+  }
+  PlanSpec spec;
+  const std::string plan = write_plan(dir, "tokens", spec);
+  const Outcome o = run_executor(1, common_args(plan) + "--data " + tokens);
+  EXPECT_EQ(o.exit_code, 2) << o.output;
+  EXPECT_NE(o.output.find("tokens.bin: token 300 at token offset 1000"), std::string::npos) << o.output;
+  EXPECT_NE(o.output.find(">= the model's vocab 256"), std::string::npos) << o.output;
+}
+
+TEST(Data, ATokenFileTrainsAndEveryRankReadsDistinctSamples) {
+  const std::string dir = scratch_dir("tokenfile");
+  const std::string tokens = dir + "/tokens.bin";
+  {
+    std::vector<uint32_t> ids(20000);
+    for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<uint32_t>((i * 7) % 256);
+    std::ofstream(tokens, std::ios::binary).write(reinterpret_cast<const char*>(ids.data()), static_cast<std::streamsize>(ids.size() * 4));
+  }
+  PlanSpec one, two;
+  two.ranks = 2;
+  two.micro_batch = 4;
+  const std::string a = write_plan(dir, "one", one), b = write_plan(dir, "two", two);
+  const std::string data = "--data " + tokens + " --data-dtype uint32 ";
+  ASSERT_EQ(run_executor(1, common_args(a) + data + "--measurement " + dir + "/one.json").exit_code, 0);
+  ASSERT_EQ(run_executor(2, common_args(b) + data + "--measurement " + dir + "/two.json").exit_code, 0);
+  const auto l1 = read_json(dir + "/one.json").at("losses").get<std::vector<double>>();
+  const auto l2 = read_json(dir + "/two.json").at("losses").get<std::vector<double>>();
+  // Same samples split over two ranks: same losses; the +7 successor rule is learnt fast.
+  for (std::size_t i = 0; i < l1.size(); ++i) EXPECT_NEAR(l2[i], l1[i], 1e-5 * l1[i]);
+  EXPECT_LT(l1.back(), l1.front() - 1.0);
+}
+
+TEST(Plan, TensorParallelPlansAreRefusedWithTheReason) {
+  const std::string dir = scratch_dir("tp");
+  PlanSpec spec;
+  spec.tp = 2;
+  const std::string plan = write_plan(dir, "tp", spec);
+  const Outcome o = run_executor(1, common_args(plan));
+  EXPECT_EQ(o.exit_code, 2);
+  EXPECT_NE(o.output.find("tensor, pipeline, context and expert parallelism are not in the executor yet (tp=2"), std::string::npos) << o.output;
+}
+
+TEST(Plan, AWrongNumberOfRanksNamesBothCounts) {
+  const std::string dir = scratch_dir("ranks");
+  PlanSpec spec;
+  spec.ranks = 4;
+  spec.micro_batch = 2;
+  const std::string plan = write_plan(dir, "ranks", spec);
+  const Outcome o = run_executor(2, common_args(plan));
+  EXPECT_NE(o.exit_code, 0);
+  EXPECT_NE(o.output.find("the plan is for 4 GPUs"), std::string::npos) << o.output;
+  EXPECT_NE(o.output.find("but 2 ranks were started"), std::string::npos) << o.output;
+}
+
+TEST(Plan, AMalformedPlanIsAnErrorNamingTheFile) {
+  const std::string dir = scratch_dir("malformed");
+  std::ofstream(dir + "/bad.json") << "{\"schema\": \"trainplan/plan/v1\", ";
+  const Outcome o = run_executor(1, "--plan " + dir + "/bad.json");
+  EXPECT_EQ(o.exit_code, 2);
+  EXPECT_NE(o.output.find("bad.json"), std::string::npos) << o.output;
+}
+
+TEST(Export, PythonSafetensorsReadsTheConsolidatedFile) {
+  const std::string python = TRAINPLAN_PYTHON;
+  if (python.empty() || run_command(python + " -c 'import safetensors.numpy'").exit_code != 0) {
+    GTEST_SKIP() << "python with the safetensors package not available (scripts/setup.sh test installs it)";
+  }
+  const std::string dir = scratch_dir("export");
+  PlanSpec spec;
+  spec.ranks = 2;
+  spec.zero_stage = 3;
+  spec.micro_batch = 4;
+  const std::string plan = write_plan(dir, "export", spec);
+  ASSERT_EQ(run_executor(2, "--plan " + plan + " --steps 2 --threads 1 --quiet --export " + dir + "/out").exit_code, 0);
+  const Outcome o = run_command(python + " -c \"from safetensors.numpy import load_file; t = load_file('" + dir +
+                                "/out/model.safetensors'); print(len(t), t['layers.1.mlp.down.weight'].shape, t['embedding.tokens.weight'].dtype)\"");
+  ASSERT_EQ(o.exit_code, 0) << o.output;
+  // tiny-llama: embedding + 2 blocks x 9 tensors + final norm + output = 21 tensors.
+  EXPECT_NE(o.output.find("21 (64, 128) float32"), std::string::npos) << o.output;
+  EXPECT_TRUE(fs::exists(dir + "/out/config.json"));
+}
+
+}  // namespace
+}  // namespace trainplan::testing
