@@ -3,10 +3,14 @@
 # builds, then runs the planner demo or the whole test suite.
 #
 #   scripts/setup.sh demo   # install, build, run `planner --model 70b --gpus 64`
-#   scripts/setup.sh test   # install, build, run every test (ctest)
-#   scripts/setup.sh build  # install and build only
+#   scripts/setup.sh test   # also LibTorch + MPI: build the executor, run every test (ctest)
+#   scripts/setup.sh build  # install and build everything, executor included
 #
-# Environment: BUILD_DIR (default build), JOBS (default: number of cores).
+# The executor needs LibTorch, which comes from PyPI's torch wheel (pinned below, ~4 GB with its
+# CUDA libraries) installed into .venv/ beside the sources; pip's cache makes a second run cheap.
+# `demo` skips it: the planner and the cost model never need LibTorch.
+#
+# Environment: BUILD_DIR (default build), JOBS (default: number of cores), VENV (default .venv).
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -16,10 +20,14 @@ action="${1:-demo}"
 
 # Debian packages the costmodel, planner and tests need (see README.md, "Dependencies").
 packages=(g++ cmake ninja-build libcli11-dev nlohmann-json3-dev libgtest-dev libgmock-dev)
+# ... and the executor (LibTorch comes from pip, see install_torch).
+executor_packages=(openmpi-bin libopenmpi-dev zlib1g-dev python3-venv)
+torch_version="2.11.0"
+venv="${VENV:-$here/.venv}"
 
 install_missing() {
   local missing=()
-  for p in "${packages[@]}"; do
+  for p in "$@"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
   done
   [ ${#missing[@]} -eq 0 ] && return 0
@@ -34,25 +42,52 @@ install_missing() {
   $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
 }
 
+# torch==$torch_version (CUDA 13.0 build) into the virtual environment, once.
+install_torch() {
+  if [ ! -x "$venv/bin/python" ]; then
+    echo "setup: creating $venv"
+    python3 -m venv "$venv"
+  fi
+  if ! "$venv/bin/python" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$torch_version')" 2>/dev/null; then
+    echo "setup: installing torch==$torch_version into $venv (LibTorch for the executor; large download)"
+    "$venv/bin/pip" install --progress-bar off "torch==$torch_version"
+  fi
+  # safetensors + numpy: the test that reads the executor's export with the Python library.
+  "$venv/bin/python" -c "import safetensors.numpy" 2>/dev/null || "$venv/bin/pip" install -q safetensors numpy
+}
+
 build() {
-  cmake -S "$here" -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release
+  cmake -S "$here" -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release "$@"
   cmake --build "$build_dir" -j "$jobs"
+}
+
+# Configure options that switch the executor on, with LibTorch from the virtual environment.
+executor_options() {
+  local prefix
+  prefix="$("$venv/bin/python" -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null)"
+  # TORCH_CUDA_ARCH_LIST skips GPU detection (there may be no GPU); 9.0 = Hopper.
+  export TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}"
+  echo "-DTRAINPLAN_BUILD_EXECUTOR=ON -DCMAKE_PREFIX_PATH=$prefix -DTRAINPLAN_PYTHON=$venv/bin/python"
 }
 
 case "$action" in
   demo)
-    install_missing
+    install_missing "${packages[@]}"
     build
     "$build_dir/planner/planner" --model 70b --gpus 64
     ;;
   test)
-    install_missing
-    build
+    install_missing "${packages[@]}" "${executor_packages[@]}"
+    install_torch
+    # shellcheck disable=SC2046
+    build $(executor_options)
     ctest --test-dir "$build_dir" --output-on-failure -j "$jobs"
     ;;
   build)
-    install_missing
-    build
+    install_missing "${packages[@]}" "${executor_packages[@]}"
+    install_torch
+    # shellcheck disable=SC2046
+    build $(executor_options)
     ;;
   *)
     echo "usage: scripts/setup.sh [demo|test|build]" >&2
