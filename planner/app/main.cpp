@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "trainplan/costmodel/presets.hpp"
+#include "trainplan/planner/compare.hpp"
 #include "trainplan/planner/report.hpp"
 #include "trainplan/planner/search.hpp"
 
@@ -171,6 +172,16 @@ int list_hardware() {
   return 0;
 }
 
+// Prints the comparison of an estimate (or fixed plan) file with a measurement file.
+int compare_files(const std::string& estimate_file, const std::string& measurement_file, pl::Format format) {
+  auto predicted = pl::load_prediction_file(estimate_file);
+  if (!predicted) return fail(predicted.error().message);
+  auto measured = pl::load_measurement_file(measurement_file);
+  if (!measured) return fail(measured.error().message);
+  std::cout << pl::render_comparison(pl::compare(std::move(predicted).value(), std::move(measured).value()), format);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -212,6 +223,11 @@ int main(int argc, char** argv) {
   search_cmd->add_option("--format", format, "text | json | csv | md")->check(CLI::IsMember({"text", "json", "csv", "md"}));
   search_cmd->add_option("--save-plan", save_plan, "Write the recommended plan to this file");
   search_cmd->add_option("--top", top, "Plans to list")->check(CLI::Range(1, 1000));
+  CLI::App* compare_cmd = app.add_subcommand("compare", "Compare an estimate with a measurement the executor wrote");
+  std::string estimate_file, measurement_file;
+  compare_cmd->add_option("estimate", estimate_file, "trainplan/estimate/v1 file (planner evaluate --format json) or a fixed plan file")->required();
+  compare_cmd->add_option("measurement", measurement_file, "trainplan/measurement/v1 file")->required();
+  compare_cmd->add_option("--format", format, "text | md | json")->check(CLI::IsMember({"text", "md", "json"}));
   app.add_subcommand("models", "List model presets");
   app.add_subcommand("hardware", "List cluster presets");
 
@@ -230,6 +246,8 @@ int main(int argc, char** argv) {
   const pl::Format fmt = parse_format(format);
   pl::ReportContext ctx;
   ctx.command = join_args(argc, argv);
+
+  if (app.got_subcommand("compare")) return compare_files(estimate_file, measurement_file, fmt);
 
   if (app.got_subcommand("evaluate")) {
     auto req = cm::load_plan_file(plan_file);
