@@ -1,6 +1,7 @@
 #include "trainplan/planner/measurement.hpp"
 
 #include <cmath>
+#include <filesystem>
 #include <sstream>
 #include <stdexcept>
 
@@ -40,6 +41,10 @@ const std::vector<std::string>& section_keys(Section section) {
     case Section::kThroughput: return kThroughput;
   }
   return kThroughput;
+}
+
+ParallelLayout ParallelLayout::of(const costmodel::ParallelConfig& p) {
+  return ParallelLayout{p.tp, p.pp, p.dp, p.cp, p.ep, p.zero_stage};
 }
 
 std::string ParallelLayout::text() const {
@@ -198,6 +203,10 @@ Result<PerformanceDocument> load_measurement_file(const std::string& path) {
   auto json = load_json_file(path);
   if (!json) return json.error();
   return read_performance_document(*json, path, kMeasurementSchema);
+}
+
+std::string default_measurement_file(const std::string& plan_path) {
+  return std::filesystem::path(plan_path).stem().string() + ".measurement.json";
 }
 
 PerformanceDocument predict(const costmodel::Plan& plan, const std::string& file) {

@@ -35,6 +35,7 @@ inline constexpr Section kSections[] = {Section::kMemory, Section::kTime, Sectio
 struct ParallelLayout {
   int tp = 1, pp = 1, dp = 1, cp = 1, ep = 1, zero_stage = 0;
 
+  [[nodiscard]] static ParallelLayout of(const costmodel::ParallelConfig& parallel);
   // "tp1 pp1 dp4 zero2"; cp and ep only when > 1.
   [[nodiscard]] std::string text() const;
   friend bool operator==(const ParallelLayout& a, const ParallelLayout& b) {
@@ -72,6 +73,10 @@ struct PerformanceDocument {
 // Reads what to compare a measurement with: a `trainplan/estimate/v1` file (as `planner evaluate
 // --format json` writes it), or a fixed `trainplan/plan/v1` file, which is estimated now.
 [[nodiscard]] costmodel::Result<PerformanceDocument> load_prediction_file(const std::string& path);
+
+// Where a run of the plan at `plan_path` writes its measurement by default: "<plan stem>.measurement.json"
+// in the current directory ("runs/llama.json" -> "llama.measurement.json").
+[[nodiscard]] std::string default_measurement_file(const std::string& plan_path);
 
 // The cost model's estimate of a plan as a performance document. REQUIRES: validate_plan(plan) is ok.
 [[nodiscard]] PerformanceDocument predict(const costmodel::Plan& plan, const std::string& file);
