@@ -1,5 +1,6 @@
 #include "trainplan/planner/report.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <sstream>
@@ -311,6 +312,11 @@ std::string render_search(const PlanRequest& req, const SearchResult& result, co
   if (ctx.plan_path.empty()) out << "  " << ctx.command << " --save-plan plan.json\n";
   else out << "  (plan saved to " << ctx.plan_path << ")\n";
   out << "  " << executor_command(best->plan, path) << "\n";
+  const int gpus = best->plan.gpus, per_node = best->plan.cluster.gpus_per_node;
+  if (gpus % per_node == 0 || gpus < per_node) {
+    out << "  planner launch " << path << " --nodes " << std::max(1, gpus / per_node)
+        << (gpus < per_node ? " --gpus-per-node " + std::to_string(gpus) : "") << " --slurm   # as a SLURM batch script\n";
+  }
   out << "  planner evaluate " << path << "        # the full breakdown of this plan\n";
   return out.str();
 }

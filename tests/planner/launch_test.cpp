@@ -191,6 +191,15 @@ TEST_F(LaunchCli, WithoutSlurmPrintsTheTorchrunCommand) {
       << r.out;
 }
 
+TEST_F(LaunchCli, TheSearchReportSaysHowToLaunchTheRecommendedPlan) {
+  const auto on_64 = run("--model 70b --gpus 64 --quiet");
+  ASSERT_EQ(on_64.exit_code, 0) << on_64.all();
+  EXPECT_TRUE(contains(on_64.out, "planner launch plan.json --nodes 8 --slurm")) << on_64.out;
+  const auto on_4 = run("--model 8b --gpus 4 --quiet");
+  ASSERT_EQ(on_4.exit_code, 0) << on_4.all();
+  EXPECT_TRUE(contains(on_4.out, "planner launch plan.json --nodes 1 --gpus-per-node 4 --slurm")) << on_4.out;
+}
+
 TEST_F(LaunchCli, BadInputExitsTwoNamingThePlan) {
   const fs::path plan = saved_plan();
   const fs::path malformed = write("malformed.json", "{\"schema\": \"trainplan/plan/v1\",");
