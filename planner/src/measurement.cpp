@@ -175,8 +175,8 @@ PerformanceDocument read_document(const nlohmann::json& json, const std::string&
     if (!losses->is_array()) r.fail("losses", "must be an array of numbers");
     for (std::size_t i = 0; i < losses->size(); ++i) {
       const auto& v = (*losses)[i];
-      if (!v.is_number()) r.fail("losses/" + std::to_string(i), "must be a number");
-      d.losses.push_back(v.get<double>());
+      if (!v.is_number() && !v.is_null()) r.fail("losses/" + std::to_string(i), "must be a number (or null for NaN)");
+      d.losses.push_back(v.is_null() ? std::nan("") : v.get<double>());  // JSON writers turn NaN into null
     }
   }
   return d;

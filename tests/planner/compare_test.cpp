@@ -10,6 +10,7 @@
 // The measurement beside it has weights 2x, gradients 1x and optimizer states 0.75x those.
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <string>
 
@@ -237,6 +238,17 @@ TEST(MeasurementDocument, UnknownKeysAreIgnored) {
   EXPECT_EQ(m->losses, (std::vector<double>{10.4, 10.1, 9.8}));
 }
 
+TEST(MeasurementDocument, NullLossesReadAsNotANumber) {
+  // nlohmann::json, like most JSON writers, writes a NaN loss as null.
+  const auto json = nlohmann::json::parse(R"({"schema": "trainplan/measurement/v1", "memory": {}, "time": {}, "throughput": {},
+                                             "losses": [10.5, null]})");
+  auto m = planner::read_performance_document(json, "m.json", planner::kMeasurementSchema);
+  ASSERT_TRUE(m.ok()) << m.error().message;
+  ASSERT_EQ(m->losses.size(), 2u);
+  EXPECT_EQ(m->losses[0], 10.5);
+  EXPECT_TRUE(std::isnan(m->losses[1]));
+}
+
 TEST(MeasurementDocument, ErrorsNameTheFileAndThePointer) {
   struct Case {
     const char* what;
@@ -258,7 +270,7 @@ TEST(MeasurementDocument, ErrorsNameTheFileAndThePointer) {
       {"tp zero", R"({"schema": "trainplan/measurement/v1", "parallel": {"tp": 0}, )" + ok_sections + "}",
        "m.json: /parallel/tp: must be an integer in [1, 16777216] (got 0)"},
       {"loss as text", R"({"schema": "trainplan/measurement/v1", "losses": [1, "x"], )" + ok_sections + "}",
-       "m.json: /losses/1: must be a number"},
+       "m.json: /losses/1: must be a number (or null for NaN)"},
       {"top level array", "[]", "m.json: /: must be a JSON object"},
   };
   for (const Case& c : cases) {

@@ -56,7 +56,7 @@ struct PerformanceDocument {
   // Quantities by key, only those the document has, in the document's units (bytes, seconds,
   // tokens/s, TFLOP/s, fractions).
   std::map<std::string, double> memory, time, throughput;
-  std::vector<double> losses;  // per step, from `losses`, when present
+  std::vector<double> losses;  // per step, from `losses`, when present; null (a diverged step) reads as NaN
 
   [[nodiscard]] const std::map<std::string, double>& quantities(Section section) const;
   [[nodiscard]] std::map<std::string, double>& quantities(Section section);
