@@ -79,16 +79,10 @@ TEST_F(PlannerCli, SearchesTheOpenFieldsOfAPlanFile) {
   EXPECT_FALSE(j.at("ranked").empty());
 }
 
-struct ErrorCase {
-  const char* what;
-  std::string args;
-  std::string fragment;  // expected in the message
-};
-
 TEST_F(PlannerCli, BadInputExitsTwoWithOneLineMessage) {
   const fs::path malformed = write("malformed.json", "{\"schema\": \"trainplan/plan/v1\", \"model\": ");
   const fs::path overflow = write("overflow.json", "{\"schema\": \"trainplan/plan/v1\", \"model\": \"8b\", \"cluster\": \"dgx-h100\", \"gpus\": 1e400}");
-  const ErrorCase cases[] = {
+  expect_bad_inputs({
       {"unknown model", "--model llama9-1t --gpus 8", "unknown model \"llama9-1t\""},
       {"zero gpus", "--gpus 0", "--gpus"},
       {"negative gpus", "--gpus -5", "--gpus"},
@@ -98,11 +92,7 @@ TEST_F(PlannerCli, BadInputExitsTwoWithOneLineMessage) {
       {"heads not divisible by tp", "--model 70b --gpus 64 --fix tp=3", "tp(3) must divide heads (64)"},
       {"unknown cluster", "--model 8b --gpus 8 --cluster dgx-z900", "unknown cluster \"dgx-z900\""},
       {"bad --fix key", "--model 8b --gpus 8 --fix tensor=2", "unknown key"},
-  };
-  for (const ErrorCase& c : cases) {
-    SCOPED_TRACE(c.what);
-    testing::expect_bad_input(run(c.args), c.fragment);
-  }
+  });
   // The malformed plan's message names the file.
   EXPECT_NE(run("evaluate " + quote(malformed.string())).err.find(malformed.string()), std::string::npos);
 }

@@ -315,12 +315,7 @@ TEST_F(CompareCli, BadInputExitsTwoNamingTheFile) {
   const auto negative = write("negative.json", R"({"schema": "trainplan/measurement/v1", "memory": {"weights_bytes": -5}, "time": {}, "throughput": {}})");
   const auto missing = (dir_ / "missing.json").string();
   const std::string plan = quote(kPlanFile);
-  struct Case {
-    const char* what;
-    std::string args;
-    std::string fragment;
-  };
-  const Case cases[] = {
+  expect_bad_inputs({
       {"malformed measurement", "compare " + plan + " " + quote(malformed.string()), malformed.string() + ": line 1, column"},
       {"missing measurement", "compare " + plan + " " + quote(missing), missing + ": cannot open file"},
       {"wrong schema", "compare " + plan + " " + quote(wrong_schema.string()),
@@ -332,11 +327,7 @@ TEST_F(CompareCli, BadInputExitsTwoNamingTheFile) {
       {"plan request as the estimate", "compare " + quote(testing::source_path("samples/plans/llama3-70b-64xh100-auto.json")) + " " +
                                            quote(kMeasurementFile),
        "llama3-70b-64xh100-auto.json: /parallel: tp, pp, dp"},
-  };
-  for (const Case& c : cases) {
-    SCOPED_TRACE(c.what);
-    testing::expect_bad_input(run(c.args), c.fragment);
-  }
+  });
 }
 
 }  // namespace

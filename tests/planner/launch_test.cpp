@@ -204,12 +204,7 @@ TEST_F(LaunchCli, BadInputExitsTwoNamingThePlan) {
   const fs::path plan = saved_plan();
   const fs::path malformed = write("malformed.json", "{\"schema\": \"trainplan/plan/v1\",");
   const std::string request = testing::source_path("samples/plans/llama3-70b-64xh100-auto.json");
-  struct Case {
-    const char* what;
-    std::string args;
-    std::string fragment;
-  };
-  const Case cases[] = {
+  expect_bad_inputs({
       {"nodes do not give the plan's GPUs", "launch " + quote(plan.string()) + " --nodes 4 --slurm",
        plan.string() + ": plan needs 64 GPUs = 8 nodes x 8 GPUs; --nodes 4 gives 32"},
       {"a plan request", "launch " + quote(request) + " --nodes 8 --slurm", request + ": /parallel: tp, pp, dp"},
@@ -218,11 +213,7 @@ TEST_F(LaunchCli, BadInputExitsTwoNamingThePlan) {
       {"malformed plan", "launch " + quote(malformed.string()) + " --nodes 8", malformed.string() + ": line 1"},
       {"white space in --account", "launch " + quote(plan.string()) + " --nodes 8 --slurm --account 'a b'",
        plan.string() + ": --account: \"a b\" must not contain white space"},
-  };
-  for (const Case& c : cases) {
-    SCOPED_TRACE(c.what);
-    testing::expect_bad_input(run(c.args), c.fragment);
-  }
+  });
 }
 
 }  // namespace

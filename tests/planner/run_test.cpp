@@ -249,22 +249,13 @@ TEST_F(RunCli, AStaleMeasurementIsNotCompared) {
 TEST_F(RunCli, BadInputExitsTwo) {
   const std::string plan = quote(kPlanFile);
   const std::string request = testing::source_path("samples/plans/llama3-70b-64xh100-auto.json");
-  struct Case {
-    const char* what;
-    std::string args;
-    std::string fragment;
-  };
-  const Case cases[] = {
+  expect_bad_inputs({
       {"ranks differ from the plan's", "run " + plan + " --ranks 3" + fakes(), kPlanFile + ": --ranks 3: the plan runs on 4 ranks"},
       {"no such executor", "run " + plan + " --mpirun " + quote(mpirun().string()) + " --executor " + quote((dir_ / "nope").string()),
        "--executor " + (dir_ / "nope").string() + ": no such executable file"},
       {"a plan request", "run " + quote(request) + fakes(), request + ": /parallel: tp, pp, dp"},
       {"missing plan", "run " + quote((dir_ / "nope.json").string()) + fakes(), (dir_ / "nope.json").string() + ": cannot open file"},
-  };
-  for (const Case& c : cases) {
-    SCOPED_TRACE(c.what);
-    testing::expect_bad_input(run(c.args), c.fragment);
-  }
+  });
 }
 
 TEST_F(RunCli, MissingMpirunExitsTwoSayingWhereToGetIt) {

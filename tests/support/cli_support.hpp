@@ -13,6 +13,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -31,6 +32,25 @@ inline std::string quote(const std::string& s) {
   for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
   return q + "'";
 }
+
+// Expects the one-line error a planner run prints for bad input: exit code 2, nothing on stdout,
+// "planner: error: " and `fragment` on one line of stderr.
+inline void expect_bad_input(const Outcome& r, const std::string& fragment) {
+  EXPECT_EQ(r.exit_code, 2) << r.all();
+  EXPECT_TRUE(r.out.empty()) << r.out;
+  ASSERT_FALSE(r.err.empty());
+  EXPECT_EQ(r.err.back(), '\n') << r.err;
+  EXPECT_EQ(r.err.find('\n'), r.err.size() - 1) << "more than one line: " << r.err;
+  EXPECT_EQ(r.err.rfind("planner: error: ", 0), 0u) << r.err;
+  EXPECT_NE(r.err.find(fragment), std::string::npos) << "no \"" << fragment << "\" in: " << r.err;
+}
+
+// One bad command line and a part of the one-line message it must give.
+struct BadInput {
+  const char* what;      // for the trace when it fails
+  std::string args;      // as for PlannerCliTest::run
+  std::string fragment;  // expected in the message
+};
 
 class PlannerCliTest : public ::testing::Test {
  protected:
@@ -63,6 +83,14 @@ class PlannerCliTest : public ::testing::Test {
     return r;
   }
 
+  // Runs each case; each must exit 2 with a one-line message holding its fragment.
+  void expect_bad_inputs(const std::vector<BadInput>& cases) const {
+    for (const BadInput& c : cases) {
+      SCOPED_TRACE(c.what);
+      expect_bad_input(run(c.args), c.fragment);
+    }
+  }
+
   std::filesystem::path write(const std::string& name, const std::string& text) const {
     const std::filesystem::path p = dir_ / name;
     std::ofstream(p) << text;
@@ -71,17 +99,5 @@ class PlannerCliTest : public ::testing::Test {
 
   std::filesystem::path dir_;
 };
-
-// Expects the one-line error a planner run prints for bad input: exit code 2, nothing on stdout,
-// "planner: error: " and `fragment` on one line of stderr.
-inline void expect_bad_input(const Outcome& r, const std::string& fragment) {
-  EXPECT_EQ(r.exit_code, 2) << r.all();
-  EXPECT_TRUE(r.out.empty()) << r.out;
-  ASSERT_FALSE(r.err.empty());
-  EXPECT_EQ(r.err.back(), '\n') << r.err;
-  EXPECT_EQ(r.err.find('\n'), r.err.size() - 1) << "more than one line: " << r.err;
-  EXPECT_EQ(r.err.rfind("planner: error: ", 0), 0u) << r.err;
-  EXPECT_NE(r.err.find(fragment), std::string::npos) << "no \"" << fragment << "\" in: " << r.err;
-}
 
 }  // namespace trainplan::testing
