@@ -1,5 +1,6 @@
 #include "trainplan/planner/compare.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <sstream>
