@@ -4,6 +4,10 @@
 #include <map>
 #include <sstream>
 
+#include <nlohmann/json.hpp>
+
+#include "json_reader.hpp"
+
 namespace trainplan::costmodel {
 
 namespace {
@@ -71,6 +75,14 @@ Result<std::string> read_text_file(const std::string& path) {
   out << in.rdbuf();
   if (in.bad()) return Error{path + ": read error"};
   return out.str();
+}
+
+Result<nlohmann::json> parse_json_text(const std::string& text, const std::string& file) {
+  try {
+    return detail::parse_json(text, file);
+  } catch (const detail::DocumentError& e) {
+    return Error{e.what()};
+  }
 }
 
 }  // namespace trainplan::costmodel

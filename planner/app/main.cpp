@@ -1,10 +1,13 @@
 // planner: searches every valid parallel plan for a model on a cluster and recommends one;
-// `evaluate` estimates one fixed plan; `models` and `hardware` list the presets.
-// Exit codes: 0 success, 1 no plan fits, 2 bad input.
+// `evaluate` estimates one fixed plan; `compare` sets an estimate beside a measurement; `launch`
+// prints the SLURM script or torchrun command that runs a plan; `run` runs it here on CPU ranks;
+// `models` and `hardware` list the presets.
+// Exit codes: 0 success, 1 no plan fits, 2 bad input, 3 the run failed (`run`).
 
 #include <cmath>
 #include <unistd.h>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -14,6 +17,9 @@
 #include <nlohmann/json.hpp>
 
 #include "trainplan/costmodel/presets.hpp"
+#include "trainplan/planner/compare.hpp"
+#include "trainplan/planner/launch.hpp"
+#include "trainplan/planner/local_run.hpp"
 #include "trainplan/planner/report.hpp"
 #include "trainplan/planner/search.hpp"
 
@@ -24,6 +30,7 @@ namespace {
 
 constexpr int kExitNoFit = 1;
 constexpr int kExitBadInput = 2;
+constexpr int kExitRunFailed = 3;
 
 int fail(const std::string& message) {
   std::cerr << "planner: error: " << message << "\n";
@@ -171,6 +178,57 @@ int list_hardware() {
   return 0;
 }
 
+// Prints the comparison of an estimate (or fixed plan) file with a measurement file.
+int compare_files(const std::string& estimate_file, const std::string& measurement_file, pl::Format format) {
+  auto predicted = pl::load_prediction_file(estimate_file);
+  if (!predicted) return fail(predicted.error().message);
+  auto measured = pl::load_measurement_file(measurement_file);
+  if (!measured) return fail(measured.error().message);
+  std::cout << pl::render_comparison(pl::compare(std::move(predicted).value(), std::move(measured).value()), format);
+  return 0;
+}
+
+int launch_plan(const std::string& plan_file, const pl::LaunchOptions& options, bool slurm) {
+  auto plan = pl::load_fixed_plan(plan_file);
+  if (!plan) return fail(plan.error().message);
+  auto text = slurm ? pl::slurm_script(*plan, plan_file, options) : pl::torchrun_commands(*plan, plan_file, options);
+  if (!text) return fail(plan_file + ": " + text.error().message);
+  std::cout << *text;
+  return 0;
+}
+
+int run_plan(const std::string& plan_file, pl::LocalRunOptions options, const pl::ExecutorSearch& search,
+             const std::string& measurement_file, pl::Format format) {
+  auto plan = pl::load_fixed_plan(plan_file);
+  if (!plan) return fail(plan.error().message);
+  options.plan_path = plan_file;
+  options.measurement_path = measurement_file.empty() ? pl::default_measurement_file(plan_file) : measurement_file;
+  options.allow_run_as_root = ::geteuid() == 0;
+  auto valid = pl::check_local_run(*plan, options);
+  if (!valid) return fail(plan_file + ": " + valid.error().message);
+  auto executor = pl::find_executor(search);
+  if (!executor) return fail(executor.error().message);
+  options.executor = *executor;
+
+  std::cerr << "planner: running:";
+  for (const auto& word : pl::mpirun_command(*plan, options)) std::cerr << " " << pl::shell_quote(word);
+  std::cerr << std::endl;
+  auto run = pl::run_locally(*plan, options);
+  if (!run) return fail(run.error().message);
+  if (!run->exit.success()) {
+    std::cerr << "planner: error: " << options.mpirun << " " << run->exit.text() << ": the run of " << plan_file
+              << " failed (its output is above)\n";
+    return kExitRunFailed;
+  }
+  std::cout << pl::render_comparison(*run->comparison, format);
+  return 0;
+}
+
+std::string environment(const char* name) {
+  const char* value = std::getenv(name);
+  return value ? value : "";
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -212,6 +270,38 @@ int main(int argc, char** argv) {
   search_cmd->add_option("--format", format, "text | json | csv | md")->check(CLI::IsMember({"text", "json", "csv", "md"}));
   search_cmd->add_option("--save-plan", save_plan, "Write the recommended plan to this file");
   search_cmd->add_option("--top", top, "Plans to list")->check(CLI::Range(1, 1000));
+  CLI::App* compare_cmd = app.add_subcommand("compare", "Compare an estimate with a measurement the executor wrote");
+  std::string estimate_file, measurement_file;
+  compare_cmd->add_option("estimate", estimate_file, "trainplan/estimate/v1 file (planner evaluate --format json) or a fixed plan file")->required();
+  compare_cmd->add_option("measurement", measurement_file, "trainplan/measurement/v1 file")->required();
+  compare_cmd->add_option("--format", format, "text | md | json")->check(CLI::IsMember({"text", "md", "json"}));
+  CLI::App* launch_cmd = app.add_subcommand("launch", "Print the SLURM script (--slurm) or torchrun command that runs a fixed plan");
+  pl::LaunchOptions launch;
+  bool slurm = false;
+  std::string executor;
+  launch_cmd->add_option("plan", plan_file, "Fixed plan file (planner --save-plan writes one)")->required();
+  launch_cmd->add_option("--nodes", launch.nodes, "Nodes; nodes x GPUs per node must equal the plan's GPUs")->required();
+  launch_cmd->add_flag("--slurm", slurm, "Print a SLURM batch script for sbatch instead of the torchrun command");
+  launch_cmd->add_option("--steps", launch.steps, "Optimizer steps to run")->capture_default_str();
+  launch_cmd->add_option("--executor", executor, "The executor on the nodes (default: $TRAINPLAN_EXECUTOR, the one built beside planner, else executor)");
+  launch_cmd->add_option("--gpus-per-node", launch.gpus_per_node, "Ranks (GPUs) per node (default: the plan cluster's)");
+  launch_cmd->add_option("--cpus-per-task", launch.cpus_per_task, "CPU cores per rank (SLURM)")->capture_default_str();
+  launch_cmd->add_option("--partition", launch.partition, "SLURM partition");
+  launch_cmd->add_option("--account", launch.account, "SLURM account");
+  launch_cmd->add_option("--time", launch.time_limit, "SLURM time limit (HH:MM:SS)");
+  launch_cmd->add_option("--job-name", launch.job_name, "SLURM job name");
+  launch_cmd->add_option("--extra", launch.extra_args, "More executor arguments, as shell words, e.g. --extra \"--seed 1\"");
+
+  CLI::App* run_cmd = app.add_subcommand("run", "Run a fixed plan on this machine's CPUs under MPI with the executor, then compare");
+  pl::LocalRunOptions local;
+  run_cmd->add_option("plan", plan_file, "Fixed plan file (planner --save-plan writes one)")->required();
+  run_cmd->add_option("--steps", local.steps, "Optimizer steps to run")->capture_default_str();
+  run_cmd->add_option("--executor", executor, "The executor (default: $TRAINPLAN_EXECUTOR, the one built beside planner, executor on PATH)");
+  run_cmd->add_option("--ranks", local.ranks, "MPI ranks; must equal the plan's GPUs, which is the default");
+  run_cmd->add_option("--measurement", measurement_file, "Measurement file the executor writes (default: <plan stem>.measurement.json here)");
+  run_cmd->add_option("--mpirun", local.mpirun, "The mpirun to use")->capture_default_str();
+  run_cmd->add_option("--format", format, "text | md | json")->check(CLI::IsMember({"text", "md", "json"}));
+  run_cmd->add_option("executor_args", local.extra_args, "After --: more arguments for the executor");
   app.add_subcommand("models", "List model presets");
   app.add_subcommand("hardware", "List cluster presets");
 
@@ -230,6 +320,14 @@ int main(int argc, char** argv) {
   const pl::Format fmt = parse_format(format);
   pl::ReportContext ctx;
   ctx.command = join_args(argc, argv);
+
+  if (app.got_subcommand("compare")) return compare_files(estimate_file, measurement_file, fmt);
+  const pl::ExecutorSearch executor_search{executor, environment("TRAINPLAN_EXECUTOR"), pl::own_binary_dir(argv[0]), environment("PATH")};
+  if (app.got_subcommand("launch")) {
+    launch.executor = pl::executor_for_launch(executor_search);
+    return launch_plan(plan_file, launch, slurm);
+  }
+  if (app.got_subcommand("run")) return run_plan(plan_file, local, executor_search, measurement_file, fmt);
 
   if (app.got_subcommand("evaluate")) {
     auto req = cm::load_plan_file(plan_file);

@@ -1,26 +1,22 @@
 #include "trainplan/planner/report.hpp"
 
+#include <algorithm>
 #include <cmath>
-#include <cstdarg>
 #include <cstdio>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
 
+#include "text_table.hpp"
+
 namespace trainplan::planner {
 
 using namespace trainplan::costmodel;
+using detail::fmt;
+using detail::Row;
+using detail::table;
 
 namespace {
-
-std::string fmt(const char* f, ...) {
-  char buf[512];
-  va_list args;
-  va_start(args, f);
-  std::vsnprintf(buf, sizeof buf, f, args);
-  va_end(args);
-  return buf;
-}
 
 double gib(Bytes b) { return b.in_gib(); }
 
@@ -85,37 +81,6 @@ std::string training_line(const TrainingConfig& t, const std::string& tokens_not
   s += fmt(", %s tokens to train", si(t.train_tokens).c_str());
   if (!tokens_note.empty()) s += " (" + tokens_note + ")";
   return s;
-}
-
-struct Row {
-  std::vector<std::string> cells;
-};
-
-std::string table(const std::vector<std::string>& header, const std::vector<Row>& rows, bool markdown,
-                  const std::vector<bool>& right_align) {
-  std::vector<std::size_t> width(header.size());
-  for (std::size_t i = 0; i < header.size(); ++i) width[i] = header[i].size();
-  for (const auto& r : rows)
-    for (std::size_t i = 0; i < r.cells.size(); ++i) width[i] = std::max(width[i], r.cells[i].size());
-  std::ostringstream out;
-  const auto line = [&](const std::vector<std::string>& cells) {
-    if (markdown) out << "|";
-    for (std::size_t i = 0; i < cells.size(); ++i) {
-      const std::string pad(width[i] - cells[i].size(), ' ');
-      out << (markdown ? " " : (i ? "  " : "  "));
-      out << (right_align[i] ? pad + cells[i] : cells[i] + pad);
-      if (markdown) out << " |";
-    }
-    out << "\n";
-  };
-  line(header);
-  if (markdown) {
-    out << "|";
-    for (std::size_t i = 0; i < header.size(); ++i) out << (right_align[i] ? std::string(width[i] + 1, '-') + ":|" : std::string(width[i] + 2, '-') + "|");
-    out << "\n";
-  }
-  for (const auto& r : rows) line(r.cells);
-  return out.str();
 }
 
 Row ranked_row(int rank, const Candidate& c) {
@@ -347,6 +312,11 @@ std::string render_search(const PlanRequest& req, const SearchResult& result, co
   if (ctx.plan_path.empty()) out << "  " << ctx.command << " --save-plan plan.json\n";
   else out << "  (plan saved to " << ctx.plan_path << ")\n";
   out << "  " << executor_command(best->plan, path) << "\n";
+  const int gpus = best->plan.gpus, per_node = best->plan.cluster.gpus_per_node;
+  if (gpus % per_node == 0 || gpus < per_node) {
+    out << "  planner launch " << path << " --nodes " << std::max(1, gpus / per_node)
+        << (gpus < per_node ? " --gpus-per-node " + std::to_string(gpus) : "") << " --slurm   # as a SLURM batch script\n";
+  }
   out << "  planner evaluate " << path << "        # the full breakdown of this plan\n";
   return out.str();
 }

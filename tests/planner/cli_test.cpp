@@ -3,19 +3,13 @@
 // (TRAINPLAN_PLANNER_BIN, TRAINPLAN_SOURCE_DIR, a temporary folder), so no test depends on the
 // working directory.
 
-#include <sys/wait.h>
-#include <unistd.h>
-
-#include <cstdio>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <string>
-#include <vector>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "cli_support.hpp"
 #include "test_support.hpp"
 #include "trainplan/costmodel/plan.hpp"
 
@@ -23,57 +17,10 @@ namespace trainplan {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::Outcome;
+using testing::quote;
 
-struct Outcome {
-  int exit_code = -1;
-  std::string out;  // stdout
-  std::string err;  // stderr
-  [[nodiscard]] std::string all() const { return out + err; }
-};
-
-std::string quote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
-
-class PlannerCli : public ::testing::Test {
- protected:
-  void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = fs::temp_directory_path() / (std::string("trainplan_cli_test_") + info->name() + "_" + std::to_string(::getpid()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  // Runs the planner with `args` (already quoted where needed); stdout and stderr are kept apart.
-  Outcome run(const std::string& args) const {
-    const fs::path err_file = dir_ / "stderr.txt";
-    const std::string command = quote(TRAINPLAN_PLANNER_BIN) + " " + args + " 2>" + quote(err_file.string());
-    Outcome r;
-    FILE* pipe = ::popen(command.c_str(), "r");
-    if (!pipe) throw std::runtime_error("popen failed: " + command);
-    char buffer[4096];
-    std::size_t n = 0;
-    while ((n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0) r.out.append(buffer, n);
-    const int status = ::pclose(pipe);
-    r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    std::ifstream in(err_file);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    r.err = ss.str();
-    return r;
-  }
-
-  fs::path write(const std::string& name, const std::string& text) const {
-    const fs::path p = dir_ / name;
-    std::ofstream(p) << text;
-    return p;
-  }
-
-  fs::path dir_;
-};
+class PlannerCli : public testing::PlannerCliTest {};
 
 std::string sample(const std::string& name) { return testing::source_path("samples/plans/" + name); }
 
@@ -132,16 +79,10 @@ TEST_F(PlannerCli, SearchesTheOpenFieldsOfAPlanFile) {
   EXPECT_FALSE(j.at("ranked").empty());
 }
 
-struct ErrorCase {
-  const char* what;
-  std::string args;
-  std::string fragment;  // expected in the message
-};
-
 TEST_F(PlannerCli, BadInputExitsTwoWithOneLineMessage) {
   const fs::path malformed = write("malformed.json", "{\"schema\": \"trainplan/plan/v1\", \"model\": ");
   const fs::path overflow = write("overflow.json", "{\"schema\": \"trainplan/plan/v1\", \"model\": \"8b\", \"cluster\": \"dgx-h100\", \"gpus\": 1e400}");
-  const ErrorCase cases[] = {
+  expect_bad_inputs({
       {"unknown model", "--model llama9-1t --gpus 8", "unknown model \"llama9-1t\""},
       {"zero gpus", "--gpus 0", "--gpus"},
       {"negative gpus", "--gpus -5", "--gpus"},
@@ -151,18 +92,7 @@ TEST_F(PlannerCli, BadInputExitsTwoWithOneLineMessage) {
       {"heads not divisible by tp", "--model 70b --gpus 64 --fix tp=3", "tp(3) must divide heads (64)"},
       {"unknown cluster", "--model 8b --gpus 8 --cluster dgx-z900", "unknown cluster \"dgx-z900\""},
       {"bad --fix key", "--model 8b --gpus 8 --fix tensor=2", "unknown key"},
-  };
-  for (const ErrorCase& c : cases) {
-    SCOPED_TRACE(c.what);
-    const Outcome r = run(c.args);
-    EXPECT_EQ(r.exit_code, 2) << r.all();
-    EXPECT_TRUE(r.out.empty()) << r.out;
-    ASSERT_FALSE(r.err.empty());
-    EXPECT_EQ(r.err.back(), '\n') << r.err;
-    EXPECT_EQ(r.err.find('\n'), r.err.size() - 1) << "more than one line: " << r.err;
-    EXPECT_EQ(r.err.rfind("planner: error: ", 0), 0u) << r.err;
-    EXPECT_NE(r.err.find(c.fragment), std::string::npos) << r.err;
-  }
+  });
   // The malformed plan's message names the file.
   EXPECT_NE(run("evaluate " + quote(malformed.string())).err.find(malformed.string()), std::string::npos);
 }

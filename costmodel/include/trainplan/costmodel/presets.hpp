@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "trainplan/costmodel/hardware.hpp"
 #include "trainplan/costmodel/model.hpp"
 #include "trainplan/costmodel/result.hpp"
@@ -38,5 +40,9 @@ inline constexpr const char* kDefaultCluster = "dgx-h100";
 
 // Reads a whole file; the error names the path.
 [[nodiscard]] Result<std::string> read_text_file(const std::string& path);
+
+// Parses JSON text; a syntax error names `file`, the line and the column
+// ("m.json: line 3, column 7: malformed JSON (...)"). For documents read outside costmodel.
+[[nodiscard]] Result<nlohmann::json> parse_json_text(const std::string& text, const std::string& file);
 
 }  // namespace trainplan::costmodel

@@ -1,0 +1,84 @@
+#pragma once
+// Performance documents: the header and the quantities of a `trainplan/estimate/v1` (predicted)
+// or `trainplan/measurement/v1` (measured by the executor) document. The two share one shape;
+// a measurement holds only the keys it measured. Both are read leniently: unknown keys are
+// ignored, but `schema` and the `memory`, `time` and `throughput` objects are required and every
+// known quantity must be a number >= 0. Errors name the file and the JSON pointer
+// ("m.json: /memory/weights_bytes: must be a number >= 0 (got -1)").
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "trainplan/costmodel/plan.hpp"
+#include "trainplan/costmodel/result.hpp"
+
+namespace trainplan::planner {
+
+inline constexpr const char* kEstimateSchema = "trainplan/estimate/v1";
+inline constexpr const char* kMeasurementSchema = "trainplan/measurement/v1";
+
+enum class Section { kMemory, kTime, kThroughput };
+inline constexpr Section kSections[] = {Section::kMemory, Section::kTime, Section::kThroughput};
+
+// The document key of a section: "memory", "time", "throughput".
+[[nodiscard]] const char* section_name(Section section);
+
+// The quantities of a section that are compared, in the order reports list them: the estimate's
+// `*_bytes` (bar `capacity_bytes`, a hardware figure), `*_seconds` and throughput keys.
+[[nodiscard]] const std::vector<std::string>& section_keys(Section section);
+
+// The parallel layout as reports show it.
+struct ParallelLayout {
+  int tp = 1, pp = 1, dp = 1, cp = 1, ep = 1, zero_stage = 0;
+
+  [[nodiscard]] static ParallelLayout of(const costmodel::ParallelConfig& parallel);
+  // "tp1 pp1 dp4 zero2"; cp and ep only when > 1.
+  [[nodiscard]] std::string text() const;
+  friend bool operator==(const ParallelLayout& a, const ParallelLayout& b) {
+    return a.tp == b.tp && a.pp == b.pp && a.dp == b.dp && a.cp == b.cp && a.ep == b.ep && a.zero_stage == b.zero_stage;
+  }
+  friend bool operator!=(const ParallelLayout& a, const ParallelLayout& b) { return !(a == b); }
+};
+
+struct PerformanceDocument {
+  std::string file;    // where it was read (for messages); may be empty for one made in memory
+  std::string schema;  // kEstimateSchema or kMeasurementSchema
+  std::string name;    // the plan's name; empty when the document has none
+  std::string model;
+  std::string cluster;
+  std::string device;  // measurements: "cpu" or the GPU name; empty for estimates
+  int world_size = 0;  // `world_size`, else `gpus`; 0 when the document has neither
+  std::optional<ParallelLayout> layout;  // from `parallel`, when present
+  // Quantities by key, only those the document has, in the document's units (bytes, seconds,
+  // tokens/s, TFLOP/s, fractions).
+  std::map<std::string, double> memory, time, throughput;
+  std::vector<double> losses;  // per step, from `losses`, when present; null (a diverged step) reads as NaN
+
+  [[nodiscard]] const std::map<std::string, double>& quantities(Section section) const;
+  [[nodiscard]] std::map<std::string, double>& quantities(Section section);
+};
+
+// Reads parsed JSON whose `schema` must be `expected_schema`; `file` names it in errors.
+[[nodiscard]] costmodel::Result<PerformanceDocument> read_performance_document(const nlohmann::json& json, const std::string& file,
+                                                                               const std::string& expected_schema);
+
+// Reads a `trainplan/measurement/v1` file. Missing file, malformed JSON (with line and column),
+// wrong schema and bad quantities are errors naming `path`.
+[[nodiscard]] costmodel::Result<PerformanceDocument> load_measurement_file(const std::string& path);
+
+// Reads what to compare a measurement with: a `trainplan/estimate/v1` file (as `planner evaluate
+// --format json` writes it), or a fixed `trainplan/plan/v1` file, which is estimated now.
+[[nodiscard]] costmodel::Result<PerformanceDocument> load_prediction_file(const std::string& path);
+
+// Where a run of the plan at `plan_path` writes its measurement by default: "<plan stem>.measurement.json"
+// in the current directory ("runs/llama.json" -> "llama.measurement.json").
+[[nodiscard]] std::string default_measurement_file(const std::string& plan_path);
+
+// The cost model's estimate of a plan as a performance document. REQUIRES: validate_plan(plan) is ok.
+[[nodiscard]] PerformanceDocument predict(const costmodel::Plan& plan, const std::string& file);
+
+}  // namespace trainplan::planner

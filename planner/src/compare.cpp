@@ -1,0 +1,244 @@
+#include "trainplan/planner/compare.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "text_table.hpp"
+
+namespace trainplan::planner {
+
+using detail::fmt;
+using detail::Row;
+
+const ComparisonRow* Comparison::largest_deviation() const {
+  const ComparisonRow* largest = nullptr;
+  for (const auto& row : rows) {
+    if (!row.relative_difference) continue;
+    if (!largest || std::fabs(*row.relative_difference) > std::fabs(*largest->relative_difference)) largest = &row;
+  }
+  return largest;
+}
+
+Comparison compare(PerformanceDocument predicted, PerformanceDocument measured) {
+  Comparison c;
+  for (Section section : kSections) {
+    const auto& predictions = predicted.quantities(section);
+    const auto& measurements = measured.quantities(section);
+    for (const std::string& key : section_keys(section)) {
+      const auto p = predictions.find(key);
+      if (p == predictions.end()) continue;
+      const auto m = measurements.find(key);
+      ComparisonRow row{section, key, p->second, std::nullopt, std::nullopt};
+      if (m != measurements.end()) {
+        row.measured = m->second;
+        if (row.predicted != 0) row.relative_difference = (m->second - row.predicted) / row.predicted;
+        else if (m->second == 0) row.relative_difference = 0.0;
+      } else if (row.predicted == 0) {
+        continue;  // a part this plan does not have, and nobody measured it
+      }
+      c.rows.push_back(std::move(row));
+    }
+  }
+  if (!predicted.model.empty() && !measured.model.empty() && predicted.model != measured.model) {
+    c.warnings.push_back("model differs: the estimate is for " + predicted.model + ", the measurement ran " + measured.model);
+  }
+  if (predicted.layout && measured.layout && *predicted.layout != *measured.layout) {
+    c.warnings.push_back("parallel layout differs: the estimate has " + predicted.layout->text() + ", the measurement " +
+                         measured.layout->text());
+  }
+  if (predicted.world_size > 0 && measured.world_size > 0 && predicted.world_size != measured.world_size) {
+    c.warnings.push_back("world size differs: the estimate has " + std::to_string(predicted.world_size) + " GPUs, the measurement " +
+                         std::to_string(measured.world_size) + " ranks");
+  }
+  if (measured.device == "cpu" && !predicted.cluster.empty()) {
+    c.warnings.push_back("the measurement ran on CPU and the estimate is for " + predicted.cluster +
+                         " GPUs: memory compares, time and throughput do not");
+  }
+  c.predicted = std::move(predicted);
+  c.measured = std::move(measured);
+  return c;
+}
+
+namespace {
+
+// Three significant digits, at least two decimals: 4.10, 0.500, 0.00224.
+std::string significant(double x) {
+  int decimals = 2;
+  if (x != 0 && std::fabs(x) < 1) decimals = std::min(9, 2 - static_cast<int>(std::floor(std::log10(std::fabs(x)))));
+  return fmt("%.*f", decimals, x);
+}
+
+std::string value_text(Section section, const std::string& key, double value) {
+  switch (section) {
+    case Section::kMemory: return significant(value / 1073741824.0);  // GiB, said in the table header
+    case Section::kTime: return value < 1 ? significant(value * 1e3) + " ms" : significant(value) + " s";
+    case Section::kThroughput:
+      if (key == "mfu" || key == "hfu") return significant(100 * value) + "%";
+      if (key.rfind("tokens_per_second", 0) == 0) return si(value, 4);
+      return significant(value);
+  }
+  return significant(value);
+}
+
+std::string difference_text(const ComparisonRow& row) {
+  if (!row.measured) return "";
+  if (!row.relative_difference) return "n/a (predicted 0)";
+  double percent = 100 * *row.relative_difference;
+  if (std::fabs(percent) < 0.05) percent = 0;  // no "-0.0%"
+  return fmt("%+.1f%%", percent);
+}
+
+std::string label(const std::string& key) {
+  static const std::map<std::string, std::string> kLabels = {
+      {"weights_bytes", "weights"},
+      {"gradients_bytes", "gradients"},
+      {"optimizer_bytes", "optimizer states"},
+      {"activations_bytes", "activations"},
+      {"buffers_bytes", "comm buffers"},
+      {"overhead_bytes", "overhead"},
+      {"total_bytes", "total"},
+      {"cpu_offload_per_node_bytes", "CPU offload per node"},
+      {"step_seconds", "step"},
+      {"compute_seconds", "compute"},
+      {"recompute_seconds", "recompute"},
+      {"tp_comm_seconds", "tensor-parallel comm"},
+      {"cp_comm_seconds", "context-parallel comm"},
+      {"ep_comm_seconds", "expert-parallel comm"},
+      {"pp_comm_seconds", "pipeline p2p"},
+      {"dp_comm_exposed_seconds", "data-parallel comm, exposed"},
+      {"dp_comm_total_seconds", "data-parallel comm, total"},
+      {"bubble_seconds", "pipeline bubble"},
+      {"optimizer_seconds", "optimizer step"},
+      {"offload_seconds", "offload transfers"},
+      {"tokens_per_second", "tokens/s"},
+      {"tokens_per_second_per_gpu", "tokens/s per GPU"},
+      {"model_tflops_per_gpu", "model TFLOP/s per GPU"},
+      {"hardware_tflops_per_gpu", "hardware TFLOP/s per GPU"},
+      {"mfu", "MFU"},
+      {"hfu", "HFU"},
+  };
+  const auto it = kLabels.find(key);
+  return it == kLabels.end() ? key : it->second;
+}
+
+const char* table_title(Section section) {
+  switch (section) {
+    case Section::kMemory: return "memory per GPU (GiB)";
+    case Section::kTime: return "time per step";
+    case Section::kThroughput: return "throughput";
+  }
+  return "?";
+}
+
+std::string section_table(const Comparison& c, Section section, bool markdown) {
+  std::vector<Row> rows;
+  for (const auto& row : c.rows) {
+    if (row.section != section) continue;
+    rows.push_back(Row{{label(row.key), value_text(section, row.key, row.predicted),
+                        row.measured ? value_text(section, row.key, *row.measured) : "not measured", difference_text(row)}});
+  }
+  if (rows.empty()) return "";
+  return detail::table({table_title(section), "predicted", "measured", "difference"}, rows, markdown, {false, true, true, true});
+}
+
+// The estimate's value where it has one, else the measurement's.
+std::string either(const std::string& predicted, const std::string& measured) { return predicted.empty() ? measured : predicted; }
+
+std::string closing_line(const Comparison& c) {
+  const ComparisonRow* largest = c.largest_deviation();
+  if (!largest) return "Nothing the estimate predicts was measured.";
+  const std::string unit = largest->section == Section::kMemory ? " GiB" : "";
+  return fmt("Largest deviation: %s %s, %s: measured %s%s against %s%s predicted.", section_name(largest->section),
+             label(largest->key).c_str(), difference_text(*largest).c_str(),
+             value_text(largest->section, largest->key, *largest->measured).c_str(), unit.c_str(),
+             value_text(largest->section, largest->key, largest->predicted).c_str(), unit.c_str());
+}
+
+std::string header(const Comparison& c, bool markdown) {
+  const PerformanceDocument& p = c.predicted;
+  const PerformanceDocument& m = c.measured;
+  std::vector<std::pair<std::string, std::string>> lines;
+  std::string plan = either(p.name, m.name);
+  if (!p.name.empty() && !m.name.empty() && p.name != m.name) plan += " (the measurement says " + m.name + ")";
+  lines.emplace_back("Plan", plan.empty() ? "(unnamed)" : plan);
+  lines.emplace_back("Model", either(p.model, m.model));
+  const auto& layout = p.layout ? p.layout : m.layout;
+  lines.emplace_back("Layout", layout ? layout->text() : "(not given)");
+  const int world_size = p.world_size > 0 ? p.world_size : m.world_size;
+  lines.emplace_back("World size", world_size > 0 ? std::to_string(world_size) : "(not given)");
+  std::string device = m.device.empty() ? "(not given)" : m.device;
+  if (!p.cluster.empty()) device += " (estimated for " + p.cluster + ")";
+  lines.emplace_back("Device", device);
+  lines.emplace_back("Estimate", p.file);
+  std::string measurement = m.file;
+  if (!m.losses.empty()) {
+    measurement += fmt(", %zu steps, loss %.4g -> %.4g", m.losses.size(), m.losses.front(), m.losses.back());
+  }
+  lines.emplace_back("Measurement", measurement);
+
+  std::ostringstream out;
+  out << (markdown ? "# " : "") << "trainplan comparison: estimate against measurement\n\n";
+  for (const auto& [key, value] : lines) {
+    if (markdown) out << "- " << key << ": " << value << "\n";
+    else out << "  " << key << std::string(13 - key.size(), ' ') << value << "\n";
+  }
+  out << "\n";
+  for (const auto& w : c.warnings) out << (markdown ? "**warning:** " : "warning: ") << w << (markdown ? "\n\n" : "\n");
+  if (!c.warnings.empty() && !markdown) out << "\n";
+  return out.str();
+}
+
+}  // namespace
+
+nlohmann::json comparison_to_json(const Comparison& c) {
+  const PerformanceDocument& p = c.predicted;
+  const PerformanceDocument& m = c.measured;
+  const auto& layout = p.layout ? p.layout : m.layout;
+  const auto optional = [](const std::optional<double>& x) { return x ? nlohmann::json(*x) : nlohmann::json(nullptr); };
+  nlohmann::json rows = nlohmann::json::array();
+  for (const auto& row : c.rows) {
+    rows.push_back({{"section", section_name(row.section)},
+                    {"key", row.key},
+                    {"predicted", row.predicted},
+                    {"measured", optional(row.measured)},
+                    {"relative_difference", optional(row.relative_difference)}});
+  }
+  nlohmann::json largest = nullptr;
+  if (const ComparisonRow* row = c.largest_deviation()) {
+    largest = {{"section", section_name(row->section)}, {"key", row->key}, {"relative_difference", *row->relative_difference}};
+  }
+  return {
+      {"schema", "trainplan/comparison/v1"},
+      {"name", either(p.name, m.name)},
+      {"source", "planner compare: " + p.file + " against " + m.file},
+      {"estimate_file", p.file},
+      {"measurement_file", m.file},
+      {"model", either(p.model, m.model)},
+      {"cluster", p.cluster},
+      {"device", m.device},
+      {"world_size", p.world_size > 0 ? p.world_size : m.world_size},
+      {"parallel", layout ? nlohmann::json(layout->text()) : nlohmann::json(nullptr)},
+      {"warnings", c.warnings},
+      {"rows", rows},
+      {"largest_deviation", largest},
+  };
+}
+
+std::string render_comparison(const Comparison& c, Format format) {
+  if (format == Format::kJson) return comparison_to_json(c).dump(2) + "\n";
+  const bool markdown = format == Format::kMarkdown;
+  std::ostringstream out;
+  out << header(c, markdown);
+  for (Section section : kSections) {
+    const std::string table = section_table(c, section, markdown);
+    if (!table.empty()) out << table << "\n";
+  }
+  out << closing_line(c) << "\n";
+  return out.str();
+}
+
+}  // namespace trainplan::planner

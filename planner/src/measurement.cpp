@@ -1,0 +1,235 @@
+#include "trainplan/planner/measurement.hpp"
+
+#include <cmath>
+#include <filesystem>
+#include <sstream>
+#include <stdexcept>
+
+#include <nlohmann/json.hpp>
+
+#include "trainplan/costmodel/estimate.hpp"
+#include "trainplan/costmodel/presets.hpp"
+#include "trainplan/planner/search.hpp"
+
+namespace trainplan::planner {
+
+using costmodel::Error;
+using costmodel::Result;
+
+const char* section_name(Section section) {
+  switch (section) {
+    case Section::kMemory: return "memory";
+    case Section::kTime: return "time";
+    case Section::kThroughput: return "throughput";
+  }
+  return "?";
+}
+
+const std::vector<std::string>& section_keys(Section section) {
+  static const std::vector<std::string> kMemory = {
+      "weights_bytes", "gradients_bytes", "optimizer_bytes", "activations_bytes", "buffers_bytes",
+      "overhead_bytes", "total_bytes", "cpu_offload_per_node_bytes"};
+  static const std::vector<std::string> kTime = {
+      "step_seconds", "compute_seconds", "recompute_seconds", "tp_comm_seconds", "cp_comm_seconds",
+      "ep_comm_seconds", "pp_comm_seconds", "dp_comm_exposed_seconds", "dp_comm_total_seconds", "bubble_seconds",
+      "optimizer_seconds", "offload_seconds"};
+  static const std::vector<std::string> kThroughput = {
+      "tokens_per_second", "tokens_per_second_per_gpu", "model_tflops_per_gpu", "hardware_tflops_per_gpu", "mfu", "hfu"};
+  switch (section) {
+    case Section::kMemory: return kMemory;
+    case Section::kTime: return kTime;
+    case Section::kThroughput: return kThroughput;
+  }
+  return kThroughput;
+}
+
+ParallelLayout ParallelLayout::of(const costmodel::ParallelConfig& p) {
+  return ParallelLayout{p.tp, p.pp, p.dp, p.cp, p.ep, p.zero_stage};
+}
+
+std::string ParallelLayout::text() const {
+  std::string s = "tp" + std::to_string(tp) + " pp" + std::to_string(pp) + " dp" + std::to_string(dp);
+  if (cp > 1) s += " cp" + std::to_string(cp);
+  if (ep > 1) s += " ep" + std::to_string(ep);
+  return s + " zero" + std::to_string(zero_stage);
+}
+
+const std::map<std::string, double>& PerformanceDocument::quantities(Section section) const {
+  switch (section) {
+    case Section::kMemory: return memory;
+    case Section::kTime: return time;
+    case Section::kThroughput: return throughput;
+  }
+  return throughput;
+}
+
+std::map<std::string, double>& PerformanceDocument::quantities(Section section) {
+  return const_cast<std::map<std::string, double>&>(static_cast<const PerformanceDocument&>(*this).quantities(section));
+}
+
+namespace {
+
+// Thrown inside the reader, turned into a Result at the public boundary.
+class DocumentError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+std::string number_text(double x) {
+  std::ostringstream out;
+  out << x;
+  return out.str();
+}
+
+// Lenient reads of one JSON object: absent or null keys are absent, unknown keys are ignored,
+// present keys must have the right type.
+class LenientReader {
+ public:
+  LenientReader(const nlohmann::json& json, const std::string& file, std::string pointer)
+      : json_(json), file_(file), pointer_(std::move(pointer)) {
+    if (!json_.is_object()) fail_at(pointer_.empty() ? "/" : pointer_, "must be a JSON object");
+  }
+
+  [[noreturn]] void fail_at(const std::string& pointer, const std::string& rule) const {
+    throw DocumentError(file_ + ": " + pointer + ": " + rule);
+  }
+  [[noreturn]] void fail(const std::string& key, const std::string& rule) const { fail_at(pointer(key), rule); }
+  [[nodiscard]] std::string pointer(const std::string& key) const { return pointer_ + "/" + key; }
+
+  [[nodiscard]] const nlohmann::json* find(const std::string& key) const {
+    const auto it = json_.find(key);
+    return it == json_.end() || it->is_null() ? nullptr : &*it;
+  }
+
+  [[nodiscard]] std::string string(const std::string& key) const {
+    const auto* v = find(key);
+    if (!v) return "";
+    if (!v->is_string()) fail(key, "must be a string");
+    return v->get<std::string>();
+  }
+
+  [[nodiscard]] std::optional<double> number(const std::string& key) const {
+    const auto* v = find(key);
+    if (!v) return std::nullopt;
+    if (!v->is_number() || v->get<double>() < 0) {
+      fail(key, "must be a number >= 0" + (v->is_number() ? " (got " + number_text(v->get<double>()) + ")" : ""));
+    }
+    return v->get<double>();
+  }
+
+  [[nodiscard]] std::optional<int> integer(const std::string& key, int min, int max) const {
+    const auto* v = find(key);
+    if (!v) return std::nullopt;
+    const double x = v->is_number() ? v->get<double>() : std::nan("");
+    if (!(x >= min && x <= max) || std::floor(x) != x) {
+      fail(key, "must be an integer in [" + std::to_string(min) + ", " + std::to_string(max) + "]" +
+                    (v->is_number() ? " (got " + v->dump() + ")" : ""));
+    }
+    return static_cast<int>(x);
+  }
+
+  [[nodiscard]] LenientReader object(const std::string& key) const {
+    const auto* v = find(key);
+    if (!v) fail(key, "is required (a JSON object)");
+    return LenientReader(*v, file_, pointer(key));
+  }
+
+ private:
+  const nlohmann::json& json_;
+  const std::string& file_;
+  std::string pointer_;
+};
+
+ParallelLayout read_layout(const LenientReader& r) {
+  ParallelLayout l;
+  l.tp = r.integer("tp", 1, 1 << 24).value_or(1);
+  l.pp = r.integer("pp", 1, 1 << 24).value_or(1);
+  l.dp = r.integer("dp", 1, 1 << 24).value_or(1);
+  l.cp = r.integer("cp", 1, 1 << 24).value_or(1);
+  l.ep = r.integer("ep", 1, 1 << 24).value_or(1);
+  l.zero_stage = r.integer("zero_stage", 0, 3).value_or(0);
+  return l;
+}
+
+PerformanceDocument read_document(const nlohmann::json& json, const std::string& file, const std::string& expected_schema) {
+  const LenientReader r(json, file, "");
+  PerformanceDocument d;
+  d.file = file;
+  if (!r.find("schema")) r.fail("schema", "is required (\"" + expected_schema + "\")");
+  d.schema = r.string("schema");
+  if (d.schema != expected_schema) r.fail("schema", "must be \"" + expected_schema + "\" (got \"" + d.schema + "\")");
+  d.name = r.string("name");
+  d.model = r.string("model");
+  d.cluster = r.string("cluster");
+  d.device = r.string("device");
+  const auto gpus = r.integer("gpus", 1, 1 << 24);
+  d.world_size = r.integer("world_size", 1, 1 << 24).value_or(gpus.value_or(0));
+  if (r.find("parallel")) d.layout = read_layout(r.object("parallel"));
+  for (Section section : kSections) {
+    const LenientReader s = r.object(section_name(section));
+    for (const std::string& key : section_keys(section)) {
+      if (auto x = s.number(key)) d.quantities(section)[key] = *x;
+    }
+  }
+  if (const auto* losses = r.find("losses")) {
+    if (!losses->is_array()) r.fail("losses", "must be an array of numbers");
+    for (std::size_t i = 0; i < losses->size(); ++i) {
+      const auto& v = (*losses)[i];
+      if (!v.is_number() && !v.is_null()) r.fail("losses/" + std::to_string(i), "must be a number (or null for NaN)");
+      d.losses.push_back(v.is_null() ? std::nan("") : v.get<double>());  // JSON writers turn NaN into null
+    }
+  }
+  return d;
+}
+
+Result<nlohmann::json> load_json_file(const std::string& path) {
+  auto text = costmodel::read_text_file(path);
+  if (!text) return text.error();
+  return costmodel::parse_json_text(*text, path);
+}
+
+}  // namespace
+
+Result<PerformanceDocument> read_performance_document(const nlohmann::json& json, const std::string& file,
+                                                      const std::string& expected_schema) {
+  try {
+    return read_document(json, file, expected_schema);
+  } catch (const DocumentError& e) {
+    return Error{e.what()};
+  }
+}
+
+Result<PerformanceDocument> load_measurement_file(const std::string& path) {
+  auto json = load_json_file(path);
+  if (!json) return json.error();
+  return read_performance_document(*json, path, kMeasurementSchema);
+}
+
+std::string default_measurement_file(const std::string& plan_path) {
+  return std::filesystem::path(plan_path).stem().string() + ".measurement.json";
+}
+
+PerformanceDocument predict(const costmodel::Plan& plan, const std::string& file) {
+  const nlohmann::json estimate = costmodel::estimate_to_json(plan, costmodel::estimate(plan));
+  auto document = read_performance_document(estimate, file, kEstimateSchema);
+  return std::move(document).value();  // the cost model's own output always reads back
+}
+
+Result<PerformanceDocument> load_prediction_file(const std::string& path) {
+  auto json = load_json_file(path);
+  if (!json) return json.error();
+  if (!json->is_object()) return Error{path + ": /: must be a JSON object"};
+  const auto schema = json->find("schema");
+  if (schema != json->end() && *schema == "trainplan/plan/v1") {
+    auto request = costmodel::parse_plan(*json, path);
+    if (!request) return request.error();
+    auto plan = fixed_plan(*request, path);
+    if (!plan) return plan.error();
+    return predict(*plan, path);
+  }
+  if (schema != json->end() && *schema == kEstimateSchema) return read_performance_document(*json, path, kEstimateSchema);
+  const std::string got = schema == json->end() ? "none" : schema->dump();
+  return Error{path + ": /schema: must be \"" + std::string(kEstimateSchema) + "\" or \"trainplan/plan/v1\" (got " + got + ")"};
+}
+
+}  // namespace trainplan::planner

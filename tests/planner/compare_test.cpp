@@ -1,0 +1,334 @@
+// Comparing an estimate with a measurement: the rows, the relative differences, the report in
+// text, Markdown and JSON, the lenient reading of measurement documents and its errors, and the
+// `planner compare` command line.
+//
+// tests/data/tinyllama-4x-zero2.plan.json is TinyLlama 1.1B (1,100,048,384 parameters) in bf16
+// with AdamW, dp 4, ZeRO-2. Its estimate per GPU, by hand (ZeRO paper accounting):
+//   weights    2 B x 1,100,048,384            = 2,200,096,768 B (not sharded by ZeRO-2)
+//   gradients  4 B (fp32 reduce) x N / 4       = 1,100,048,384 B
+//   optimizer  12 B (m, v, fp32 master) x N / 4 = 3,300,145,152 B
+// The measurement beside it has weights 2x, gradients 1x and optimizer states 0.75x those.
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <string>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "cli_support.hpp"
+#include "test_support.hpp"
+#include "trainplan/costmodel/estimate.hpp"
+#include "trainplan/costmodel/presets.hpp"
+#include "trainplan/planner/compare.hpp"
+#include "trainplan/planner/search.hpp"
+
+namespace trainplan {
+namespace {
+
+using planner::Comparison;
+using planner::ComparisonRow;
+using planner::PerformanceDocument;
+using planner::Section;
+using testing::quote;
+
+const std::string kPlanFile = testing::data_path("tinyllama-4x-zero2.plan.json");
+const std::string kMeasurementFile = testing::data_path("tinyllama-4x-zero2.measurement.json");
+
+Comparison sample_comparison() {
+  auto predicted = planner::load_prediction_file(kPlanFile);
+  if (!predicted) throw std::runtime_error(predicted.error().message);
+  auto measured = planner::load_measurement_file(kMeasurementFile);
+  if (!measured) throw std::runtime_error(measured.error().message);
+  return planner::compare(*predicted, *measured);
+}
+
+const ComparisonRow* find_row(const Comparison& c, const std::string& key) {
+  const auto it = std::find_if(c.rows.begin(), c.rows.end(), [&](const ComparisonRow& r) { return r.key == key; });
+  return it == c.rows.end() ? nullptr : &*it;
+}
+
+// The line of a text report that starts (after indentation) with `label`.
+std::string line_of(const std::string& report, const std::string& label) {
+  const auto at = report.find("\n  " + label + " ");
+  if (at == std::string::npos) return "";
+  const auto end = report.find('\n', at + 1);
+  return report.substr(at + 1, end - at - 1);
+}
+
+TEST(Compare, ModelStatesMatchTheHandDerivedEstimate) {
+  const Comparison c = sample_comparison();
+  struct Expected {
+    const char* key;
+    double predicted, measured, relative_difference;
+  };
+  const Expected expected[] = {
+      {"weights_bytes", 2200096768.0, 4400193536.0, 1.0},
+      {"gradients_bytes", 1100048384.0, 1100048384.0, 0.0},
+      {"optimizer_bytes", 3300145152.0, 2475108864.0, -0.25},
+  };
+  for (const auto& e : expected) {
+    SCOPED_TRACE(e.key);
+    const ComparisonRow* row = find_row(c, e.key);
+    ASSERT_NE(row, nullptr);
+    EXPECT_EQ(row->section, Section::kMemory);
+    EXPECT_DOUBLE_EQ(row->predicted, e.predicted);
+    ASSERT_TRUE(row->measured.has_value());
+    EXPECT_DOUBLE_EQ(*row->measured, e.measured);
+    ASSERT_TRUE(row->relative_difference.has_value());
+    EXPECT_NEAR(*row->relative_difference, e.relative_difference, 1e-12);
+  }
+}
+
+TEST(Compare, WeightsMeasuredAtTwiceTheEstimateReadPlusOneHundredPercent) {
+  const std::string text = planner::render_comparison(sample_comparison(), planner::Format::kText);
+  // 2,200,096,768 B = 2.05 GiB; twice that is 4.10 GiB.
+  const std::string weights = line_of(text, "weights");
+  EXPECT_NE(weights.find("2.05"), std::string::npos) << weights;
+  EXPECT_NE(weights.find("4.10"), std::string::npos) << weights;
+  EXPECT_NE(weights.find("+100.0%"), std::string::npos) << weights;
+  EXPECT_NE(line_of(text, "gradients").find("+0.0%"), std::string::npos) << text;
+  EXPECT_NE(line_of(text, "optimizer states").find("-25.0%"), std::string::npos) << text;
+  EXPECT_NE(text.find("memory per GPU (GiB)"), std::string::npos) << text;
+}
+
+TEST(Compare, QuantitiesTheMeasurementLacksReadNotMeasured) {
+  const Comparison c = sample_comparison();
+  const ComparisonRow* mfu = find_row(c, "mfu");
+  ASSERT_NE(mfu, nullptr);
+  EXPECT_FALSE(mfu->measured.has_value());
+  EXPECT_FALSE(mfu->relative_difference.has_value());
+  const std::string text = planner::render_comparison(c, planner::Format::kText);
+  EXPECT_NE(line_of(text, "MFU").find("not measured"), std::string::npos) << text;
+  EXPECT_NE(line_of(text, "activations").find("not measured"), std::string::npos) << text;
+}
+
+TEST(Compare, PartsThePlanDoesNotHaveAreLeftOut) {
+  // dp only: no pipeline bubble, no tensor-parallel traffic, predicted 0 and not measured.
+  const Comparison c = sample_comparison();
+  EXPECT_EQ(find_row(c, "bubble_seconds"), nullptr);
+  EXPECT_EQ(find_row(c, "tp_comm_seconds"), nullptr);
+  EXPECT_NE(find_row(c, "step_seconds"), nullptr);
+}
+
+TEST(Compare, HeaderNamesPlanModelLayoutWorldSizeAndDevice) {
+  const std::string text = planner::render_comparison(sample_comparison(), planner::Format::kText);
+  EXPECT_NE(text.find("Plan         tinyllama-4x-zero2\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("Model        tinyllama-1.1b\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("Layout       tp1 pp1 dp4 zero2\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("World size   4\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("Device       cpu"), std::string::npos) << text;
+  EXPECT_NE(text.find("3 steps, loss 10.4 -> 9.8"), std::string::npos) << text;
+}
+
+TEST(Compare, DifferentModelAndLayoutGiveWarningsAndStillCompare) {
+  PerformanceDocument predicted, measured;
+  predicted.model = "llama3-8b";
+  measured.model = "tinyllama-1.1b";
+  predicted.layout = planner::ParallelLayout{1, 1, 4, 1, 1, 2};
+  measured.layout = planner::ParallelLayout{2, 1, 2, 1, 1, 2};
+  predicted.memory["weights_bytes"] = 100;
+  measured.memory["weights_bytes"] = 150;
+  const Comparison c = planner::compare(predicted, measured);
+  ASSERT_EQ(c.warnings.size(), 2u);
+  EXPECT_NE(c.warnings[0].find("llama3-8b"), std::string::npos) << c.warnings[0];
+  EXPECT_NE(c.warnings[1].find("tp1 pp1 dp4 zero2"), std::string::npos) << c.warnings[1];
+  EXPECT_NE(c.warnings[1].find("tp2 pp1 dp2 zero2"), std::string::npos) << c.warnings[1];
+  const std::string text = planner::render_comparison(c, planner::Format::kText);
+  EXPECT_NE(text.find("warning: model differs"), std::string::npos) << text;
+  EXPECT_NE(line_of(text, "weights").find("+50.0%"), std::string::npos) << text;
+}
+
+TEST(Compare, ClosingLineNamesTheLargestDeviation) {
+  PerformanceDocument predicted, measured;
+  predicted.memory["weights_bytes"] = 1073741824;  // 1 GiB
+  measured.memory["weights_bytes"] = 1610612736;   // 1.5 GiB: +50%
+  predicted.time["step_seconds"] = 2.0;
+  measured.time["step_seconds"] = 1.0;             // -50%
+  predicted.time["optimizer_seconds"] = 0.5;
+  measured.time["optimizer_seconds"] = 0.2;        // -60%: the largest in size
+  const Comparison c = planner::compare(predicted, measured);
+  ASSERT_NE(c.largest_deviation(), nullptr);
+  EXPECT_EQ(c.largest_deviation()->key, "optimizer_seconds");
+  const std::string text = planner::render_comparison(c, planner::Format::kText);
+  EXPECT_NE(text.find("Largest deviation: time optimizer step, -60.0%: measured 200.00 ms against 500.00 ms predicted."),
+            std::string::npos)
+      << text;
+}
+
+TEST(Compare, NothingMeasuredSaysSo) {
+  PerformanceDocument predicted, measured;
+  predicted.time["step_seconds"] = 2.0;
+  const Comparison c = planner::compare(predicted, measured);
+  EXPECT_EQ(c.largest_deviation(), nullptr);
+  EXPECT_NE(planner::render_comparison(c, planner::Format::kText).find("Nothing the estimate predicts was measured."), std::string::npos);
+}
+
+TEST(Compare, MarkdownPrintsPipeTables) {
+  const std::string md = planner::render_comparison(sample_comparison(), planner::Format::kMarkdown);
+  EXPECT_EQ(md.rfind("# trainplan comparison", 0), 0u) << md;
+  EXPECT_NE(md.find("| memory per GPU (GiB) | predicted |"), std::string::npos) << md;
+  EXPECT_NE(md.find("|----------------------|----------:|"), std::string::npos) << md;
+  EXPECT_NE(md.find("+100.0% |"), std::string::npos) << md;
+}
+
+TEST(Compare, JsonIsAComparisonDocument) {
+  const auto j = nlohmann::json::parse(planner::render_comparison(sample_comparison(), planner::Format::kJson));
+  EXPECT_EQ(j.at("schema"), "trainplan/comparison/v1");
+  EXPECT_EQ(j.at("name"), "tinyllama-4x-zero2");
+  EXPECT_EQ(j.at("parallel"), "tp1 pp1 dp4 zero2");
+  EXPECT_EQ(j.at("world_size"), 4);
+  const auto& rows = j.at("rows");
+  const auto row = [&](const std::string& key) {
+    for (const auto& r : rows) if (r.at("key") == key) return r;
+    return nlohmann::json();
+  };
+  const auto weights = row("weights_bytes");
+  EXPECT_EQ(weights.at("section"), "memory");
+  EXPECT_DOUBLE_EQ(weights.at("predicted").get<double>(), 2200096768.0);
+  EXPECT_DOUBLE_EQ(weights.at("measured").get<double>(), 4400193536.0);
+  EXPECT_DOUBLE_EQ(weights.at("relative_difference").get<double>(), 1.0);
+  const auto mfu = row("mfu");
+  EXPECT_EQ(mfu.at("section"), "throughput");
+  EXPECT_TRUE(mfu.at("measured").is_null());
+  EXPECT_TRUE(mfu.at("relative_difference").is_null());
+}
+
+TEST(Compare, EstimateDocumentAndPlanFileGiveTheSameRows) {
+  auto plan = planner::load_fixed_plan(kPlanFile);
+  ASSERT_TRUE(plan.ok()) << plan.error().message;
+  const auto estimate = costmodel::estimate_to_json(*plan, costmodel::estimate(*plan));
+  auto from_estimate = planner::read_performance_document(estimate, "estimate.json", planner::kEstimateSchema);
+  ASSERT_TRUE(from_estimate.ok()) << from_estimate.error().message;
+  auto from_plan = planner::load_prediction_file(kPlanFile);
+  ASSERT_TRUE(from_plan.ok()) << from_plan.error().message;
+  for (Section s : planner::kSections) EXPECT_EQ(from_estimate->quantities(s), from_plan->quantities(s)) << planner::section_name(s);
+  EXPECT_EQ(from_estimate->name, "tinyllama-4x-zero2");
+  EXPECT_EQ(from_estimate->world_size, 4);
+}
+
+TEST(SectionKeys, CoverEveryPredictedQuantityOfTheEstimateDocument) {
+  const costmodel::Plan plan = testing::make_plan("llama3-8b", "dgx-h100", 8, 4096, 64);
+  const auto estimate = costmodel::estimate_to_json(plan, testing::checked_estimate(plan));
+  const std::pair<Section, std::string> suffixes[] = {{Section::kMemory, "_bytes"}, {Section::kTime, "_seconds"}, {Section::kThroughput, ""}};
+  for (const auto& [section, suffix] : suffixes) {
+    std::vector<std::string> in_document;
+    for (const auto& [key, value] : estimate.at(planner::section_name(section)).items()) {
+      const bool quantity = key.size() > suffix.size() && key.compare(key.size() - suffix.size(), suffix.size(), suffix) == 0;
+      if (quantity && key != "capacity_bytes") in_document.push_back(key);
+    }
+    std::vector<std::string> listed = planner::section_keys(section);
+    std::sort(in_document.begin(), in_document.end());
+    std::sort(listed.begin(), listed.end());
+    EXPECT_EQ(listed, in_document) << planner::section_name(section);
+  }
+}
+
+TEST(ParallelLayout, TextNamesCpAndEpOnlyWhenUsed) {
+  EXPECT_EQ((planner::ParallelLayout{1, 1, 4, 1, 1, 2}.text()), "tp1 pp1 dp4 zero2");
+  EXPECT_EQ((planner::ParallelLayout{8, 2, 4, 2, 4, 1}.text()), "tp8 pp2 dp4 cp2 ep4 zero1");
+}
+
+TEST(MeasurementDocument, UnknownKeysAreIgnored) {
+  auto m = planner::load_measurement_file(kMeasurementFile);  // has executor_version and memory.peak_reserved_bytes
+  ASSERT_TRUE(m.ok()) << m.error().message;
+  EXPECT_EQ(m->device, "cpu");
+  EXPECT_EQ(m->memory.size(), 3u);
+  EXPECT_EQ(m->losses, (std::vector<double>{10.4, 10.1, 9.8}));
+}
+
+TEST(MeasurementDocument, NullLossesReadAsNotANumber) {
+  // nlohmann::json, like most JSON writers, writes a NaN loss as null.
+  const auto json = nlohmann::json::parse(R"({"schema": "trainplan/measurement/v1", "memory": {}, "time": {}, "throughput": {},
+                                             "losses": [10.5, null]})");
+  auto m = planner::read_performance_document(json, "m.json", planner::kMeasurementSchema);
+  ASSERT_TRUE(m.ok()) << m.error().message;
+  ASSERT_EQ(m->losses.size(), 2u);
+  EXPECT_EQ(m->losses[0], 10.5);
+  EXPECT_TRUE(std::isnan(m->losses[1]));
+}
+
+TEST(MeasurementDocument, ErrorsNameTheFileAndThePointer) {
+  struct Case {
+    const char* what;
+    std::string text;
+    std::string message;  // expected in full
+  };
+  const std::string ok_sections = R"("memory": {}, "time": {}, "throughput": {})";
+  const Case cases[] = {
+      {"negative bytes", R"({"schema": "trainplan/measurement/v1", "memory": {"weights_bytes": -1}, "time": {}, "throughput": {}})",
+       "m.json: /memory/weights_bytes: must be a number >= 0 (got -1)"},
+      {"bytes as text", R"({"schema": "trainplan/measurement/v1", "memory": {"weights_bytes": "2 GB"}, "time": {}, "throughput": {}})",
+       "m.json: /memory/weights_bytes: must be a number >= 0"},
+      {"wrong schema", R"({"schema": "trainplan/estimate/v1", )" + ok_sections + "}",
+       "m.json: /schema: must be \"trainplan/measurement/v1\" (got \"trainplan/estimate/v1\")"},
+      {"no schema", "{" + ok_sections + "}", "m.json: /schema: is required (\"trainplan/measurement/v1\")"},
+      {"no time", R"({"schema": "trainplan/measurement/v1", "memory": {}, "throughput": {}})", "m.json: /time: is required (a JSON object)"},
+      {"throughput not an object", R"({"schema": "trainplan/measurement/v1", "memory": {}, "time": {}, "throughput": 3})",
+       "m.json: /throughput: must be a JSON object"},
+      {"tp zero", R"({"schema": "trainplan/measurement/v1", "parallel": {"tp": 0}, )" + ok_sections + "}",
+       "m.json: /parallel/tp: must be an integer in [1, 16777216] (got 0)"},
+      {"loss as text", R"({"schema": "trainplan/measurement/v1", "losses": [1, "x"], )" + ok_sections + "}",
+       "m.json: /losses/1: must be a number (or null for NaN)"},
+      {"top level array", "[]", "m.json: /: must be a JSON object"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    auto json = costmodel::parse_json_text(c.text, "m.json");
+    ASSERT_TRUE(json.ok()) << json.error().message;
+    auto m = planner::read_performance_document(*json, "m.json", planner::kMeasurementSchema);
+    ASSERT_FALSE(m.ok());
+    EXPECT_EQ(m.error().message, c.message);
+  }
+}
+
+TEST(MeasurementDocument, MalformedJsonNamesFileLineAndColumn) {
+  auto json = costmodel::parse_json_text("{\n  \"schema\": \"trainplan/measurement/v1\",\n  \"memory\": {,\n}", "m.json");
+  ASSERT_FALSE(json.ok());
+  EXPECT_EQ(json.error().message.rfind("m.json: line 3, column 14: malformed JSON", 0), 0u) << json.error().message;
+}
+
+class CompareCli : public testing::PlannerCliTest {};
+
+TEST_F(CompareCli, ComparesAPlanWithAMeasurement) {
+  const auto r = run("compare " + quote(kPlanFile) + " " + quote(kMeasurementFile));
+  ASSERT_EQ(r.exit_code, 0) << r.all();
+  EXPECT_NE(line_of(r.out, "weights").find("+100.0%"), std::string::npos) << r.out;
+  EXPECT_TRUE(r.err.empty()) << r.err;
+}
+
+TEST_F(CompareCli, AnEstimateFromEvaluateComparesLikeItsPlan) {
+  const auto evaluated = run("evaluate " + quote(kPlanFile) + " --format json");
+  ASSERT_EQ(evaluated.exit_code, 0) << evaluated.all();
+  const auto estimate = write("estimate.json", evaluated.out);
+  const auto from_estimate = run("compare " + quote(estimate.string()) + " " + quote(kMeasurementFile) + " --format json");
+  const auto from_plan = run("compare " + quote(kPlanFile) + " " + quote(kMeasurementFile) + " --format json");
+  ASSERT_EQ(from_estimate.exit_code, 0) << from_estimate.all();
+  ASSERT_EQ(from_plan.exit_code, 0) << from_plan.all();
+  EXPECT_EQ(nlohmann::json::parse(from_estimate.out).at("rows"), nlohmann::json::parse(from_plan.out).at("rows"));
+}
+
+TEST_F(CompareCli, BadInputExitsTwoNamingTheFile) {
+  const auto malformed = write("malformed.json", "{\"schema\": \"trainplan/measurement/v1\", \"memory\": ");
+  const auto wrong_schema = write("wrong-schema.json", R"({"schema": "trainplan/plan/v1", "memory": {}, "time": {}, "throughput": {}})");
+  const auto negative = write("negative.json", R"({"schema": "trainplan/measurement/v1", "memory": {"weights_bytes": -5}, "time": {}, "throughput": {}})");
+  const auto missing = (dir_ / "missing.json").string();
+  const std::string plan = quote(kPlanFile);
+  expect_bad_inputs({
+      {"malformed measurement", "compare " + plan + " " + quote(malformed.string()), malformed.string() + ": line 1, column"},
+      {"missing measurement", "compare " + plan + " " + quote(missing), missing + ": cannot open file"},
+      {"wrong schema", "compare " + plan + " " + quote(wrong_schema.string()),
+       wrong_schema.string() + ": /schema: must be \"trainplan/measurement/v1\""},
+      {"negative bytes", "compare " + plan + " " + quote(negative.string()),
+       negative.string() + ": /memory/weights_bytes: must be a number >= 0 (got -5)"},
+      {"measurement given as the estimate", "compare " + quote(kMeasurementFile) + " " + quote(kMeasurementFile),
+       kMeasurementFile + ": /schema: must be \"trainplan/estimate/v1\" or \"trainplan/plan/v1\""},
+      {"plan request as the estimate", "compare " + quote(testing::source_path("samples/plans/llama3-70b-64xh100-auto.json")) + " " +
+                                           quote(kMeasurementFile),
+       "llama3-70b-64xh100-auto.json: /parallel: tp, pp, dp"},
+  });
+}
+
+}  // namespace
+}  // namespace trainplan

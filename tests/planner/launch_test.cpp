@@ -1,0 +1,220 @@
+// Launching a plan on a cluster: the SLURM batch script and the torchrun command `planner launch`
+// prints, the check of nodes x GPUs per node against the plan's world size, and the command line.
+
+#include <filesystem>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "cli_support.hpp"
+#include "test_support.hpp"
+#include "trainplan/planner/launch.hpp"
+
+namespace trainplan {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::quote;
+
+// Llama 3 70B on 64 H100s (8 per node): tp 8 within a node, dp 8 across nodes.
+costmodel::Plan llama70b_on_64() {
+  costmodel::Plan plan = testing::make_plan("llama3-70b", "dgx-h100", 64, 8192, 512);
+  plan.name = "llama3-70b-64gpu";
+  plan.parallel.tp = 8;
+  plan.parallel.dp = 8;
+  plan.parallel.zero_stage = 1;
+  return plan;
+}
+
+planner::LaunchOptions options_for(int nodes) {
+  planner::LaunchOptions o;
+  o.nodes = nodes;
+  o.executor = "/opt/trainplan/executor";
+  return o;
+}
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+TEST(SlurmScript, For70bOn64GpusAsksEightNodesOfEightTasks) {
+  auto script = planner::slurm_script(llama70b_on_64(), "/plans/70b.json", options_for(8));
+  ASSERT_TRUE(script.ok()) << script.error().message;
+  const std::string& s = *script;
+  EXPECT_EQ(s.rfind("#!/bin/bash\n", 0), 0u) << s;
+  for (const char* line : {"#SBATCH --nodes=8\n", "#SBATCH --ntasks-per-node=8\n", "#SBATCH --gpus-per-node=8\n",
+                           "#SBATCH --cpus-per-task=8\n", "#SBATCH --exclusive\n",
+                           "export MASTER_ADDR=\"$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n1)\"\n",
+                           "export MASTER_PORT=29500\n",
+                           "srun --kill-on-bad-exit=1 /opt/trainplan/executor --plan /plans/70b.json --steps 50 "
+                           "--measurement \"measurement-${SLURM_JOB_ID}.json\"\n",
+                           "# export NCCL_IB_HCA=mlx5"}) {
+    EXPECT_TRUE(contains(s, line)) << "no " << line << " in:\n" << s;
+  }
+  // Options not given leave no line, and sbatch reads every #SBATCH line before the first command.
+  for (const char* absent : {"--partition", "--account", "--time", "--job-name"}) EXPECT_FALSE(contains(s, absent)) << absent;
+  EXPECT_LT(s.rfind("#SBATCH"), s.find("set -euo pipefail")) << s;
+}
+
+TEST(SlurmScript, NamesPartitionAccountTimeJobNameAndExtraArguments) {
+  planner::LaunchOptions o = options_for(8);
+  o.partition = "h100";
+  o.account = "llm-team";
+  o.time_limit = "2-00:00:00";
+  o.job_name = "llama70b";
+  o.steps = 20;
+  o.cpus_per_task = 12;
+  o.extra_args = "--seed 7";
+  auto script = planner::slurm_script(llama70b_on_64(), "/plans/70b.json", o);
+  ASSERT_TRUE(script.ok()) << script.error().message;
+  for (const char* line : {"#SBATCH --partition=h100\n", "#SBATCH --account=llm-team\n", "#SBATCH --time=2-00:00:00\n",
+                           "#SBATCH --job-name=llama70b\n", "#SBATCH --cpus-per-task=12\n",
+                           "--steps 20 --measurement \"measurement-${SLURM_JOB_ID}.json\" --seed 7\n"}) {
+    EXPECT_TRUE(contains(*script, line)) << "no " << line << " in:\n" << *script;
+  }
+}
+
+TEST(SlurmScript, MakesThePlanPathAbsoluteAndQuotesIt) {
+  auto script = planner::slurm_script(llama70b_on_64(), "my plans/70b.json", options_for(8));
+  ASSERT_TRUE(script.ok()) << script.error().message;
+  const std::string absolute = (fs::current_path() / "my plans/70b.json").string();
+  EXPECT_TRUE(contains(*script, "--plan '" + absolute + "' --steps")) << *script;
+}
+
+TEST(SlurmScript, HintsFollowTheClustersNetwork) {
+  costmodel::Plan plan = llama70b_on_64();
+  plan.cluster = testing::cluster("aws-p5");
+  auto script = planner::slurm_script(plan, "/p.json", options_for(plan.gpus / plan.cluster.gpus_per_node));
+  ASSERT_TRUE(script.ok()) << script.error().message;
+  EXPECT_TRUE(contains(*script, "# export FI_PROVIDER=efa")) << *script;
+  EXPECT_FALSE(contains(*script, "NCCL_IB_HCA")) << *script;
+}
+
+TEST(TorchrunCommands, StartOneRankPerGpuOnEachNode) {
+  auto text = planner::torchrun_commands(llama70b_on_64(), "/plans/70b.json", options_for(8));
+  ASSERT_TRUE(text.ok()) << text.error().message;
+  EXPECT_TRUE(contains(*text, "export MASTER_ADDR=HOST\n")) << *text;
+  EXPECT_TRUE(contains(*text, "torchrun --nnodes 8 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint \"$MASTER_ADDR:29500\" "
+                              "--no-python /opt/trainplan/executor --plan /plans/70b.json --steps 50 --measurement 70b.measurement.json\n"))
+      << *text;
+}
+
+TEST(TorchrunCommands, GpusPerNodeDefaultsToTheClustersAndMayBeGiven) {
+  costmodel::Plan plan = llama70b_on_64();
+  plan.cluster.gpus_per_node = 4;  // 64 GPUs = 16 nodes x 4
+  auto by_default = planner::torchrun_commands(plan, "/p.json", options_for(16));
+  ASSERT_TRUE(by_default.ok()) << by_default.error().message;
+  EXPECT_TRUE(contains(*by_default, "--nnodes 16 --nproc-per-node 4 ")) << *by_default;
+  planner::LaunchOptions two = options_for(32);
+  two.gpus_per_node = 2;
+  auto given = planner::torchrun_commands(plan, "/p.json", two);
+  ASSERT_TRUE(given.ok()) << given.error().message;
+  EXPECT_TRUE(contains(*given, "--nnodes 32 --nproc-per-node 2 ")) << *given;
+}
+
+TEST(LaunchCheck, NodesTimesGpusPerNodeMustEqualThePlansGpus) {
+  struct Case {
+    int nodes, gpus_per_node;
+    std::string message;  // empty: accepted
+  };
+  const Case cases[] = {
+      {8, 0, ""},
+      {16, 4, ""},
+      {4, 0, "plan needs 64 GPUs = 8 nodes x 8 GPUs; --nodes 4 gives 32"},
+      {9, 0, "plan needs 64 GPUs = 8 nodes x 8 GPUs; --nodes 9 gives 72"},
+      {1, 0, "plan needs 64 GPUs = 8 nodes x 8 GPUs; --nodes 1 gives 8"},
+      {3, 7, "plan needs 64 GPUs, not a whole number of nodes of 7 GPUs; --nodes 3 gives 21 (choose --nodes and --gpus-per-node "
+             "with nodes x GPUs per node = 64)"},
+      {0, 0, "--nodes: must be >= 1 (got 0)"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE("nodes " + std::to_string(c.nodes) + ", gpus per node " + std::to_string(c.gpus_per_node));
+    planner::LaunchOptions o = options_for(c.nodes);
+    o.gpus_per_node = c.gpus_per_node;
+    auto ok = planner::check_launch(llama70b_on_64(), o);
+    if (c.message.empty()) {
+      EXPECT_TRUE(ok.ok()) << ok.error().message;
+    } else {
+      ASSERT_FALSE(ok.ok());
+      EXPECT_EQ(ok.error().message, c.message);
+    }
+  }
+}
+
+TEST(LaunchCheck, SbatchValuesMustBeOneWord) {
+  planner::LaunchOptions o = options_for(8);
+  o.partition = "gpu\n#SBATCH --nodes=1";
+  auto bad_partition = planner::check_launch(llama70b_on_64(), o);
+  ASSERT_FALSE(bad_partition.ok());
+  EXPECT_EQ(bad_partition.error().message.rfind("--partition: ", 0), 0u) << bad_partition.error().message;
+  o.partition.clear();
+  o.time_limit = "12h";
+  auto bad_time = planner::check_launch(llama70b_on_64(), o);
+  ASSERT_FALSE(bad_time.ok());
+  EXPECT_EQ(bad_time.error().message, "--time: \"12h\" is not a SLURM time (HH:MM:SS, or D-HH:MM:SS)");
+}
+
+TEST(ShellQuote, LeavesSafeWordsAndSingleQuotesTheRest) {
+  EXPECT_EQ(planner::shell_quote("/plans/llama-70b_v2.json"), "/plans/llama-70b_v2.json");
+  EXPECT_EQ(planner::shell_quote("my plan.json"), "'my plan.json'");
+  EXPECT_EQ(planner::shell_quote("$HOME;rm"), "'$HOME;rm'");
+  EXPECT_EQ(planner::shell_quote("it's"), "'it'\\''s'");
+  EXPECT_EQ(planner::shell_quote(""), "''");
+}
+
+class LaunchCli : public testing::PlannerCliTest {
+ protected:
+  // A fixed plan for llama3-70b on 64 GPUs, saved by the planner's own search.
+  fs::path saved_plan() const {
+    const fs::path plan = dir_ / "llama70b-64.json";
+    const auto r = run("--model 70b --gpus 64 --quiet --format json --save-plan " + quote(plan.string()));
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    return plan;
+  }
+};
+
+TEST_F(LaunchCli, SlurmScriptForASavedPlanAsksEightNodesOfEightTasks) {
+  const fs::path plan = saved_plan();
+  const auto r = run("launch " + quote(plan.string()) + " --nodes 8 --slurm --executor /opt/trainplan/executor --time 04:00:00");
+  ASSERT_EQ(r.exit_code, 0) << r.all();
+  EXPECT_TRUE(contains(r.out, "#SBATCH --nodes=8\n")) << r.out;
+  EXPECT_TRUE(contains(r.out, "#SBATCH --ntasks-per-node=8\n")) << r.out;
+  EXPECT_TRUE(contains(r.out, "#SBATCH --time=04:00:00\n")) << r.out;
+  EXPECT_TRUE(contains(r.out, "srun --kill-on-bad-exit=1 /opt/trainplan/executor --plan " + plan.string() + " --steps 50 ")) << r.out;
+  EXPECT_TRUE(r.err.empty()) << r.err;
+}
+
+TEST_F(LaunchCli, WithoutSlurmPrintsTheTorchrunCommand) {
+  const fs::path plan = saved_plan();
+  const auto r = run("launch " + quote(plan.string()) + " --nodes 8 --steps 10 --executor /opt/trainplan/executor");
+  ASSERT_EQ(r.exit_code, 0) << r.all();
+  EXPECT_TRUE(contains(r.out, "torchrun --nnodes 8 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint \"$MASTER_ADDR:29500\" "
+                              "--no-python /opt/trainplan/executor --plan " + plan.string() + " --steps 10 "))
+      << r.out;
+}
+
+TEST_F(LaunchCli, TheSearchReportSaysHowToLaunchTheRecommendedPlan) {
+  const auto on_64 = run("--model 70b --gpus 64 --quiet");
+  ASSERT_EQ(on_64.exit_code, 0) << on_64.all();
+  EXPECT_TRUE(contains(on_64.out, "planner launch plan.json --nodes 8 --slurm")) << on_64.out;
+  const auto on_4 = run("--model 8b --gpus 4 --quiet");
+  ASSERT_EQ(on_4.exit_code, 0) << on_4.all();
+  EXPECT_TRUE(contains(on_4.out, "planner launch plan.json --nodes 1 --gpus-per-node 4 --slurm")) << on_4.out;
+}
+
+TEST_F(LaunchCli, BadInputExitsTwoNamingThePlan) {
+  const fs::path plan = saved_plan();
+  const fs::path malformed = write("malformed.json", "{\"schema\": \"trainplan/plan/v1\",");
+  const std::string request = testing::source_path("samples/plans/llama3-70b-64xh100-auto.json");
+  expect_bad_inputs({
+      {"nodes do not give the plan's GPUs", "launch " + quote(plan.string()) + " --nodes 4 --slurm",
+       plan.string() + ": plan needs 64 GPUs = 8 nodes x 8 GPUs; --nodes 4 gives 32"},
+      {"a plan request", "launch " + quote(request) + " --nodes 8 --slurm", request + ": /parallel: tp, pp, dp"},
+      {"a plan request says how to fix it", "launch " + quote(request) + " --nodes 8", "--save-plan"},
+      {"missing plan", "launch " + quote((dir_ / "nope.json").string()) + " --nodes 8", (dir_ / "nope.json").string() + ": cannot open file"},
+      {"malformed plan", "launch " + quote(malformed.string()) + " --nodes 8", malformed.string() + ": line 1"},
+      {"white space in --account", "launch " + quote(plan.string()) + " --nodes 8 --slurm --account 'a b'",
+       plan.string() + ": --account: \"a b\" must not contain white space"},
+  });
+}
+
+}  // namespace
+}  // namespace trainplan
