@@ -327,6 +327,16 @@ Result<Plan> plan_with_defaults(const PlanRequest& request) {
   return plan;
 }
 
+std::vector<std::string> unset_layout_fields(const ParallelConstraints& c) {
+  std::vector<std::string> open;
+  if (!c.tp) open.emplace_back("tp");
+  if (!c.pp) open.emplace_back("pp");
+  if (!c.dp) open.emplace_back("dp");
+  if (!c.zero_stage) open.emplace_back("zero_stage");
+  if (!c.micro_batch) open.emplace_back("micro_batch");
+  return open;
+}
+
 Result<bool> validate_plan(const Plan& plan) {
   const ParallelConfig& p = plan.parallel;
   const ModelSpec& m = plan.model;

@@ -76,6 +76,12 @@ void check_supported(const cm::Plan& plan) {
 cm::Plan load_plan(const std::string& path) {
   auto request = cm::load_plan_file(path);
   if (!request) throw InputError(request.error().message);
+  std::string open;
+  for (const auto& n : cm::unset_layout_fields(request->parallel)) open += (open.empty() ? "" : ", ") + n;
+  if (!open.empty()) {
+    throw InputError(path + ": /parallel: " + open + " not fixed: this is a plan request; fix it first with `planner search " + path +
+                     " --save-plan FIXED.json`");
+  }
   auto plan = cm::plan_with_defaults(*request);
   if (!plan) throw InputError(path + ": " + plan.error().message);
   return *plan;

@@ -36,26 +36,15 @@ Result<Candidate> evaluate(const Plan& plan) {
 }
 
 Result<Plan> fixed_plan(const PlanRequest& request, const std::string& file) {
-  const ParallelConstraints& c = request.parallel;
-  if (!c.fully_fixed()) {
-    std::string open;
-    const std::pair<const char*, bool> fields[] = {
-        {"tp", c.tp.has_value()}, {"pp", c.pp.has_value()}, {"dp", c.dp.has_value()}, {"cp", c.cp.has_value()},
-        {"ep", c.ep.has_value()}, {"sequence_parallel", c.sequence_parallel.has_value()},
-        {"zero_stage", c.zero_stage.has_value()}, {"shard_group", c.shard_group.has_value()},
-        {"micro_batch", c.micro_batch.has_value()}, {"virtual_stages", c.virtual_stages.has_value()},
-        {"schedule", c.schedule.has_value()}, {"recompute", c.recompute.has_value()},
-        {"offload_optimizer", c.offload_optimizer.has_value()}};
-    for (const auto& [name, fixed] : fields) {
-      if (!fixed) open += (open.empty() ? "" : ", ") + std::string(name);
-    }
-    return Error{file + ": /parallel: " + open + " not fixed (\"auto\" or omitted): this is a plan request; " +
+  const std::vector<std::string> open = unset_layout_fields(request.parallel);
+  if (!open.empty()) {
+    std::string names;
+    for (const auto& n : open) names += (names.empty() ? "" : ", ") + n;
+    return Error{file + ": /parallel: " + names + " not fixed (\"auto\" or omitted): this is a plan request; " +
                  "fix it first with `planner search " + file + " --save-plan FIXED.json` or `planner --model M --gpus N --save-plan FIXED.json`"};
   }
-  Plan plan{request.name, request.model_ref, request.cluster_ref, request.model, request.cluster,
-            request.gpus, request.training, c.fixed()};
-  auto valid = validate_plan(plan);
-  if (!valid) return Error{file + ": " + valid.error().message};
+  auto plan = plan_with_defaults(request);
+  if (!plan) return Error{file + ": " + plan.error().message};
   return plan;
 }
 

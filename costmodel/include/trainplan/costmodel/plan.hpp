@@ -142,6 +142,9 @@ void resolve_training_defaults(const ModelSpec& model, TrainingConfig& training)
 // (tp = pp = cp = ep = 1, dp = the remaining GPUs, ZeRO 0, micro-batch 1, no recompute, SP on
 // when tp > 1), checked with validate_plan. What `planner evaluate` and the executor run.
 [[nodiscard]] Result<Plan> plan_with_defaults(const PlanRequest& request);
+// The layout fields a runnable plan must state (tp, pp, dp, zero_stage, micro_batch) that
+// `request` leaves open; empty when it can be run (the rest take plan_with_defaults' defaults).
+[[nodiscard]] std::vector<std::string> unset_layout_fields(const ParallelConstraints& constraints);
 
 [[nodiscard]] nlohmann::json plan_to_json(const Plan& plan, bool inline_documents = false);
 [[nodiscard]] nlohmann::json parallel_to_json(const ParallelConfig& p);

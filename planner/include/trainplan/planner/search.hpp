@@ -58,9 +58,10 @@ struct SearchResult {
 // Estimates one fixed plan, after validate_plan.
 [[nodiscard]] costmodel::Result<Candidate> evaluate(const costmodel::Plan& plan);
 
-// The fixed plan of a request read from `file` whose parallel fields are all fixed, checked with
-// validate_plan; errors name the file. A request with open fields ("auto" or omitted) is an error
-// that names them and says how to fix them: `planner search FILE --save-plan FIXED`.
+// The runnable plan of a request read from `file`: its layout (costmodel::unset_layout_fields)
+// must be fixed, other open fields take costmodel::plan_with_defaults' defaults, the same rule
+// as the executor's; errors name the file. An open layout is an error that names the fields and
+// says how to fix them: `planner search FILE --save-plan FIXED`.
 [[nodiscard]] costmodel::Result<costmodel::Plan> fixed_plan(const costmodel::PlanRequest& request, const std::string& file);
 // load_plan_file, then fixed_plan.
 [[nodiscard]] costmodel::Result<costmodel::Plan> load_fixed_plan(const std::string& path);
