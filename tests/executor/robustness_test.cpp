@@ -16,13 +16,18 @@ namespace fs = std::filesystem;
 
 std::string common_args(const std::string& plan) { return "--plan " + plan + " --steps 20 --lr 3e-3 --threads 1 --quiet "; }
 
-TEST(Resume, StoppingAtStepTenAndResumingGivesTheUninterruptedLosses) {
-  const std::string dir = scratch_dir("resume");
+// A 2-rank tiny-llama plan with the given ZeRO stage in a fresh directory; returns the plan path.
+std::string two_rank_plan(const std::string& dir, int zero_stage, int micro_batch) {
   PlanSpec spec;
   spec.ranks = 2;
-  spec.zero_stage = 2;
-  spec.micro_batch = 2;
-  const std::string plan = write_plan(dir, "resume", spec);
+  spec.zero_stage = zero_stage;
+  spec.micro_batch = micro_batch;
+  return write_plan(dir, "plan", spec);
+}
+
+TEST(Resume, StoppingAtStepTenAndResumingGivesTheUninterruptedLosses) {
+  const std::string dir = scratch_dir("resume");
+  const std::string plan = two_rank_plan(dir, 2, 2);
   ASSERT_EQ(run_executor(2, common_args(plan) + "--measurement " + dir + "/full.json").exit_code, 0);
   const Outcome first = run_executor(2, common_args(plan) + "--stop-after 10 --checkpoint-dir " + dir + "/ckpt");
   ASSERT_EQ(first.exit_code, 0) << first.output;
@@ -41,11 +46,7 @@ TEST(Resume, StoppingAtStepTenAndResumingGivesTheUninterruptedLosses) {
 
 TEST(Resume, ATruncatedShardIsDetectedAndNamed) {
   const std::string dir = scratch_dir("corrupt");
-  PlanSpec spec;
-  spec.ranks = 2;
-  spec.zero_stage = 3;
-  spec.micro_batch = 4;
-  const std::string plan = write_plan(dir, "corrupt", spec);
+  const std::string plan = two_rank_plan(dir, 3, 4);
   ASSERT_EQ(run_executor(2, common_args(plan) + "--stop-after 3 --checkpoint-dir " + dir + "/ckpt").exit_code, 0);
   const std::string shard = dir + "/ckpt/step_000003/shard_00001.bin";
   ASSERT_TRUE(fs::exists(shard));
@@ -58,11 +59,7 @@ TEST(Resume, ATruncatedShardIsDetectedAndNamed) {
 
 TEST(Resume, AFlippedByteFailsTheChecksum) {
   const std::string dir = scratch_dir("bitflip");
-  PlanSpec spec;
-  spec.ranks = 2;
-  spec.zero_stage = 1;
-  spec.micro_batch = 4;
-  const std::string plan = write_plan(dir, "bitflip", spec);
+  const std::string plan = two_rank_plan(dir, 1, 4);
   ASSERT_EQ(run_executor(2, common_args(plan) + "--stop-after 2 --checkpoint-dir " + dir + "/ckpt").exit_code, 0);
   const std::string shard = dir + "/ckpt/step_000002/shard_00000.bin";
   {
@@ -77,11 +74,7 @@ TEST(Resume, AFlippedByteFailsTheChecksum) {
 
 TEST(Failure, AKilledRankEndsTheRunWithinSixtySecondsAndKeepsCheckpoints) {
   const std::string dir = scratch_dir("killed");
-  PlanSpec spec;
-  spec.ranks = 2;
-  spec.zero_stage = 2;
-  spec.micro_batch = 4;
-  const std::string plan = write_plan(dir, "killed", spec);
+  const std::string plan = two_rank_plan(dir, 2, 4);
   // `timeout 120` only guards the test itself against a hang.
   const Outcome o = run_command("timeout 120 env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 " + std::string(TRAINPLAN_MPIRUN) +
                                 " --oversubscribe --mca btl_vader_single_copy_mechanism none -n 2 " + TRAINPLAN_EXECUTOR_BIN + " " +
@@ -172,11 +165,7 @@ TEST(Export, PythonSafetensorsReadsTheConsolidatedFile) {
     GTEST_SKIP() << "python with the safetensors package not available (scripts/setup.sh test installs it)";
   }
   const std::string dir = scratch_dir("export");
-  PlanSpec spec;
-  spec.ranks = 2;
-  spec.zero_stage = 3;
-  spec.micro_batch = 4;
-  const std::string plan = write_plan(dir, "export", spec);
+  const std::string plan = two_rank_plan(dir, 3, 4);
   ASSERT_EQ(run_executor(2, "--plan " + plan + " --steps 2 --threads 1 --quiet --export " + dir + "/out").exit_code, 0);
   const Outcome o = run_command(python + " -c \"from safetensors.numpy import load_file; t = load_file('" + dir +
                                 "/out/model.safetensors'); print(len(t), t['layers.1.mlp.down.weight'].shape, t['embedding.tokens.weight'].dtype)\"");
