@@ -332,19 +332,10 @@ int main(int argc, char** argv) {
   if (app.got_subcommand("evaluate")) {
     auto req = cm::load_plan_file(plan_file);
     if (!req) return fail(req.error().message);
-    if (!req->parallel.fully_fixed()) {
-      // Unset fields take their documented defaults (tp=pp=cp=ep=1, dp = the rest, zero 0, ...).
-      auto& c = req.value().parallel;
-      c.tp = c.tp.value_or(1); c.pp = c.pp.value_or(1); c.cp = c.cp.value_or(1); c.ep = c.ep.value_or(1);
-      c.dp = c.dp.value_or(req->gpus / std::max(1, *c.tp * *c.pp * *c.cp));
-      c.zero_stage = c.zero_stage.value_or(0); c.shard_group = c.shard_group.value_or(0);
-      c.micro_batch = c.micro_batch.value_or(1); c.virtual_stages = c.virtual_stages.value_or(1);
-      c.sequence_parallel = c.sequence_parallel.value_or(*c.tp > 1);
-      c.schedule = c.schedule.value_or(*c.virtual_stages > 1 ? cm::Schedule::kInterleaved : cm::Schedule::kOneFOneB);
-      c.recompute = c.recompute.value_or(cm::Recompute::kNone); c.offload_optimizer = c.offload_optimizer.value_or(cm::Offload::kNone);
-    }
-    cm::Plan plan{req->name, req->model_ref, req->cluster_ref, req->model, req->cluster, req->gpus, req->training, req->parallel.fixed()};
-    auto cand = pl::evaluate(plan);
+    // Unset fields take their documented defaults (tp=pp=cp=ep=1, dp = the rest, zero 0, ...).
+    auto plan = cm::plan_with_defaults(*req);
+    if (!plan) return fail(plan_file + ": " + plan.error().message);
+    auto cand = pl::evaluate(*plan);
     if (!cand) return fail(plan_file + ": " + cand.error().message);
     std::cout << pl::render_evaluation(*cand, ctx, fmt);
     return cand->estimate.fits ? 0 : kExitNoFit;
