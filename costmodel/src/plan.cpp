@@ -360,6 +360,12 @@ Result<bool> validate_plan(const Plan& plan) {
   if (gb % (static_cast<std::int64_t>(p.dp) * p.micro_batch) != 0) {
     return err("/parallel/micro_batch: global_batch(" + n(gb) + ") must be divisible by dp(" + n(p.dp) + ") * micro_batch(" + n(p.micro_batch) + ")");
   }
+  if (p.schedule == Schedule::kInterleaved && (gb / (static_cast<std::int64_t>(p.dp) * p.micro_batch)) % p.pp != 0) {
+    // Megatron-LM's interleaved schedule runs micro-batches in groups of pp (costmodel/schedule.hpp).
+    return err("/parallel/schedule: \"interleaved\" needs micro-batches per step (global_batch(" + n(gb) + ") / (dp(" +
+               n(p.dp) + ") * micro_batch(" + n(p.micro_batch) + ")) = " + n(gb / (static_cast<std::int64_t>(p.dp) * p.micro_batch)) +
+               ") to be a multiple of pp(" + n(p.pp) + ")");
+  }
   if (plan.training.seq_len % p.cp != 0) return err("/parallel/cp: cp(" + n(p.cp) + ") must divide seq_len (" + n(plan.training.seq_len) + ")");
   if (p.ep > 1) {
     if (!m.moe) return err("/parallel/ep: ep(" + n(p.ep) + ") needs a mixture-of-experts model");

@@ -95,6 +95,7 @@ class LenientReader {
   }
   [[noreturn]] void fail(const std::string& key, const std::string& rule) const { fail_at(pointer(key), rule); }
   [[nodiscard]] std::string pointer(const std::string& key) const { return pointer_ + "/" + key; }
+  [[nodiscard]] const std::string& file() const { return file_; }
 
   [[nodiscard]] const nlohmann::json* find(const std::string& key) const {
     const auto it = json_.find(key);
@@ -151,6 +152,38 @@ ParallelLayout read_layout(const LenientReader& r) {
   return l;
 }
 
+Trace read_trace(const LenientReader& r) {
+  Trace t;
+  t.step = r.integer("step", 0, 1 << 30).value_or(0);
+  t.stages = r.integer("stages", 1, 1 << 24).value_or(1);
+  t.virtual_stages = r.integer("virtual_stages", 1, 1 << 24).value_or(1);
+  t.micro_batches = r.integer("micro_batches", 1, 1 << 30).value_or(1);
+  t.schedule = r.string("schedule");
+  t.bubble_fraction = r.number("bubble_fraction").value_or(0);
+  const auto* events = r.find("events");
+  if (!events) return t;
+  if (!events->is_array()) r.fail("events", "must be an array of event objects");
+  for (std::size_t i = 0; i < events->size(); ++i) {
+    const LenientReader ev((*events)[i], r.file(), r.pointer("events/" + std::to_string(i)));
+    TraceEvent x;
+    x.rank = ev.integer("rank", 0, 1 << 24).value_or(0);
+    x.stage = ev.integer("stage", 0, 1 << 24).value_or(0);
+    x.kind = ev.string("kind");
+    if (x.kind.empty()) ev.fail("kind", "is required (forward, backward, send, recv, dp_comm, optimizer)");
+    const auto* mb = ev.find("micro_batch");
+    x.micro_batch = mb ? ev.integer("micro_batch", -1, 1 << 30).value_or(-1) : -1;
+    x.chunk = ev.integer("chunk", 0, 1 << 24).value_or(0);
+    const auto start = ev.number("start");
+    const auto end = ev.number("end");
+    if (!start || !end) ev.fail(start ? "end" : "start", "is required (seconds from the step's start)");
+    if (*end < *start) ev.fail("end", "must not be before start (" + number_text(*end) + " < " + number_text(*start) + ")");
+    x.start = *start;
+    x.end = *end;
+    t.events.push_back(std::move(x));
+  }
+  return t;
+}
+
 PerformanceDocument read_document(const nlohmann::json& json, const std::string& file, const std::string& expected_schema) {
   const LenientReader r(json, file, "");
   PerformanceDocument d;
@@ -179,6 +212,7 @@ PerformanceDocument read_document(const nlohmann::json& json, const std::string&
       d.losses.push_back(v.is_null() ? std::nan("") : v.get<double>());  // JSON writers turn NaN into null
     }
   }
+  if (r.find("trace")) d.trace = read_trace(r.object("trace"));
   return d;
 }
 

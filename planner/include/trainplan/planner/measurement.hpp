@@ -44,6 +44,26 @@ struct ParallelLayout {
   friend bool operator!=(const ParallelLayout& a, const ParallelLayout& b) { return !(a == b); }
 };
 
+// One event of the executor's timeline (`trace.events[]` of a measurement document).
+struct TraceEvent {
+  int rank = 0;          // global rank
+  int stage = 0;         // pipeline stage of that rank
+  std::string kind;      // "forward", "backward", "send", "recv", "dp_comm", "optimizer"
+  int micro_batch = -1;  // -1 when the event belongs to no micro-batch (dp_comm, optimizer)
+  int chunk = 0;         // model chunk (virtual stage) on that rank
+  double start = 0;      // seconds from the traced step's start (rank 0's clock after a barrier)
+  double end = 0;
+};
+
+// The `trace` section: what each rank did during one step, and the bubble it shows.
+struct Trace {
+  int step = 0;               // which step was traced (0-based)
+  int stages = 1, virtual_stages = 1, micro_batches = 1;
+  std::string schedule;       // "gpipe", "1f1b", "interleaved"
+  double bubble_fraction = 0; // measured: mean over stages of idle / busy (costmodel/schedule.hpp)
+  std::vector<TraceEvent> events;
+};
+
 struct PerformanceDocument {
   std::string file;    // where it was read (for messages); may be empty for one made in memory
   std::string schema;  // kEstimateSchema or kMeasurementSchema
@@ -57,6 +77,7 @@ struct PerformanceDocument {
   // tokens/s, TFLOP/s, fractions).
   std::map<std::string, double> memory, time, throughput;
   std::vector<double> losses;  // per step, from `losses`, when present; null (a diverged step) reads as NaN
+  std::optional<Trace> trace;  // measurements with a `trace` section (pipeline runs)
 
   [[nodiscard]] const std::map<std::string, double>& quantities(Section section) const;
   [[nodiscard]] std::map<std::string, double>& quantities(Section section);

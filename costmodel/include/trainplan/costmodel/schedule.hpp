@@ -1,0 +1,66 @@
+#pragma once
+// Pipeline schedules: the order in which each pipeline stage runs the forward and backward passes
+// of its micro-batches (GPipe, 1F1B, interleaved 1F1B), and an event simulation of that order
+// with per-stage pass times. The executor runs the same order (one source of truth), the GUI
+// draws the simulation, and the bubble it gives is compared with the executor's timeline.
+//
+// Bubble, here and in the executor's measurement: for each stage, the time within the step (from
+// the first pass's start on any stage to the last pass's end) that it does not compute, over the
+// time it computes; then the mean over stages. With
+// balanced stages and free transfers it is (p-1)/m for GPipe and 1F1B and (p-1)/(v*m) for
+// interleaved 1F1B (Narayanan et al. 2021, §2.2).
+
+#include <vector>
+
+#include "trainplan/costmodel/estimate.hpp"
+#include "trainplan/costmodel/plan.hpp"
+#include "trainplan/costmodel/result.hpp"
+
+namespace trainplan::costmodel {
+
+enum class PassKind { kForward, kBackward };
+[[nodiscard]] const char* pass_kind_name(PassKind k);  // "forward", "backward"
+
+// One pass of one micro-batch through one model chunk of a stage.
+struct PipelinePass {
+  PassKind kind = PassKind::kForward;
+  int micro_batch = 0;  // 0 .. micro_batches-1
+  int chunk = 0;        // model chunk on this stage, 0 .. virtual_stages-1; its place in the model
+                        // is chunk * stages + stage (Megatron's interleaved assignment)
+  friend bool operator==(const PipelinePass& a, const PipelinePass& b) {
+    return a.kind == b.kind && a.micro_batch == b.micro_batch && a.chunk == b.chunk;
+  }
+};
+
+// The passes of every stage in the order that stage runs them: [stage][i]. Every stage runs
+// each (micro-batch, chunk) forward once and backward once, a backward after its forward.
+// GPipe: all forwards, then all backwards. 1F1B: p-s-1 warm-up forwards, then one forward one
+// backward, then the cool-down backwards. Interleaved: Megatron-LM's interleaved 1F1B over
+// micro-batch groups of size p. Errors: a count < 1; virtual_stages > 1 without the
+// interleaved schedule; interleaved with micro_batches not a multiple of stages (as Megatron).
+[[nodiscard]] Result<std::vector<std::vector<PipelinePass>>> pipeline_order(Schedule schedule, int stages,
+                                                                            int virtual_stages, int micro_batches);
+
+struct ScheduledPass {
+  int stage = 0;
+  PipelinePass pass;
+  double start = 0;  // seconds from the step's start
+  double end = 0;
+};
+
+struct ScheduleSimulation {
+  std::vector<ScheduledPass> passes;  // every pass, grouped by stage, each stage in run order
+  double makespan = 0;                // seconds, first start to last end
+  double bubble_fraction = 0;         // mean over stages of idle / busy (see above)
+  std::vector<double> busy_seconds;   // per stage
+  // Per stage, in micro-batches: the most (micro-batch, chunk) pairs whose activations are held
+  // at once (forward done, backward not yet), over virtual_stages. 1F1B: p - s on stage s.
+  std::vector<double> peak_in_flight;
+};
+
+// Simulates pipeline_order(timeline.schedule, ...) with a pass of chunk c on stage s taking
+// forward_seconds[s] / v (backward likewise) and each transfer between stages p2p_seconds.
+// A pass starts when its stage is free and its input has arrived.
+[[nodiscard]] Result<ScheduleSimulation> simulate_pipeline(const PipelineTimeline& timeline);
+
+}  // namespace trainplan::costmodel

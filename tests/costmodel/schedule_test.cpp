@@ -1,0 +1,119 @@
+// Pipeline schedules (costmodel/schedule.hpp): the order each stage runs, and the bubble and
+// activation memory the simulation of that order gives. Expected values from Narayanan et al.,
+// "Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM" (SC'21), §2.2:
+// bubble fraction (p-1)/m for GPipe and 1F1B, (p-1)/(v*m) for interleaved 1F1B; 1F1B holds at most
+// p micro-batches of activations on the first stage (§2.2.1) and GPipe all m.
+
+#include <gtest/gtest.h>
+
+#include <set>
+#include <tuple>
+
+#include "trainplan/costmodel/schedule.hpp"
+
+namespace trainplan::costmodel {
+namespace {
+
+PipelineTimeline balanced(Schedule schedule, int p, int v, int m, double f = 1.0, double b = 2.0) {
+  PipelineTimeline t;
+  t.stages = p;
+  t.virtual_stages = v;
+  t.micro_batches = m;
+  t.schedule = schedule;
+  t.forward_seconds.assign(p, f);
+  t.backward_seconds.assign(p, b);
+  return t;
+}
+
+TEST(PipelineOrder, EveryPassOnceBackwardAfterForward) {
+  for (auto [schedule, p, v, m] : {std::tuple{Schedule::kGpipe, 4, 1, 8}, std::tuple{Schedule::kOneFOneB, 4, 1, 3},
+                                   std::tuple{Schedule::kOneFOneB, 4, 1, 8}, std::tuple{Schedule::kInterleaved, 4, 2, 8},
+                                   std::tuple{Schedule::kInterleaved, 2, 3, 4}, std::tuple{Schedule::kInterleaved, 4, 2, 4}}) {
+    auto order = pipeline_order(schedule, p, v, m);
+    ASSERT_TRUE(order) << order.error().message;
+    ASSERT_EQ(order->size(), static_cast<std::size_t>(p));
+    for (const auto& stage : *order) {
+      ASSERT_EQ(stage.size(), static_cast<std::size_t>(2 * m * v));
+      std::set<std::tuple<int, int>> forwarded, backwarded;
+      for (const auto& pass : stage) {
+        const auto key = std::tuple{pass.micro_batch, pass.chunk};
+        if (pass.kind == PassKind::kForward) {
+          EXPECT_TRUE(forwarded.insert(key).second);
+        } else {
+          EXPECT_TRUE(forwarded.count(key)) << "backward before forward";
+          EXPECT_TRUE(backwarded.insert(key).second);
+        }
+      }
+      EXPECT_EQ(backwarded.size(), static_cast<std::size_t>(m * v));
+    }
+  }
+}
+
+TEST(PipelineOrder, OneFOneBWarmup) {
+  // p=4, m=8: stage 0 warms up with 3 forwards, the last stage alternates from the start.
+  auto order = pipeline_order(Schedule::kOneFOneB, 4, 1, 8);
+  ASSERT_TRUE(order);
+  const auto& first = (*order)[0];
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(first[i].kind, PassKind::kForward) << i;
+  EXPECT_EQ(first[4], (PipelinePass{PassKind::kBackward, 0, 0}));
+  const auto& last = (*order)[3];
+  EXPECT_EQ(last[0], (PipelinePass{PassKind::kForward, 0, 0}));
+  EXPECT_EQ(last[1], (PipelinePass{PassKind::kBackward, 0, 0}));
+}
+
+TEST(PipelineOrder, Errors) {
+  EXPECT_FALSE(pipeline_order(Schedule::kOneFOneB, 0, 1, 4));
+  EXPECT_FALSE(pipeline_order(Schedule::kOneFOneB, 2, 2, 4));  // v > 1 needs interleaved
+  auto e = pipeline_order(Schedule::kInterleaved, 4, 2, 6);
+  ASSERT_FALSE(e);
+  EXPECT_NE(e.error().message.find("multiple of pipeline stages (4)"), std::string::npos) << e.error().message;
+}
+
+TEST(SimulatePipeline, BubbleMatchesClosedForms) {
+  struct Case { Schedule schedule; int p, v, m; double bubble; };
+  for (const Case& c : {Case{Schedule::kGpipe, 4, 1, 8, 3.0 / 8}, Case{Schedule::kOneFOneB, 4, 1, 8, 3.0 / 8},
+                        Case{Schedule::kOneFOneB, 4, 1, 16, 3.0 / 16}, Case{Schedule::kOneFOneB, 2, 1, 4, 1.0 / 4},
+                        Case{Schedule::kInterleaved, 4, 2, 8, 3.0 / 16}, Case{Schedule::kInterleaved, 4, 4, 8, 3.0 / 32},
+                        Case{Schedule::kOneFOneB, 1, 1, 4, 0.0}}) {
+    auto sim = simulate_pipeline(balanced(c.schedule, c.p, c.v, c.m));
+    ASSERT_TRUE(sim) << sim.error().message;
+    EXPECT_NEAR(sim->bubble_fraction, c.bubble, 1e-12) << schedule_name(c.schedule) << " p=" << c.p << " v=" << c.v
+                                                       << " m=" << c.m;
+    // Busy time per stage: m micro-batches of forward (1 s) and backward (2 s).
+    for (double busy : sim->busy_seconds) EXPECT_DOUBLE_EQ(busy, 3.0 * c.m);
+    EXPECT_NEAR(sim->makespan, 3.0 * c.m * (1 + c.bubble), 1e-9);
+  }
+}
+
+TEST(SimulatePipeline, ActivationsInFlight) {
+  auto one_f_one_b = simulate_pipeline(balanced(Schedule::kOneFOneB, 4, 1, 8));
+  ASSERT_TRUE(one_f_one_b);
+  const std::vector<double> expected{4, 3, 2, 1};  // p - s
+  EXPECT_EQ(one_f_one_b->peak_in_flight, expected);
+  auto gpipe = simulate_pipeline(balanced(Schedule::kGpipe, 4, 1, 8));
+  ASSERT_TRUE(gpipe);
+  for (double x : gpipe->peak_in_flight) EXPECT_EQ(x, 8);
+}
+
+TEST(SimulatePipeline, TransfersAndSlowStageStretchTheStep) {
+  auto t = balanced(Schedule::kOneFOneB, 2, 1, 4);
+  t.p2p_seconds = 0.5;
+  auto sim = simulate_pipeline(t);
+  ASSERT_TRUE(sim);
+  // By hand (stage: pass [start, end]): 0: F0 [0,1] F1 [1,2]; 1: F0 [1.5,2.5] B0 [2.5,4.5];
+  // 0: B0 [5,7]; 1: F1 [4.5,5.5] B1 [5.5,7.5]; 0: F2 [7,8] B1 [8,10] F3 [10,11]; 1: F2 [8.5,9.5]
+  // B2 [9.5,11.5] F3 [11.5,12.5] B3 [12.5,14.5]; 0: B2 [12,14] B3 [15,17]. Each transfer that
+  // the schedule cannot hide stretches the step: 17 s against 15 s without transfers.
+  EXPECT_DOUBLE_EQ(sim->makespan, 17.0);
+  t.p2p_seconds = 0;
+  t.forward_seconds = {1, 2};
+  t.backward_seconds = {2, 4};
+  sim = simulate_pipeline(t);
+  ASSERT_TRUE(sim);
+  // The slow last stage bounds the step: the first forward (1), then 4 * (2 + 4), then stage 0's last backward (2).
+  EXPECT_DOUBLE_EQ(sim->makespan, 27.0);
+  EXPECT_FALSE(simulate_pipeline(PipelineTimeline{2, 1, 4, Schedule::kOneFOneB, {1}, {1}, 0}));
+}
+
+}  // namespace
+}  // namespace trainplan::costmodel
