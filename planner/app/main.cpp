@@ -18,6 +18,7 @@
 
 #include "trainplan/costmodel/presets.hpp"
 #include "trainplan/planner/compare.hpp"
+#include "trainplan/planner/inputs.hpp"
 #include "trainplan/planner/launch.hpp"
 #include "trainplan/planner/local_run.hpp"
 #include "trainplan/planner/report.hpp"
@@ -37,33 +38,11 @@ int fail(const std::string& message) {
   return kExitBadInput;
 }
 
-// "16M" -> 16 * 2^20 when binary, 16e6 when decimal; "Ki/Mi/Gi/Ti" are always binary.
-cm::Result<double> parse_count(const std::string& text, bool binary, const std::string& what) {
-  std::size_t used = 0;
-  double value = 0;
-  try {
-    value = std::stod(text, &used);
-  } catch (...) {
-    return cm::Error{what + ": \"" + text + "\" is not a number"};
-  }
-  std::string suffix = text.substr(used);
-  double scale = 1;
-  bool force_binary = suffix.size() == 2 && suffix[1] == 'i';
-  const char unit = suffix.empty() ? ' ' : static_cast<char>(std::toupper(suffix[0]));
-  const int power = unit == 'K' ? 1 : unit == 'M' ? 2 : unit == 'G' || unit == 'B' ? 3 : unit == 'T' ? 4 : unit == 'P' ? 5 : 0;
-  if (!suffix.empty() && (power == 0 || suffix.size() > (force_binary ? 2u : 1u))) {
-    return cm::Error{what + ": unknown suffix \"" + suffix + "\" in \"" + text + "\" (use K, M, G, T or Ki, Mi, Gi, Ti)"};
-  }
-  scale = std::pow((binary || force_binary) ? 1024.0 : 1000.0, power);
-  value *= scale;
-  if (!std::isfinite(value) || value <= 0) return cm::Error{what + ": must be a positive number (got \"" + text + "\")"};
-  return value;
-}
-
 pl::Format parse_format(const std::string& s) {
   if (s == "json") return pl::Format::kJson;
   if (s == "csv") return pl::Format::kCsv;
   if (s == "md") return pl::Format::kMarkdown;
+  if (s == "html") return pl::Format::kHtml;
   return pl::Format::kText;
 }
 
@@ -83,55 +62,8 @@ bool write_file(const std::string& path, const std::string& text, std::string& e
 std::string apply_fix(const std::string& fix, cm::ParallelConstraints& c) {
   const auto eq = fix.find('=');
   if (eq == std::string::npos) return "--fix " + fix + ": expected key=value (e.g. tp=8)";
-  const std::string key = fix.substr(0, eq), value = fix.substr(eq + 1);
-  const auto as_int = [&](int min, int max, std::optional<int>& out) -> std::string {
-    try {
-      std::size_t used = 0;
-      const long v = std::stol(value, &used);
-      if (used != value.size() || v < min || v > max) throw std::out_of_range("range");
-      out = static_cast<int>(v);
-      return "";
-    } catch (...) {
-      return "--fix " + fix + ": " + key + " must be an integer in [" + std::to_string(min) + ", " + std::to_string(max) + "]";
-    }
-  };
-  if (key == "tp") return as_int(1, 1 << 16, c.tp);
-  if (key == "pp") return as_int(1, 1 << 16, c.pp);
-  if (key == "dp") return as_int(1, 1 << 24, c.dp);
-  if (key == "cp") return as_int(1, 1 << 16, c.cp);
-  if (key == "ep") return as_int(1, 1 << 16, c.ep);
-  if (key == "zero" || key == "zero_stage") return as_int(0, 3, c.zero_stage);
-  if (key == "shard_group") return as_int(0, 1 << 24, c.shard_group);
-  if (key == "mb" || key == "micro_batch") return as_int(1, 1 << 20, c.micro_batch);
-  if (key == "v" || key == "virtual_stages") return as_int(1, 1024, c.virtual_stages);
-  if (key == "sp" || key == "sequence_parallel") {
-    if (value == "on" || value == "true" || value == "1") c.sequence_parallel = true;
-    else if (value == "off" || value == "false" || value == "0") c.sequence_parallel = false;
-    else return "--fix " + fix + ": sp must be on or off";
-    return "";
-  }
-  if (key == "schedule") {
-    if (value == "gpipe") c.schedule = cm::Schedule::kGpipe;
-    else if (value == "1f1b") c.schedule = cm::Schedule::kOneFOneB;
-    else if (value == "interleaved") c.schedule = cm::Schedule::kInterleaved;
-    else return "--fix " + fix + ": schedule must be gpipe, 1f1b or interleaved";
-    return "";
-  }
-  if (key == "recompute") {
-    if (value == "none") c.recompute = cm::Recompute::kNone;
-    else if (value == "selective") c.recompute = cm::Recompute::kSelective;
-    else if (value == "full") c.recompute = cm::Recompute::kFull;
-    else return "--fix " + fix + ": recompute must be none, selective or full";
-    return "";
-  }
-  if (key == "offload" || key == "offload_optimizer") {
-    if (value == "none") c.offload_optimizer = cm::Offload::kNone;
-    else if (value == "cpu") c.offload_optimizer = cm::Offload::kCpu;
-    else if (value == "nvme") c.offload_optimizer = cm::Offload::kNvme;
-    else return "--fix " + fix + ": offload must be none, cpu or nvme";
-    return "";
-  }
-  return "--fix " + fix + ": unknown key \"" + key + "\" (tp, pp, dp, cp, ep, zero, shard_group, mb, v, sp, schedule, recompute, offload)";
+  auto applied = pl::apply_constraint(fix.substr(0, eq), fix.substr(eq + 1), c);
+  return applied ? "" : "--fix " + fix + ": " + applied.error().message;
 }
 
 std::string join_args(int argc, char** argv) {
@@ -257,24 +189,24 @@ int main(int argc, char** argv) {
   app.add_option("--fix", fixes, "Fix a parallel setting, e.g. --fix tp=8 --fix pp=4 --fix recompute=full");
   app.add_option("--objective", objective, "throughput | time | cost")->check(CLI::IsMember({"throughput", "time", "cost"}))->capture_default_str();
   app.add_option("--top", top, "Plans to list")->check(CLI::Range(1, 1000))->capture_default_str();
-  app.add_option("--format", format, "text | json | csv | md")->check(CLI::IsMember({"text", "json", "csv", "md"}))->capture_default_str();
+  app.add_option("--format", format, "text | json | csv | md | html")->check(CLI::IsMember({"text", "json", "csv", "md", "html"}))->capture_default_str();
   app.add_option("--save-plan", save_plan, "Write the recommended plan (trainplan/plan/v1) to this file");
   app.add_flag("--quiet", quiet, "No progress on stderr");
 
   CLI::App* evaluate_cmd = app.add_subcommand("evaluate", "Estimate one fixed plan (trainplan/plan/v1) with the full breakdown");
   std::string plan_file;
   evaluate_cmd->add_option("plan", plan_file, "Plan JSON file")->required();
-  evaluate_cmd->add_option("--format", format, "text | json | csv | md")->check(CLI::IsMember({"text", "json", "csv", "md"}));
+  evaluate_cmd->add_option("--format", format, "text | json | csv | md | html")->check(CLI::IsMember({"text", "json", "csv", "md", "html"}));
   CLI::App* search_cmd = app.add_subcommand("search", "Search the open (\"auto\") fields of a plan file");
   search_cmd->add_option("plan", plan_file, "Plan JSON file")->required();
-  search_cmd->add_option("--format", format, "text | json | csv | md")->check(CLI::IsMember({"text", "json", "csv", "md"}));
+  search_cmd->add_option("--format", format, "text | json | csv | md | html")->check(CLI::IsMember({"text", "json", "csv", "md", "html"}));
   search_cmd->add_option("--save-plan", save_plan, "Write the recommended plan to this file");
   search_cmd->add_option("--top", top, "Plans to list")->check(CLI::Range(1, 1000));
   CLI::App* compare_cmd = app.add_subcommand("compare", "Compare an estimate with a measurement the executor wrote");
   std::string estimate_file, measurement_file;
   compare_cmd->add_option("estimate", estimate_file, "trainplan/estimate/v1 file (planner evaluate --format json) or a fixed plan file")->required();
   compare_cmd->add_option("measurement", measurement_file, "trainplan/measurement/v1 file")->required();
-  compare_cmd->add_option("--format", format, "text | md | json")->check(CLI::IsMember({"text", "md", "json"}));
+  compare_cmd->add_option("--format", format, "text | md | html | json")->check(CLI::IsMember({"text", "md", "html", "json"}));
   CLI::App* launch_cmd = app.add_subcommand("launch", "Print the SLURM script (--slurm) or torchrun command that runs a fixed plan");
   pl::LaunchOptions launch;
   bool slurm = false;
@@ -300,7 +232,7 @@ int main(int argc, char** argv) {
   run_cmd->add_option("--ranks", local.ranks, "MPI ranks; must equal the plan's GPUs, which is the default");
   run_cmd->add_option("--measurement", measurement_file, "Measurement file the executor writes (default: <plan stem>.measurement.json here)");
   run_cmd->add_option("--mpirun", local.mpirun, "The mpirun to use")->capture_default_str();
-  run_cmd->add_option("--format", format, "text | md | json")->check(CLI::IsMember({"text", "md", "json"}));
+  run_cmd->add_option("--format", format, "text | md | html | json")->check(CLI::IsMember({"text", "md", "html", "json"}));
   run_cmd->add_option("executor_args", local.extra_args, "After --: more arguments for the executor");
   app.add_subcommand("models", "List model presets");
   app.add_subcommand("hardware", "List cluster presets");
@@ -361,7 +293,7 @@ int main(int argc, char** argv) {
     req.name = req.model.name + "-" + std::to_string(gpus) + "gpu";
     auto& t = req.training;
     if (!seq_len_text.empty()) {
-      auto s = parse_count(seq_len_text, true, "--seq-len");
+      auto s = pl::parse_count(seq_len_text, true, "--seq-len");
       if (!s) return fail(s.error().message);
       if (*s > (1 << 24) || std::floor(*s) != *s) return fail("--seq-len: must be a whole number of tokens <= 16Mi");
       t.seq_len = static_cast<std::int64_t>(*s);
@@ -380,14 +312,14 @@ int main(int argc, char** argv) {
     if (global_batch > 0 && !batch_tokens_text.empty()) return fail("--global-batch and --global-batch-tokens: give one, not both");
     if (global_batch > 0) t.global_batch = global_batch;
     if (!batch_tokens_text.empty()) {
-      auto tokens = parse_count(batch_tokens_text, true, "--global-batch-tokens");
+      auto tokens = pl::parse_count(batch_tokens_text, true, "--global-batch-tokens");
       if (!tokens) return fail(tokens.error().message);
       const double sequences = std::round(*tokens / static_cast<double>(t.seq_len));
       if (sequences < 1) return fail("--global-batch-tokens: less than one sequence of " + std::to_string(t.seq_len) + " tokens");
       t.global_batch = static_cast<std::int64_t>(sequences);
     }
     if (!train_tokens_text.empty()) {
-      auto tokens = parse_count(train_tokens_text, false, "--train-tokens");
+      auto tokens = pl::parse_count(train_tokens_text, false, "--train-tokens");
       if (!tokens) return fail(tokens.error().message);
       t.train_tokens = *tokens;
     } else {

@@ -230,6 +230,7 @@ nlohmann::json comparison_to_json(const Comparison& c) {
 
 std::string render_comparison(const Comparison& c, Format format) {
   if (format == Format::kJson) return comparison_to_json(c).dump(2) + "\n";
+  if (format == Format::kHtml) return markdown_to_html(render_comparison(c, Format::kMarkdown), "trainplan: predicted against measured");
   const bool markdown = format == Format::kMarkdown;
   std::ostringstream out;
   out << header(c, markdown);

@@ -187,6 +187,9 @@ std::string executor_command(const Plan& plan, const std::string& plan_path) {
 std::string render_evaluation(const Candidate& c, const ReportContext& ctx, Format format) {
   const Plan& plan = c.plan;
   const Estimate& e = c.estimate;
+  if (format == Format::kHtml) {
+    return markdown_to_html(render_evaluation(c, ctx, Format::kMarkdown), "trainplan estimate" + (plan.name.empty() ? "" : ": " + plan.name));
+  }
   if (format == Format::kJson) return estimate_to_json(plan, e).dump(2) + "\n";
   if (format == Format::kCsv) {
     std::ostringstream out;
@@ -221,6 +224,10 @@ std::string render_evaluation(const Candidate& c, const ReportContext& ctx, Form
 
 std::string render_search(const PlanRequest& req, const SearchResult& result, const ReportContext& ctx, Format format) {
   const Candidate* best = result.ranked.empty() ? nullptr : &result.ranked.front();
+  if (format == Format::kHtml) {
+    return markdown_to_html(render_search(req, result, ctx, Format::kMarkdown),
+                            "trainplan: " + req.model.name + " on " + std::to_string(req.gpus) + " GPUs");
+  }
   if (format == Format::kJson) {
     nlohmann::json j = {
         {"schema", "trainplan/search/v1"},

@@ -165,12 +165,17 @@ Result<SearchResult> search(const PlanRequest& req, const SearchOptions& options
   plan.gpus = gpus;
   plan.training = req.training;
 
+  bool stopped = false;
   const auto run = [&](std::vector<Offload> offloads) {
     const double total_outer = static_cast<double>(tps.size() * cps.size());
     double done_outer = 0;
     for (int tp : tps) {
       for (int cp : cps) {
         if (options.progress) options.progress(done_outer / total_outer);
+        if (options.should_stop && options.should_stop()) {
+          stopped = true;
+          return;
+        }
         done_outer += 1;
         if (gpus % (tp * cp) != 0) continue;
         for (int pp : divisors(gpus / (tp * cp), m.layers)) {
@@ -240,10 +245,11 @@ Result<SearchResult> search(const PlanRequest& req, const SearchOptions& options
   };
 
   run({Offload::kNone});
-  if (result.fitting == 0 && !c.offload_optimizer) {
+  if (!stopped && result.fitting == 0 && !c.offload_optimizer) {
     result.offload_considered = true;
     run({Offload::kCpu});
   }
+  if (stopped) return Error{kSearchStopped};
   if (options.progress) options.progress(1.0);
   if (result.evaluated == 0) {
     return Error{"no valid plan: no combination of tp, cp, pp and dp fits " + std::to_string(gpus) +

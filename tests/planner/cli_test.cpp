@@ -97,6 +97,17 @@ TEST_F(PlannerCli, BadInputExitsTwoWithOneLineMessage) {
   EXPECT_NE(run("evaluate " + quote(malformed.string())).err.find(malformed.string()), std::string::npos);
 }
 
+TEST_F(PlannerCli, HtmlFormatIsAPageWithTheReportTables) {
+  const Outcome search = run("--model 8b --gpus 16 --format html");
+  ASSERT_EQ(search.exit_code, 0) << search.all();
+  EXPECT_EQ(search.out.rfind("<!DOCTYPE html>", 0), 0u) << search.out;
+  EXPECT_NE(search.out.find("<title>trainplan: llama3-8b on 16 GPUs</title>"), std::string::npos);
+  EXPECT_NE(search.out.find("<th class=\"num\">GiB/GPU (of)</th>"), std::string::npos) << search.out;
+  const Outcome evaluate = run("evaluate " + quote(sample("gpt3-175b-1024xa100.json")) + " --format html");
+  EXPECT_EQ(evaluate.out.rfind("<!DOCTYPE html>", 0), 0u) << evaluate.all();
+  EXPECT_NE(evaluate.out.find("<pre>"), std::string::npos) << "the breakdown tables";
+}
+
 TEST_F(PlannerCli, ModelThatFitsNowhereExitsOne) {
   const Outcome r = run("--model 405b --gpus 8 --cluster dgx-a100-40g");
   EXPECT_EQ(r.exit_code, 1) << r.all();

@@ -189,6 +189,20 @@ TEST(Search, TopLimitsTheRankedListAndProgressEndsAtOne) {
   }
 }
 
+TEST(Search, ShouldStopEndsTheSearchWithTheStoppedError) {
+  const PlanRequest r = request("llama3-70b", "dgx-h100", 64);
+  SearchOptions options;
+  int asked = 0;
+  options.should_stop = [&] { return ++asked >= 3; };
+  auto s = planner::search(r, options);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.error().message, planner::kSearchStopped);
+  EXPECT_EQ(asked, 3) << "stops at the first check that says so";
+
+  options.should_stop = [] { return false; };
+  EXPECT_TRUE(planner::search(r, options).ok());
+}
+
 TEST(ObjectiveScore, LowerIsBetterForEveryObjective) {
   Estimate fast, slow;
   fast.throughput.tokens_per_second = 2e5;

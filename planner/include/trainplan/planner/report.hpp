@@ -1,6 +1,6 @@
 #pragma once
 // Reports for people and machines: the search result or one evaluated plan as aligned text,
-// Markdown, JSON (`trainplan/search/v1`, `trainplan/estimate/v1`) or CSV.
+// Markdown, a standalone HTML page, JSON (`trainplan/search/v1`, `trainplan/estimate/v1`) or CSV.
 
 #include <string>
 
@@ -10,7 +10,8 @@
 
 namespace trainplan::planner {
 
-enum class Format { kText, kMarkdown, kJson, kCsv };
+// kHtml: the Markdown report as one standalone HTML page (markdown_to_html).
+enum class Format { kText, kMarkdown, kJson, kCsv, kHtml };
 
 struct ReportContext {
   std::string command;          // the command line that produced it, for the record
@@ -25,6 +26,11 @@ struct ReportContext {
 
 // The commands that run a plan with the executor, for a plan saved at `plan_path`.
 [[nodiscard]] std::string executor_command(const costmodel::Plan& plan, const std::string& plan_path);
+
+// The Markdown the reports write (headings "# " and "## ", list items "- ", pipe tables whose
+// separator row sets the alignment, ``` blocks, paragraphs) as a standalone HTML5 page titled
+// `title`, with a small inline style sheet; text is escaped. Other Markdown is kept as text.
+[[nodiscard]] std::string markdown_to_html(const std::string& markdown, const std::string& title);
 
 // Human-readable numbers: 70.6 B, 1.2 M, 3.4 T.
 [[nodiscard]] std::string si(double x, int precision = 3);

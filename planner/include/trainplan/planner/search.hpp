@@ -28,7 +28,13 @@ struct SearchOptions {
   int top = 10;  // ranked plans kept
   // Called now and then with the fraction done (0..1). Optional.
   std::function<void(double)> progress;
+  // Asked as often as `progress` is called; when it returns true the search stops and returns the
+  // error kSearchStopped. Optional. Lets an interactive caller drop a search whose inputs changed.
+  std::function<bool()> should_stop;
 };
+
+// The message of the error a search stopped by SearchOptions::should_stop returns.
+inline constexpr const char* kSearchStopped = "search stopped";
 
 struct Candidate {
   costmodel::Plan plan;
