@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 
 #include "trainplan/costmodel/hardware.hpp"
@@ -137,9 +138,12 @@ std::string field_of_message(const std::string& message, const std::string& docu
 }
 
 std::string planner_command(const cm::PlanRequest& r, const std::string& objective) {
-  const auto number = [](double x) {
+  const auto number = [](double x) {  // the shortest text that reads back as x
     char buf[64];
-    std::snprintf(buf, sizeof buf, "%.6g", x);
+    for (int digits = 6; digits <= 17; ++digits) {
+      std::snprintf(buf, sizeof buf, "%.*g", digits, x);
+      if (std::strtod(buf, nullptr) == x) break;
+    }
     return std::string(buf);
   };
   const cm::TrainingConfig& t = r.training;

@@ -1,0 +1,276 @@
+// The main window end to end (offscreen): selecting a plan updates every view, a knob re-estimates
+// to the cost model's value, bad input and bad files leave the last good result and say why, the
+// measurement overlays the prediction, and the exports are files the planner reads back.
+
+#include <cmath>
+#include <fstream>
+
+#include <QCheckBox>
+#include <QComboBox>
+#include <QFile>
+#include <QImage>
+#include <QLabel>
+#include <QMessageBox>
+#include <QSignalSpy>
+#include <QSpinBox>
+#include <QTableView>
+#include <QTemporaryDir>
+#include <gtest/gtest.h>
+
+#include "gui_test_support.hpp"
+#include "trainplan/costmodel/estimate.hpp"
+#include "trainplan/gui/main_window.hpp"
+#include "trainplan/planner/search.hpp"
+
+namespace trainplan {
+namespace {
+
+using gui::MainWindow;
+using gui::PlanningSession;
+
+constexpr int kTimeoutMs = 20000;
+
+double relative(double a, double b) { return std::fabs(a - b) / std::max(std::fabs(b), 1e-300); }
+
+class MainWindowTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    window_.resize(1500, 950);
+    window_.show();
+  }
+  // Sets fields as typed, then waits for the search they start.
+  void search(const std::vector<std::pair<QString, QString>>& fields) {
+    QSignalSpy results(window_.session(), &PlanningSession::resultsChanged);
+    for (const auto& [field, value] : fields) ASSERT_TRUE(window_.input_panel()->set_field(field, value)) << field.toStdString();
+    ASSERT_TRUE(results.wait(kTimeoutMs));
+    ASSERT_TRUE(window_.session()->wait_idle(kTimeoutMs));
+  }
+  const planner::Candidate& selected() const { return *window_.session()->selected(); }
+  MainWindow window_;
+};
+
+TEST_F(MainWindowTest, SelectingAPlanUpdatesEveryView) {
+  search({{QStringLiteral("model"), QStringLiteral("llama3-8b")}, {QStringLiteral("gpus"), QStringLiteral("16")}, {QStringLiteral("fix/pp"), QStringLiteral("2")}});
+  gui::PlanFilterProxy* proxy = window_.plan_proxy();
+  ASSERT_GE(proxy->rowCount(), 3);
+  QSignalSpy updated(&window_, &MainWindow::viewsUpdated);
+  window_.plan_table()->setCurrentIndex(proxy->index(2, 0));
+  ASSERT_EQ(updated.count(), 1);
+  const auto& row = window_.plan_model()->row_at(proxy->mapToSource(proxy->index(2, 0)).row());
+  const costmodel::Plan& plan = row.candidate.plan;
+  EXPECT_EQ(costmodel::parallel_to_json(selected().plan.parallel), costmodel::parallel_to_json(plan.parallel));
+
+  // Every view shows this plan, with the cost model's numbers.
+  const costmodel::Estimate e = costmodel::estimate(plan);
+  EXPECT_LT(relative(window_.memory_chart()->bar_total(0), e.memory.total.in_gib()), 1e-9);
+  EXPECT_DOUBLE_EQ(window_.memory_chart()->capacity_line(), e.memory.capacity.in_gib());
+  EXPECT_LT(relative(window_.time_chart()->bar_total(0), e.time.step.value()), 1e-9);
+  const int passes = 2 * plan.parallel.pp * e.micro_batches * plan.parallel.virtual_stages;
+  EXPECT_EQ(window_.schedule_view()->schedule().passes(), passes);
+  window_.show_tab(MainWindow::kPipelineTab);
+  (void)window_.schedule_view()->grab();
+  EXPECT_EQ(window_.schedule_view()->painted_passes(), passes);
+  EXPECT_EQ(window_.what_if_panel()->findChild<QSpinBox*>(QStringLiteral("whatif/tp"))->value(), plan.parallel.tp);
+  EXPECT_EQ(window_.what_if_panel()->findChild<QSpinBox*>(QStringLiteral("whatif/mb"))->value(), plan.parallel.micro_batch);
+  EXPECT_TRUE(window_.summary_label()->text().contains(gui::layout_text(plan.parallel).toHtmlEscaped()));
+  EXPECT_EQ(window_.plan_table()->selectionModel()->selectedRows().size(), 1);
+  EXPECT_EQ(window_.plan_table()->selectionModel()->selectedRows().front().row(), 2);
+}
+
+TEST_F(MainWindowTest, EditingAKnobUpdatesTheEstimateToTheCostModelsValue) {
+  search({{QStringLiteral("model"), QStringLiteral("llama3-8b")}, {QStringLiteral("gpus"), QStringLiteral("16")}, {QStringLiteral("fix/tp"), QStringLiteral("1")}});
+  const costmodel::Plan before = selected().plan;
+  ASSERT_EQ(before.parallel.tp, 1);
+  costmodel::Plan expected = before;
+  expected.parallel.tp = 2;
+  expected.parallel.dp = before.gpus / (2 * before.parallel.pp * before.parallel.cp);  // "keep the GPU count" is on
+  ASSERT_TRUE(costmodel::validate_plan(expected).ok());
+  const costmodel::Estimate e = costmodel::estimate(expected);
+
+  QSignalSpy updated(&window_, &MainWindow::viewsUpdated);
+  ASSERT_TRUE(window_.what_if_panel()->set_knob(QStringLiteral("tp"), QStringLiteral("2")));
+  EXPECT_EQ(updated.count(), 1) << "at once, no search";
+  EXPECT_EQ(costmodel::parallel_to_json(selected().plan.parallel), costmodel::parallel_to_json(expected.parallel));
+  EXPECT_DOUBLE_EQ(selected().estimate.time.step.value(), e.time.step.value());
+  EXPECT_NE(e.time.step.value(), costmodel::estimate(before).time.step.value());
+  EXPECT_LT(relative(window_.time_chart()->bar_total(0), e.time.step.value()), 1e-9);
+  EXPECT_LT(relative(window_.memory_chart()->bar_total(0), e.memory.total.in_gib()), 1e-9);
+
+  // A knob that makes the plan too big says why it stops fitting.
+  ASSERT_TRUE(window_.what_if_panel()->set_knob(QStringLiteral("mb"), QStringLiteral("32")));
+  if (!selected().estimate.fits) {
+    EXPECT_TRUE(window_.what_if_panel()->status_text().startsWith(QStringLiteral("Does not fit: ")));
+    EXPECT_TRUE(window_.what_if_panel()->status_text().contains(QStringLiteral("GiB"))) << window_.what_if_panel()->status_text().toStdString();
+  } else {
+    EXPECT_TRUE(window_.what_if_panel()->status_text().startsWith(QStringLiteral("Fits: ")));
+  }
+}
+
+TEST_F(MainWindowTest, AnInvalidKnobShowsTheValidateErrorAndKeepsTheLastEstimate) {
+  search({{QStringLiteral("model"), QStringLiteral("llama3-8b")}, {QStringLiteral("gpus"), QStringLiteral("16")}});
+  const double step = selected().estimate.time.step.value();
+  const auto layout = costmodel::parallel_to_json(selected().plan.parallel);
+  ASSERT_TRUE(window_.what_if_panel()->set_knob(QStringLiteral("tp"), QStringLiteral("3")));
+  const std::string status = window_.what_if_panel()->status_text().toStdString();
+  EXPECT_NE(status.find("Invalid plan: "), std::string::npos) << status;
+  EXPECT_NE(status.find("tp(3)"), std::string::npos) << status;
+  EXPECT_DOUBLE_EQ(selected().estimate.time.step.value(), step);
+  EXPECT_EQ(costmodel::parallel_to_json(selected().plan.parallel), layout);
+  EXPECT_LT(relative(window_.time_chart()->bar_total(0), step), 1e-9);
+}
+
+TEST_F(MainWindowTest, InvalidInputIsMarkedAtItsFieldAndTheLastResultStays) {
+  search({{QStringLiteral("model"), QStringLiteral("llama3-8b")}, {QStringLiteral("gpus"), QStringLiteral("16")}});
+  const int rows = window_.plan_model()->rowCount();
+  const double step = selected().estimate.time.step.value();
+  const struct {
+    QString field, value, fragment;
+  } cases[] = {
+      {QStringLiteral("gpus"), QStringLiteral("0"), QStringLiteral("must be a positive number")},
+      {QStringLiteral("gpus"), QStringLiteral("-16"), QStringLiteral("must be a positive number")},
+      {QStringLiteral("gpus"), QStringLiteral("lots"), QStringLiteral("is not a number")},
+      {QStringLiteral("model/layers"), QStringLiteral("-1"), QStringLiteral("must be")},
+      {QStringLiteral("cluster/gpu/hbm_capacity_gib"), QStringLiteral("-80"), QStringLiteral("must be")},
+      {QStringLiteral("fix/tp"), QStringLiteral("3"), QStringLiteral("must divide heads (32)")},
+  };
+  for (const auto& c : cases) {
+    QSignalSpy errors(window_.session(), &PlanningSession::inputErrorsChanged);
+    const QString good = window_.input_panel()->field_text(c.field);
+    ASSERT_TRUE(window_.input_panel()->set_field(c.field, c.value));
+    ASSERT_TRUE(errors.wait(kTimeoutMs)) << c.field.toStdString();
+    const QString shown = window_.input_panel()->error_text(c.field);
+    EXPECT_TRUE(shown.contains(c.fragment)) << c.field.toStdString() << " = " << c.value.toStdString() << ": " << shown.toStdString();
+    EXPECT_TRUE(window_.status_label()->text().contains(QStringLiteral("last valid input"))) << window_.status_label()->text().toStdString();
+    EXPECT_EQ(window_.plan_model()->rowCount(), rows);
+    EXPECT_EQ(window_.session()->request()->gpus, 16);
+    EXPECT_DOUBLE_EQ(selected().estimate.time.step.value(), step);
+    // Back to the good value: the mark goes away.
+    QSignalSpy again(window_.session(), &PlanningSession::resultsChanged);
+    ASSERT_TRUE(window_.input_panel()->set_field(c.field, good));
+    ASSERT_TRUE(again.wait(kTimeoutMs));
+    EXPECT_TRUE(window_.input_panel()->error_text(c.field).isEmpty()) << c.field.toStdString();
+  }
+}
+
+TEST_F(MainWindowTest, AMalformedJsonFileShowsAnErrorMessageNotACrash) {
+  search({{QStringLiteral("model"), QStringLiteral("llama3-8b")}, {QStringLiteral("gpus"), QStringLiteral("8")}});
+  const auto evaluated = window_.session()->result()->evaluated;
+  QTemporaryDir dir;
+  ASSERT_TRUE(dir.isValid());
+  const QString malformed = dir.filePath(QStringLiteral("broken.json"));
+  {
+    std::ofstream out(malformed.toStdString());
+    out << "{\"schema\": \"trainplan/plan/v1\", \"model\": ";
+  }
+  using Load = bool (MainWindow::*)(const QString&);
+  const std::pair<const char*, Load> loads[] = {{"plan", &MainWindow::open_plan},
+                                                {"model", &MainWindow::load_model_file},
+                                                {"measurement", &MainWindow::load_measurement}};
+  for (const auto& [what, load] : loads) {
+    window_.error_dialog()->hide();
+    EXPECT_FALSE((window_.*load)(malformed)) << what;
+    EXPECT_TRUE(window_.error_dialog()->isVisible()) << what;
+    EXPECT_FALSE(window_.error_dialog()->isModal()) << what;
+    const std::string text = window_.error_dialog()->text().toStdString();
+    EXPECT_NE(text.find("malformed JSON"), std::string::npos) << what << ": " << text;
+    EXPECT_NE(text.find("broken.json"), std::string::npos) << what << ": " << text;
+    EXPECT_EQ(window_.last_error(), window_.error_dialog()->text());
+  }
+  EXPECT_FALSE(window_.open_plan(dir.filePath(QStringLiteral("missing.json"))));
+  EXPECT_TRUE(window_.last_error().contains(QStringLiteral("cannot open file"))) << window_.last_error().toStdString();
+  QCoreApplication::processEvents();
+  EXPECT_EQ(window_.session()->result()->evaluated, evaluated) << "the last result stays";
+  EXPECT_FALSE(window_.session()->measurement().has_value());
+}
+
+TEST_F(MainWindowTest, FitsOnlyHidesThePlansThatDoNotFit) {
+  search({{QStringLiteral("model"), QStringLiteral("llama3-70b")}, {QStringLiteral("gpus"), QStringLiteral("16")}});
+  int fitting = 0;
+  for (int r = 0; r < window_.plan_model()->row_count(); ++r) fitting += window_.plan_model()->row_at(r).candidate.estimate.fits ? 1 : 0;
+  ASSERT_LT(fitting, window_.plan_model()->row_count()) << "the test needs plans that do not fit";
+  window_.fits_only_box()->setChecked(true);
+  EXPECT_EQ(window_.plan_proxy()->rowCount(), fitting);
+  window_.fits_only_box()->setChecked(false);
+  EXPECT_EQ(window_.plan_proxy()->rowCount(), window_.plan_model()->row_count());
+}
+
+// tests/data/gui-pp4.*: a plan and a hand-written measurement in the executor's shape (see its
+// "source"), with a trace of 4 stages x 8 micro-batches.
+TEST_F(MainWindowTest, AMeasurementIsOverlaidOnMemoryTimeAndThePipelineTimeline) {
+  QSignalSpy results(window_.session(), &PlanningSession::resultsChanged);
+  ASSERT_TRUE(window_.open_plan(QString::fromStdString(testing::gui_data_path("gui-pp4.plan.json"))));
+  ASSERT_TRUE(results.wait(kTimeoutMs));
+  ASSERT_TRUE(window_.session()->wait_idle(kTimeoutMs));
+  EXPECT_EQ(selected().plan.parallel.pp, 4);
+  EXPECT_EQ(selected().plan.model.layers, 8);
+  EXPECT_EQ(window_.input_panel()->field_text(QStringLiteral("fix/pp")), QStringLiteral("4"));
+
+  ASSERT_TRUE(window_.load_measurement(QString::fromStdString(testing::gui_data_path("gui-pp4.measurement.json"))));
+  const auto& m = *window_.session()->measurement();
+  EXPECT_EQ(window_.memory_chart()->categories(), (QStringList{QStringLiteral("Predicted"), QStringLiteral("Measured")}));
+  EXPECT_LT(relative(window_.memory_chart()->bar_total(1), m.memory.at("total_bytes") / 1073741824.0), 1e-9);
+  EXPECT_LT(relative(window_.memory_chart()->bar_total(0), selected().estimate.memory.total.in_gib()), 1e-9);
+  EXPECT_LT(relative(window_.time_chart()->bar_total(1), m.time.at("step_seconds")), 1e-9);
+  EXPECT_TRUE(window_.measured_schedule_view()->isVisibleTo(&window_) || window_.measured_schedule_view()->isVisibleTo(window_.measured_schedule_view()->parentWidget()));
+  EXPECT_EQ(window_.measured_schedule_view()->schedule().passes(), 4 * 8 * 2);
+  EXPECT_EQ(window_.measured_schedule_view()->schedule().row_labels.size(), 4);
+  ASSERT_GT(window_.comparison_model()->rowCount(), 0);
+  bool weights = false;
+  for (const auto& row : window_.comparison_model()->comparison()->rows) {
+    if (row.key == "weights_bytes") {
+      weights = true;
+      ASSERT_TRUE(row.measured.has_value());
+      EXPECT_DOUBLE_EQ(*row.measured, m.memory.at("weights_bytes"));
+    }
+  }
+  EXPECT_TRUE(weights);
+}
+
+TEST_F(MainWindowTest, ExportsAreFilesThePlannerReadsBack) {
+  search({{QStringLiteral("model"), QStringLiteral("llama3-8b")}, {QStringLiteral("gpus"), QStringLiteral("16")}});
+  QTemporaryDir dir;
+  ASSERT_TRUE(dir.isValid());
+  const QString plan_path = dir.filePath(QStringLiteral("plan.json"));
+  ASSERT_TRUE(window_.export_plan_json(plan_path)) << window_.last_error().toStdString();
+  auto plan = planner::load_fixed_plan(plan_path.toStdString());
+  ASSERT_TRUE(plan.ok()) << plan.error().message;
+  EXPECT_EQ(costmodel::parallel_to_json(plan->parallel), costmodel::parallel_to_json(selected().plan.parallel));
+  EXPECT_DOUBLE_EQ(costmodel::estimate(*plan).time.step.value(), selected().estimate.time.step.value());
+
+  const auto read = [](const QString& path) {
+    QFile f(path);
+    return f.open(QIODevice::ReadOnly) ? QString::fromUtf8(f.readAll()) : QString();
+  };
+  ASSERT_TRUE(window_.export_launch(dir.filePath(QStringLiteral("job.sbatch")), true));
+  const QString slurm = read(dir.filePath(QStringLiteral("job.sbatch")));
+  EXPECT_TRUE(slurm.contains(QStringLiteral("#SBATCH --nodes=2"))) << slurm.toStdString();
+  EXPECT_TRUE(slurm.contains(plan_path)) << "names the exported plan";
+  ASSERT_TRUE(window_.export_launch(dir.filePath(QStringLiteral("run.sh")), false));
+  EXPECT_TRUE(read(dir.filePath(QStringLiteral("run.sh"))).contains(QStringLiteral("torchrun")));
+
+  ASSERT_TRUE(window_.export_report(dir.filePath(QStringLiteral("report.md")), planner::Format::kMarkdown));
+  const QString md = read(dir.filePath(QStringLiteral("report.md")));
+  EXPECT_TRUE(md.startsWith(QStringLiteral("# trainplan: llama3-8b on 16 GPUs")));
+  EXPECT_TRUE(md.contains(QStringLiteral("## Recommended")));
+  ASSERT_TRUE(window_.export_report(dir.filePath(QStringLiteral("report.html")), planner::Format::kHtml));
+  const QString html = read(dir.filePath(QStringLiteral("report.html")));
+  EXPECT_TRUE(html.startsWith(QStringLiteral("<!DOCTYPE html>")));
+  EXPECT_TRUE(html.contains(QStringLiteral("<h2>Recommended: ")));
+
+  for (auto kind : {gui::ChartKind::kMemory, gui::ChartKind::kTime, gui::ChartKind::kPipeline, gui::ChartKind::kScaling}) {
+    const QString png = dir.filePath(QStringLiteral("chart%1.png").arg(static_cast<int>(kind)));
+    const QString svg = dir.filePath(QStringLiteral("chart%1.svg").arg(static_cast<int>(kind)));
+    ASSERT_TRUE(window_.export_chart(kind, png)) << window_.last_error().toStdString();
+    ASSERT_TRUE(window_.export_chart(kind, svg)) << window_.last_error().toStdString();
+    const QImage image(png);
+    EXPECT_GT(image.width(), 100);
+    EXPECT_GT(image.height(), 100);
+    EXPECT_TRUE(read(svg).contains(QStringLiteral("<svg"))) << svg.toStdString();
+  }
+  EXPECT_FALSE(window_.export_chart(gui::ChartKind::kMemory, dir.filePath(QStringLiteral("chart.gif"))));
+  EXPECT_TRUE(window_.last_error().contains(QStringLiteral("unknown image type")));
+  EXPECT_FALSE(window_.export_chart(gui::ChartKind::kMeasuredPipeline, dir.filePath(QStringLiteral("m.png")))) << "no measurement loaded";
+}
+
+}  // namespace
+}  // namespace trainplan

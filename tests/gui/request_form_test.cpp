@@ -1,0 +1,154 @@
+// RequestForm -> PlanRequest: defaults, every kind of bad value at its field, edited presets,
+// batch in tokens, and the planner command line that searches the same request.
+
+#include <cstdio>
+#include <string>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "trainplan/costmodel/presets.hpp"
+#include "trainplan/gui/request_form.hpp"
+#include "trainplan/planner/search.hpp"
+
+namespace trainplan {
+namespace {
+
+using gui::BatchUnit;
+using gui::build_request;
+using gui::RequestForm;
+
+TEST(RequestForm, DefaultFormIsLlama3_70bOn64H100sWithTheModelsDefaults) {
+  const auto built = build_request(RequestForm{});
+  ASSERT_TRUE(built.errors.empty()) << built.errors.front().field << ": " << built.errors.front().message;
+  ASSERT_TRUE(built.request);
+  const auto& r = *built.request;
+  EXPECT_EQ(r.model.name, "llama3-70b");
+  EXPECT_EQ(r.model_ref, "llama3-70b");
+  EXPECT_EQ(r.cluster_ref, "dgx-h100");
+  EXPECT_EQ(r.gpus, 64);
+  EXPECT_EQ(r.training.seq_len, 8192);
+  EXPECT_EQ(r.training.global_batch, 512) << "4 Mi tokens / 8192";
+  EXPECT_FALSE(r.parallel.tp.has_value());
+}
+
+struct BadField {
+  const char* what;
+  std::function<void(RequestForm&)> change;
+  std::string field;
+  std::string fragment;
+};
+
+TEST(RequestForm, EveryBadValueIsAnErrorAtItsFieldWithTheReason) {
+  const BadField cases[] = {
+      {"zero GPUs", [](RequestForm& f) { f.gpus = "0"; }, "gpus", "must be a positive number"},
+      {"negative GPUs", [](RequestForm& f) { f.gpus = "-8"; }, "gpus", "must be a positive number"},
+      {"GPUs not a number", [](RequestForm& f) { f.gpus = "many"; }, "gpus", "is not a number"},
+      {"fractional GPUs", [](RequestForm& f) { f.gpus = "6.5"; }, "gpus", "whole number"},
+      {"unknown model", [](RequestForm& f) { f.model.ref = "llama9-1t"; }, "model", "unknown model \"llama9-1t\""},
+      {"unknown cluster", [](RequestForm& f) { f.cluster.ref = "dgx-z900"; }, "cluster", "unknown cluster \"dgx-z900\""},
+      {"negative layers", [](RequestForm& f) { f.model.edits["/layers"] = "-3"; }, "model/layers", "must be"},
+      {"hidden not divisible by heads", [](RequestForm& f) { f.model.edits["/hidden"] = "8191"; }, "model/hidden", "divisible by heads"},
+      {"empty field", [](RequestForm& f) { f.model.edits["/vocab"] = " "; }, "model/vocab", "is required"},
+      {"zero HBM", [](RequestForm& f) { f.cluster.edits["/gpu/hbm_capacity_gib"] = "0"; }, "cluster/gpu/hbm_capacity_gib", "must be"},
+      {"bad sequence length", [](RequestForm& f) { f.seq_len = "8X"; }, "seq_len", "unknown suffix"},
+      {"batch below one sequence", [](RequestForm& f) { f.batch_unit = BatchUnit::kTokens; f.global_batch = "100"; }, "global_batch", "less than one sequence"},
+      {"negative train tokens", [](RequestForm& f) { f.train_tokens = "-1T"; }, "train_tokens", "must be a positive number"},
+      {"tp not dividing heads", [](RequestForm& f) { f.fixed["tp"] = "3"; }, "fix/tp", "must divide heads (64)"},
+      {"tp zero", [](RequestForm& f) { f.fixed["tp"] = "0"; }, "fix/tp", "must be an integer in [1, 65536]"},
+      {"pp beyond layers", [](RequestForm& f) { f.fixed["pp"] = "128"; }, "fix", "does not divide gpus(64)"},
+      {"bad schedule", [](RequestForm& f) { f.fixed["schedule"] = "zigzag"; }, "fix/schedule", "gpipe, 1f1b or interleaved"},
+      {"fp8 on A100", [](RequestForm& f) { f.cluster.ref = "dgx-a100-80g"; f.precision = "fp8"; }, "precision", "fp8 is not supported"},
+      {"unknown precision", [](RequestForm& f) { f.precision = "fp4"; }, "precision", "must be one of"},
+  };
+  for (const auto& c : cases) {
+    RequestForm form;
+    c.change(form);
+    const auto built = build_request(form);
+    EXPECT_FALSE(built.request) << c.what;
+    ASSERT_FALSE(built.errors.empty()) << c.what;
+    EXPECT_EQ(built.errors.front().field, c.field) << c.what << ": " << built.errors.front().message;
+    EXPECT_NE(built.errors.front().message.find(c.fragment), std::string::npos) << c.what << ": " << built.errors.front().message;
+  }
+}
+
+TEST(RequestForm, SeveralBadFieldsAreAllReported) {
+  RequestForm form;
+  form.gpus = "0";
+  form.seq_len = "abc";
+  form.model.edits["/layers"] = "0";
+  const auto built = build_request(form);
+  ASSERT_EQ(built.errors.size(), 3u);
+  EXPECT_EQ(built.errors[0].field, "model/layers");
+  EXPECT_EQ(built.errors[1].field, "gpus");
+  EXPECT_EQ(built.errors[2].field, "seq_len");
+}
+
+TEST(RequestForm, AnEditedPresetIsCarriedInlineAndAnUnchangedOneByName) {
+  RequestForm same;
+  same.model.edits["/layers"] = "80";  // the preset's own value
+  same.cluster.edits["/gpu/hbm_capacity_gib"] = "80";
+  const auto unchanged = build_request(same);
+  ASSERT_TRUE(unchanged.request);
+  EXPECT_EQ(unchanged.request->model_ref, "llama3-70b");
+  EXPECT_EQ(unchanged.request->cluster_ref, "dgx-h100");
+
+  RequestForm edited;
+  edited.model.edits["/layers"] = "40";
+  edited.cluster.edits["/gpu/hbm_capacity_gib"] = "141";
+  const auto built = build_request(edited);
+  ASSERT_TRUE(built.request) << built.errors.front().message;
+  EXPECT_EQ(built.request->model.layers, 40);
+  EXPECT_EQ(built.request->model_ref, "inline");
+  EXPECT_DOUBLE_EQ(built.request->cluster.gpu.hbm_capacity.in_gib(), 141.0);
+  EXPECT_EQ(built.request->cluster_ref, "inline");
+}
+
+TEST(RequestForm, BatchInTokensIsRoundedToWholeSequencesWithBinarySuffixes) {
+  RequestForm form;
+  form.batch_unit = BatchUnit::kTokens;
+  form.global_batch = "16M";
+  form.seq_len = "8K";
+  const auto built = build_request(form);
+  ASSERT_TRUE(built.request);
+  EXPECT_EQ(built.request->training.seq_len, 8192);
+  EXPECT_EQ(built.request->training.global_batch, 2048) << "16 Mi / 8 Ki";
+  form.train_tokens = "15T";
+  EXPECT_DOUBLE_EQ(build_request(form).request->training.train_tokens, 15e12) << "decimal";
+}
+
+// The planner command line the GUI shows searches the same request: same recommendation.
+TEST(PlannerCommand, TheCliGivesTheGuisRecommendation) {
+  RequestForm form;
+  form.model.ref = "8b";
+  form.gpus = "16";
+  form.fixed["pp"] = "2";
+  form.fixed["recompute"] = "selective";
+  const auto built = build_request(form);
+  ASSERT_TRUE(built.request);
+  const std::string command = gui::planner_command(*built.request, "cost");
+  EXPECT_NE(command.find("--model llama3-8b --gpus 16 --cluster dgx-h100"), std::string::npos) << command;
+  EXPECT_NE(command.find("--fix pp=2"), std::string::npos) << command;
+  EXPECT_NE(command.find("--fix recompute=selective"), std::string::npos) << command;
+
+  const std::string cli = std::string(TRAINPLAN_PLANNER_BIN) + command.substr(std::string("planner").size()) + " --format json";
+  FILE* pipe = ::popen(cli.c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  std::string out;
+  char buffer[4096];
+  std::size_t n = 0;
+  while ((n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0) out.append(buffer, n);
+  ASSERT_EQ(::pclose(pipe), 0) << cli;
+  const auto recommended = nlohmann::json::parse(out).at("recommended");
+
+  planner::SearchOptions options;
+  options.objective = planner::Objective::kCost;
+  const auto result = planner::search(*built.request, options);
+  ASSERT_TRUE(result.ok());
+  ASSERT_FALSE(result->ranked.empty());
+  EXPECT_EQ(recommended.at("parallel"), costmodel::parallel_to_json(result->ranked.front().plan.parallel));
+  EXPECT_DOUBLE_EQ(recommended.at("run").at("cost_usd").get<double>(), result->ranked.front().estimate.run.cost_usd);
+}
+
+}  // namespace
+}  // namespace trainplan
