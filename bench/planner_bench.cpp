@@ -1,6 +1,6 @@
 // Search speed of the planner: full searches timed over repeated runs, with plans evaluated and
 // plans per second. Targets (issue 2): 70B on 64 GPUs under 0.2 s; a 1T-parameter GPT on 4096
-// GPUs under 3 s, on a 2-core machine. Usage: planner_bench [REPEATS]
+// GPUs under 3 s, on a 2-core machine. Usage: planner_bench [REPEATS] [THREADS] (SearchOptions::threads, default 1)
 
 #include <algorithm>
 #include <chrono>
@@ -25,7 +25,7 @@ struct Case {
   double target_seconds;
 };
 
-int run_case(const Case& c, int repeats) {
+int run_case(const Case& c, int repeats, int threads) {
   cm::PlanRequest req;
   auto model = cm::find_model(c.model);
   auto hw = cm::find_hwprofile(c.cluster);
@@ -41,7 +41,9 @@ int run_case(const Case& c, int repeats) {
   long long evaluated = 0;
   for (int i = 0; i < repeats; ++i) {
     const auto t0 = std::chrono::steady_clock::now();
-    auto result = pl::search(req);
+    pl::SearchOptions options;
+    options.threads = threads;
+    auto result = pl::search(req, options);
     const auto t1 = std::chrono::steady_clock::now();
     if (!result) {
       std::fprintf(stderr, "bench: %s\n", result.error().message.c_str());
@@ -61,7 +63,8 @@ int run_case(const Case& c, int repeats) {
 
 int main(int argc, char** argv) {
   const int repeats = argc > 1 ? std::max(1, std::atoi(argv[1])) : 20;
-  std::printf("planner search benchmark, %d repeats each (single thread)\n", repeats);
+  const int threads = argc > 2 ? std::max(1, std::atoi(argv[2])) : 1;
+  std::printf("planner search benchmark, %d repeats each (%d thread%s)\n", repeats, threads, threads == 1 ? "" : "s");
   const Case cases[] = {
       {"llama3-70b, 64 GPUs, dgx-h100", "llama3-70b", "dgx-h100", 64, 0.2},
       {"gpt-1t, 4096 GPUs, dgx-h100", "gpt-1t", "dgx-h100", 4096, 3.0},
@@ -70,6 +73,6 @@ int main(int argc, char** argv) {
       {"mixtral-8x7b, 64 GPUs, dgx-h100", "mixtral-8x7b", "dgx-h100", 64, 3.0},
   };
   int missed = 0;
-  for (const Case& c : cases) missed += run_case(c, repeats);
+  for (const Case& c : cases) missed += run_case(c, repeats, threads);
   return missed == 0 ? 0 : 1;
 }

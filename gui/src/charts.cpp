@@ -42,18 +42,40 @@ QChart* fresh_chart(QChartView* view) {
 BreakdownChartView::BreakdownChartView(BreakdownModel* model, QWidget* parent) : QChartView(parent), model_(model) {
   setRenderHint(QPainter::Antialiasing);
   setMinimumSize(360, 220);
-  connect(model_, &QAbstractItemModel::modelReset, this, &BreakdownChartView::rebuild);
+  connect(model_, &QAbstractItemModel::modelReset, this, &BreakdownChartView::model_changed);
   rebuild();
 }
 
-int BreakdownChartView::component_count() const {
+void BreakdownChartView::model_changed() {
+  if (isVisible()) rebuild();
+  else stale_ = true;
+}
+
+void BreakdownChartView::showEvent(QShowEvent* event) {
+  if (stale_) rebuild();
+  QChartView::showEvent(event);
+}
+
+QStringList BreakdownChartView::categories() {
+  if (stale_) rebuild();
+  return categories_;
+}
+
+double BreakdownChartView::capacity_line() {
+  if (stale_) rebuild();
+  return capacity_line_;
+}
+
+int BreakdownChartView::component_count() {
+  if (stale_) rebuild();
   for (QAbstractSeries* s : chart()->series()) {
     if (auto* bars = qobject_cast<QHorizontalStackedBarSeries*>(s)) return static_cast<int>(bars->count());
   }
   return 0;
 }
 
-double BreakdownChartView::bar_total(int category) const {
+double BreakdownChartView::bar_total(int category) {
+  if (stale_) rebuild();
   double total = 0;
   for (QAbstractSeries* s : chart()->series()) {
     auto* bars = qobject_cast<QHorizontalStackedBarSeries*>(s);
@@ -66,6 +88,7 @@ double BreakdownChartView::bar_total(int category) const {
 }
 
 void BreakdownChartView::rebuild() {
+  stale_ = false;
   QChart* chart = fresh_chart(this);
   chart->legend()->setAlignment(Qt::AlignRight);
   categories_.clear();
@@ -154,16 +177,37 @@ void BreakdownChartView::rebuild() {
 ScalingChartView::ScalingChartView(ScalingModel* model, QWidget* parent) : QChartView(parent), model_(model) {
   setRenderHint(QPainter::Antialiasing);
   setMinimumSize(360, 220);
-  connect(model_, &QAbstractItemModel::modelReset, this, &ScalingChartView::rebuild);
+  connect(model_, &QAbstractItemModel::modelReset, this, &ScalingChartView::model_changed);
   rebuild();
+}
+
+void ScalingChartView::model_changed() {
+  if (isVisible()) rebuild();
+  else stale_ = true;
+}
+
+void ScalingChartView::showEvent(QShowEvent* event) {
+  if (stale_) rebuild();
+  QChartView::showEvent(event);
+}
+
+int ScalingChartView::throughput_points() {
+  if (stale_) rebuild();
+  return throughput_points_;
+}
+
+int ScalingChartView::mfu_points() {
+  if (stale_) rebuild();
+  return mfu_points_;
 }
 
 void ScalingChartView::set_current_gpus(int gpus) {
   current_gpus_ = gpus;
-  rebuild();
+  model_changed();
 }
 
 void ScalingChartView::rebuild() {
+  stale_ = false;
   QChart* chart = fresh_chart(this);
   throughput_points_ = mfu_points_ = 0;
   const auto& points = model_->points();

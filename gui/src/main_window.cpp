@@ -44,11 +44,12 @@ std::optional<ChartKind> chart_kind(const QString& name) {
 
 namespace {
 
-QTableView* table_for(QAbstractItemModel* model, QWidget* parent) {
+// `fit_columns`: columns follow their contents on every change (cheap for the small tables).
+QTableView* table_for(QAbstractItemModel* model, QWidget* parent, bool fit_columns = true) {
   auto* view = new QTableView(parent);
   view->setModel(model);
   view->verticalHeader()->hide();
-  view->horizontalHeader()->setSectionResizeMode(QHeaderView::ResizeToContents);
+  if (fit_columns) view->horizontalHeader()->setSectionResizeMode(QHeaderView::ResizeToContents);
   view->horizontalHeader()->setStretchLastSection(true);
   view->setSelectionBehavior(QAbstractItemView::SelectRows);
   view->setEditTriggers(QAbstractItemView::NoEditTriggers);
@@ -178,7 +179,7 @@ QWidget* MainWindow::build_results() {
   top->addWidget(progress_);
   top->addWidget(fits_only_);
   layout->addLayout(top);
-  table_ = table_for(proxy_, box);
+  table_ = table_for(proxy_, box, false);
   table_->setObjectName(QStringLiteral("planTable"));
   table_->setSortingEnabled(true);
   table_->sortByColumn(PlanTableModel::kRank, Qt::AscendingOrder);
@@ -309,7 +310,9 @@ void MainWindow::on_input_errors() {
 void MainWindow::on_results() {
   progress_->hide();
   const pl::SearchResult& r = *session_->result();
+  const bool first = plan_model_->row_count() == 0;
   plan_model_->set_result(r);
+  if (first) table_->resizeColumnsToContents();  // once: measuring every cell on each result is slow
   status_->setStyleSheet(QString());
   status_->setText(tr("%1 on %2 GPUs: %3 plans evaluated in %4 s, %5 fit; ranked by %6%7")
                        .arg(QString::fromStdString(session_->request()->model.name))

@@ -65,6 +65,7 @@ bool PlanningSession::submit(const RequestForm& form, pl::Objective objective) {
     pl::SearchOptions options;
     options.objective = objective;
     options.top = kRankedPlans;
+    options.threads = std::max(1, QThread::idealThreadCount());  // the same result as one thread, sooner
     options.progress = [this, generation](double fraction) {
       QMetaObject::invokeMethod(
           this, [this, generation, fraction] { if (generation == generation_) emit progressChanged(fraction); }, Qt::QueuedConnection);

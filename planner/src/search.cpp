@@ -1,6 +1,11 @@
 #include "trainplan/planner/search.hpp"
 
 #include <algorithm>
+#include <atomic>
+#include <iterator>
+#include <mutex>
+#include <thread>
+#include <tuple>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -76,6 +81,21 @@ std::string shape_of(const ParallelConfig& p) {
   return buf;
 }
 
+// The parallel layout as a tuple, to break ties between plans of equal score.
+auto layout_key(const ParallelConfig& p) {
+  return std::make_tuple(p.tp, p.pp, p.dp, p.cp, p.ep, p.zero_stage, p.shard_group, p.micro_batch, p.virtual_stages,
+                         static_cast<int>(p.schedule), static_cast<int>(p.recompute), static_cast<int>(p.offload_optimizer),
+                         p.sequence_parallel);
+}
+
+// The ranking: the objective's score, ties broken by the layout, so that the ranking is one total
+// order and does not depend on how the search was split over threads.
+bool ranked_before(const Candidate& a, const Candidate& b, Objective objective) {
+  const double sa = objective_score(a.estimate, objective), sb = objective_score(b.estimate, objective);
+  if (sa != sb) return sa < sb;
+  return layout_key(a.plan.parallel) < layout_key(b.plan.parallel);
+}
+
 // The time component that grew most against the best plan, for "why it loses".
 std::string slower_reason(const Estimate& e, const Estimate& best) {
   const auto& a = e.time;
@@ -126,113 +146,125 @@ Result<SearchResult> search(const PlanRequest& req, const SearchOptions& options
   }
   if (c.cp && std::find(cps.begin(), cps.end(), *c.cp) == cps.end()) cps = {*c.cp};
 
-  SearchResult result;
-  std::vector<Candidate> fitting;
-  std::map<std::string, Candidate> best_by_shape;
+  // What one thread found; merged in the end. The best plan of each shape (tp, pp, cp) is kept per
+  // (tp, cp) pair, which one thread searches at a time, so it does not depend on the threads.
+  struct Partial {
+    std::vector<Candidate> fitting;
+    std::int64_t evaluated = 0, fitting_count = 0;
+  };
+  using Shapes = std::map<std::string, Candidate>;
+  const auto ranks_before = [&](const Candidate& a, const Candidate& b) { return ranked_before(a, b, options.objective); };
 
-  const auto consider = [&](const Plan& plan) {
-    ++result.evaluated;
+  const auto consider = [&](Partial& part, Shapes& shapes, const Plan& plan) {
+    ++part.evaluated;
     Estimate e = estimate(plan);
     const std::string shape = shape_of(plan.parallel);
-    auto it = best_by_shape.find(shape);
+    auto it = shapes.find(shape);
     const auto better = [&](const Estimate& a, const Estimate& b) {
       if (a.fits != b.fits) return a.fits;
       if (!a.fits) return a.memory.total < b.memory.total;
       return objective_score(a, options.objective) < objective_score(b, options.objective);
     };
-    if (it == best_by_shape.end()) best_by_shape.emplace(shape, Candidate{plan, e});
+    if (it == shapes.end()) shapes.emplace(shape, Candidate{plan, e});
     else if (better(e, it->second.estimate)) it->second = Candidate{plan, e};
     if (e.fits) {
-      ++result.fitting;
-      fitting.push_back(Candidate{plan, std::move(e)});
+      ++part.fitting_count;
+      part.fitting.push_back(Candidate{plan, std::move(e)});
       // Keep memory bounded: trim to the best few hundred now and then.
-      if (fitting.size() > 4096) {
-        std::nth_element(fitting.begin(), fitting.begin() + 512, fitting.end(), [&](const Candidate& a, const Candidate& b) {
-          return objective_score(a.estimate, options.objective) < objective_score(b.estimate, options.objective);
-        });
-        fitting.resize(512);
+      if (part.fitting.size() > 4096) {
+        std::nth_element(part.fitting.begin(), part.fitting.begin() + 512, part.fitting.end(), ranks_before);
+        part.fitting.resize(512);
       }
     }
   };
 
-  // One plan, reused: only its parallel layout changes in the loops below.
-  Plan plan;
-  plan.name = req.name;
-  plan.model_ref = req.model_ref;
-  plan.cluster_ref = req.cluster_ref;
-  plan.model = req.model;
-  plan.cluster = req.cluster;
-  plan.gpus = gpus;
-  plan.training = req.training;
+  std::vector<std::pair<int, int>> pairs;  // (tp, cp)
+  for (int tp : tps) {
+    for (int cp : cps) pairs.emplace_back(tp, cp);
+  }
+  std::vector<Shapes> shapes_by_pair(pairs.size());
+  std::atomic<bool> stopped{false};
+  std::mutex progress_mutex;
+  std::size_t pairs_done = 0;
+  // Called before each pair: progress, and whether to stop.
+  const auto checkpoint = [&] {
+    std::lock_guard<std::mutex> lock(progress_mutex);
+    if (options.progress) options.progress(static_cast<double>(pairs_done) / static_cast<double>(pairs.size()));
+    ++pairs_done;
+    if (!stopped && options.should_stop && options.should_stop()) stopped = true;
+    return !stopped;
+  };
 
-  bool stopped = false;
-  const auto run = [&](std::vector<Offload> offloads) {
-    const double total_outer = static_cast<double>(tps.size() * cps.size());
-    double done_outer = 0;
-    for (int tp : tps) {
-      for (int cp : cps) {
-        if (options.progress) options.progress(done_outer / total_outer);
-        if (options.should_stop && options.should_stop()) {
-          stopped = true;
-          return;
+  // Searches the pairs handed out by `next` with the given optimizer offloads.
+  const auto work = [&](Partial& part, std::atomic<std::size_t>& next, const std::vector<Offload>& offloads) {
+    // One plan per thread, reused: only its parallel layout changes in the loops below.
+    Plan plan;
+    plan.name = req.name;
+    plan.model_ref = req.model_ref;
+    plan.cluster_ref = req.cluster_ref;
+    plan.model = req.model;
+    plan.cluster = req.cluster;
+    plan.gpus = gpus;
+    plan.training = req.training;
+    for (std::size_t i = next++; i < pairs.size(); i = next++) {
+      if (!checkpoint()) return;
+      const auto [tp, cp] = pairs[i];
+      Shapes& shapes = shapes_by_pair[i];
+      if (gpus % (tp * cp) != 0) continue;
+      for (int pp : divisors(gpus / (tp * cp), m.layers)) {
+        if (c.pp && pp != *c.pp) continue;
+        const int dp = gpus / (tp * cp * pp);
+        if (c.dp && dp != *c.dp) continue;
+        if (gb % dp != 0) continue;
+        std::vector<int> eps = {1};
+        if (m.moe) {
+          eps.clear();
+          for (int d : divisors(dp, m.moe->experts)) if (m.moe->experts % d == 0) eps.push_back(d);
         }
-        done_outer += 1;
-        if (gpus % (tp * cp) != 0) continue;
-        for (int pp : divisors(gpus / (tp * cp), m.layers)) {
-          if (c.pp && pp != *c.pp) continue;
-          const int dp = gpus / (tp * cp * pp);
-          if (c.dp && dp != *c.dp) continue;
-          if (gb % dp != 0) continue;
-          std::vector<int> eps = {1};
-          if (m.moe) {
-            eps.clear();
-            for (int d : divisors(dp, m.moe->experts)) if (m.moe->experts % d == 0) eps.push_back(d);
-          }
-          for (int ep : fixed_or(c.ep, eps)) {
-            if (dp % ep != 0) continue;
-            std::vector<int> zeros = (dp * cp == 1) ? std::vector<int>{0} : std::vector<int>{0, 1, 2, 3};
-            for (int zero : fixed_or(c.zero_stage, zeros)) {
-              std::vector<int> groups = {0};
-              if (zero == 3 && !c.shard_group) {
-                // Hybrid shard within a node when dp spans nodes.
-                const int in_node = std::max(1, std::min(dp, gpn / (tp * cp * pp) > 0 ? gpn / (tp * cp * pp) : 1));
-                if (in_node > 1 && in_node < dp && dp % in_node == 0) groups.push_back(in_node);
-              }
-              for (int group : fixed_or(c.shard_group, groups)) {
-                for (int mb : divisors(gb / dp, 64)) {
-                  if (c.micro_batch && mb != *c.micro_batch) continue;
-                  const int micro_batches = static_cast<int>(gb / (dp * static_cast<std::int64_t>(mb)));
-                  std::vector<std::pair<Schedule, int>> schedules;
-                  if (c.schedule || c.virtual_stages) {
-                    const Schedule sch = c.schedule.value_or(c.virtual_stages && *c.virtual_stages > 1 ? Schedule::kInterleaved : Schedule::kOneFOneB);
-                    if (sch == Schedule::kInterleaved && !c.virtual_stages) {
-                      for (int v = 2; v <= 8 && pp * v <= m.layers; ++v) schedules.push_back({sch, v});
-                    } else {
-                      schedules.push_back({sch, c.virtual_stages.value_or(1)});
-                    }
+        for (int ep : fixed_or(c.ep, eps)) {
+          if (dp % ep != 0) continue;
+          std::vector<int> zeros = (dp * cp == 1) ? std::vector<int>{0} : std::vector<int>{0, 1, 2, 3};
+          for (int zero : fixed_or(c.zero_stage, zeros)) {
+            std::vector<int> groups = {0};
+            if (zero == 3 && !c.shard_group) {
+              // Hybrid shard within a node when dp spans nodes.
+              const int in_node = std::max(1, std::min(dp, gpn / (tp * cp * pp) > 0 ? gpn / (tp * cp * pp) : 1));
+              if (in_node > 1 && in_node < dp && dp % in_node == 0) groups.push_back(in_node);
+            }
+            for (int group : fixed_or(c.shard_group, groups)) {
+              for (int mb : divisors(gb / dp, 64)) {
+                if (c.micro_batch && mb != *c.micro_batch) continue;
+                const int micro_batches = static_cast<int>(gb / (dp * static_cast<std::int64_t>(mb)));
+                std::vector<std::pair<Schedule, int>> schedules;
+                if (c.schedule || c.virtual_stages) {
+                  const Schedule sch = c.schedule.value_or(c.virtual_stages && *c.virtual_stages > 1 ? Schedule::kInterleaved : Schedule::kOneFOneB);
+                  if (sch == Schedule::kInterleaved && !c.virtual_stages) {
+                    for (int v = 2; v <= 8 && pp * v <= m.layers; ++v) schedules.push_back({sch, v});
                   } else {
-                    schedules.push_back({Schedule::kOneFOneB, 1});
-                    if (pp > 1 && micro_batches >= pp) {
-                      for (int v = 2; v <= 8 && pp * v <= m.layers; ++v) schedules.push_back({Schedule::kInterleaved, v});
-                    }
+                    schedules.push_back({sch, c.virtual_stages.value_or(1)});
                   }
-                  for (const auto& [schedule, v] : schedules) {
-                    if (pp == 1 && schedule == Schedule::kInterleaved) continue;
-                    for (Recompute rc : fixed_or(c.recompute, {Recompute::kNone, Recompute::kSelective, Recompute::kFull})) {
-                      for (Offload off : fixed_or(c.offload_optimizer, offloads)) {
-                        ParallelConfig& p = plan.parallel;
-                        p.tp = tp; p.cp = cp; p.pp = pp; p.dp = dp; p.ep = ep;
-                        p.sequence_parallel = c.sequence_parallel.value_or(tp > 1);
-                        p.zero_stage = zero; p.shard_group = group; p.micro_batch = mb;
-                        p.virtual_stages = v; p.schedule = schedule; p.recompute = rc;
-                        p.offload_optimizer = off; p.offload_params = c.offload_params;
-                        p.fsdp_wrap_min_params = c.fsdp_wrap_min_params; p.prefetch = c.prefetch;
-                        p.reduce_dtype = c.reduce_dtype;
-                        p.overlap_grad_reduce = c.overlap_grad_reduce;
-                        p.recompute_layers = rc == Recompute::kFull ? c.recompute_layers : 0;
-                        if (!validate_plan(plan)) continue;
-                        consider(plan);
-                      }
+                } else {
+                  schedules.push_back({Schedule::kOneFOneB, 1});
+                  if (pp > 1 && micro_batches >= pp) {
+                    for (int v = 2; v <= 8 && pp * v <= m.layers; ++v) schedules.push_back({Schedule::kInterleaved, v});
+                  }
+                }
+                for (const auto& [schedule, v] : schedules) {
+                  if (pp == 1 && schedule == Schedule::kInterleaved) continue;
+                  for (Recompute rc : fixed_or(c.recompute, {Recompute::kNone, Recompute::kSelective, Recompute::kFull})) {
+                    for (Offload off : fixed_or(c.offload_optimizer, offloads)) {
+                      ParallelConfig& p = plan.parallel;
+                      p.tp = tp; p.cp = cp; p.pp = pp; p.dp = dp; p.ep = ep;
+                      p.sequence_parallel = c.sequence_parallel.value_or(tp > 1);
+                      p.zero_stage = zero; p.shard_group = group; p.micro_batch = mb;
+                      p.virtual_stages = v; p.schedule = schedule; p.recompute = rc;
+                      p.offload_optimizer = off; p.offload_params = c.offload_params;
+                      p.fsdp_wrap_min_params = c.fsdp_wrap_min_params; p.prefetch = c.prefetch;
+                      p.reduce_dtype = c.reduce_dtype;
+                      p.overlap_grad_reduce = c.overlap_grad_reduce;
+                      p.recompute_layers = rc == Recompute::kFull ? c.recompute_layers : 0;
+                      if (!validate_plan(plan)) continue;
+                      consider(part, shapes, plan);
                     }
                   }
                 }
@@ -244,22 +276,45 @@ Result<SearchResult> search(const PlanRequest& req, const SearchOptions& options
     }
   };
 
+  const int threads = std::max(1, std::min<int>(options.threads, static_cast<int>(pairs.size())));
+  std::vector<Partial> parts(static_cast<std::size_t>(threads));
+  const auto run = [&](const std::vector<Offload>& offloads) {
+    pairs_done = 0;
+    std::atomic<std::size_t> next{0};
+    std::vector<std::thread> pool;
+    for (int t = 1; t < threads; ++t) pool.emplace_back([&, t] { work(parts[static_cast<std::size_t>(t)], next, offloads); });
+    work(parts[0], next, offloads);
+    for (auto& th : pool) th.join();
+  };
+  const auto fitting_so_far = [&] {
+    std::int64_t n = 0;
+    for (const auto& part : parts) n += part.fitting_count;
+    return n;
+  };
+
+  SearchResult result;
   run({Offload::kNone});
-  if (!stopped && result.fitting == 0 && !c.offload_optimizer) {
+  if (!stopped && fitting_so_far() == 0 && !c.offload_optimizer) {
     result.offload_considered = true;
     run({Offload::kCpu});
   }
   if (stopped) return Error{kSearchStopped};
   if (options.progress) options.progress(1.0);
+  std::vector<Candidate> fitting;
+  std::map<std::string, Candidate> best_by_shape;
+  for (auto& part : parts) {
+    result.evaluated += part.evaluated;
+    result.fitting += part.fitting_count;
+    std::move(part.fitting.begin(), part.fitting.end(), std::back_inserter(fitting));
+  }
+  for (auto& shapes : shapes_by_pair) best_by_shape.merge(shapes);
   if (result.evaluated == 0) {
     return Error{"no valid plan: no combination of tp, cp, pp and dp fits " + std::to_string(gpus) +
                  " GPUs with the fixed values, heads (" + std::to_string(m.heads) + ") and global batch (" +
                  std::to_string(gb) + " sequences)"};
   }
 
-  std::sort(fitting.begin(), fitting.end(), [&](const Candidate& a, const Candidate& b) {
-    return objective_score(a.estimate, options.objective) < objective_score(b.estimate, options.objective);
-  });
+  std::sort(fitting.begin(), fitting.end(), ranks_before);
   if (static_cast<int>(fitting.size()) > options.top) fitting.resize(options.top);
   result.ranked = std::move(fitting);
 

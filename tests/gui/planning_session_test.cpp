@@ -41,7 +41,7 @@ TEST(PlanningSession, SearchesOffTheUiThreadWithProgressAndGivesThePlannersResul
   EXPECT_GE(progress.count(), 2);
   EXPECT_EQ(selection.count(), 1) << "the best plan is selected";
 
-  const auto direct = planner::search(*gui::build_request(form).request, {planner::Objective::kThroughput, 25, nullptr, nullptr});
+  const auto direct = planner::search(*gui::build_request(form).request, [] { planner::SearchOptions o; o.top = 25; return o; }());
   ASSERT_TRUE(direct.ok());
   ASSERT_FALSE(session.result()->ranked.empty());
   EXPECT_EQ(session.result()->evaluated, direct->evaluated);

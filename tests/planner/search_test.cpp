@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -201,6 +202,64 @@ TEST(Search, ShouldStopEndsTheSearchWithTheStoppedError) {
 
   options.should_stop = [] { return false; };
   EXPECT_TRUE(planner::search(r, options).ok());
+}
+
+// Split over threads, the search gives exactly the result of one thread: the same ranking (ties
+// broken by the layout), the same alternatives and counts.
+TEST(Search, ThreadsGiveTheResultOfOneThread) {
+  struct Case {
+    const char* model;
+    const char* cluster;
+    int gpus;
+    Objective objective;
+  };
+  const Case cases[] = {{"llama3-70b", "dgx-h100", 64, Objective::kThroughput},
+                        {"llama3-8b", "dgx-h100", 64, Objective::kCost},
+                        {"mixtral-8x7b", "dgx-h100", 32, Objective::kTime},
+                        {"llama3-405b", "dgx-a100-40g", 8, Objective::kThroughput}};  // nothing fits: the offload pass too
+  for (const auto& c : cases) {
+    const PlanRequest r = request(c.model, c.cluster, c.gpus);
+    SearchOptions one;
+    one.objective = c.objective;
+    one.top = 20;
+    const SearchResult a = run_search(r, one);
+    for (int threads : {2, 3}) {
+      SearchOptions many = one;
+      many.threads = threads;
+      std::vector<double> progress;
+      many.progress = [&](double f) { progress.push_back(f); };
+      const SearchResult b = run_search(r, many);
+      EXPECT_EQ(b.evaluated, a.evaluated) << c.model;
+      EXPECT_EQ(b.fitting, a.fitting) << c.model;
+      EXPECT_EQ(b.offload_considered, a.offload_considered) << c.model;
+      ASSERT_EQ(b.ranked.size(), a.ranked.size()) << c.model;
+      for (std::size_t i = 0; i < a.ranked.size(); ++i) {
+        EXPECT_EQ(parallel_to_json(b.ranked[i].plan.parallel), parallel_to_json(a.ranked[i].plan.parallel)) << c.model << " rank " << i;
+        EXPECT_EQ(b.ranked[i].estimate.time.step.value(), a.ranked[i].estimate.time.step.value()) << c.model << " rank " << i;
+      }
+      ASSERT_EQ(b.alternatives.size(), a.alternatives.size()) << c.model;
+      for (std::size_t i = 0; i < a.alternatives.size(); ++i) {
+        EXPECT_EQ(b.alternatives[i].shape, a.alternatives[i].shape) << c.model;
+        EXPECT_EQ(b.alternatives[i].reason, a.alternatives[i].reason) << c.model;
+      }
+      ASSERT_FALSE(progress.empty());
+      EXPECT_DOUBLE_EQ(progress.back(), 1.0);
+    }
+  }
+}
+
+// Plans of equal score are ranked by their layout, not by the order the search met them.
+TEST(Search, EqualScoresAreRankedByLayout) {
+  const SearchResult s = run_search(request("llama3-8b", "dgx-h100", 64));
+  for (std::size_t i = 1; i < s.ranked.size(); ++i) {
+    const double prev = s.ranked[i - 1].estimate.throughput.tokens_per_second, cur = s.ranked[i].estimate.throughput.tokens_per_second;
+    EXPECT_GE(prev, cur);
+    if (prev == cur) {
+      const auto& p = s.ranked[i - 1].plan.parallel;
+      const auto& q = s.ranked[i].plan.parallel;
+      EXPECT_LE(std::make_tuple(p.tp, p.pp, p.dp, p.cp, p.ep, p.zero_stage), std::make_tuple(q.tp, q.pp, q.dp, q.cp, q.ep, q.zero_stage));
+    }
+  }
 }
 
 TEST(ObjectiveScore, LowerIsBetterForEveryObjective) {

@@ -20,17 +20,23 @@ class BreakdownChartView : public QChartView {
   // `model` must outlive the view.
   explicit BreakdownChartView(BreakdownModel* model, QWidget* parent = nullptr);
 
-  // What is drawn, read back from the chart's series: the categories ("Predicted", "Measured"),
+  // What is drawn, read back from the chart's series (brought up to date first if hidden): the categories ("Predicted", "Measured"),
   // the number of stacked components, and the sum of the bar of category `category` (GiB or s).
-  [[nodiscard]] QStringList categories() const { return categories_; }
-  [[nodiscard]] int component_count() const;
-  [[nodiscard]] double bar_total(int category) const;
+  [[nodiscard]] QStringList categories();
+  [[nodiscard]] int component_count();
+  [[nodiscard]] double bar_total(int category);
   // Memory: where the capacity line stands (GiB); 0 when none is drawn.
-  [[nodiscard]] double capacity_line() const { return capacity_line_; }
+  [[nodiscard]] double capacity_line();
+
+ protected:
+  // A hidden chart (another tab) is rebuilt when it is shown, not on every model change.
+  void showEvent(QShowEvent* event) override;
 
  private:
+  void model_changed();
   void rebuild();
   BreakdownModel* model_;
+  bool stale_ = false;
   QStringList categories_;
   double capacity_line_ = 0;
 };
@@ -40,14 +46,19 @@ class ScalingChartView : public QChartView {
  public:
   explicit ScalingChartView(ScalingModel* model, QWidget* parent = nullptr);
   // Points drawn on the tokens/s and MFU curves (GPU counts where a plan fits).
-  [[nodiscard]] int throughput_points() const { return throughput_points_; }
-  [[nodiscard]] int mfu_points() const { return mfu_points_; }
+  [[nodiscard]] int throughput_points();
+  [[nodiscard]] int mfu_points();
   // The request's GPU count, marked on the chart; 0 for none.
   void set_current_gpus(int gpus);
 
+ protected:
+  void showEvent(QShowEvent* event) override;
+
  private:
+  void model_changed();
   void rebuild();
   ScalingModel* model_;
+  bool stale_ = false;
   int current_gpus_ = 0;
   int throughput_points_ = 0, mfu_points_ = 0;
 };

@@ -28,6 +28,10 @@ struct SearchOptions {
   int top = 10;  // ranked plans kept
   // Called now and then with the fraction done (0..1). Optional.
   std::function<void(double)> progress;
+  // Threads that estimate plans (the caller's plus threads - 1 more). The result is the same for
+  // any count: plans of equal score are ranked by their layout. Called back from any of them:
+  // `progress` and `should_stop` are called under one lock, never at once.
+  int threads = 1;
   // Asked as often as `progress` is called; when it returns true the search stops and returns the
   // error kSearchStopped. Optional. Lets an interactive caller drop a search whose inputs changed.
   std::function<bool()> should_stop;
