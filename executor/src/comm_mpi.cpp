@@ -69,6 +69,8 @@ class MpiWork final : public Work {
 };
 
 class MpiCommunicator final : public Communicator {
+  static constexpr int kMaxTag = 32767;  // the least MPI_TAG_UB the standard allows
+
  public:
   MpiCommunicator(MPI_Comm comm, std::string name, CommOptions options)
       : comm_(comm), name_(std::move(name)), options_(options) {
@@ -113,6 +115,22 @@ class MpiCommunicator final : public Communicator {
     MPI_Request r;
     const int bytes = count(in.numel() * static_cast<int64_t>(in.element_size()), what);
     check(MPI_Iallgather(in.data_ptr(), bytes, MPI_BYTE, out.data_ptr(), bytes, MPI_BYTE, comm_, &r), what);
+    return work(r, what);
+  }
+  std::unique_ptr<Work> send(const at::Tensor& t, int peer, int tag) override {
+    const std::string what = label("send", t.numel()) + " to rank " + std::to_string(peer);
+    require_cpu(t, what);
+    MPI_Request r;
+    const int bytes = count(t.numel() * static_cast<int64_t>(t.element_size()), what);
+    check(MPI_Isend(t.data_ptr(), bytes, MPI_BYTE, peer, tag % kMaxTag, comm_, &r), what);
+    return work(r, what);
+  }
+  std::unique_ptr<Work> recv(const at::Tensor& t, int peer, int tag) override {
+    const std::string what = label("receive", t.numel()) + " from rank " + std::to_string(peer);
+    require_cpu(t, what);
+    MPI_Request r;
+    const int bytes = count(t.numel() * static_cast<int64_t>(t.element_size()), what);
+    check(MPI_Irecv(t.data_ptr(), bytes, MPI_BYTE, peer, tag % kMaxTag, comm_, &r), what);
     return work(r, what);
   }
   void broadcast(const at::Tensor& t, int root) override {
