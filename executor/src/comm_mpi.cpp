@@ -3,6 +3,7 @@
 #include <mpi.h>
 
 #include <cstdlib>
+#include <atomic>
 #include <thread>
 
 #include "comm.hpp"
@@ -196,23 +197,60 @@ class MpiCommunicator final : public Communicator {
   int rank_ = 0, size_ = 1;
 };
 
-}  // namespace
-
-bool mpi_available() { return true; }
-
-bool launched_by_mpi() {
+bool launched_by_mpi_impl() {
   for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS"}) {
     if (std::getenv(v) != nullptr) return true;
   }
   return false;
 }
 
+// Open MPI moves a large message (beyond the eager limit, without a single-copy mechanism) only
+// while the sender is inside an MPI call, so a pipeline stage that sends an activation and goes
+// on computing would hold it back for a whole pass. This thread calls into MPI every 100 us so
+// transfers proceed during compute, as NCCL's do on a GPU. It needs MPI_THREAD_MULTIPLE.
+class ProgressThread {
+ public:
+  ProgressThread() {
+    MPI_Comm_dup(MPI_COMM_WORLD, &comm_);
+    thread_ = std::thread([this] {
+      while (!stop_.load()) {
+        int flag = 0;
+        MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, comm_, &flag, MPI_STATUS_IGNORE);
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+      }
+    });
+  }
+  ~ProgressThread() {
+    stop_.store(true);
+    thread_.join();
+    MPI_Comm_free(&comm_);
+  }
+
+ private:
+  MPI_Comm comm_{};
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+std::unique_ptr<ProgressThread>& progress_thread() {
+  static std::unique_ptr<ProgressThread> thread;
+  return thread;
+}
+
+}  // namespace
+
+bool mpi_available() { return true; }
+bool launched_by_mpi() { return launched_by_mpi_impl(); }
+
 std::unique_ptr<Communicator> make_mpi_communicator(const CommOptions& options) {
   int initialized = 0;
   MPI_Initialized(&initialized);
   if (!initialized) {
     int provided = 0;
-    check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided), "MPI_Init_thread");
+    check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided), "MPI_Init_thread");
+    int size = 1;
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    if (provided == MPI_THREAD_MULTIPLE && size > 1) progress_thread() = std::make_unique<ProgressThread>();
   }
   return std::make_unique<MpiCommunicator>(MPI_COMM_WORLD, "world", options);
 }
@@ -221,6 +259,7 @@ void finalize_mpi() {
   int initialized = 0, finalized = 0;
   MPI_Initialized(&initialized);
   MPI_Finalized(&finalized);
+  progress_thread().reset();
   if (initialized && !finalized) MPI_Finalize();
 }
 

@@ -374,7 +374,7 @@ int train(const RunOptions& o, const std::string& command_line, World& w, const 
   const int64_t trace_step = o.trace_step > 0 ? o.trace_step : o.steps;
   nlohmann::json trace_events = nlohmann::json::array();
   std::vector<double> stage_in_flight(static_cast<std::size_t>(p.pp), 0.0);
-  double traced_bubble = 0;
+  std::vector<double> step_bubbles;  // measured pipeline bubble of each step of this run
   while (state.step < o.steps) {
     const int64_t step = state.step + 1;
     if (o.fail_at_step == step && o.fail_rank == rank) {
@@ -383,14 +383,41 @@ int train(const RunOptions& o, const std::string& command_line, World& w, const 
     }
     if (w.device.is_cuda()) cuda_reset_peak();
     const bool tracing = step == trace_step;
+    const bool timing_pipeline = p.pp > 1 || tracing;  // the bubble is measured every step of a pipeline
     std::vector<TraceRecord> events;
-    if (tracing) comm.barrier();  // every rank's step starts together: one clock for the timeline
+    if (timing_pipeline) comm.barrier();  // every rank's step starts together: one clock for the timeline
     const auto t0 = std::chrono::steady_clock::now();
     const auto batch = [&](int k) {
       MicroBatch mb = loader.micro_batch(step, at.dp, p.dp, t.global_batch, p.micro_batch, k, w.device);
       return std::make_pair(mb.tokens, mb.targets);
     };
-    const double loss_sum = runner.run_step(batch, state.loss_scale / static_cast<double>(accumulation), tracing ? &events : nullptr);
+    const double loss_sum = runner.run_step(batch, state.loss_scale / static_cast<double>(accumulation), timing_pipeline ? &events : nullptr);
+    if (p.pp > 1) {
+      // Bubble: per rank, the time within the step's compute span it does not compute, over the
+      // time it computes (costmodel/schedule.hpp); the mean over ranks.
+      double busy = 0, first = 1e300, last = 0;
+      for (const TraceRecord& e : events) {
+        if (e.kind != "forward" && e.kind != "backward") continue;
+        busy += e.end - e.start;
+        first = std::min(first, e.start);
+        last = std::max(last, e.end);
+      }
+      std::ostringstream mine_text;
+      mine_text.precision(17);
+      mine_text << busy << " " << first << " " << last;
+      double span_first = 1e300, span_last = 0, bubble = 0;
+      std::vector<std::pair<double, double>> ranks_busy;
+      for (const std::string& text : comm.all_gather_strings(mine_text.str())) {
+        std::istringstream in(text);
+        double b = 0, f = 0, l = 0;
+        in >> b >> f >> l;
+        span_first = std::min(span_first, f);
+        span_last = std::max(span_last, l);
+        ranks_busy.emplace_back(b, 0);
+      }
+      for (const auto& [b, unused] : ranks_busy) bubble += b > 0 ? (span_last - span_first - b) / b : 0.0;
+      step_bubbles.push_back(bubble / static_cast<double>(ranks_busy.size()));
+    }
     const auto t_finish = std::chrono::steady_clock::now();
     engine.finish_step();
     if (tracing) events.push_back({"dp_comm", -1, 0, std::chrono::duration<double>(t_finish - t0).count(),
@@ -428,10 +455,6 @@ int train(const RunOptions& o, const std::string& command_line, World& w, const 
       if (talk) {
         trace_events = nlohmann::json::array();
         std::fill(stage_in_flight.begin(), stage_in_flight.end(), 0.0);
-        // Bubble: per rank, the time within the step's compute span it does not compute, over
-        // the time it computes (costmodel/schedule.hpp); the mean over ranks.
-        double first = 1e300, last = 0;
-        std::vector<double> busy(all.size(), 0.0);
         for (std::size_t k = 0; k < all.size(); ++k) {
           const nlohmann::json one = nlohmann::json::parse(all[k]);
           const int stage = one["stage"].get<int>();
@@ -440,19 +463,10 @@ int train(const RunOptions& o, const std::string& command_line, World& w, const 
             nlohmann::json event = e;
             event["rank"] = one["rank"];
             event["stage"] = stage;
-            const std::string kind = e["kind"].get<std::string>();
-            if (kind == "forward" || kind == "backward") {
-              busy[k] += e["end"].get<double>() - e["start"].get<double>();
-              first = std::min(first, e["start"].get<double>());
-              last = std::max(last, e["end"].get<double>());
-            }
             if (event["micro_batch"].get<int>() < 0) event.erase("micro_batch");
             trace_events.push_back(event);
           }
         }
-        double bubble = 0;
-        for (double b : busy) bubble += b > 0 ? (last - first - b) / b : 0.0;
-        traced_bubble = bubble / static_cast<double>(all.size());
       }
     }
     r.tokens_per_second = static_cast<double>(t.global_batch * t.seq_len) / r.seconds;
@@ -537,6 +551,9 @@ int train(const RunOptions& o, const std::string& command_line, World& w, const 
     nlohmann::json predicted_in_flight = nlohmann::json::array();
     for (int stage = 0; stage < p.pp; ++stage) predicted_in_flight.push_back(cm::micro_batches_in_flight(p, stage, static_cast<int>(accumulation)));
     const auto simulated = cm::simulate_pipeline(estimate.pipeline);
+    // The first step pays one-time costs; the median of the others is the measurement.
+    const double traced_bubble = step_bubbles.empty() ? 0.0
+                                 : median(std::vector<double>(step_bubbles.begin() + (step_bubbles.size() > 2 ? 1 : 0), step_bubbles.end()));
     const nlohmann::json trace = {
         {"step", trace_step <= state.step ? trace_step : state.step},
         {"stages", p.pp},
@@ -545,6 +562,7 @@ int train(const RunOptions& o, const std::string& command_line, World& w, const 
         {"schedule", cm::schedule_name(p.schedule)},
         {"chunk_layers", chunk_layers},
         {"bubble_fraction", traced_bubble},
+        {"bubble_fraction_per_step", step_bubbles},
         {"predicted_bubble_fraction", simulated ? simulated->bubble_fraction : 0.0},
         {"peak_in_flight", stage_in_flight},
         {"predicted_in_flight", predicted_in_flight},
