@@ -1,4 +1,5 @@
 #include "trainplan/costmodel/estimate.hpp"
+#include "trainplan/costmodel/schedule.hpp"
 
 #include <algorithm>
 #include <array>
@@ -75,22 +76,6 @@ double lora_params_per_layer(const ModelSpec& m, const LoraConfig& lora) {
   return total;
 }
 
-// Micro-batches whose activations a stage holds at its peak.
-double in_flight(const ParallelConfig& p, int stage, int m) {
-  if (p.pp == 1) return 1;
-  switch (p.schedule) {
-    case Schedule::kGpipe: return m;
-    case Schedule::kOneFOneB: return std::min(m, p.pp - stage);
-    case Schedule::kInterleaved: {
-      // Megatron's interleaved warm-up: (p - i - 1) * 2 + (v - 1) * p chunks, plus the one in backward.
-      const double chunks = std::min<double>(static_cast<double>(m) * p.virtual_stages,
-                                             (p.pp - stage - 1) * 2.0 + (p.virtual_stages - 1.0) * p.pp + 1.0);
-      return chunks / p.virtual_stages;
-    }
-  }
-  return 1;
-}
-
 std::string gib_text(double bytes) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.1f GiB", bytes / 1073741824.0);
@@ -105,6 +90,22 @@ double daly_interval(double delta, double mtbf) {
 }
 
 }  // namespace
+
+std::vector<int> partition_layers(int layers, int chunks, double layer_seconds, double first_seconds, double last_seconds) {
+  std::vector<int> n(static_cast<std::size_t>(chunks), 1);
+  const auto cost = [&](int c, int count) {
+    return count * layer_seconds + (c == 0 ? first_seconds : 0.0) + (c == chunks - 1 ? last_seconds : 0.0);
+  };
+  // Water-filling: each further layer goes where the slowest chunk stays fastest.
+  for (int placed = chunks; placed < layers; ++placed) {
+    int best = 0;
+    for (int c = 1; c < chunks; ++c) {
+      if (cost(c, n[c] + 1) < cost(best, n[best] + 1) - 1e-15 * layer_seconds) best = c;
+    }
+    ++n[best];
+  }
+  return n;
+}
 
 RunCost run_cost(const Plan& plan, Seconds step, double checkpoint_bytes) {
   RunCost r;
@@ -175,8 +176,11 @@ Estimate estimate(const Plan& plan) {
 
   // --- per-stage layers, parameters and times ---
   const int stages = p.pp;
-  std::vector<int> layers(stages, mdl.layers / stages);
-  for (int i = 0; i < mdl.layers % stages; ++i) layers[i] += 1;
+  const std::vector<int> chunk_layers =
+      partition_layers(mdl.layers, stages * p.virtual_stages, lc.forward_total() + lc.backward_total(),
+                       ec.embedding_forward + ec.embedding_backward, ec.head_forward + ec.head_backward);
+  std::vector<int> layers(stages, 0);
+  for (std::size_t c = 0; c < chunk_layers.size(); ++c) layers[c % stages] += chunk_layers[c];
   const double t = p.tp;
   const double h = static_cast<double>(mdl.hidden);
   const double router = mdl.moe ? h * mdl.moe->experts : 0.0;
@@ -239,7 +243,7 @@ Estimate estimate(const Plan& plan) {
     }
 
     // Activations.
-    x.in_flight = in_flight(p, i, m);
+    x.in_flight = micro_batches_in_flight(p, i, m);
     x.activations = x.in_flight * layers[i] * lc.activation_bytes;
     if (p.recompute == Recompute::kFull) x.activations += lc.full_activation_bytes;  // the layer being recomputed
     if (i == 0) x.activations += x.in_flight * ec.embedding_activation_bytes;
@@ -406,6 +410,7 @@ Estimate estimate(const Plan& plan) {
   pl.micro_batches = m;
   pl.schedule = p.schedule;
   pl.p2p_seconds = p2p;
+  pl.chunk_layers = chunk_layers;
   for (const auto& x : st) {
     pl.forward_seconds.push_back(x.forward);
     pl.backward_seconds.push_back(x.backward);
@@ -430,6 +435,7 @@ nlohmann::json estimate_to_json(const Plan& plan, const Estimate& e) {
       {"forward_seconds", e.pipeline.forward_seconds},
       {"backward_seconds", e.pipeline.backward_seconds},
       {"p2p_seconds", e.pipeline.p2p_seconds},
+      {"chunk_layers", e.pipeline.chunk_layers},
   };
   return {
       {"schema", "trainplan/estimate/v1"},

@@ -67,6 +67,21 @@ Result<std::vector<std::vector<PipelinePass>>> pipeline_order(Schedule schedule,
   return order;
 }
 
+double micro_batches_in_flight(const ParallelConfig& p, int stage, int m) {
+  if (p.pp == 1) return 1;
+  switch (p.schedule) {
+    case Schedule::kGpipe: return m;
+    case Schedule::kOneFOneB: return std::min(m, p.pp - stage);
+    case Schedule::kInterleaved: {
+      // Megatron's interleaved warm-up: (p - i - 1) * 2 + (v - 1) * p chunks, plus the one in backward.
+      const double chunks = std::min<double>(static_cast<double>(m) * p.virtual_stages,
+                                             (p.pp - stage - 1) * 2.0 + (p.virtual_stages - 1.0) * p.pp + 1.0);
+      return chunks / p.virtual_stages;
+    }
+  }
+  return 1;
+}
+
 Result<ScheduleSimulation> simulate_pipeline(const PipelineTimeline& t) {
   auto order = pipeline_order(t.schedule, t.stages, t.virtual_stages, t.micro_batches);
   if (!order) return order.error();

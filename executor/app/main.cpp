@@ -36,6 +36,7 @@ int main(int argc, char** argv) {
   app.add_option("--fail-at-step", o.fail_at_step, "fault injection: kill --fail-rank at this step");
   app.add_option("--fail-rank", o.fail_rank, "rank killed by --fail-at-step")->capture_default_str();
   app.add_flag("--quiet", o.quiet, "no per-step lines");
+  app.add_option("--trace-step", o.trace_step, "step recorded in the measurement's trace (0: the last)")->capture_default_str();
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

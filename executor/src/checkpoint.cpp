@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <fstream>
 #include <regex>
 #include <sstream>
@@ -87,10 +88,10 @@ void write_text_atomically(const std::string& path, const std::string& text) {
   if (std::rename(tmp.c_str(), path.c_str()) != 0) throw CheckpointError(path + ": rename failed: " + std::strerror(errno));
 }
 
-std::string shard_file(int shard) {
+std::string shard_file(const std::string& prefix, int shard) {
   char name[32];
-  std::snprintf(name, sizeof(name), "shard_%05d.bin", shard);
-  return name;
+  std::snprintf(name, sizeof(name), "%05d.bin", shard);
+  return "shard_" + prefix + name;
 }
 
 // Size and CRC-32 of a whole file.
@@ -125,16 +126,16 @@ void agree(Communicator& world, const std::function<std::string()>& check) {
 
 }  // namespace
 
-nlohmann::json checkpoint_layout(const DataParallelEngine& engine, int world_size, const std::string& precision) {
-  nlohmann::json units = nlohmann::json::array();
-  for (std::size_t i = 0; i < engine.layout().size(); ++i) {
-    units.push_back({{"name", engine.layout()[i].name}, {"numel", engine.layout()[i].numel}, {"shard_numel", engine.shard_numel(i)}});
-  }
+nlohmann::json checkpoint_layout(const DataParallelEngine& engine, int world_size, const std::string& precision,
+                                 const nlohmann::json& parallel) {
+  int64_t parameters = 0;
+  for (const UnitLayout& u : model_layout(engine.model())) parameters += u.numel;
   return {{"world_size", world_size},
           {"zero_stage", engine.config().zero_stage},
           {"shard_size", engine.shard_size()},
+          {"parallel", parallel},
           {"precision", precision},
-          {"units", units}};
+          {"model", {{"name", engine.model().name}, {"parameters", parameters}}}};
 }
 
 std::string save_checkpoint(const std::string& dir, DataParallelEngine& engine, Communicator& world, const TrainerState& state,
@@ -151,7 +152,7 @@ std::string save_checkpoint(const std::string& dir, DataParallelEngine& engine, 
   nlohmann::json mine;  // empty on ranks that hold a replica another rank writes
   std::string error;
   if (engine.writes_checkpoint()) {
-    const std::string name = shard_file(engine.shard_rank());
+    const std::string name = shard_file(engine.config().shard_prefix, engine.shard_rank());
     try {
       FileWriter w((fs::path(partial) / (name + ".tmp")).string());
       w.write(kMagic, sizeof(kMagic));
@@ -250,7 +251,7 @@ TrainerState load_checkpoint(const std::string& step_dir, DataParallelEngine& en
     manifest = nlohmann::json::parse(in);
   }
 
-  const std::string path = (fs::path(step_dir) / shard_file(engine.shard_rank())).string();
+  const std::string path = (fs::path(step_dir) / shard_file(engine.config().shard_prefix, engine.shard_rank())).string();
   std::ifstream in(path, std::ios::binary);
   char magic[sizeof(kMagic)] = {};
   in.read(magic, sizeof(magic));
@@ -274,39 +275,76 @@ TrainerState load_checkpoint(const std::string& step_dir, DataParallelEngine& en
   return state;
 }
 
-void export_safetensors(const std::string& dir, DataParallelEngine& engine, Communicator& world, int64_t step) {
+void export_safetensors(const std::string& dir, DataParallelEngine& engine, Communicator& world, int64_t step,
+                        const ExportPlan& plan) {
   const bool writer = world.rank() == 0;
-  nlohmann::ordered_json header;
-  header["__metadata__"] = {{"format", "pt"}, {"producer", "trainplan executor"}, {"step", std::to_string(step)}};
-  uint64_t offset = 0;
-  for (const UnitLayout& u : engine.layout()) {
-    for (const ParamSlot& s : u.slots) {
-      const uint64_t bytes = static_cast<uint64_t>(s.numel) * 4;
-      header[s.name] = {{"dtype", "F32"}, {"shape", s.shape}, {"data_offsets", {offset, offset + bytes}}};
-      offset += bytes;
+  const std::vector<UnitLayout> whole = model_layout(engine.model());
+  constexpr int kTag = 29000;
+
+  // Every rank gathers its units' data-parallel shards (collective within the shard group); the
+  // first data-parallel replica sends its pieces to rank 0 in model order.
+  std::map<std::string, at::Tensor> local;  // rank 0's own pieces, by "name#piece"
+  std::vector<std::pair<std::unique_ptr<Work>, at::Tensor>> sends;
+  for (std::size_t i = 0; i < engine.layout().size(); ++i) {
+    const at::Tensor full = engine.full_master(i);
+    if (!plan.sender) continue;
+    for (const ParamSlot& s : engine.layout()[i].slots) {
+      if (!s.primary || s.tied_copy) continue;
+      at::Tensor piece = full.narrow(0, s.offset, s.numel).contiguous().clone();
+      if (writer) {
+        local[s.name + "#" + std::to_string(s.shard_index)] = piece;
+      } else {
+        auto work = world.send(piece, 0, kTag);
+        sends.emplace_back(std::move(work), piece);
+      }
     }
   }
-  std::string text = header.dump();
-  text.append((8 - text.size() % 8) % 8, ' ');  // the data starts 8-byte aligned
 
-  std::unique_ptr<FileWriter> w;
-  const std::string path = (fs::path(dir) / "model.safetensors").string();
   if (writer) {
+    nlohmann::ordered_json header;
+    header["__metadata__"] = {{"format", "pt"}, {"producer", "trainplan executor"}, {"step", std::to_string(step)}};
+    uint64_t offset = 0;
+    for (const UnitLayout& u : whole) {
+      for (const ParamSlot& s : u.slots) {
+        const uint64_t bytes = static_cast<uint64_t>(s.numel) * 4;
+        header[s.name] = {{"dtype", "F32"}, {"shape", s.shape}, {"data_offsets", {offset, offset + bytes}}};
+        offset += bytes;
+      }
+    }
+    std::string text = header.dump();
+    text.append((8 - text.size() % 8) % 8, ' ');  // the data starts 8-byte aligned
+    const std::string path = (fs::path(dir) / "model.safetensors").string();
     fs::create_directories(dir);
-    w = std::make_unique<FileWriter>(path + ".tmp");
+    FileWriter w(path + ".tmp");
     const uint64_t length = text.size();  // little-endian on every platform we build for
-    w->write(&length, 8);
-    w->write(text.data(), text.size());
-  }
-  for (std::size_t i = 0; i < engine.layout().size(); ++i) {
-    const at::Tensor full = engine.full_master(i);  // collective within the shard group
-    if (writer) w->write_tensor(full);
-  }
-  if (writer) {
-    w->close_synced();
+    w.write(&length, 8);
+    w.write(text.data(), text.size());
+    for (const UnitLayout& u : whole) {
+      for (const ParamSlot& s : u.slots) {
+        // The pieces of this parameter, from the ranks that hold them, joined along the TP split.
+        const ParamSlot& cut = plan.piece_slot(u.name, s.name, 0);
+        std::vector<at::Tensor> pieces;
+        for (int j = 0; j < cut.shard_count; ++j) {
+          const ParamSlot& piece_slot = plan.piece_slot(u.name, s.name, j);
+          const int owner = plan.owner_rank(u.name, s.name, j);
+          at::Tensor piece;
+          if (owner == 0) {
+            piece = local.at(s.name + "#" + std::to_string(j));
+          } else {
+            piece = at::empty({piece_slot.numel}, at::TensorOptions().dtype(at::kFloat));
+            world.recv(piece, owner, kTag)->wait();
+          }
+          pieces.push_back(piece.view(piece_slot.shape));
+        }
+        const at::Tensor joined = cut.split_dim < 0 ? pieces[0] : at::cat(pieces, cut.split_dim).contiguous();
+        w.write_tensor(joined.reshape({-1}));
+      }
+    }
+    w.close_synced();
     fs::rename(path + ".tmp", path);
     write_text_atomically((fs::path(dir) / "config.json").string(), costmodel::model_to_json(engine.model()).dump(2) + "\n");
   }
+  for (auto& s : sends) s.first->wait();
   world.barrier();
 }
 

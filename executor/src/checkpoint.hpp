@@ -7,6 +7,7 @@
 // complete. `--export` writes one consolidated safetensors file plus the model document.
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -31,8 +32,10 @@ struct TrainerState {
   std::vector<double> losses; // per-step losses so far
 };
 
-// The parallel layout a checkpoint was written under; resuming needs the same one.
-[[nodiscard]] nlohmann::json checkpoint_layout(const DataParallelEngine& engine, int world_size, const std::string& precision);
+// The parallel layout a checkpoint was written under; resuming needs the same one. `parallel`
+// describes the TP/PP/DP layout (the trainer's).
+[[nodiscard]] nlohmann::json checkpoint_layout(const DataParallelEngine& engine, int world_size, const std::string& precision,
+                                               const nlohmann::json& parallel);
 
 // Collective: every rank calls it. Returns the step directory written.
 std::string save_checkpoint(const std::string& dir, DataParallelEngine& engine, Communicator& world,
@@ -46,8 +49,19 @@ std::string save_checkpoint(const std::string& dir, DataParallelEngine& engine, 
 [[nodiscard]] TrainerState load_checkpoint(const std::string& step_dir, DataParallelEngine& engine, Communicator& world,
                                            const nlohmann::json& layout);
 
-// Collective. Rank 0 writes `<dir>/model.safetensors` (float32, one tensor per parameter) and
-// `<dir>/config.json` (the trainplan/model/v1 document).
-void export_safetensors(const std::string& dir, DataParallelEngine& engine, Communicator& world, int64_t step);
+// Where the pieces of every parameter live, for consolidating them (the trainer knows the layout).
+struct ExportPlan {
+  bool sender = false;  // this rank sends its pieces (the first data-parallel replica)
+  // The cut of parameter `slot` of unit `unit` as held by the TP rank with piece `piece`.
+  std::function<const ParamSlot&(const std::string& unit, const std::string& slot, int piece)> piece_slot;
+  // The world rank that sends piece `piece` of parameter `slot` of unit `unit`.
+  std::function<int(const std::string& unit, const std::string& slot, int piece)> owner_rank;
+};
+
+// Collective. Rank 0 writes `<dir>/model.safetensors` (float32, one whole tensor per parameter,
+// the TP pieces joined and pipeline stages gathered) and `<dir>/config.json` (the
+// trainplan/model/v1 document).
+void export_safetensors(const std::string& dir, DataParallelEngine& engine, Communicator& world, int64_t step,
+                        const ExportPlan& plan);
 
 }  // namespace trainplan::executor

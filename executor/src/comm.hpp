@@ -1,6 +1,6 @@
 #pragma once
 // Collective communication for the executor: a small Communicator interface (sum all-reduce,
-// reduce-scatter, all-gather, broadcast, split into sub-groups) with three engines: MPI (CPU
+// reduce-scatter, all-gather, broadcast, send/receive, split into sub-groups) with three engines: MPI (CPU
 // tensors), NCCL (CUDA tensors) and a single-rank one. Every collective is asynchronous and
 // returns a Work whose wait() rethrows a failure; a wait that exceeds the communicator's timeout
 // throws CommError naming the collective and the group, so a dead peer never hangs the run.
@@ -41,6 +41,11 @@ class Communicator {
   [[nodiscard]] virtual std::unique_ptr<Work> reduce_scatter_sum(const at::Tensor& input, const at::Tensor& output) = 0;
   // output (size()*n elements) = concatenation of every rank's input (n elements).
   [[nodiscard]] virtual std::unique_ptr<Work> all_gather(const at::Tensor& input, const at::Tensor& output) = 0;
+  // Point-to-point (pipeline activations and gradients). `tag` tells messages between the same
+  // two ranks apart where the engine supports it (MPI); NCCL matches sends and receives in
+  // order. REQUIRES: contiguous; not touched until wait() returns; peer != rank().
+  [[nodiscard]] virtual std::unique_ptr<Work> send(const at::Tensor& tensor, int peer, int tag) = 0;
+  [[nodiscard]] virtual std::unique_ptr<Work> recv(const at::Tensor& tensor, int peer, int tag) = 0;
   virtual void broadcast(const at::Tensor& tensor, int root) = 0;
   virtual void barrier() = 0;
   // Every rank's string, in rank order (small control messages: checkpoint manifests, errors).

@@ -27,6 +27,12 @@ class SelfCommunicator final : public Communicator {
     copy_untracked(input, output);
     return std::make_unique<DoneWork>();
   }
+  std::unique_ptr<Work> send(const at::Tensor&, int peer, int) override {
+    throw CommError("send to rank " + std::to_string(peer) + " on the one-rank group '" + name_ + "'");
+  }
+  std::unique_ptr<Work> recv(const at::Tensor&, int peer, int) override {
+    throw CommError("receive from rank " + std::to_string(peer) + " on the one-rank group '" + name_ + "'");
+  }
   void broadcast(const at::Tensor&, int) override {}
   void barrier() override {}
   std::vector<std::string> all_gather_strings(const std::string& value) override { return {value}; }

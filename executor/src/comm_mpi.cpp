@@ -3,6 +3,7 @@
 #include <mpi.h>
 
 #include <cstdlib>
+#include <atomic>
 #include <thread>
 
 #include "comm.hpp"
@@ -69,6 +70,8 @@ class MpiWork final : public Work {
 };
 
 class MpiCommunicator final : public Communicator {
+  static constexpr int kMaxTag = 32767;  // the least MPI_TAG_UB the standard allows
+
  public:
   MpiCommunicator(MPI_Comm comm, std::string name, CommOptions options)
       : comm_(comm), name_(std::move(name)), options_(options) {
@@ -113,6 +116,22 @@ class MpiCommunicator final : public Communicator {
     MPI_Request r;
     const int bytes = count(in.numel() * static_cast<int64_t>(in.element_size()), what);
     check(MPI_Iallgather(in.data_ptr(), bytes, MPI_BYTE, out.data_ptr(), bytes, MPI_BYTE, comm_, &r), what);
+    return work(r, what);
+  }
+  std::unique_ptr<Work> send(const at::Tensor& t, int peer, int tag) override {
+    const std::string what = label("send", t.numel()) + " to rank " + std::to_string(peer);
+    require_cpu(t, what);
+    MPI_Request r;
+    const int bytes = count(t.numel() * static_cast<int64_t>(t.element_size()), what);
+    check(MPI_Isend(t.data_ptr(), bytes, MPI_BYTE, peer, tag % kMaxTag, comm_, &r), what);
+    return work(r, what);
+  }
+  std::unique_ptr<Work> recv(const at::Tensor& t, int peer, int tag) override {
+    const std::string what = label("receive", t.numel()) + " from rank " + std::to_string(peer);
+    require_cpu(t, what);
+    MPI_Request r;
+    const int bytes = count(t.numel() * static_cast<int64_t>(t.element_size()), what);
+    check(MPI_Irecv(t.data_ptr(), bytes, MPI_BYTE, peer, tag % kMaxTag, comm_, &r), what);
     return work(r, what);
   }
   void broadcast(const at::Tensor& t, int root) override {
@@ -178,23 +197,60 @@ class MpiCommunicator final : public Communicator {
   int rank_ = 0, size_ = 1;
 };
 
-}  // namespace
-
-bool mpi_available() { return true; }
-
-bool launched_by_mpi() {
+bool launched_by_mpi_impl() {
   for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS"}) {
     if (std::getenv(v) != nullptr) return true;
   }
   return false;
 }
 
+// Open MPI moves a large message (beyond the eager limit, without a single-copy mechanism) only
+// while the sender is inside an MPI call, so a pipeline stage that sends an activation and goes
+// on computing would hold it back for a whole pass. This thread calls into MPI every 100 us so
+// transfers proceed during compute, as NCCL's do on a GPU. It needs MPI_THREAD_MULTIPLE.
+class ProgressThread {
+ public:
+  ProgressThread() {
+    MPI_Comm_dup(MPI_COMM_WORLD, &comm_);
+    thread_ = std::thread([this] {
+      while (!stop_.load()) {
+        int flag = 0;
+        MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, comm_, &flag, MPI_STATUS_IGNORE);
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+      }
+    });
+  }
+  ~ProgressThread() {
+    stop_.store(true);
+    thread_.join();
+    MPI_Comm_free(&comm_);
+  }
+
+ private:
+  MPI_Comm comm_{};
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+std::unique_ptr<ProgressThread>& progress_thread() {
+  static std::unique_ptr<ProgressThread> thread;
+  return thread;
+}
+
+}  // namespace
+
+bool mpi_available() { return true; }
+bool launched_by_mpi() { return launched_by_mpi_impl(); }
+
 std::unique_ptr<Communicator> make_mpi_communicator(const CommOptions& options) {
   int initialized = 0;
   MPI_Initialized(&initialized);
   if (!initialized) {
     int provided = 0;
-    check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided), "MPI_Init_thread");
+    check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided), "MPI_Init_thread");
+    int size = 1;
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    if (provided == MPI_THREAD_MULTIPLE && size > 1) progress_thread() = std::make_unique<ProgressThread>();
   }
   return std::make_unique<MpiCommunicator>(MPI_COMM_WORLD, "world", options);
 }
@@ -203,6 +259,7 @@ void finalize_mpi() {
   int initialized = 0, finalized = 0;
   MPI_Initialized(&initialized);
   MPI_Finalized(&finalized);
+  progress_thread().reset();
   if (initialized && !finalized) MPI_Finalize();
 }
 

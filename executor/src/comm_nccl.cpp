@@ -111,6 +111,18 @@ class NcclCommunicator final : public Communicator {
     check(ncclAllGather(in.data_ptr(), out.data_ptr(), static_cast<size_t>(in.numel()), nccl_type(in, what), comm_, stream()), what);
     return work(what);
   }
+  std::unique_ptr<Work> send(const at::Tensor& t, int peer, int /*tag: NCCL matches in order*/) override {
+    const std::string what = label("send", t.numel()) + " to rank " + std::to_string(peer);
+    require(t, what);
+    check(ncclSend(t.data_ptr(), static_cast<size_t>(t.numel()), nccl_type(t, what), peer, comm_, stream()), what);
+    return work(what);
+  }
+  std::unique_ptr<Work> recv(const at::Tensor& t, int peer, int /*tag*/) override {
+    const std::string what = label("receive", t.numel()) + " from rank " + std::to_string(peer);
+    require(t, what);
+    check(ncclRecv(t.data_ptr(), static_cast<size_t>(t.numel()), nccl_type(t, what), peer, comm_, stream()), what);
+    return work(what);
+  }
   void broadcast(const at::Tensor& t, int root) override {
     const std::string what = label("broadcast", t.numel());
     require(t, what);

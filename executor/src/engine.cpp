@@ -81,7 +81,7 @@ struct RecomputedBlockFn : torch::autograd::Function<RecomputedBlockFn> {
     at::Tensor out;
     {
       torch::autograd::AutoGradMode no_grad(false);
-      out = block_forward(e->model(), e->unit_views(u), x, e->rotary(), AttentionRecompute::kNone);
+      out = block_forward(e->model(), e->tp(), e->unit_views(u), x, e->rotary(), AttentionRecompute::kNone);
     }
     e->release(u);
     return out;
@@ -95,7 +95,7 @@ struct RecomputedBlockFn : torch::autograd::Function<RecomputedBlockFn> {
     {
       torch::autograd::AutoGradMode enable(true);
       const variable_list views = UnitViewsFn::apply(e->anchor(u), engine_id(e), unit);
-      const at::Tensor out = block_forward(e->model(), views, x, e->rotary(), AttentionRecompute::kNone);
+      const at::Tensor out = block_forward(e->model(), e->tp(), views, x, e->rotary(), AttentionRecompute::kNone);
       torch::autograd::backward({out}, {grads[0]});
     }
     return {x.grad(), at::Tensor(), at::Tensor()};
@@ -120,6 +120,8 @@ class Unit {
   bool gathered = true;
   std::unique_ptr<Work> gather_work;
   std::vector<std::pair<int64_t, int64_t>> decay_ranges;  // (start, length) within the owned range
+  std::vector<std::pair<int64_t, int64_t>> norm_ranges;   // owned elements this rank counts in the norm
+  at::Tensor tied_grad;      // ZeRO-2/3 with a split tied embedding: the token table's gradient
 
   [[nodiscard]] at::Tensor owned_grad(int stage) const { return stage <= 1 ? grad.narrow(0, offset, shard) : grad; }
 };
@@ -131,10 +133,22 @@ struct DataParallelEngine::Pending {
   at::Tensor result;  // the reduce-scattered shard, or undefined for an in-place all-reduce
 };
 
-DataParallelEngine::DataParallelEngine(const cm::ModelSpec& model, const EngineConfig& config, Communicator& world,
-                                       int64_t seq_len)
-    : model_(model), config_(config), world_(world), layout_(model_layout(model)) {
+DataParallelEngine::DataParallelEngine(const cm::ModelSpec& model, const EngineConfig& config, const EngineGroups& groups,
+                                       std::vector<UnitLayout> units, const std::vector<int>& chunk_of_unit, int64_t seq_len)
+    : model_(model), config_(config), groups_(groups), world_(*groups.dp), layout_(std::move(units)) {
+  Communicator& world = world_;
   const int dp = world.size(), stage = config.zero_stage;
+  for (std::size_t i = 0; i < layout_.size(); ++i) {
+    const auto chunk = static_cast<std::size_t>(chunk_of_unit.at(i));
+    if (chunk_ranges_.size() <= chunk) chunk_ranges_.resize(chunk + 1, {i, i});
+    chunk_ranges_[chunk].second = i + 1;
+  }
+  bool has_embedding = false, has_head = false;
+  for (const UnitLayout& l : layout_) {
+    has_embedding |= l.kind == UnitKind::kEmbedding;
+    has_head |= l.kind == UnitKind::kHead;
+  }
+  local_tied_ = model.tied_embeddings && has_embedding && has_head;
   const int s = stage == 0 ? 1 : stage == 3 && config.shard_group > 0 ? config.shard_group : dp;
   shard_comm_ = world.split(world.rank() / s, world.rank(), "shard");
   replica_comm_ = world.split(world.rank() % s, world.rank(), "replica");
@@ -167,10 +181,12 @@ DataParallelEngine::DataParallelEngine(const cm::ModelSpec& model, const EngineC
     u->exp_avg = at::zeros({u->shard}, f32);
     u->exp_avg_sq = at::zeros({u->shard}, f32);
     u->anchor = at::zeros({}, at::TensorOptions().dtype(at::kFloat)).requires_grad_(true);
+    const bool counts = replica_comm_->rank() == 0;  // replicas hold the same gradient shard
     for (const ParamSlot& slot : l.slots) {
-      if (!slot.weight_decay) continue;
       const int64_t begin = std::max(slot.offset, u->offset), end = std::min(slot.offset + slot.numel, u->offset + u->shard);
-      if (begin < end) u->decay_ranges.emplace_back(begin - u->offset, end - begin);
+      if (begin >= end) continue;
+      if (slot.weight_decay) u->decay_ranges.emplace_back(begin - u->offset, end - begin);
+      if (counts && slot.primary && !slot.tied_copy) u->norm_ranges.emplace_back(begin - u->offset, end - begin);
     }
     units_.push_back(std::move(u));
   }
@@ -235,45 +251,113 @@ at::Tensor DataParallelEngine::run_unit_forward(std::size_t unit, const at::Tens
   gather(unit, +1);
   const variable_list views = UnitViewsFn::apply(anchor(unit), id, index);
   const auto attention = config_.recompute == cm::Recompute::kSelective ? AttentionRecompute::kSelective : AttentionRecompute::kNone;
-  at::Tensor y = block_forward(model_, views, x, rotary_, attention);
+  at::Tensor y = block_forward(model_, groups_.tp, views, x, rotary_, attention);
   if (config_.zero_stage == 3) y = BeforeBackwardFn::apply(y, id, index);
   release(unit);
   return y;
 }
 
-double DataParallelEngine::micro_batch(const at::Tensor& tokens, const at::Tensor& targets, double loss_multiplier, bool last) {
-  last_micro_batch_ = last;
+at::Tensor DataParallelEngine::forward_chunk(int chunk, const at::Tensor& input, const at::Tensor& targets,
+                                             double loss_multiplier, double* loss_value) {
   const int64_t id = engine_id(this);
-  const std::size_t head = units_.size() - 1;
-  const bool stage3 = config_.zero_stage == 3, tied = model_.tied_embeddings;
-
-  gather(0, +1);
-  const variable_list embedding = UnitViewsFn::apply(anchor(0), id, 0);
-  at::Tensor x = embedding_forward(model_, embedding, tokens);
-  if (stage3) x = BeforeBackwardFn::apply(x, id, 0);
-  if (!tied) release(0);
-  for (std::size_t i = 1; i < head; ++i) x = run_unit_forward(i, x);
-
-  gather(head, +1);
-  const variable_list head_params = UnitViewsFn::apply(anchor(head), id, static_cast<int64_t>(head));
-  const at::Tensor& output_weight = tied ? embedding[0] : head_params.back();
-  const at::Tensor loss = head_loss(model_, head_params, output_weight, x, targets);
-  at::Tensor scaled = loss * loss_multiplier;
-  if (stage3) {
-    scaled = BeforeBackwardFn::apply(scaled, id, static_cast<int64_t>(head));
-    if (tied) scaled = BeforeBackwardFn::apply(scaled, id, 0);
+  const bool stage3 = config_.zero_stage == 3;
+  const auto [begin, end] = chunk_ranges_.at(static_cast<std::size_t>(chunk));
+  at::Tensor x = input;
+  variable_list embedding;
+  std::size_t embedding_unit = 0;
+  for (std::size_t i = begin; i < end; ++i) {
+    const auto index = static_cast<int64_t>(i);
+    switch (units_[i]->layout.kind) {
+      case UnitKind::kEmbedding: {
+        gather(i, +1);
+        embedding = UnitViewsFn::apply(anchor(i), id, index);
+        x = embedding_forward(model_, groups_.tp, embedding, input);
+        if (stage3) x = BeforeBackwardFn::apply(x, id, index);
+        embedding_unit = i;
+        if (!local_tied_) release(i);
+        break;
+      }
+      case UnitKind::kBlock: x = run_unit_forward(i, x); break;
+      case UnitKind::kHead: {
+        gather(i, +1);
+        const variable_list head_params = UnitViewsFn::apply(anchor(i), id, index);
+        const at::Tensor& output_weight = local_tied_ ? embedding[0] : head_params.back();
+        const at::Tensor loss = head_loss(model_, groups_.tp, head_params, output_weight, x, targets);
+        at::Tensor scaled = loss * loss_multiplier;
+        if (stage3) {
+          scaled = BeforeBackwardFn::apply(scaled, id, index);
+          if (local_tied_) scaled = BeforeBackwardFn::apply(scaled, id, static_cast<int64_t>(embedding_unit));
+        }
+        release(i);
+        if (local_tied_) release(embedding_unit);
+        if (loss_value != nullptr) *loss_value = loss.item<double>();
+        return scaled;
+      }
+    }
   }
-  release(head);
-  if (tied) release(0);
-
-  torch::autograd::backward({scaled});
-  drain(last);
-  return loss.item<double>();
+  return x;
 }
 
-void DataParallelEngine::on_unit_gradients(std::size_t unit, const std::vector<at::Tensor>& grads) {
+void DataParallelEngine::backward_begin(bool last) { last_micro_batch_ = last; }
+
+void DataParallelEngine::backward_end() { drain(); }
+
+int DataParallelEngine::tied_slot(std::size_t unit) const {
+  if (groups_.tied == nullptr || groups_.tied->size() == 1 || !model_.tied_embeddings) return -1;
+  const UnitLayout& l = units_[unit]->layout;
+  if (l.kind == UnitKind::kEmbedding) return 0;  // tokens.weight
+  for (std::size_t k = 0; k < l.slots.size(); ++k) {
+    if (l.slots[k].tied_copy) return static_cast<int>(k);
+  }
+  return -1;
+}
+
+void DataParallelEngine::finish_step() {
+  const int stage = config_.zero_stage;
+  for (std::size_t unit : tied_deferred_) {
+    Unit& u = *units_[unit];
+    const ParamSlot& slot = u.layout.slots[static_cast<std::size_t>(tied_slot(unit))];
+    if (stage <= 1) {
+      at::Tensor region = u.grad.narrow(0, slot.offset, slot.numel);
+      groups_.tied->all_reduce_sum(region)->wait();
+      launch_reduction(unit, u.grad);
+    } else {
+      groups_.tied->all_reduce_sum(u.tied_grad)->wait();
+      at::Tensor full = at::zeros({u.padded}, u.grad.options());
+      full.narrow(0, slot.offset, slot.numel).copy_(u.tied_grad);
+      u.tied_grad.zero_();
+      launch_reduction(unit, full);
+    }
+  }
+  tied_deferred_.clear();
+  drain();
+  const auto t0 = std::chrono::steady_clock::now();
+  if (stage >= 2 && replica_comm_->size() > 1) {
+    std::vector<std::unique_ptr<Work>> works;
+    for (auto& u : units_) works.push_back(replica_comm_->all_reduce_sum(u->grad));
+    for (auto& w : works) w->wait();
+  }
+  const double inverse = 1.0 / world_.size();
+  for (auto& u : units_) u->owned_grad(stage).mul_(inverse);
+  timers_.dp_wait_seconds += seconds_since(t0);
+}
+
+void DataParallelEngine::on_unit_gradients(std::size_t unit, const std::vector<at::Tensor>& grads_in) {
   Unit& u = *units_[unit];
   const int stage = config_.zero_stage;
+  // Complete replicated parameters' gradients over the TP ranks that share them (float32).
+  std::vector<at::Tensor> grads(grads_in.size());
+  for (std::size_t k = 0; k < grads_in.size(); ++k) {
+    if (!grads_in[k].defined()) continue;
+    grads[k] = grads_in[k].to(at::kFloat).contiguous();
+    const GradSum sum = u.layout.slots[k].grad_sum;
+    Communicator* group = sum == GradSum::kTensorParallel ? groups_.tp.comm : sum == GradSum::kKvGroup ? groups_.kv : nullptr;
+    if (group != nullptr && group->size() > 1) {
+      grads[k] = grads[k].clone();
+      group->all_reduce_sum(grads[k])->wait();
+    }
+  }
+  const int tied = tied_slot(unit);
   if (stage <= 1) {
     for (std::size_t k = 0; k < grads.size(); ++k) {
       if (!grads[k].defined()) continue;
@@ -281,7 +365,8 @@ void DataParallelEngine::on_unit_gradients(std::size_t unit, const std::vector<a
       u.grad.narrow(0, s.offset, s.numel).add_(grads[k].reshape({-1}));
     }
     if (last_micro_batch_) {
-      if (config_.overlap_grad_reduce) launch_reduction(unit, u.grad);
+      if (tied >= 0) tied_deferred_.push_back(unit);
+      else if (config_.overlap_grad_reduce) launch_reduction(unit, u.grad);
       else deferred_.emplace_back(unit, u.grad);
     }
   } else {
@@ -289,6 +374,12 @@ void DataParallelEngine::on_unit_gradients(std::size_t unit, const std::vector<a
     for (std::size_t k = 0; k < grads.size(); ++k) {
       if (!grads[k].defined()) continue;
       const ParamSlot& s = u.layout.slots[k];
+      if (static_cast<int>(k) == tied) {  // summed with the other stage's copy once per step
+        if (!u.tied_grad.defined()) u.tied_grad = at::zeros({s.numel}, u.grad.options());
+        u.tied_grad.add_(grads[k].reshape({-1}));
+        if (last_micro_batch_) tied_deferred_.push_back(unit);
+        continue;
+      }
       full.narrow(0, s.offset, s.numel).copy_(grads[k].reshape({-1}));
     }
     if (config_.overlap_grad_reduce) launch_reduction(unit, full);
@@ -311,7 +402,7 @@ void DataParallelEngine::launch_reduction(std::size_t unit, at::Tensor full_grad
   pending_.push_back(std::move(p));
 }
 
-void DataParallelEngine::drain(bool last) {
+void DataParallelEngine::drain() {
   for (auto& [unit, grad] : deferred_) launch_reduction(unit, grad);
   deferred_.clear();
   const auto t0 = std::chrono::steady_clock::now();
@@ -323,28 +414,23 @@ void DataParallelEngine::drain(bool last) {
     if (stage >= 2) u.grad.add_(p.result);
   }
   pending_.clear();
-  if (last) {
-    if (stage >= 2 && replica_comm_->size() > 1) {
-      std::vector<std::unique_ptr<Work>> works;
-      for (auto& u : units_) works.push_back(replica_comm_->all_reduce_sum(u->grad));
-      for (auto& w : works) w->wait();
-    }
-    const double inverse = 1.0 / world_.size();
-    for (auto& u : units_) u->owned_grad(stage).mul_(inverse);
-  }
   timers_.dp_wait_seconds += seconds_since(t0);
 }
 
 double DataParallelEngine::gradient_norm() {
+  // Each element once over every axis: replicas, TP copies and the tied copy count nowhere else.
   double sum = 0;
-  for (auto& u : units_) sum += u->owned_grad(config_.zero_stage).pow(2).sum().item<double>();
-  return std::sqrt(all_reduce_scalar(*shard_comm_, sum));
+  for (auto& u : units_) {
+    const at::Tensor g = u->owned_grad(config_.zero_stage);
+    for (const auto& [start, length] : u->norm_ranges) sum += g.narrow(0, start, length).pow(2).sum().item<double>();
+  }
+  return std::sqrt(all_reduce_scalar(*groups_.world, sum));
 }
 
 bool DataParallelEngine::gradients_finite() {
   double bad = 0;
   for (auto& u : units_) bad += at::isfinite(u->owned_grad(config_.zero_stage)).logical_not().sum().item<double>();
-  return all_reduce_scalar(world_, bad) == 0;
+  return all_reduce_scalar(*groups_.world, bad) == 0;
 }
 
 void DataParallelEngine::optimizer_step(const AdamWSettings& a, double lr, double gradient_multiplier, int64_t step) {

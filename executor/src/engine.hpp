@@ -17,15 +17,26 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include <ATen/ATen.h>
 
 #include "comm.hpp"
+#include "tensor_parallel.hpp"
 #include "model.hpp"
 #include "trainplan/costmodel/plan.hpp"
 
 namespace trainplan::executor {
+
+// The groups the engine works over (parallel_dims.hpp builds them).
+struct EngineGroups {
+  Communicator* dp = nullptr;     // data-parallel group: ZeRO shards and gradient averages over it
+  Communicator* world = nullptr;  // every rank: gradient norm and overflow checks
+  Communicator* tied = nullptr;   // first and last stage when they both hold the tied token table
+  Communicator* kv = nullptr;     // TP ranks that share a key/value head (tp > kv_heads)
+  TensorParallel tp;
+};
 
 struct EngineConfig {
   int zero_stage = 0;
@@ -37,6 +48,7 @@ struct EngineConfig {
   at::ScalarType compute_dtype = at::kFloat;
   at::Device device = at::kCPU;
   uint64_t seed = 1234;
+  std::string shard_prefix;       // checkpoint shard files of this TP/PP position ("pp01_tp00_")
 };
 
 struct AdamWSettings {
@@ -64,17 +76,29 @@ class Unit;
 
 class DataParallelEngine {
  public:
-  // REQUIRES: world.size() % S == 0 (validated with the plan).
-  DataParallelEngine(const costmodel::ModelSpec& model, const EngineConfig& config, Communicator& world, int64_t seq_len);
+  // `units`: this rank's units (model_layout pieces), grouped by model chunk in execution order;
+  // `chunk_of_unit[i]` is unit i's chunk (0 .. chunks-1, non-decreasing).
+  // REQUIRES: groups.dp->size() % S == 0 (validated with the plan).
+  DataParallelEngine(const costmodel::ModelSpec& model, const EngineConfig& config, const EngineGroups& groups,
+                     std::vector<UnitLayout> units, const std::vector<int>& chunk_of_unit, int64_t seq_len);
   ~DataParallelEngine();
   DataParallelEngine(const DataParallelEngine&) = delete;
   DataParallelEngine& operator=(const DataParallelEngine&) = delete;
 
-  // Forward and backward of one micro-batch. `tokens`/`targets`: [micro_batch, seq] int64 on the
-  // engine's device. The backward pass is scaled by `loss_multiplier` (1/accumulation x loss
-  // scale). Returns the micro-batch's mean loss (unscaled). `last` marks the last micro-batch of
-  // the step: data-parallel reductions then complete before this returns.
-  double micro_batch(const at::Tensor& tokens, const at::Tensor& targets, double loss_multiplier, bool last);
+  // Forward of one model chunk for one micro-batch, recording the graph. `input`: tokens
+  // ([micro_batch, seq] int64) when the chunk holds the embedding, else the previous chunk's
+  // activation. Returns the activation, or, when the chunk holds the head, the loss multiplied
+  // by `loss_multiplier` (1/accumulation x loss scale) with the unscaled loss in `*loss`.
+  [[nodiscard]] at::Tensor forward_chunk(int chunk, const at::Tensor& input, const at::Tensor& targets,
+                                         double loss_multiplier, double* loss);
+  [[nodiscard]] int chunks() const { return static_cast<int>(chunk_ranges_.size()); }
+  // Around the autograd backward of one chunk's micro-batch: `last` marks the chunk's last
+  // micro-batch of the step (gradient reductions start during it); end waits for the reductions.
+  void backward_begin(bool last);
+  void backward_end();
+  // After every micro-batch: tied-embedding gradients summed between first and last stage,
+  // deferred reductions, hybrid-shard replicas, and the average over data-parallel ranks.
+  void finish_step();
 
   // Global L2 norm of the (averaged, still loss-scaled) gradients over every shard.
   [[nodiscard]] double gradient_norm();
@@ -110,24 +134,30 @@ class DataParallelEngine {
   [[nodiscard]] at::Tensor anchor(std::size_t unit);
   [[nodiscard]] const costmodel::ModelSpec& model() const { return model_; }
   [[nodiscard]] const Rotary& rotary() const { return rotary_; }
+  [[nodiscard]] const TensorParallel& tp() const { return groups_.tp; }
   [[nodiscard]] const EngineConfig& config() const { return config_; }
 
  private:
   struct Pending;
   void launch_reduction(std::size_t unit, at::Tensor full_grad);
-  void drain(bool last);
+  void drain();
+  [[nodiscard]] int tied_slot(std::size_t unit) const;
   [[nodiscard]] bool recompute_block(int layer) const;
   [[nodiscard]] at::Tensor run_unit_forward(std::size_t unit, const at::Tensor& x);
   void refresh_compute_copies();
 
   costmodel::ModelSpec model_;
   EngineConfig config_;
-  Communicator& world_;
+  EngineGroups groups_;
+  Communicator& world_;  // the data-parallel group (groups_.dp)
   std::unique_ptr<Communicator> shard_comm_, replica_comm_;
   std::vector<UnitLayout> layout_;
   std::vector<std::unique_ptr<Unit>> units_;
   std::vector<Pending> pending_;
   std::vector<std::pair<std::size_t, at::Tensor>> deferred_;  // without overlap: reduced after backward
+  std::vector<std::size_t> tied_deferred_;                     // units whose reduction waits for the tied sum
+  std::vector<std::pair<std::size_t, std::size_t>> chunk_ranges_;  // [begin, end) units of each chunk
+  bool local_tied_ = false;  // tied embeddings with embedding and head on this rank
   Rotary rotary_;
   bool last_micro_batch_ = false;
   EngineTimers timers_;

@@ -19,10 +19,28 @@ constexpr double kInitStd = 0.02;
 constexpr double kNormEps = 1e-5;
 constexpr double kRopeTheta = 10000.0;
 
-void add_slot(UnitLayout& u, const std::string& name, std::vector<int64_t> shape, InitKind init, bool decay) {
+// How one parameter is cut over the TP group.
+struct Cut {
+  int split_dim = -1;
+  int shard_index = 0, shard_count = 1;
+  bool primary = true;
+  GradSum grad_sum = GradSum::kNone;
+  bool tied_copy = false;
+};
+
+void add_slot(UnitLayout& u, const std::string& name, std::vector<int64_t> full_shape, InitKind init, bool decay,
+              const Cut& cut = {}) {
   ParamSlot s;
   s.name = u.name + "." + name;
-  s.shape = std::move(shape);
+  s.full_shape = full_shape;
+  s.shape = std::move(full_shape);
+  if (cut.split_dim >= 0) s.shape[static_cast<std::size_t>(cut.split_dim)] /= cut.shard_count;
+  s.split_dim = cut.split_dim;
+  s.shard_index = cut.shard_index;
+  s.shard_count = cut.shard_count;
+  s.primary = cut.primary;
+  s.grad_sum = cut.grad_sum;
+  s.tied_copy = cut.tied_copy;
   s.numel = 1;
   for (int64_t d : s.shape) s.numel *= d;
   s.offset = u.numel;
@@ -31,6 +49,24 @@ void add_slot(UnitLayout& u, const std::string& name, std::vector<int64_t> shape
   u.numel += s.numel;
   u.slots.push_back(std::move(s));
 }
+
+// The cuts of a Megatron-style layout for one TP rank.
+struct Cuts {
+  Cut column, row, replicated, kv;
+  explicit Cuts(const cm::ModelSpec& m, const ModelSharding& s) {
+    const int tp = s.tp, r = s.tp_rank;
+    column = {0, r, tp, true, GradSum::kNone, false};
+    row = {1, r, tp, true, GradSum::kNone, false};
+    replicated = {-1, 0, 1, r == 0, tp > 1 && s.sequence_parallel ? GradSum::kTensorParallel : GradSum::kNone, false};
+    if (tp <= m.kv_heads) {
+      kv = column;
+    } else {  // tp / kv_heads ranks share each key/value head
+      const int share = tp / m.kv_heads;
+      kv = {0, r / share, m.kv_heads, r % share == 0, GradSum::kKvGroup, false};
+    }
+    if (tp == 1) column = row = replicated = kv = Cut{};
+  }
+};
 
 uint64_t name_hash(const std::string& text) {
   uint64_t h = 1469598103934665603ULL;  // FNV-1a 64
@@ -79,57 +115,75 @@ at::Tensor apply_rotary(const at::Tensor& x, const Rotary& r) {
 
 }  // namespace
 
-std::vector<UnitLayout> model_layout(const cm::ModelSpec& m) {
+std::vector<UnitLayout> model_layout(const cm::ModelSpec& m, const ModelSharding& sharding) {
   const bool gpt = m.architecture == cm::Architecture::kGpt;
   const int64_t h = m.hidden, kv = m.kv_dim(), f = m.ffn_hidden;
+  const Cuts c(m, sharding);
   std::vector<UnitLayout> units;
 
   UnitLayout emb{"embedding", UnitKind::kEmbedding, -1, {}, 0};
-  add_slot(emb, "tokens.weight", {m.vocab, h}, InitKind::kNormal, true);
-  if (gpt) add_slot(emb, "positions.weight", {m.max_seq_len, h}, InitKind::kNormal, false);
+  add_slot(emb, "tokens.weight", {m.vocab, h}, InitKind::kNormal, true, c.column);
+  if (gpt) add_slot(emb, "positions.weight", {m.max_seq_len, h}, InitKind::kNormal, false, c.replicated);
   units.push_back(std::move(emb));
 
   for (int l = 0; l < m.layers; ++l) {
     UnitLayout b{"layers." + std::to_string(l), UnitKind::kBlock, l, {}, 0};
-    add_slot(b, "attention_norm.weight", {h}, InitKind::kOnes, false);
-    if (gpt) add_slot(b, "attention_norm.bias", {h}, InitKind::kZeros, false);
-    add_slot(b, "attention.wq.weight", {h, h}, InitKind::kNormal, true);
-    add_slot(b, "attention.wk.weight", {kv, h}, InitKind::kNormal, true);
-    add_slot(b, "attention.wv.weight", {kv, h}, InitKind::kNormal, true);
-    add_slot(b, "attention.wo.weight", {h, h}, InitKind::kScaledNormal, true);
+    add_slot(b, "attention_norm.weight", {h}, InitKind::kOnes, false, c.replicated);
+    if (gpt) add_slot(b, "attention_norm.bias", {h}, InitKind::kZeros, false, c.replicated);
+    add_slot(b, "attention.wq.weight", {h, h}, InitKind::kNormal, true, c.column);
+    add_slot(b, "attention.wk.weight", {kv, h}, InitKind::kNormal, true, c.kv);
+    add_slot(b, "attention.wv.weight", {kv, h}, InitKind::kNormal, true, c.kv);
+    add_slot(b, "attention.wo.weight", {h, h}, InitKind::kScaledNormal, true, c.row);
     if (gpt) {
-      add_slot(b, "attention.wq.bias", {h}, InitKind::kZeros, false);
-      add_slot(b, "attention.wk.bias", {kv}, InitKind::kZeros, false);
-      add_slot(b, "attention.wv.bias", {kv}, InitKind::kZeros, false);
-      add_slot(b, "attention.wo.bias", {h}, InitKind::kZeros, false);
+      add_slot(b, "attention.wq.bias", {h}, InitKind::kZeros, false, c.column);
+      add_slot(b, "attention.wk.bias", {kv}, InitKind::kZeros, false, c.kv);
+      add_slot(b, "attention.wv.bias", {kv}, InitKind::kZeros, false, c.kv);
+      add_slot(b, "attention.wo.bias", {h}, InitKind::kZeros, false, c.replicated);
     }
-    add_slot(b, "mlp_norm.weight", {h}, InitKind::kOnes, false);
+    add_slot(b, "mlp_norm.weight", {h}, InitKind::kOnes, false, c.replicated);
     if (gpt) {
-      add_slot(b, "mlp_norm.bias", {h}, InitKind::kZeros, false);
-      add_slot(b, "mlp.fc1.weight", {f, h}, InitKind::kNormal, true);
-      add_slot(b, "mlp.fc1.bias", {f}, InitKind::kZeros, false);
-      add_slot(b, "mlp.fc2.weight", {h, f}, InitKind::kScaledNormal, true);
-      add_slot(b, "mlp.fc2.bias", {h}, InitKind::kZeros, false);
+      add_slot(b, "mlp_norm.bias", {h}, InitKind::kZeros, false, c.replicated);
+      add_slot(b, "mlp.fc1.weight", {f, h}, InitKind::kNormal, true, c.column);
+      add_slot(b, "mlp.fc1.bias", {f}, InitKind::kZeros, false, c.column);
+      add_slot(b, "mlp.fc2.weight", {h, f}, InitKind::kScaledNormal, true, c.row);
+      add_slot(b, "mlp.fc2.bias", {h}, InitKind::kZeros, false, c.replicated);
     } else {
-      add_slot(b, "mlp.gate.weight", {f, h}, InitKind::kNormal, true);
-      add_slot(b, "mlp.up.weight", {f, h}, InitKind::kNormal, true);
-      add_slot(b, "mlp.down.weight", {h, f}, InitKind::kScaledNormal, true);
+      add_slot(b, "mlp.gate.weight", {f, h}, InitKind::kNormal, true, c.column);
+      add_slot(b, "mlp.up.weight", {f, h}, InitKind::kNormal, true, c.column);
+      add_slot(b, "mlp.down.weight", {h, f}, InitKind::kScaledNormal, true, c.row);
     }
     units.push_back(std::move(b));
   }
 
   UnitLayout head{"head", UnitKind::kHead, -1, {}, 0};
-  add_slot(head, "norm.weight", {h}, InitKind::kOnes, false);
-  if (gpt) add_slot(head, "norm.bias", {h}, InitKind::kZeros, false);
-  if (!m.tied_embeddings) add_slot(head, "output.weight", {m.vocab, h}, InitKind::kNormal, true);
+  add_slot(head, "norm.weight", {h}, InitKind::kOnes, false, c.replicated);
+  if (gpt) add_slot(head, "norm.bias", {h}, InitKind::kZeros, false, c.replicated);
+  if (!m.tied_embeddings) {
+    add_slot(head, "output.weight", {m.vocab, h}, InitKind::kNormal, true, c.column);
+  } else if (sharding.split_tied_embedding) {
+    Cut copy = c.column;
+    copy.tied_copy = true;
+    add_slot(head, "output.weight", {m.vocab, h}, InitKind::kNormal, true, copy);
+  }
   units.push_back(std::move(head));
   return units;
 }
 
-void init_unit(const UnitLayout& unit, const cm::ModelSpec& m, uint64_t seed, at::Tensor& flat) {
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed ^ name_hash(unit.name));
+at::Tensor slot_piece(const ParamSlot& s, const at::Tensor& full) {
+  const at::Tensor whole = full.reshape(s.full_shape);
+  if (s.split_dim < 0) return whole.clone();
+  const int64_t size = s.shape[static_cast<std::size_t>(s.split_dim)];
+  return whole.narrow(s.split_dim, s.shard_index * size, size).contiguous();
+}
+
+namespace {
+
+// The whole (unsharded) unit's initial values.
+at::Tensor init_whole_unit(const UnitLayout& whole, const cm::ModelSpec& m, uint64_t seed) {
+  at::Tensor flat = at::zeros({whole.numel}, at::TensorOptions().dtype(at::kFloat));
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed ^ name_hash(whole.name));
   const double scaled = kInitStd / std::sqrt(2.0 * m.layers);
-  for (const ParamSlot& s : unit.slots) {
+  for (const ParamSlot& s : whole.slots) {
     at::Tensor dst = flat.narrow(0, s.offset, s.numel);
     switch (s.init) {
       case InitKind::kNormal: dst.copy_(at::normal(0.0, kInitStd, {s.numel}, gen)); break;
@@ -137,6 +191,37 @@ void init_unit(const UnitLayout& unit, const cm::ModelSpec& m, uint64_t seed, at
       case InitKind::kOnes: dst.fill_(1.0); break;
       case InitKind::kZeros: dst.zero_(); break;
     }
+  }
+  return flat;
+}
+
+const UnitLayout& find_unit(const std::vector<UnitLayout>& units, const std::string& name) {
+  for (const auto& u : units) {
+    if (u.name == name) return u;
+  }
+  throw std::logic_error("model layout has no unit " + name);
+}
+
+}  // namespace
+
+void init_unit(const UnitLayout& unit, const cm::ModelSpec& m, uint64_t seed, at::Tensor& flat) {
+  const std::vector<UnitLayout> whole_units = model_layout(m);
+  const UnitLayout& whole = find_unit(whole_units, unit.name);
+  const at::Tensor values = init_whole_unit(whole, m, seed);
+  for (const ParamSlot& s : unit.slots) {
+    at::Tensor full;
+    if (s.tied_copy) {  // the token table, from the embedding unit
+      const UnitLayout& embedding = find_unit(whole_units, "embedding");
+      full = init_whole_unit(embedding, m, seed).narrow(0, embedding.slots[0].offset, embedding.slots[0].numel);
+    } else {
+      const ParamSlot* match = nullptr;
+      for (const ParamSlot& w : whole.slots) {
+        if (w.name == s.name) match = &w;
+      }
+      if (match == nullptr) throw std::logic_error("unit " + unit.name + " has no parameter " + s.name);
+      full = values.narrow(0, match->offset, match->numel);
+    }
+    flat.narrow(0, s.offset, s.numel).copy_(slot_piece(s, full).reshape({-1}));
   }
 }
 
@@ -149,19 +234,24 @@ Rotary make_rotary(const cm::ModelSpec& m, int64_t seq_len, const at::Device& de
   return Rotary{both.cos().to(device), both.sin().to(device)};
 }
 
-at::Tensor embedding_forward(const cm::ModelSpec& m, const std::vector<at::Tensor>& p, const at::Tensor& tokens) {
-  at::Tensor x = at::embedding(p[0], tokens);
+at::Tensor embedding_forward(const cm::ModelSpec& m, const TensorParallel& tp, const std::vector<at::Tensor>& p,
+                             const at::Tensor& tokens) {
+  at::Tensor x = tp.active() ? leave_tp_region(tp, vocab_parallel_embedding(p[0], tokens, tp.rank() * p[0].size(0)))
+                             : at::embedding(p[0], tokens);
   if (m.architecture == cm::Architecture::kGpt) {
-    const at::Tensor positions = at::arange(tokens.size(1), tokens.options());
+    const int64_t first = tp.sharded_sequence() ? tp.rank() * x.size(1) : 0;  // this rank's sequence shard
+    const at::Tensor positions = at::arange(first, first + x.size(1), tokens.options());
     x = x + at::embedding(p[1], positions).unsqueeze(0);
   }
   return x;
 }
 
-at::Tensor block_forward(const cm::ModelSpec& m, const std::vector<at::Tensor>& p, const at::Tensor& x, const Rotary& rotary,
-                         AttentionRecompute recompute) {
+at::Tensor block_forward(const cm::ModelSpec& m, const TensorParallel& tp, const std::vector<at::Tensor>& p, const at::Tensor& x,
+                         const Rotary& rotary, AttentionRecompute recompute) {
   const bool gpt = m.architecture == cm::Architecture::kGpt;
-  const int64_t b = x.size(0), s = x.size(1), hd = m.head_dim();
+  const int64_t hd = m.head_dim();
+  const int64_t heads = m.heads / tp.size();                                    // this rank's query heads
+  const int64_t kv_heads = tp.size() <= m.kv_heads ? m.kv_heads / tp.size() : 1;  // and key/value heads
   std::size_t i = 0;
   const at::Tensor& n1w = p[i++];
   const at::Tensor* n1b = gpt ? &p[i++] : nullptr;
@@ -176,39 +266,43 @@ at::Tensor block_forward(const cm::ModelSpec& m, const std::vector<at::Tensor>& 
   const at::Tensor& n2w = p[i++];
   const at::Tensor* n2b = gpt ? &p[i++] : nullptr;
 
-  const at::Tensor a = norm(m, x, n1w, n1b);
-  at::Tensor q = at::linear(a, wq, bq).view({b, s, m.heads, hd}).transpose(1, 2);
-  at::Tensor k = at::linear(a, wk, bk).view({b, s, m.kv_heads, hd}).transpose(1, 2);
-  at::Tensor v = at::linear(a, wv, bv).view({b, s, m.kv_heads, hd}).transpose(1, 2);
+  const at::Tensor a = enter_tp_region(tp, norm(m, x, n1w, n1b));  // [b, s, h], the whole sequence
+  const int64_t b = a.size(0), s = a.size(1);
+  at::Tensor q = at::linear(a, wq, bq).view({b, s, heads, hd}).transpose(1, 2);
+  at::Tensor k = at::linear(a, wk, bk).view({b, s, kv_heads, hd}).transpose(1, 2);
+  at::Tensor v = at::linear(a, wv, bv).view({b, s, kv_heads, hd}).transpose(1, 2);
   if (!gpt) {
     q = apply_rotary(q, rotary);
     k = apply_rotary(k, rotary);
   }
-  const bool gqa = m.kv_heads != m.heads;
+  const bool gqa = kv_heads != heads;
   at::Tensor attn = recompute == AttentionRecompute::kSelective
                         ? RecomputedAttention::apply(q, k, v, gqa)
                         : at::scaled_dot_product_attention(q, k, v, {}, 0.0, true, std::nullopt, gqa);
-  attn = attn.transpose(1, 2).reshape({b, s, m.hidden});
-  const at::Tensor h1 = x + at::linear(attn, wo, bo);
+  attn = attn.transpose(1, 2).reshape({b, s, heads * hd});
+  at::Tensor projected = leave_tp_region(tp, at::linear(attn, wo));  // row-parallel: bias after the sum
+  if (bo.defined()) projected = projected + bo;
+  const at::Tensor h1 = x + projected;
 
-  const at::Tensor c = norm(m, h1, n2w, n2b);
+  const at::Tensor c = enter_tp_region(tp, norm(m, h1, n2w, n2b));
   at::Tensor mlp;
   if (gpt) {
     const at::Tensor &w1 = p[i], &b1 = p[i + 1], &w2 = p[i + 2], &b2 = p[i + 3];
-    mlp = at::linear(at::gelu(at::linear(c, w1, b1), "tanh"), w2, b2);
+    mlp = leave_tp_region(tp, at::linear(at::gelu(at::linear(c, w1, b1), "tanh"), w2)) + b2;
   } else {
     const at::Tensor &gate = p[i], &up = p[i + 1], &down = p[i + 2];
-    mlp = at::linear(at::silu(at::linear(c, gate)) * at::linear(c, up), down);
+    mlp = leave_tp_region(tp, at::linear(at::silu(at::linear(c, gate)) * at::linear(c, up), down));
   }
   return h1 + mlp;
 }
 
-at::Tensor head_loss(const cm::ModelSpec& m, const std::vector<at::Tensor>& p, const at::Tensor& output_weight,
-                     const at::Tensor& x, const at::Tensor& targets) {
+at::Tensor head_loss(const cm::ModelSpec& m, const TensorParallel& tp, const std::vector<at::Tensor>& p,
+                     const at::Tensor& output_weight, const at::Tensor& x, const at::Tensor& targets) {
   const bool gpt = m.architecture == cm::Architecture::kGpt;
-  const at::Tensor normed = norm(m, x, p[0], gpt ? &p[1] : nullptr);
-  const at::Tensor logits = at::linear(normed, output_weight);
-  return at::cross_entropy_loss(logits.view({-1, m.vocab}).to(at::kFloat), targets.reshape({-1}));
+  const at::Tensor normed = enter_tp_region(tp, norm(m, x, p[0], gpt ? &p[1] : nullptr));
+  const at::Tensor logits = at::linear(normed, output_weight);  // [b, s, vocab / tp]
+  return vocab_parallel_cross_entropy(tp, logits.reshape({-1, logits.size(-1)}).to(at::kFloat), targets.reshape({-1}),
+                                      tp.rank() * output_weight.size(0));
 }
 
 }  // namespace trainplan::executor

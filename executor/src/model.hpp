@@ -12,15 +12,30 @@
 
 #include <ATen/ATen.h>
 
+#include "tensor_parallel.hpp"
 #include "trainplan/costmodel/model.hpp"
 
 namespace trainplan::executor {
 
 enum class InitKind { kNormal, kScaledNormal, kOnes, kZeros };
 
+// How a parameter's gradient is completed across the TP group before data-parallel reduction.
+enum class GradSum {
+  kNone,            // sharded, or replicated with identical gradients on every TP rank
+  kTensorParallel,  // replicated, each TP rank holding part of the gradient (sequence parallelism)
+  kKvGroup,         // a key/value head replicated over tp / kv_heads ranks (tp > kv_heads)
+};
+
 struct ParamSlot {
   std::string name;              // e.g. "layers.3.attention.wq.weight"
-  std::vector<int64_t> shape;
+  std::vector<int64_t> shape;    // this rank's piece
+  std::vector<int64_t> full_shape;  // the whole parameter (equal to shape without TP)
+  int split_dim = -1;            // the dim TP splits, -1 when replicated
+  int shard_index = 0;           // this rank's piece along split_dim, of shard_count equal pieces
+  int shard_count = 1;
+  bool primary = true;           // the first TP rank holding this piece (counts it in norms, exports it)
+  bool tied_copy = false;        // pp > 1 with tied embeddings: the last stage's copy of the token table
+  GradSum grad_sum = GradSum::kNone;
   int64_t offset = 0;            // elements from the start of the unit's flat buffer
   int64_t numel = 0;
   InitKind init = InitKind::kNormal;
@@ -37,16 +52,34 @@ struct UnitLayout {
   int64_t numel = 0;
 };
 
-// Units in execution order: embedding, layers.0 .. layers.L-1, head. With tied embeddings the
-// output projection is the embedding unit's token table.
-// REQUIRES: no mixture of experts (the executor rejects MoE models before this).
-[[nodiscard]] std::vector<UnitLayout> model_layout(const costmodel::ModelSpec& model);
+// How this rank's copy of the model is cut (tensor_parallel.hpp for the operators).
+struct ModelSharding {
+  int tp = 1, tp_rank = 0;
+  bool sequence_parallel = false;
+  // The embedding and the output layer are tied but live on different pipeline stages: the head
+  // unit gets its own copy of the token table (`head.output.weight`, tied_copy), kept equal to
+  // the embedding's by summing their gradients (Megatron's embedding group).
+  bool split_tied_embedding = false;
+};
+
+// Units in execution order: embedding, layers.0 .. layers.L-1, head, with this rank's TP pieces:
+// q/k/v, MLP up/gate/fc1 column-parallel (split dim 0), attention output and MLP down/fc2
+// row-parallel (split dim 1), token table and output layer split by vocabulary (dim 0), norms
+// and row-parallel biases replicated. Key/value heads are split when tp <= kv_heads, else each
+// rank holds the one its query heads use. With tied embeddings (and no split) the output
+// projection is the embedding unit's token table.
+// REQUIRES: no mixture of experts; tp divides heads, ffn_hidden and vocab, and tp and kv_heads
+// divide one another (checked by the trainer).
+[[nodiscard]] std::vector<UnitLayout> model_layout(const costmodel::ModelSpec& model, const ModelSharding& sharding = {});
 
 // Initial values of one unit into `flat` (float32, unit.numel elements): N(0, 0.02) for
 // matrices, N(0, 0.02/sqrt(2L)) for the projections that feed the residual stream (GPT-2),
-// ones for norm weights, zeros for biases. Deterministic in (seed, unit name), independent of
-// the parallel layout.
+// ones for norm weights, zeros for biases. Deterministic in (seed, unit name) for the whole
+// unit, then cut to this rank's pieces, so every layout starts from the same model.
 void init_unit(const UnitLayout& unit, const costmodel::ModelSpec& model, uint64_t seed, at::Tensor& flat);
+
+// This rank's piece of a whole parameter (`full` has slot.full_shape), as a new tensor.
+[[nodiscard]] at::Tensor slot_piece(const ParamSlot& slot, const at::Tensor& full);
 
 // Rotary tables for Llama-style attention: cos and sin of shape [seq, head_dim], float32.
 struct Rotary {
@@ -54,19 +87,22 @@ struct Rotary {
 };
 [[nodiscard]] Rotary make_rotary(const costmodel::ModelSpec& model, int64_t seq_len, const at::Device& device);
 
-// tokens [batch, seq] int64 -> hidden [batch, seq, h] in the parameters' dtype.
-[[nodiscard]] at::Tensor embedding_forward(const costmodel::ModelSpec& model, const std::vector<at::Tensor>& params,
-                                           const at::Tensor& tokens);
+// tokens [batch, seq] int64 -> hidden [batch, seq, h] (sequence parallel: [batch, seq/tp, h])
+// in the parameters' dtype.
+[[nodiscard]] at::Tensor embedding_forward(const costmodel::ModelSpec& model, const TensorParallel& tp,
+                                           const std::vector<at::Tensor>& params, const at::Tensor& tokens);
 
 enum class AttentionRecompute { kNone, kSelective };
 
 // One transformer block: x + attention(norm(x)), then + mlp(norm(x)).
-[[nodiscard]] at::Tensor block_forward(const costmodel::ModelSpec& model, const std::vector<at::Tensor>& params,
-                                       const at::Tensor& x, const Rotary& rotary, AttentionRecompute recompute);
+[[nodiscard]] at::Tensor block_forward(const costmodel::ModelSpec& model, const TensorParallel& tp,
+                                       const std::vector<at::Tensor>& params, const at::Tensor& x, const Rotary& rotary,
+                                       AttentionRecompute recompute);
 
-// Final norm, output projection (`output_weight` [vocab, h]) and mean cross-entropy over every
-// token in float32. Returns the scalar loss.
-[[nodiscard]] at::Tensor head_loss(const costmodel::ModelSpec& model, const std::vector<at::Tensor>& head_params,
-                                   const at::Tensor& output_weight, const at::Tensor& x, const at::Tensor& targets);
+// Final norm, output projection (`output_weight`: this rank's [vocab/tp, h] rows) and mean
+// cross-entropy over every token in float32 (vocabulary-parallel under TP). Returns the scalar loss.
+[[nodiscard]] at::Tensor head_loss(const costmodel::ModelSpec& model, const TensorParallel& tp,
+                                   const std::vector<at::Tensor>& head_params, const at::Tensor& output_weight,
+                                   const at::Tensor& x, const at::Tensor& targets);
 
 }  // namespace trainplan::executor

@@ -18,6 +18,9 @@
 #include "data.hpp"
 #include "engine.hpp"
 #include "gpu.hpp"
+#include "parallel_dims.hpp"
+#include "pipeline.hpp"
+#include "trainplan/costmodel/schedule.hpp"
 #include "trainplan/costmodel/compute.hpp"
 #include "trainplan/costmodel/estimate.hpp"
 #include "trainplan/costmodel/presets.hpp"
@@ -53,10 +56,16 @@ void check_supported(const cm::Plan& plan) {
   std::vector<std::string> problems;
   const auto& p = plan.parallel;
   const auto& t = plan.training;
-  if (p.tp != 1 || p.pp != 1 || p.cp != 1 || p.ep != 1) {
-    problems.push_back("tensor, pipeline, context and expert parallelism are not in the executor yet (tp=" + std::to_string(p.tp) +
-                       ", pp=" + std::to_string(p.pp) + ", cp=" + std::to_string(p.cp) + ", ep=" + std::to_string(p.ep) +
-                       "; only data parallelism with ZeRO/FSDP runs)");
+  if (p.cp != 1 || p.ep != 1) {
+    problems.push_back("context and expert parallelism are not in the executor yet (cp=" + std::to_string(p.cp) + ", ep=" +
+                       std::to_string(p.ep) + "; tensor, sequence, pipeline and data parallelism run)");
+  }
+  if (p.tp > 1 && plan.model.vocab % p.tp != 0) {
+    problems.push_back("tp(" + std::to_string(p.tp) + ") must divide the vocabulary (" + std::to_string(plan.model.vocab) +
+                       ") for the vocabulary-parallel embedding and loss");
+  }
+  if (p.tp > 1 && p.sequence_parallel && t.seq_len % p.tp != 0) {
+    problems.push_back("sequence parallelism: tp(" + std::to_string(p.tp) + ") must divide seq_len (" + std::to_string(t.seq_len) + ")");
   }
   if (plan.model.moe) problems.push_back("mixture-of-experts models are not supported by the executor");
   if (t.mode == cm::TrainingMode::kLora || t.mode == cm::TrainingMode::kQlora) problems.push_back("LoRA/QLoRA fine-tuning is not supported by the executor");
@@ -171,11 +180,18 @@ World make_world(const RunOptions& o) {
   return w;
 }
 
-nlohmann::json measurement_json(const cm::Plan& plan, const World& w, const DataParallelEngine& engine,
+// One rank's memory, for picking the fullest rank (the estimate reports the worst stage).
+struct RankMemory {
+  StateBytes states;
+  double peak_bytes = 0, reserved_bytes = 0;
+  [[nodiscard]] double total() const { return peak_bytes > 0 ? peak_bytes : states.weights + states.gradients + states.optimizer; }
+};
+
+nlohmann::json measurement_json(const cm::Plan& plan, const World& w, const RankMemory& fullest,
                                 const std::vector<StepRecord>& steps, const std::vector<double>& losses,
-                                const std::string& command_line, const std::string& data) {
+                                const std::string& command_line, const std::string& data, const nlohmann::json& trace) {
   const cm::Estimate estimate = cm::estimate(plan);
-  const StateBytes states = engine.state_bytes();
+  const StateBytes states = fullest.states;
   std::vector<double> seconds, optimizer, dp_wait, peak;
   // The first step of a run pays one-time costs (allocator growth, kernel selection).
   for (std::size_t i = steps.size() > 2 ? 1 : 0; i < steps.size(); ++i) {
@@ -184,7 +200,6 @@ nlohmann::json measurement_json(const cm::Plan& plan, const World& w, const Data
     optimizer.push_back(steps[i].optimizer_seconds);
     dp_wait.push_back(steps[i].dp_wait_seconds);
   }
-  for (const auto& s : steps) peak.push_back(s.peak_memory_bytes);
   const double step_seconds = median(seconds);
   const double tokens = static_cast<double>(plan.training.global_batch) * static_cast<double>(plan.training.seq_len);
   const double world = w.comm->size();
@@ -197,10 +212,10 @@ nlohmann::json measurement_json(const cm::Plan& plan, const World& w, const Data
                                {"tokens_per_second_per_gpu", tokens_per_second / world},
                                {"model_tflops_per_gpu", model_tflops}};
   if (w.device.is_cuda()) {
-    const double peak_bytes = *std::max_element(peak.begin(), peak.end());
+    const double peak_bytes = fullest.peak_bytes;
     memory["total_bytes"] = peak_bytes;
     memory["activations_bytes"] = std::max(0.0, peak_bytes - states.weights - states.gradients - states.optimizer);
-    memory["reserved_bytes"] = cuda_peak_reserved_bytes();
+    memory["reserved_bytes"] = fullest.reserved_bytes;
     const double peak_flops = plan.cluster.gpu.peak_for(cm::compute_dtype(plan.training.precision)).value();
     if (peak_flops > 0) throughput["mfu"] = model_tflops * 1e12 / peak_flops;
   }
@@ -234,6 +249,7 @@ nlohmann::json measurement_json(const cm::Plan& plan, const World& w, const Data
       {"throughput", throughput},
       {"steps", step_list},
       {"losses", losses},
+      {"trace", trace},
   };
 }
 
@@ -252,10 +268,10 @@ int train(const RunOptions& o, const std::string& command_line, World& w, const 
   Communicator& comm = *w.comm;
   const int rank = comm.rank();
   const bool talk = rank == 0;
-  if (comm.size() != plan.gpus) {
-    throw InputError(o.plan_path + ": the plan is for " + std::to_string(plan.gpus) + " GPUs (tp(" + std::to_string(plan.parallel.tp) +
-                     ") * pp(" + std::to_string(plan.parallel.pp) + ") * dp(" + std::to_string(plan.parallel.dp) + ") * cp(" +
-                     std::to_string(plan.parallel.cp) + ")) but " + std::to_string(comm.size()) + " ranks were started");
+  const ParallelDims dims{plan.parallel.tp, plan.parallel.cp, plan.parallel.pp, plan.parallel.dp};
+  if (const std::string why = dims.mismatch(comm.size()); !why.empty()) {
+    throw InputError(o.plan_path + ": the plan is for " + std::to_string(plan.gpus) + " GPUs but " + std::to_string(comm.size()) +
+                     " ranks were started: " + why);
   }
   if (!w.device.is_cuda()) {
     const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
@@ -265,6 +281,23 @@ int train(const RunOptions& o, const std::string& command_line, World& w, const 
   const auto& p = plan.parallel;
   const auto& t = plan.training;
   const int64_t accumulation = t.global_batch / (static_cast<int64_t>(p.dp) * p.micro_batch);
+
+  // Parallelisms in torchtitan's order: process groups, TP pieces of every unit, this stage's
+  // chunks (cost-balanced by the cost model), then data parallelism (ZeRO) over what is left.
+  ProcessGroups groups = make_process_groups(dims, comm);
+  const RankCoords& at = groups.coords;
+  std::unique_ptr<Communicator> kv_group;
+  if (p.tp > plan.model.kv_heads) kv_group = groups.tp->split(at.tp / (p.tp / plan.model.kv_heads), at.tp, "kv");
+  const cm::Estimate estimate = cm::estimate(plan);
+  const std::vector<int> chunk_layers = estimate.pipeline.chunk_layers;
+  ModelSharding sharding;
+  sharding.tp = p.tp;
+  sharding.tp_rank = at.tp;
+  sharding.sequence_parallel = p.sequence_parallel && p.tp > 1;
+  sharding.split_tied_embedding = plan.model.tied_embeddings && p.pp > 1;
+  StageUnits mine = stage_units(model_layout(plan.model, sharding), chunk_layers, p.pp, at.pp);
+  EngineGroups engine_groups{groups.dp.get(), &comm, groups.tied.get(), kv_group.get(), TensorParallel{groups.tp.get(), sharding.sequence_parallel}};
+
   EngineConfig config;
   config.zero_stage = p.zero_stage;
   config.shard_group = p.shard_group;
@@ -275,7 +308,23 @@ int train(const RunOptions& o, const std::string& command_line, World& w, const 
   config.compute_dtype = torch_dtype(t.precision);
   config.device = w.device;
   config.seed = o.seed;
-  DataParallelEngine engine(plan.model, config, comm, t.seq_len);
+  if (p.tp > 1 || p.pp > 1) {
+    char prefix[32];
+    std::snprintf(prefix, sizeof(prefix), "pp%02d_tp%02d_", at.pp, at.tp);
+    config.shard_prefix = prefix;
+  }
+  DataParallelEngine engine(plan.model, config, engine_groups, std::move(mine.units), mine.chunk_of_unit, t.seq_len);
+
+  PipelineConfig pipeline;
+  pipeline.stages = p.pp;
+  pipeline.stage = at.pp;
+  pipeline.virtual_stages = p.virtual_stages;
+  pipeline.micro_batches = static_cast<int>(accumulation);
+  pipeline.schedule = p.schedule;
+  pipeline.activation_shape = {p.micro_batch, sharding.sequence_parallel ? t.seq_len / p.tp : t.seq_len, plan.model.hidden};
+  pipeline.activation_dtype = config.compute_dtype;
+  pipeline.device = w.device;
+  PipelineRunner runner(pipeline, engine, p.pp > 1 ? groups.pp.get() : nullptr);
 
   DataSpec data_spec;
   data_spec.source = o.data;
@@ -285,7 +334,10 @@ int train(const RunOptions& o, const std::string& command_line, World& w, const 
   DataLoader loader(data_spec, plan.model.vocab, t.seq_len);
 
   const std::string precision = cm::precision_name(t.precision);
-  const nlohmann::json layout = checkpoint_layout(engine, comm.size(), precision);
+  const nlohmann::json layout = checkpoint_layout(
+      engine, comm.size(), precision,
+      {{"tp", p.tp}, {"pp", p.pp}, {"dp", p.dp}, {"sequence_parallel", sharding.sequence_parallel},
+       {"virtual_stages", p.virtual_stages}, {"chunk_layers", chunk_layers}});
   TrainerState state;
   state.loss_scale = t.precision == cm::Precision::kFp16 ? 65536.0 : 1.0;
   if (!o.resume.empty()) {
@@ -297,13 +349,20 @@ int train(const RunOptions& o, const std::string& command_line, World& w, const 
 
   if (talk) {
     const StateBytes sb = engine.state_bytes();
+    std::string stages;
+    for (int n : chunk_layers) stages += (stages.empty() ? "" : "/") + std::to_string(n);
     std::cout << "executor: " << plan.name << " | " << plan.model.name << " | " << comm.size() << " rank(s) on " << w.device_name
-              << " | dp " << p.dp << ", ZeRO-" << p.zero_stage
+              << " | tp " << p.tp << (sharding.sequence_parallel ? " (sequence parallel)" : "") << ", pp " << p.pp;
+    if (p.pp > 1) {
+      std::cout << " (" << cm::schedule_name(p.schedule) << (p.virtual_stages > 1 ? ", " + std::to_string(p.virtual_stages) + " chunks/stage" : "")
+                << ", layers per chunk " << stages << ")";
+    }
+    std::cout << ", dp " << p.dp << ", ZeRO-" << p.zero_stage
               << (p.zero_stage == 3 && p.shard_group > 0 && p.shard_group < p.dp ? " hybrid (shard " + std::to_string(p.shard_group) + ")" : "")
               << ", micro-batch " << p.micro_batch << " x " << accumulation << " accumulation, recompute "
               << cm::recompute_name(p.recompute) << ", " << precision << "\n"
               << "data: " << loader.describe() << " | global batch " << t.global_batch << " x " << t.seq_len << " tokens\n"
-              << "model states per rank: weights " << gib(sb.weights) << ", gradients " << gib(sb.gradients) << ", optimizer "
+              << "model states on rank 0: weights " << gib(sb.weights) << ", gradients " << gib(sb.gradients) << ", optimizer "
               << gib(sb.optimizer) << "\n";
   }
 
@@ -312,6 +371,10 @@ int train(const RunOptions& o, const std::string& command_line, World& w, const 
   const double peak_flops = plan.cluster.gpu.peak_for(cm::compute_dtype(t.precision)).value();
   std::vector<StepRecord> records;
   int64_t run_steps = 0;
+  const int64_t trace_step = o.trace_step > 0 ? o.trace_step : o.steps;
+  nlohmann::json trace_events = nlohmann::json::array();
+  std::vector<double> stage_in_flight(static_cast<std::size_t>(p.pp), 0.0);
+  std::vector<double> step_bubbles;  // measured pipeline bubble of each step of this run
   while (state.step < o.steps) {
     const int64_t step = state.step + 1;
     if (o.fail_at_step == step && o.fail_rank == rank) {
@@ -319,15 +382,50 @@ int train(const RunOptions& o, const std::string& command_line, World& w, const 
       std::raise(SIGKILL);
     }
     if (w.device.is_cuda()) cuda_reset_peak();
+    const bool tracing = step == trace_step;
+    const bool timing_pipeline = p.pp > 1 || tracing;  // the bubble is measured every step of a pipeline
+    std::vector<TraceRecord> events;
+    if (timing_pipeline) comm.barrier();  // every rank's step starts together: one clock for the timeline
     const auto t0 = std::chrono::steady_clock::now();
-    double loss_sum = 0;
-    for (int64_t k = 0; k < accumulation; ++k) {
-      const MicroBatch mb = loader.micro_batch(step, comm.rank(), comm.size(), t.global_batch, p.micro_batch, k, w.device);
-      loss_sum += engine.micro_batch(mb.tokens, mb.targets, state.loss_scale / static_cast<double>(accumulation), k == accumulation - 1);
+    const auto batch = [&](int k) {
+      MicroBatch mb = loader.micro_batch(step, at.dp, p.dp, t.global_batch, p.micro_batch, k, w.device);
+      return std::make_pair(mb.tokens, mb.targets);
+    };
+    const double loss_sum = runner.run_step(batch, state.loss_scale / static_cast<double>(accumulation), timing_pipeline ? &events : nullptr);
+    if (p.pp > 1) {
+      // Bubble: per rank, the time within the step's compute span it does not compute, over the
+      // time it computes (costmodel/schedule.hpp); the mean over ranks.
+      double busy = 0, first = 1e300, last = 0;
+      for (const TraceRecord& e : events) {
+        if (e.kind != "forward" && e.kind != "backward") continue;
+        busy += e.end - e.start;
+        first = std::min(first, e.start);
+        last = std::max(last, e.end);
+      }
+      std::ostringstream mine_text;
+      mine_text.precision(17);
+      mine_text << busy << " " << first << " " << last;
+      double span_first = 1e300, span_last = 0, bubble = 0;
+      std::vector<std::pair<double, double>> ranks_busy;
+      for (const std::string& text : comm.all_gather_strings(mine_text.str())) {
+        std::istringstream in(text);
+        double b = 0, f = 0, l = 0;
+        in >> b >> f >> l;
+        span_first = std::min(span_first, f);
+        span_last = std::max(span_last, l);
+        ranks_busy.emplace_back(b, 0);
+      }
+      for (const auto& [b, unused] : ranks_busy) bubble += b > 0 ? (span_last - span_first - b) / b : 0.0;
+      step_bubbles.push_back(bubble / static_cast<double>(ranks_busy.size()));
     }
+    const auto t_finish = std::chrono::steady_clock::now();
+    engine.finish_step();
+    if (tracing) events.push_back({"dp_comm", -1, 0, std::chrono::duration<double>(t_finish - t0).count(),
+                                   std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()});
     StepRecord r;
     r.step = step;
-    r.loss = all_reduce_scalar(comm, loss_sum) / static_cast<double>(accumulation * comm.size());
+    // The loss lives on the last stage, the same on every TP rank there.
+    r.loss = all_reduce_scalar(comm, at.tp == 0 ? loss_sum : 0.0) / static_cast<double>(accumulation * p.dp);
     r.lr = lr_at(o, step);
     const auto t_opt = std::chrono::steady_clock::now();
     const bool finite = t.precision != cm::Precision::kFp16 || engine.gradients_finite();
@@ -347,6 +445,30 @@ int train(const RunOptions& o, const std::string& command_line, World& w, const 
     r.seconds = std::chrono::duration<double>(t1 - t0).count();
     r.optimizer_seconds = std::chrono::duration<double>(t1 - t_opt).count();
     r.dp_wait_seconds = engine.take_timers().dp_wait_seconds;
+    if (tracing) {
+      events.push_back({"optimizer", -1, 0, std::chrono::duration<double>(t_opt - t0).count(), r.seconds});
+      nlohmann::json mine_json = {{"rank", rank}, {"stage", at.pp}, {"in_flight", runner.peak_in_flight()}, {"events", nlohmann::json::array()}};
+      for (const TraceRecord& e : events) {
+        mine_json["events"].push_back({{"kind", e.kind}, {"micro_batch", e.micro_batch}, {"chunk", e.chunk}, {"start", e.start}, {"end", e.end}});
+      }
+      const std::vector<std::string> all = comm.all_gather_strings(mine_json.dump());
+      if (talk) {
+        trace_events = nlohmann::json::array();
+        std::fill(stage_in_flight.begin(), stage_in_flight.end(), 0.0);
+        for (std::size_t k = 0; k < all.size(); ++k) {
+          const nlohmann::json one = nlohmann::json::parse(all[k]);
+          const int stage = one["stage"].get<int>();
+          stage_in_flight[static_cast<std::size_t>(stage)] = std::max(stage_in_flight[static_cast<std::size_t>(stage)], one["in_flight"].get<double>());
+          for (const auto& e : one["events"]) {
+            nlohmann::json event = e;
+            event["rank"] = one["rank"];
+            event["stage"] = stage;
+            if (event["micro_batch"].get<int>() < 0) event.erase("micro_batch");
+            trace_events.push_back(event);
+          }
+        }
+      }
+    }
     r.tokens_per_second = static_cast<double>(t.global_batch * t.seq_len) / r.seconds;
     if (w.device.is_cuda()) {
       r.peak_memory_bytes = cuda_peak_allocated_bytes();
@@ -376,13 +498,86 @@ int train(const RunOptions& o, const std::string& command_line, World& w, const 
   }
 
   if (!o.export_dir.empty()) {
-    export_safetensors(o.export_dir, engine, comm, state.step);
+    // Piece j of a parameter comes from the first data-parallel replica's TP rank holding it, on
+    // the stage that holds its unit.
+    std::vector<std::vector<UnitLayout>> tp_layouts;
+    for (int r = 0; r < p.tp; ++r) {
+      ModelSharding other = sharding;
+      other.tp_rank = r;
+      tp_layouts.push_back(model_layout(plan.model, other));
+    }
+    const auto find_slot = [&](int tp_rank, const std::string& unit, const std::string& slot) -> const ParamSlot& {
+      for (const UnitLayout& u : tp_layouts[static_cast<std::size_t>(tp_rank)]) {
+        if (u.name != unit) continue;
+        for (const ParamSlot& s : u.slots) {
+          if (s.name == slot) return s;
+        }
+      }
+      throw std::logic_error("export: no parameter " + slot);
+    };
+    const auto holder = [&](const std::string& unit, const std::string& slot, int piece) {
+      for (int r = 0; r < p.tp; ++r) {
+        const ParamSlot& s = find_slot(r, unit, slot);
+        if (s.primary && s.shard_index == piece) return r;
+      }
+      throw std::logic_error("export: no TP rank holds piece " + std::to_string(piece) + " of " + slot);
+    };
+    ExportPlan export_plan;
+    export_plan.sender = at.dp == 0 && at.cp == 0;
+    export_plan.piece_slot = [&](const std::string& unit, const std::string& slot, int piece) -> const ParamSlot& {
+      return find_slot(holder(unit, slot, piece), unit, slot);
+    };
+    export_plan.owner_rank = [&](const std::string& unit, const std::string& slot, int piece) {
+      return rank_of(dims, RankCoords{holder(unit, slot, piece), 0, stage_of_unit(unit, chunk_layers, p.pp), 0});
+    };
+    export_safetensors(o.export_dir, engine, comm, state.step, export_plan);
     if (talk) std::cout << "exported: " << (std::filesystem::path(o.export_dir) / "model.safetensors").string() << "\n";
   }
+  // The fullest rank's memory (the estimate reports the worst pipeline stage).
+  RankMemory memory{engine.state_bytes(), 0, 0};
+  if (w.device.is_cuda() && !records.empty()) {
+    for (const auto& rec : records) memory.peak_bytes = std::max(memory.peak_bytes, rec.peak_memory_bytes);
+    memory.reserved_bytes = cuda_peak_reserved_bytes();
+  }
+  const nlohmann::json memory_json = {{"w", memory.states.weights}, {"g", memory.states.gradients}, {"o", memory.states.optimizer},
+                                      {"peak", memory.peak_bytes}, {"reserved", memory.reserved_bytes}};
+  RankMemory fullest = memory;
+  for (const std::string& text : comm.all_gather_strings(memory_json.dump())) {
+    const nlohmann::json j = nlohmann::json::parse(text);
+    const RankMemory other{{j["w"].get<double>(), j["g"].get<double>(), j["o"].get<double>()}, j["peak"].get<double>(), j["reserved"].get<double>()};
+    if (other.total() > fullest.total()) fullest = other;
+  }
   if (talk && !records.empty()) {
-    const nlohmann::json m = measurement_json(plan, w, engine, records, state.losses, command_line, loader.describe());
+    nlohmann::json predicted_in_flight = nlohmann::json::array();
+    for (int stage = 0; stage < p.pp; ++stage) predicted_in_flight.push_back(cm::micro_batches_in_flight(p, stage, static_cast<int>(accumulation)));
+    const auto simulated = cm::simulate_pipeline(estimate.pipeline);
+    // The first step pays one-time costs; the median of the others is the measurement.
+    const double traced_bubble = step_bubbles.empty() ? 0.0
+                                 : median(std::vector<double>(step_bubbles.begin() + (step_bubbles.size() > 2 ? 1 : 0), step_bubbles.end()));
+    const nlohmann::json trace = {
+        {"step", trace_step <= state.step ? trace_step : state.step},
+        {"stages", p.pp},
+        {"virtual_stages", p.virtual_stages},
+        {"micro_batches", accumulation},
+        {"schedule", cm::schedule_name(p.schedule)},
+        {"chunk_layers", chunk_layers},
+        {"bubble_fraction", traced_bubble},
+        {"bubble_fraction_per_step", step_bubbles},
+        {"predicted_bubble_fraction", simulated ? simulated->bubble_fraction : 0.0},
+        {"peak_in_flight", stage_in_flight},
+        {"predicted_in_flight", predicted_in_flight},
+        {"events", trace_events},
+    };
+    const nlohmann::json m = measurement_json(plan, w, fullest, records, state.losses, command_line, loader.describe(), trace);
     std::cout << "done: " << records.size() << " step(s), median " << m["time"]["step_seconds"].get<double>() << " s/step, "
               << m["throughput"]["tokens_per_second"].get<double>() << " tokens/s\n";
+    if (p.pp > 1) {
+      std::printf("pipeline (step %lld): bubble %.3f measured, %.3f predicted by the cost model's schedule; micro-batches in flight per stage:",
+                  static_cast<long long>(trace["step"].get<int64_t>()), traced_bubble, trace["predicted_bubble_fraction"].get<double>());
+      for (double x : stage_in_flight) std::printf(" %g", x);
+      std::printf("\n");
+      std::fflush(stdout);
+    }
     if (!o.measurement_path.empty()) {
       write_json_atomically(o.measurement_path, m);
       std::cout << "measurement: " << o.measurement_path << "\n";

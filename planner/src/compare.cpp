@@ -1,3 +1,4 @@
+#include <array>
 #include "trainplan/planner/compare.hpp"
 
 #include <algorithm>
@@ -192,6 +193,42 @@ std::string header(const Comparison& c, bool markdown) {
   return out.str();
 }
 
+std::string numbers(const std::vector<double>& xs) {
+  std::string out;
+  for (double x : xs) out += (out.empty() ? "" : " ") + fmt("%g", x);
+  return out.empty() ? "-" : out;
+}
+
+// The pipeline schedule the executor recorded beside the cost model's: bubble and activations.
+std::string pipeline_table(const Trace& t, bool markdown) {
+  const double closed = (t.stages - 1.0) / (static_cast<double>(t.virtual_stages) * t.micro_batches);
+  std::ostringstream out;
+  const std::string title = fmt("Pipeline: %s, %d stages", t.schedule.c_str(), t.stages) +
+                            (t.virtual_stages > 1 ? fmt(" x %d chunks", t.virtual_stages) : std::string()) +
+                            fmt(", %d micro-batches; closed-form bubble (p-1)/(v m) = %.3f", t.micro_batches, closed);
+  const std::string predicted_bubble = t.predicted_bubble_fraction ? fmt("%.3f", *t.predicted_bubble_fraction) : "-";
+  const std::vector<std::array<std::string, 3>> rows = {
+      {"bubble (idle / compute)", predicted_bubble, fmt("%.3f", t.bubble_fraction)},
+      {"micro-batches in flight per stage", numbers(t.predicted_in_flight), numbers(t.peak_in_flight)},
+  };
+  if (markdown) {
+    out << "## " << title << "\n\n| quantity | predicted | measured |\n|---|---:|---:|\n";
+    for (const auto& r : rows) out << "| " << r[0] << " | " << r[1] << " | " << r[2] << " |\n";
+    return out.str();
+  }
+  out << title << "\n";
+  std::size_t w0 = 8, w1 = 9, w2 = 8;
+  for (const auto& r : rows) {
+    w0 = std::max(w0, r[0].size());
+    w1 = std::max(w1, r[1].size());
+    w2 = std::max(w2, r[2].size());
+  }
+  const auto pad = [](std::size_t n) { return std::string(n, ' '); };
+  out << "  quantity" << pad(w0 - 8 + 2 + w1 - 9) << "predicted" << pad(2 + w2 - 8) << "measured\n";
+  for (const auto& r : rows) out << "  " << r[0] << pad(w0 - r[0].size() + 2 + w1 - r[1].size()) << r[1] << pad(2 + w2 - r[2].size()) << r[2] << "\n";
+  return out.str();
+}
+
 }  // namespace
 
 nlohmann::json comparison_to_json(const Comparison& c) {
@@ -225,6 +262,16 @@ nlohmann::json comparison_to_json(const Comparison& c) {
       {"warnings", c.warnings},
       {"rows", rows},
       {"largest_deviation", largest},
+      {"pipeline", c.measured.trace && c.measured.trace->stages > 1
+                       ? nlohmann::json{{"schedule", c.measured.trace->schedule},
+                                        {"stages", c.measured.trace->stages},
+                                        {"virtual_stages", c.measured.trace->virtual_stages},
+                                        {"micro_batches", c.measured.trace->micro_batches},
+                                        {"bubble_fraction_measured", c.measured.trace->bubble_fraction},
+                                        {"bubble_fraction_predicted", optional(c.measured.trace->predicted_bubble_fraction)},
+                                        {"in_flight_measured", c.measured.trace->peak_in_flight},
+                                        {"in_flight_predicted", c.measured.trace->predicted_in_flight}}
+                       : nlohmann::json(nullptr)},
   };
 }
 
@@ -238,6 +285,7 @@ std::string render_comparison(const Comparison& c, Format format) {
     const std::string table = section_table(c, section, markdown);
     if (!table.empty()) out << table << "\n";
   }
+  if (c.measured.trace && c.measured.trace->stages > 1) out << pipeline_table(*c.measured.trace, markdown) << "\n";
   out << closing_line(c) << "\n";
   return out.str();
 }

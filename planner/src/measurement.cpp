@@ -160,6 +160,18 @@ Trace read_trace(const LenientReader& r) {
   t.micro_batches = r.integer("micro_batches", 1, 1 << 30).value_or(1);
   t.schedule = r.string("schedule");
   t.bubble_fraction = r.number("bubble_fraction").value_or(0);
+  t.predicted_bubble_fraction = r.number("predicted_bubble_fraction");
+  for (const char* key : {"peak_in_flight", "predicted_in_flight"}) {
+    const auto* list = r.find(key);
+    if (!list) continue;
+    if (!list->is_array()) r.fail(key, "must be an array of numbers >= 0 (one per stage)");
+    auto& out = std::string(key) == "peak_in_flight" ? t.peak_in_flight : t.predicted_in_flight;
+    for (std::size_t i = 0; i < list->size(); ++i) {
+      const auto& v = (*list)[i];
+      if (!v.is_number() || v.get<double>() < 0) r.fail(std::string(key) + "/" + std::to_string(i), "must be a number >= 0");
+      out.push_back(v.get<double>());
+    }
+  }
   const auto* events = r.find("events");
   if (!events) return t;
   if (!events->is_array()) r.fail("events", "must be an array of event objects");

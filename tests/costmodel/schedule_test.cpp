@@ -117,3 +117,37 @@ TEST(SimulatePipeline, TransfersAndSlowStageStretchTheStep) {
 
 }  // namespace
 }  // namespace trainplan::costmodel
+
+namespace trainplan::costmodel {
+namespace {
+
+TEST(PartitionLayers, EvenSplitWhenTheEndsCostNothing) {
+  // Megatron's split: 10 layers over 4 stages, the extra layers on the first stages.
+  EXPECT_EQ(partition_layers(10, 4, 1.0, 0, 0), (std::vector<int>{3, 3, 2, 2}));
+  EXPECT_EQ(partition_layers(8, 8, 1.0, 0, 0), (std::vector<int>(8, 1)));
+}
+
+TEST(PartitionLayers, HeavyEndsGetFewerLayers) {
+  // 16 layers on 4 stages, the embedding costing 0.2 layers and the head 1.5. By hand: the even
+  // split {4,4,4,4} costs {4.2, 4, 4, 5.5}, max 5.5; {5,4,4,3} costs max 5.2; {4,5,4,3} costs
+  // {4.2, 5, 4, 4.5}, max 5, the least possible (15 layers + 1.7 over 4 chunks needs one >= 4.2,
+  // and whole layers make it 5). Ties go to the earlier chunk: {4,5,4,3}, not {4,4,5,3}.
+  EXPECT_EQ(partition_layers(16, 4, 1.0, 0.2, 1.5), (std::vector<int>{4, 5, 4, 3}));
+}
+
+TEST(MicroBatchesInFlight, FollowsTheSimulatedSchedule) {
+  for (Schedule schedule : {Schedule::kGpipe, Schedule::kOneFOneB, Schedule::kInterleaved}) {
+    ParallelConfig p;
+    p.pp = 4;
+    p.schedule = schedule;
+    p.virtual_stages = schedule == Schedule::kInterleaved ? 2 : 1;
+    auto sim = simulate_pipeline(balanced(schedule, 4, p.virtual_stages, 8));
+    ASSERT_TRUE(sim);
+    for (int s = 0; s < 4; ++s) {
+      EXPECT_DOUBLE_EQ(micro_batches_in_flight(p, s, 8), sim->peak_in_flight[s]) << schedule_name(schedule) << " stage " << s;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace trainplan::costmodel

@@ -25,16 +25,24 @@ std::string scratch_dir(const std::string& name) {
 }
 
 std::string write_plan(const std::string& dir, const std::string& name, const PlanSpec& s) {
+  nlohmann::json model = s.model;
+  if (s.layers > 0 || !s.model_patch.empty()) {  // the preset's document, changed
+    model = read_json(std::string(TRAINPLAN_SOURCE_DIR) + "/samples/models/" + s.model + ".json");
+    if (s.layers > 0) model["layers"] = s.layers;
+    model.update(s.model_patch);
+    model["name"] = s.model + "-" + name;
+  }
   const nlohmann::json plan = {
       {"schema", "trainplan/plan/v1"},
       {"name", name},
-      {"model", s.model},
+      {"model", model},
       {"cluster", "dgx-h100"},
-      {"gpus", s.ranks * s.tp},
+      {"gpus", s.ranks * s.tp * s.pp * s.cp},
       {"training", {{"seq_len", s.seq_len}, {"global_batch", s.global_batch}, {"precision", s.precision}, {"optimizer", "adamw"}, {"train_tokens", 1e6}}},
       {"parallel",
-       {{"tp", s.tp}, {"pp", 1}, {"dp", s.ranks}, {"cp", 1}, {"ep", 1}, {"zero_stage", s.zero_stage}, {"shard_group", s.shard_group},
-        {"micro_batch", s.micro_batch}, {"recompute", s.recompute}}},
+       {{"tp", s.tp}, {"pp", s.pp}, {"dp", s.ranks}, {"cp", s.cp}, {"ep", 1}, {"zero_stage", s.zero_stage}, {"shard_group", s.shard_group},
+        {"micro_batch", s.micro_batch}, {"recompute", s.recompute}, {"virtual_stages", s.virtual_stages}, {"schedule", s.schedule},
+        {"sequence_parallel", s.sequence_parallel}}},
   };
   const std::string path = (fs::path(dir) / (name + ".json")).string();
   std::ofstream(path) << plan.dump(2);

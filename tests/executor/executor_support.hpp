@@ -22,6 +22,13 @@ struct PlanSpec {
   std::string recompute = "none";
   std::string precision = "fp32";
   int tp = 1;
+  int pp = 1;
+  int cp = 1;
+  int virtual_stages = 1;
+  std::string schedule = "1f1b";
+  bool sequence_parallel = false;
+  int layers = 0;  // > 0: an inline copy of `model` (tiny-llama or tiny-gpt) with this many layers
+  nlohmann::json model_patch = nlohmann::json::object();  // more changes to that inline copy
 };
 
 struct Outcome {

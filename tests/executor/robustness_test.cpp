@@ -129,14 +129,14 @@ TEST(Data, ATokenFileTrainsAndEveryRankReadsDistinctSamples) {
   EXPECT_LT(l1.back(), l1.front() - 1.0);
 }
 
-TEST(Plan, TensorParallelPlansAreRefusedWithTheReason) {
-  const std::string dir = scratch_dir("tp");
+TEST(Plan, ContextParallelPlansAreRefusedWithTheReason) {
+  const std::string dir = scratch_dir("cp");
   PlanSpec spec;
-  spec.tp = 2;
-  const std::string plan = write_plan(dir, "tp", spec);
+  spec.cp = 2;
+  const std::string plan = write_plan(dir, "cp", spec);
   const Outcome o = run_executor(1, common_args(plan));
   EXPECT_EQ(o.exit_code, 2);
-  EXPECT_NE(o.output.find("tensor, pipeline, context and expert parallelism are not in the executor yet (tp=2"), std::string::npos) << o.output;
+  EXPECT_NE(o.output.find("context and expert parallelism are not in the executor yet (cp=2"), std::string::npos) << o.output;
 }
 
 TEST(Plan, AWrongNumberOfRanksNamesBothCounts) {
@@ -149,6 +149,20 @@ TEST(Plan, AWrongNumberOfRanksNamesBothCounts) {
   EXPECT_NE(o.exit_code, 0);
   EXPECT_NE(o.output.find("the plan is for 4 GPUs"), std::string::npos) << o.output;
   EXPECT_NE(o.output.find("but 2 ranks were started"), std::string::npos) << o.output;
+}
+
+TEST(Plan, AMismatchedLayoutNamesEveryFactor) {
+  // torchtitan's rule: the error names every axis, so the fix is obvious.
+  const std::string dir = scratch_dir("factors");
+  PlanSpec spec;
+  spec.tp = 2;
+  spec.pp = 2;
+  spec.layers = 4;
+  spec.micro_batch = 4;
+  const std::string plan = write_plan(dir, "factors", spec);
+  const Outcome o = run_executor(2, common_args(plan));
+  EXPECT_NE(o.exit_code, 0);
+  EXPECT_NE(o.output.find("tp(2) * cp(1) * pp(2) * dp(1) = 4 != world size (2)"), std::string::npos) << o.output;
 }
 
 TEST(Plan, AMalformedPlanIsAnErrorNamingTheFile) {

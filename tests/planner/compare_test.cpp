@@ -208,6 +208,42 @@ TEST(Compare, EstimateDocumentAndPlanFileGiveTheSameRows) {
   EXPECT_EQ(from_estimate->world_size, 4);
 }
 
+TEST(Compare, PipelineTraceOfTheSampleMeasurementIsShownBesideTheSchedule) {
+  // samples/measurements/tiny-llama-pp4.measurement.json: a real executor run (its `source` holds
+  // the command) of samples/plans/tiny-llama-pp4.json, 4 stages under 1F1B with 8 micro-batches.
+  auto measured = planner::load_measurement_file(testing::source_path("samples/measurements/tiny-llama-pp4.measurement.json"));
+  ASSERT_TRUE(measured) << measured.error().message;
+  ASSERT_TRUE(measured->trace);
+  const planner::Trace& t = *measured->trace;
+  EXPECT_EQ(t.stages, 4);
+  EXPECT_EQ(t.micro_batches, 8);
+  EXPECT_EQ(t.schedule, "1f1b");
+  // 1F1B: stage s holds p - s micro-batches (Narayanan et al. 2021, §2.2.1), as predicted.
+  EXPECT_EQ(t.peak_in_flight, (std::vector<double>{4, 3, 2, 1}));
+  EXPECT_EQ(t.predicted_in_flight, t.peak_in_flight);
+  // Every stage ran 8 forwards and 8 backwards in the traced step.
+  for (int stage = 0; stage < 4; ++stage) {
+    const auto passes = std::count_if(t.events.begin(), t.events.end(), [&](const planner::TraceEvent& e) {
+      return e.stage == stage && (e.kind == "forward" || e.kind == "backward");
+    });
+    EXPECT_EQ(passes, 16) << "stage " << stage;
+  }
+  auto predicted = planner::load_prediction_file(testing::source_path("samples/plans/tiny-llama-pp4.json"));
+  ASSERT_TRUE(predicted) << predicted.error().message;
+  const std::string text = planner::render_comparison(planner::compare(*predicted, *measured), planner::Format::kText);
+  EXPECT_NE(text.find("Pipeline: 1f1b, 4 stages, 8 micro-batches; closed-form bubble (p-1)/(v m) = 0.375"), std::string::npos) << text;
+  EXPECT_NE(text.find("4 3 2 1   4 3 2 1"), std::string::npos) << text;
+}
+
+TEST(Compare, ATraceEventEndingBeforeItStartsIsAnErrorNamingIt) {
+  nlohmann::json doc = {{"schema", "trainplan/measurement/v1"}, {"memory", nlohmann::json::object()},
+                        {"time", nlohmann::json::object()}, {"throughput", nlohmann::json::object()},
+                        {"trace", {{"stages", 2}, {"events", {{{"kind", "forward"}, {"start", 2.0}, {"end", 1.0}}}}}}};
+  auto read = planner::read_performance_document(doc, "m.json", planner::kMeasurementSchema);
+  ASSERT_FALSE(read);
+  EXPECT_NE(read.error().message.find("m.json: /trace/events/0/end: must not be before start"), std::string::npos) << read.error().message;
+}
+
 TEST(SectionKeys, CoverEveryPredictedQuantityOfTheEstimateDocument) {
   const costmodel::Plan plan = testing::make_plan("llama3-8b", "dgx-h100", 8, 4096, 64);
   const auto estimate = costmodel::estimate_to_json(plan, testing::checked_estimate(plan));

@@ -75,7 +75,19 @@ struct PipelineTimeline {
   std::vector<double> forward_seconds;   // per stage, one micro-batch through all its chunks
   std::vector<double> backward_seconds;  // per stage, recompute included
   double p2p_seconds = 0;                // one activation transfer between stages
+  // Transformer layers of each model chunk in pipeline order (stages * virtual_stages entries;
+  // chunk c of stage s is entry c * stages + s): partition_layers with the layer, embedding and
+  // head times of this plan. The executor partitions its stages with these counts.
+  std::vector<int> chunk_layers;
 };
+
+// Splits `layers` transformer layers into `chunks` contiguous chunks (>= 1 layer each) that
+// minimise the slowest chunk, where a chunk costs its layers x `layer_seconds`, plus
+// `first_seconds` for the first chunk (embedding) and `last_seconds` for the last (final norm,
+// output layer, loss). Ties give the extra layer to the earlier chunk (Megatron's even split
+// when the ends cost nothing). REQUIRES: 1 <= chunks <= layers; costs >= 0.
+[[nodiscard]] std::vector<int> partition_layers(int layers, int chunks, double layer_seconds, double first_seconds,
+                                                double last_seconds);
 
 struct Estimate {
   bool fits = true;

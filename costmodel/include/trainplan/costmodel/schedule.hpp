@@ -58,6 +58,12 @@ struct ScheduleSimulation {
   std::vector<double> peak_in_flight;
 };
 
+// Micro-batches whose activations pipeline stage `stage` holds at its peak under the plan's
+// schedule with m micro-batches per step (the cost model's activation memory): 1 without a
+// pipeline, m for GPipe, min(m, p - stage) for 1F1B, and Megatron's interleaved warm-up
+// ((p - stage - 1) * 2 + (v - 1) * p chunks, plus the one in backward) over v.
+[[nodiscard]] double micro_batches_in_flight(const ParallelConfig& parallel, int stage, int micro_batches);
+
 // Simulates pipeline_order(timeline.schedule, ...) with a pass of chunk c on stage s taking
 // forward_seconds[s] / v (backward likewise) and each transfer between stages p2p_seconds.
 // A pass starts when its stage is free and its input has arrived.

@@ -33,6 +33,7 @@ struct RunOptions {
   int64_t fail_at_step = 0;            // fault injection for tests: SIGKILL `fail_rank` at this step
   int fail_rank = 0;
   bool quiet = false;                  // no per-step lines
+  int64_t trace_step = 0;              // step whose timeline goes into the measurement's `trace`; 0 = the last
 };
 
 // Runs the plan in this process as one rank of the job the environment describes (MPI launcher,

@@ -60,7 +60,10 @@ struct Trace {
   int step = 0;               // which step was traced (0-based)
   int stages = 1, virtual_stages = 1, micro_batches = 1;
   std::string schedule;       // "gpipe", "1f1b", "interleaved"
-  double bubble_fraction = 0; // measured: mean over stages of idle / busy (costmodel/schedule.hpp)
+  double bubble_fraction = 0; // measured: mean over ranks of idle / busy (costmodel/schedule.hpp), median over steps
+  std::optional<double> predicted_bubble_fraction;  // the cost model's simulation of the same plan
+  std::vector<double> peak_in_flight;       // measured, per stage: micro-batches of activations held at once
+  std::vector<double> predicted_in_flight;  // the cost model's count for the schedule
   std::vector<TraceEvent> events;
 };
 

@@ -1,0 +1,45 @@
+#pragma once
+// The process-group layout of a plan (torchtitan's ParallelDims): ranks are numbered with TP
+// innermost (within a node), then CP, then PP, then DP:
+//   rank = ((dp_index * pp + pp_index) * cp + cp_index) * tp + tp_index.
+// Validated once; the error names every factor.
+
+#include <memory>
+#include <string>
+
+#include "comm.hpp"
+
+namespace trainplan::executor {
+
+struct ParallelDims {
+  int tp = 1, cp = 1, pp = 1, dp = 1;
+
+  [[nodiscard]] int world_size() const { return tp * cp * pp * dp; }
+  // "tp(2) * cp(1) * pp(2) * dp(2) = 8 != world size (4)", or empty when they agree.
+  [[nodiscard]] std::string mismatch(int world_size) const;
+};
+
+struct RankCoords {
+  int tp = 0, cp = 0, pp = 0, dp = 0;
+};
+
+[[nodiscard]] RankCoords rank_coords(const ParallelDims& dims, int rank);
+[[nodiscard]] int rank_of(const ParallelDims& dims, const RankCoords& coords);
+
+// This rank's groups, split from the world (collective: every rank builds them together).
+struct ProcessGroups {
+  ParallelDims dims;
+  RankCoords coords;
+  Communicator* world = nullptr;
+  std::unique_ptr<Communicator> tp;    // same dp, pp, cp
+  std::unique_ptr<Communicator> pp;    // same dp, cp, tp; group rank = stage
+  std::unique_ptr<Communicator> dp;    // same pp, cp, tp; group rank = dp index
+  // The first and the last stage of one pipeline (same dp, cp, tp), which both hold the tied
+  // embedding when pp > 1; a one-rank group on every other rank.
+  std::unique_ptr<Communicator> tied;
+};
+
+// REQUIRES: dims.mismatch(world.size()) is empty.
+[[nodiscard]] ProcessGroups make_process_groups(const ParallelDims& dims, Communicator& world);
+
+}  // namespace trainplan::executor

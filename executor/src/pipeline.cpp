@@ -1,0 +1,148 @@
+// Pipeline stages and the step runner (see pipeline.hpp).
+
+#include "pipeline.hpp"
+
+#include <chrono>
+#include <map>
+
+#include <torch/csrc/autograd/autograd.h>
+
+namespace trainplan::executor {
+
+namespace cm = trainplan::costmodel;
+
+namespace {
+
+// The first layer of each model position, and one past the last.
+std::vector<int> position_starts(const std::vector<int>& chunk_layers) {
+  std::vector<int> starts{0};
+  for (int n : chunk_layers) starts.push_back(starts.back() + n);
+  return starts;
+}
+
+}  // namespace
+
+StageUnits stage_units(const std::vector<UnitLayout>& all, const std::vector<int>& chunk_layers, int stages, int stage) {
+  const int positions = static_cast<int>(chunk_layers.size());
+  const int chunks = positions / stages;
+  const std::vector<int> starts = position_starts(chunk_layers);
+  StageUnits out;
+  for (int c = 0; c < chunks; ++c) {
+    const int pos = c * stages + stage;
+    for (const UnitLayout& u : all) {
+      const bool take = (u.kind == UnitKind::kEmbedding && pos == 0) || (u.kind == UnitKind::kHead && pos == positions - 1) ||
+                        (u.kind == UnitKind::kBlock && u.layer >= starts[pos] && u.layer < starts[pos + 1]);
+      if (!take) continue;
+      out.units.push_back(u);
+      out.chunk_of_unit.push_back(c);
+    }
+  }
+  return out;
+}
+
+int stage_of_unit(const std::string& name, const std::vector<int>& chunk_layers, int stages) {
+  const int positions = static_cast<int>(chunk_layers.size());
+  if (name == "embedding") return 0;
+  if (name == "head") return (positions - 1) % stages;
+  const int layer = std::stoi(name.substr(name.find('.') + 1));
+  const std::vector<int> starts = position_starts(chunk_layers);
+  for (int pos = 0; pos < positions; ++pos) {
+    if (layer >= starts[pos] && layer < starts[pos + 1]) return pos % stages;
+  }
+  throw std::logic_error("no pipeline position holds " + name);
+}
+
+PipelineRunner::PipelineRunner(const PipelineConfig& config, DataParallelEngine& engine, Communicator* pp)
+    : config_(config), engine_(engine), pp_(pp) {
+  auto order = cm::pipeline_order(config.schedule, config.stages, config.virtual_stages, config.micro_batches);
+  if (!order) throw std::invalid_argument(order.error().message);
+  order_ = std::move(*order);
+}
+
+double PipelineRunner::run_step(const BatchFn& batch, double loss_multiplier, std::vector<TraceRecord>* trace) {
+  using Clock = std::chrono::steady_clock;
+  const int p = config_.stages, s = config_.stage, m = config_.micro_batches;
+  const int positions = p * config_.virtual_stages;
+  const int previous = (s - 1 + p) % p, next = (s + 1) % p;
+  const auto tag = [&](int kind, int sender_position, int micro_batch) { return (kind * positions + sender_position) * m + micro_batch; };
+  const auto options = at::TensorOptions().dtype(config_.activation_dtype).device(config_.device);
+
+  const Clock::time_point t0 = Clock::now();
+  const auto since = [&](Clock::time_point t) { return std::chrono::duration<double>(t - t0).count(); };
+  const auto record = [&](const char* kind, int micro_batch, int chunk, Clock::time_point start) {
+    if (trace != nullptr) trace->push_back({kind, micro_batch, chunk, since(start), since(Clock::now())});
+  };
+
+  struct Held {
+    at::Tensor input, output;
+  };
+  std::map<std::pair<int, int>, Held> held;  // (chunk, micro-batch) between its forward and backward
+  std::vector<std::pair<std::unique_ptr<Work>, at::Tensor>> sends;
+  int in_flight = 0, peak = 0;
+  double loss_sum = 0;
+
+  for (const cm::PipelinePass& pass : order_[static_cast<std::size_t>(s)]) {
+    const int pos = pass.chunk * p + s, i = pass.micro_batch;
+    const bool first = pos == 0, last = pos == positions - 1;
+    if (pass.kind == cm::PassKind::kForward) {
+      at::Tensor input, targets;
+      if (first || last) {
+        auto [tokens, target] = batch(i);
+        if (first) input = tokens;
+        targets = target;
+      }
+      if (!first) {
+        const auto wait_start = Clock::now();
+        input = at::empty(config_.activation_shape, options);
+        pp_->recv(input, previous, tag(0, pos - 1, i))->wait();
+        record("recv", i, pass.chunk, wait_start);
+        input.requires_grad_(true);
+      }
+      const auto start = Clock::now();
+      double loss = 0;
+      at::Tensor output = engine_.forward_chunk(pass.chunk, input, targets, loss_multiplier, &loss);
+      record("forward", i, pass.chunk, start);
+      if (last) {
+        loss_sum += loss;
+      } else {
+        at::Tensor activation = output.detach().contiguous();
+        sends.emplace_back(pp_->send(activation, next, tag(0, pos, i)), activation);
+      }
+      held[{pass.chunk, i}] = Held{input, output};
+      peak = std::max(peak, ++in_flight);
+    } else {
+      auto found = held.find({pass.chunk, i});
+      if (found == held.end()) throw std::logic_error("pipeline: backward before forward");
+      Held h = std::move(found->second);
+      held.erase(found);
+      at::Tensor grad;
+      if (!last) {
+        const auto wait_start = Clock::now();
+        grad = at::empty(config_.activation_shape, options);
+        pp_->recv(grad, next, tag(1, pos + 1, i))->wait();
+        record("recv", i, pass.chunk, wait_start);
+      }
+      const auto start = Clock::now();
+      engine_.backward_begin(i == m - 1);
+      if (last) {
+        torch::autograd::backward({h.output});
+      } else {
+        torch::autograd::backward({h.output}, {grad});
+      }
+      record("backward", i, pass.chunk, start);
+      const auto comm_start = Clock::now();
+      engine_.backward_end();
+      if (i == m - 1) record("dp_comm", -1, pass.chunk, comm_start);
+      if (!first) {
+        at::Tensor input_grad = h.input.grad().contiguous();
+        sends.emplace_back(pp_->send(input_grad, previous, tag(1, pos, i)), input_grad);
+      }
+      --in_flight;
+    }
+  }
+  for (auto& send : sends) send.first->wait();
+  peak_in_flight_ = static_cast<double>(peak) / config_.virtual_stages;
+  return loss_sum;
+}
+
+}  // namespace trainplan::executor
