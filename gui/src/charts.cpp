@@ -142,14 +142,17 @@ void BreakdownChartView::rebuild() {
   values->setTitleText(memory ? tr("GiB per GPU (2^30 bytes)") : tr("seconds per step"));
   double top = std::max(model_->predicted_total(), measured_total.value_or(0.0));
   top = std::max(top, measured_parts);
-  if (memory) top = std::max(top, model_->capacity());
+  // The axis reaches the capacity when the plan uses a fair share of it; a small plan on a big GPU
+  // would otherwise be a sliver (the title still says "of N GiB").
+  const bool show_capacity = memory && model_->capacity() > 0 && top >= 0.2 * model_->capacity();
+  if (show_capacity) top = std::max(top, model_->capacity());
   values->setRange(0, top * 1.08 > 0 ? top * 1.08 : 1);
-  values->setLabelFormat(memory ? QStringLiteral("%.0f") : QStringLiteral("%.3g"));
+  values->setLabelFormat(QStringLiteral("%.3g"));
   values->applyNiceNumbers();
   chart->addAxis(values, Qt::AlignBottom);
   series->attachAxis(values);
 
-  if (memory && model_->capacity() > 0) {
+  if (show_capacity) {
     capacity_line_ = model_->capacity();
     auto* line = new QLineSeries();
     line->setName(tr("capacity %1 GiB").arg(capacity_line_, 0, 'f', 0));

@@ -86,7 +86,7 @@ MainWindow::MainWindow(QWidget* parent) : QMainWindow(parent) {
   auto* what_if_scroll = new QScrollArea();
   what_if_scroll->setWidget(what_if_);
   what_if_scroll->setWidgetResizable(true);
-  what_if_scroll->setMinimumWidth(280);
+  what_if_scroll->setMinimumWidth(what_if_->sizeHint().width() + 24);
 
   auto* bottom = new QSplitter(Qt::Horizontal);
   auto* what_if_box = new QWidget();
@@ -98,7 +98,7 @@ MainWindow::MainWindow(QWidget* parent) : QMainWindow(parent) {
   bottom->addWidget(what_if_box);
   bottom->addWidget(build_views());
   bottom->setStretchFactor(1, 1);
-  bottom->setSizes({300, 1000});
+  bottom->setSizes({what_if_->sizeHint().width() + 24, 1000});
 
   auto* right = new QSplitter(Qt::Vertical);
   right->addWidget(build_results());
@@ -236,19 +236,22 @@ QWidget* MainWindow::build_views() {
   auto* compare = new QGridLayout(compare_page_);
   compare_note_ = new QLabel(tr("Load an executor measurement (File > Load measurement) to set it beside the prediction."));
   compare_note_->setWordWrap(true);
-  compare->addWidget(compare_note_, 0, 0, 1, 2);
-  compare->addWidget(table_for(comparison_model_, compare_page_), 1, 0, 2, 1);
+  compare->addWidget(compare_note_, 0, 0, 1, 3);
+  compare->addWidget(table_for(comparison_model_, compare_page_), 1, 0);
   compare_memory_chart_ = new BreakdownChartView(memory_model_);
   compare_time_chart_ = new BreakdownChartView(time_model_);
   compare->addWidget(compare_memory_chart_, 1, 1);
-  compare->addWidget(compare_time_chart_, 2, 1);
+  compare->addWidget(compare_time_chart_, 1, 2);
   compare_schedule_view_ = new PipelineScheduleView();
   compare_measured_view_ = new PipelineScheduleView();
-  compare->addWidget(compare_schedule_view_, 3, 0, 1, 2);
-  compare->addWidget(compare_measured_view_, 4, 0, 1, 2);
-  compare->setColumnStretch(0, 1);
-  compare->setColumnStretch(1, 1);
-  for (int r = 1; r <= 4; ++r) compare->setRowStretch(r, 1);
+  compare->addWidget(compare_schedule_view_, 2, 0, 1, 3);
+  compare->addWidget(compare_measured_view_, 3, 0, 1, 3);
+  compare->setColumnStretch(0, 4);
+  compare->setColumnStretch(1, 3);
+  compare->setColumnStretch(2, 3);
+  compare->setRowStretch(1, 3);
+  compare->setRowStretch(2, 2);
+  compare->setRowStretch(3, 2);
   tabs_->addTab(compare_page_, tr("Measured vs predicted"));
 
   launch_view_ = new QPlainTextEdit();

@@ -25,7 +25,8 @@ class BreakdownChartView : public QChartView {
   [[nodiscard]] QStringList categories();
   [[nodiscard]] int component_count();
   [[nodiscard]] double bar_total(int category);
-  // Memory: where the capacity line stands (GiB); 0 when none is drawn.
+  // Memory: where the capacity line stands (GiB); 0 when none is drawn (no prediction, or the
+  // larger bar under 20% of the capacity: then the axis ends near the bars).
   [[nodiscard]] double capacity_line();
 
  protected:
