@@ -20,6 +20,10 @@ action="${1:-demo}"
 
 # Debian packages the costmodel, planner and tests need (see README.md, "Dependencies").
 packages=(g++ cmake ninja-build libcli11-dev nlohmann-json3-dev libgtest-dev libgmock-dev)
+# ... and the Qt planning app (gui/, trainplan-gui; its tests run on Qt's offscreen platform):
+# Qt 6 Widgets, Charts and Svg; Qt6Charts' CMake package needs the Qt OpenGL one, which
+# qt6-base-dev only recommends; fonts so that offscreen text renders; xvfb for a virtual display.
+packages+=(qt6-base-dev qt6-charts-dev qt6-svg-dev libqt6opengl6-dev libgl-dev fonts-dejavu-core xvfb)
 # ... and the executor (LibTorch comes from pip, see install_torch).
 executor_packages=(openmpi-bin libopenmpi-dev zlib1g-dev python3-venv)
 torch_version="2.11.0"

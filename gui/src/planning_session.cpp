@@ -130,6 +130,7 @@ void PlanningSession::start_scaling(quint64 generation) {
         pl::SearchOptions options;
         options.objective = objective;
         options.top = 1;
+        options.threads = std::max(1, QThread::idealThreadCount());  // a newer search stops this one at once
         options.should_stop = [stop] { return stop->load(); };
         if (cm::validate_request(request).ok()) {
           auto result = pl::search(request, options);

@@ -5,8 +5,8 @@
 // selected plan (chosen in the table, or edited knob by knob: "what if"), its estimate, the
 // pipeline schedule simulated from it, a loaded measurement and the scaling curve.
 //
-// The search uses every core (SearchOptions::threads; same result as one thread); the scaling
-// curve, searched after it, one.
+// Searches use every core (SearchOptions::threads; the same result as one thread); the scaling
+// curve is searched after the result, and stops as soon as a newer input comes.
 //
 // Newest input wins: every submit() starts a new generation; a running search of an older
 // generation is asked to stop (SearchOptions::should_stop) and whatever it returns is dropped.
