@@ -14,6 +14,7 @@
 #include <QElapsedTimer>
 #include <QThread>
 
+#include "trainplan/costmodel/presets.hpp"
 #include "trainplan/gui/main_window.hpp"
 
 namespace gui = trainplan::gui;
@@ -110,7 +111,8 @@ int main(int argc, char** argv) {
   if (!plan_file.empty() && !window.open_plan(QString::fromStdString(plan_file))) return fail(kExitBadInput, window.last_error().toStdString());
   if (!model_file.empty() && !window.load_model_file(QString::fromStdString(model_file))) return fail(kExitBadInput, window.last_error().toStdString());
   gui::InputPanel* input = window.input_panel();
-  for (const auto& [field, value] : fields) {
+  for (auto [field, value] : fields) {
+    if (field == "model") value = trainplan::costmodel::resolve_model_alias(value);  // "70b" as on the CLI
     if (!input->set_field(QString::fromStdString(field), QString::fromStdString(value))) {
       return fail(kExitBadInput, "--" + field + ": unknown value \"" + value + "\"");
     }

@@ -188,8 +188,11 @@ InputPanel::InputPanel(QWidget* parent) : QWidget(parent) {
   batch_row->addWidget(batch_edit, 1);
   batch_row->addWidget(batch_unit_);
   row(tr("Global batch"), QStringLiteral("global_batch_row"), batch);
+  // The row holds two widgets; its error line belongs to the number.
+  fields_.erase(QStringLiteral("global_batch_row"));
   fields_[QStringLiteral("global_batch")] = batch_edit;
   error_labels_[QStringLiteral("global_batch")] = error_labels_[QStringLiteral("global_batch_row")];
+  error_labels_.erase(QStringLiteral("global_batch_row"));
   fields_[QStringLiteral("batch_unit")] = batch_unit_;
   row(tr("Tokens to train"), QStringLiteral("train_tokens"), line(tr("20 per parameter (e.g. 15T)")));
   row(tr("Precision"), QStringLiteral("precision"),
@@ -419,7 +422,6 @@ void InputPanel::set_loaded_model(const QString& path, const nlohmann::json& doc
 void InputPanel::load_request(const cm::PlanRequest& request, const QString& source) {
   filling_ = true;
   // Model and cluster: the preset when the request names one, else its document.
-  const QString model_ref = QString::fromStdString(request.model_ref);
   int model_index = model_->findData(QString::fromStdString(cm::resolve_model_alias(request.model_ref)));
   if (model_index < 0) {
     loaded_model_ = cm::model_to_json(request.model);
@@ -441,7 +443,6 @@ void InputPanel::load_request(const cm::PlanRequest& request, const QString& sou
   // The documents as the request has them (a plan may carry edited ones).
   fill_document_fields(QStringLiteral("model"), cm::model_to_json(request.model));
   fill_document_fields(QStringLiteral("cluster"), cm::hwprofile_to_json(request.cluster));
-  (void)model_ref;
 
   const auto set_line = [&](const char* field, const QString& text) {
     if (auto* edit = qobject_cast<QLineEdit*>(fields_[QString::fromUtf8(field)])) edit->setText(text);

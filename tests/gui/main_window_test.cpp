@@ -132,6 +132,8 @@ TEST_F(MainWindowTest, InvalidInputIsMarkedAtItsFieldAndTheLastResultStays) {
       {QStringLiteral("model/layers"), QStringLiteral("-1"), QStringLiteral("must be")},
       {QStringLiteral("cluster/gpu/hbm_capacity_gib"), QStringLiteral("-80"), QStringLiteral("must be")},
       {QStringLiteral("fix/tp"), QStringLiteral("3"), QStringLiteral("must divide heads (32)")},
+      {QStringLiteral("global_batch"), QStringLiteral("-5"), QStringLiteral("must be a positive number")},
+      {QStringLiteral("seq_len"), QStringLiteral("4Q"), QStringLiteral("unknown suffix")},
   };
   for (const auto& c : cases) {
     QSignalSpy errors(window_.session(), &PlanningSession::inputErrorsChanged);
