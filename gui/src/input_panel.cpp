@@ -338,25 +338,21 @@ void InputPanel::set_errors(const std::vector<FieldError>& errors) {
   for (auto& [field, label] : error_labels_) {
     if (label == form_errors_) continue;
     const auto it = by_field.find(field);
+    const QString text = it == by_field.end() ? QString() : it->second.join(QStringLiteral("; "));
+    if (text == label->text() && label->isHidden() == text.isEmpty()) continue;  // unchanged: no restyling
     QWidget* w = fields_.count(field) ? fields_[field] : nullptr;
-    if (it == by_field.end()) {
-      label->clear();
-      label->hide();
-      if (w) {
-        w->setStyleSheet(QString());
-        w->setToolTip(QString());
-      }
-    } else {
-      label->setText(it->second.join(QStringLiteral("; ")));
-      label->show();
-      if (w) {
-        w->setStyleSheet(QStringLiteral("border: 2px solid #d00000"));
-        w->setToolTip(label->text());
-      }
+    label->setText(text);
+    label->setVisible(!text.isEmpty());
+    if (w) {
+      w->setStyleSheet(text.isEmpty() ? QString() : QStringLiteral("border: 2px solid #d00000"));
+      w->setToolTip(text);
     }
   }
-  form_errors_->setText(general.join(QStringLiteral("\n")));
-  form_errors_->setVisible(!general.isEmpty());
+  const QString general_text = general.join(QStringLiteral("\n"));
+  if (general_text != form_errors_->text() || form_errors_->isHidden() != general_text.isEmpty()) {
+    form_errors_->setText(general_text);
+    form_errors_->setVisible(!general_text.isEmpty());
+  }
 }
 
 QString InputPanel::error_text(const QString& field) const {

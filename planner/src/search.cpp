@@ -147,7 +147,7 @@ Result<SearchResult> search(const PlanRequest& req, const SearchOptions& options
   if (c.cp && std::find(cps.begin(), cps.end(), *c.cp) == cps.end()) cps = {*c.cp};
 
   // What one thread found; merged in the end. The best plan of each shape (tp, pp, cp) is kept per
-  // (tp, cp) pair, which one thread searches at a time, so it does not depend on the threads.
+  // shape, which one thread searches at a time, so it does not depend on the threads.
   struct Partial {
     std::vector<Candidate> fitting;
     std::int64_t evaluated = 0, fitting_count = 0;
@@ -178,24 +178,31 @@ Result<SearchResult> search(const PlanRequest& req, const SearchOptions& options
     }
   };
 
-  std::vector<std::pair<int, int>> pairs;  // (tp, cp)
+  // The units of work, one per shape (tp, cp, pp), in a fixed order.
+  struct Unit {
+    int tp, cp, pp;
+  };
+  std::vector<Unit> units;
   for (int tp : tps) {
-    for (int cp : cps) pairs.emplace_back(tp, cp);
+    for (int cp : cps) {
+      if (gpus % (tp * cp) != 0) continue;
+      for (int pp : divisors(gpus / (tp * cp), m.layers)) units.push_back({tp, cp, pp});
+    }
   }
-  std::vector<Shapes> shapes_by_pair(pairs.size());
+  std::vector<Shapes> shapes_by_unit(units.size());
   std::atomic<bool> stopped{false};
   std::mutex progress_mutex;
-  std::size_t pairs_done = 0;
-  // Called before each pair: progress, and whether to stop.
+  std::size_t units_done = 0;
+  // Called before each unit: progress, and whether to stop.
   const auto checkpoint = [&] {
     std::lock_guard<std::mutex> lock(progress_mutex);
-    if (options.progress) options.progress(static_cast<double>(pairs_done) / static_cast<double>(pairs.size()));
-    ++pairs_done;
+    if (options.progress) options.progress(static_cast<double>(units_done) / static_cast<double>(units.size()));
+    ++units_done;
     if (!stopped && options.should_stop && options.should_stop()) stopped = true;
     return !stopped;
   };
 
-  // Searches the pairs handed out by `next` with the given optimizer offloads.
+  // Searches the units handed out by `next` with the given optimizer offloads.
   const auto work = [&](Partial& part, std::atomic<std::size_t>& next, const std::vector<Offload>& offloads) {
     // One plan per thread, reused: only its parallel layout changes in the loops below.
     Plan plan;
@@ -206,12 +213,11 @@ Result<SearchResult> search(const PlanRequest& req, const SearchOptions& options
     plan.cluster = req.cluster;
     plan.gpus = gpus;
     plan.training = req.training;
-    for (std::size_t i = next++; i < pairs.size(); i = next++) {
+    for (std::size_t i = next++; i < units.size(); i = next++) {
       if (!checkpoint()) return;
-      const auto [tp, cp] = pairs[i];
-      Shapes& shapes = shapes_by_pair[i];
-      if (gpus % (tp * cp) != 0) continue;
-      for (int pp : divisors(gpus / (tp * cp), m.layers)) {
+      const auto [tp, cp, pp] = units[i];
+      Shapes& shapes = shapes_by_unit[i];
+      {
         if (c.pp && pp != *c.pp) continue;
         const int dp = gpus / (tp * cp * pp);
         if (c.dp && dp != *c.dp) continue;
@@ -276,10 +282,10 @@ Result<SearchResult> search(const PlanRequest& req, const SearchOptions& options
     }
   };
 
-  const int threads = std::max(1, std::min<int>(options.threads, static_cast<int>(pairs.size())));
+  const int threads = std::max(1, std::min<int>(options.threads, static_cast<int>(units.size())));
   std::vector<Partial> parts(static_cast<std::size_t>(threads));
   const auto run = [&](const std::vector<Offload>& offloads) {
-    pairs_done = 0;
+    units_done = 0;
     std::atomic<std::size_t> next{0};
     std::vector<std::thread> pool;
     for (int t = 1; t < threads; ++t) pool.emplace_back([&, t] { work(parts[static_cast<std::size_t>(t)], next, offloads); });
@@ -307,7 +313,7 @@ Result<SearchResult> search(const PlanRequest& req, const SearchOptions& options
     result.fitting += part.fitting_count;
     std::move(part.fitting.begin(), part.fitting.end(), std::back_inserter(fitting));
   }
-  for (auto& shapes : shapes_by_pair) best_by_shape.merge(shapes);
+  for (auto& shapes : shapes_by_unit) best_by_shape.merge(shapes);
   if (result.evaluated == 0) {
     return Error{"no valid plan: no combination of tp, cp, pp and dp fits " + std::to_string(gpus) +
                  " GPUs with the fixed values, heads (" + std::to_string(m.heads) + ") and global batch (" +
