@@ -178,6 +178,13 @@ TEST_F(MainWindowTest, AMalformedJsonFileShowsAnErrorMessageNotACrash) {
     EXPECT_NE(text.find("broken.json"), std::string::npos) << what << ": " << text;
     EXPECT_EQ(window_.last_error(), window_.error_dialog()->text());
   }
+  const QString unknown = dir.filePath(QStringLiteral("unknown.json"));
+  {
+    std::ofstream out(unknown.toStdString());
+    out << R"({"schema": "trainplan/plan/v1", "name": "x", "model": "llama9-1t", "cluster": "dgx-h100", "gpus": 8})";
+  }
+  EXPECT_FALSE(window_.open_plan(unknown));
+  EXPECT_TRUE(window_.error_dialog()->text().contains(QStringLiteral("unknown model \"llama9-1t\""))) << window_.last_error().toStdString();
   EXPECT_FALSE(window_.open_plan(dir.filePath(QStringLiteral("missing.json"))));
   EXPECT_TRUE(window_.last_error().contains(QStringLiteral("cannot open file"))) << window_.last_error().toStdString();
   QCoreApplication::processEvents();
