@@ -97,13 +97,40 @@ std::vector<int> partition_layers(int layers, int chunks, double layer_seconds, 
     return count * layer_seconds + (c == 0 ? first_seconds : 0.0) + (c == chunks - 1 ? last_seconds : 0.0);
   };
   // Water-filling: each further layer goes where the slowest chunk stays fastest.
-  for (int placed = chunks; placed < layers; ++placed) {
-    int best = 0;
-    for (int c = 1; c < chunks; ++c) {
-      if (cost(c, n[c] + 1) < cost(best, n[best] + 1) - 1e-15 * layer_seconds) best = c;
+  if (chunks < 3 || !(layer_seconds > 0) || !std::isfinite(layer_seconds)) {
+    for (int placed = chunks; placed < layers; ++placed) {
+      int best = 0;
+      for (int c = 1; c < chunks; ++c) {
+        if (cost(c, n[c] + 1) < cost(best, n[best] + 1) - 1e-15 * layer_seconds) best = c;
+      }
+      ++n[best];
     }
-    ++n[best];
+    return n;
   }
+  // The same filling in O(layers) (this runs once per estimate, and the search makes thousands):
+  // the middle chunks cost alike, so they stay level, the earlier ones one layer ahead: the first
+  // `ahead` of them hold level + 1 layers, the others `level`. Of them only the first at `level`
+  // can win a layer, and it wins every comparison the scan above would give to another middle chunk.
+  const int middle = chunks - 2;
+  int level = 1, ahead = 0;
+  for (int placed = chunks; placed < layers; ++placed) {
+    const double eps = 1e-15 * layer_seconds;
+    int best = 0;
+    double best_cost = cost(0, n[0] + 1);
+    const double middle_cost = cost(1 + ahead, level + 1);
+    if (middle_cost < best_cost - eps) {
+      best = 1 + ahead;
+      best_cost = middle_cost;
+    }
+    if (cost(chunks - 1, n[static_cast<std::size_t>(chunks - 1)] + 1) < best_cost - eps) best = chunks - 1;
+    if (best == 0 || best == chunks - 1) {
+      ++n[static_cast<std::size_t>(best)];
+    } else if (++ahead == middle) {
+      ++level;
+      ahead = 0;
+    }
+  }
+  for (int c = 1; c <= middle; ++c) n[static_cast<std::size_t>(c)] = c <= ahead ? level + 1 : level;
   return n;
 }
 
