@@ -66,7 +66,11 @@ bool PlanningSession::submit(const RequestForm& form, pl::Objective objective) {
     options.objective = objective;
     options.top = kRankedPlans;
     options.threads = std::max(1, QThread::idealThreadCount());  // the same result as one thread, sooner
-    options.progress = [this, generation](double fraction) {
+    // Progress in steps of 5% at most: every report wakes the UI thread, which shares the cores
+    // with the search. (The planner calls this under its lock, one call at a time.)
+    options.progress = [this, generation, reported = -1.0](double fraction) mutable {
+      if (fraction < reported + 0.05 && fraction < 1.0) return;
+      reported = fraction;
       QMetaObject::invokeMethod(
           this, [this, generation, fraction] { if (generation == generation_) emit progressChanged(fraction); }, Qt::QueuedConnection);
     };
