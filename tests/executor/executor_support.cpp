@@ -2,6 +2,10 @@
 
 #include "executor_support.hpp"
 
+#include <cmath>
+
+#include <gtest/gtest.h>
+
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -98,6 +102,29 @@ std::map<std::string, std::vector<float>> read_safetensors(const std::string& pa
     out[name] = std::move(values);
   }
   return out;
+}
+
+void expect_parameters_close(const Parameters& expected, const Parameters& got, double tolerance) {
+  ASSERT_EQ(got.size(), expected.size());
+  double total_diff = 0, total_norm = 0;
+  for (const auto& [name, want] : expected) {
+    ASSERT_TRUE(got.count(name)) << name;
+    const auto& have = got.at(name);
+    ASSERT_EQ(have.size(), want.size()) << name;
+    double diff = 0, norm = 0;
+    for (std::size_t i = 0; i < have.size(); ++i) {
+      diff += (double(have[i]) - want[i]) * (double(have[i]) - want[i]);
+      norm += double(want[i]) * want[i];
+    }
+    total_diff += diff;
+    total_norm += norm;
+    if (name.find("attention.wk.bias") != std::string::npos) {
+      EXPECT_LT(std::sqrt(diff / have.size()), 1e-3) << name;
+      continue;
+    }
+    EXPECT_LE(std::sqrt(diff), 10 * tolerance * std::sqrt(norm)) << name;
+  }
+  EXPECT_LE(std::sqrt(total_diff), tolerance * std::sqrt(total_norm));
 }
 
 }  // namespace trainplan::testing

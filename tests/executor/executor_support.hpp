@@ -49,4 +49,11 @@ nlohmann::json read_json(const std::string& path);
 // Every tensor of a float32 safetensors file, by name (parsed from the format's header).
 std::map<std::string, std::vector<float>> read_safetensors(const std::string& path);
 
+using Parameters = std::map<std::string, std::vector<float>>;
+// GoogleTest assertions that `got` holds the parameters of `expected` (same names and sizes),
+// equal as one vector to `tolerance` of its norm and each tensor to 10 x `tolerance` of its own.
+// GPT's key bias, whose true gradient is exactly 0 (softmax is shift-invariant), is held to an
+// absolute RMS of 1e-3: Adam steps on rounding noise there.
+void expect_parameters_close(const Parameters& expected, const Parameters& got, double tolerance);
+
 }  // namespace trainplan::testing
