@@ -197,13 +197,6 @@ class MpiCommunicator final : public Communicator {
   int rank_ = 0, size_ = 1;
 };
 
-bool launched_by_mpi_impl() {
-  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS"}) {
-    if (std::getenv(v) != nullptr) return true;
-  }
-  return false;
-}
-
 // Open MPI moves a large message (beyond the eager limit, without a single-copy mechanism) only
 // while the sender is inside an MPI call, so a pipeline stage that sends an activation and goes
 // on computing would hold it back for a whole pass. This thread calls into MPI every 100 us so
@@ -240,7 +233,13 @@ std::unique_ptr<ProgressThread>& progress_thread() {
 }  // namespace
 
 bool mpi_available() { return true; }
-bool launched_by_mpi() { return launched_by_mpi_impl(); }
+
+bool launched_by_mpi() {
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS"}) {
+    if (std::getenv(v) != nullptr) return true;
+  }
+  return false;
+}
 
 std::unique_ptr<Communicator> make_mpi_communicator(const CommOptions& options) {
   int initialized = 0;

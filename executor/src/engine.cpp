@@ -135,9 +135,8 @@ struct DataParallelEngine::Pending {
 
 DataParallelEngine::DataParallelEngine(const cm::ModelSpec& model, const EngineConfig& config, const EngineGroups& groups,
                                        std::vector<UnitLayout> units, const std::vector<int>& chunk_of_unit, int64_t seq_len)
-    : model_(model), config_(config), groups_(groups), world_(*groups.dp), layout_(std::move(units)) {
-  Communicator& world = world_;
-  const int dp = world.size(), stage = config.zero_stage;
+    : model_(model), config_(config), groups_(groups), dp_(*groups.dp), layout_(std::move(units)) {
+  const int dp = dp_.size(), stage = config.zero_stage;
   for (std::size_t i = 0; i < layout_.size(); ++i) {
     const auto chunk = static_cast<std::size_t>(chunk_of_unit.at(i));
     if (chunk_ranges_.size() <= chunk) chunk_ranges_.resize(chunk + 1, {i, i});
@@ -150,8 +149,8 @@ DataParallelEngine::DataParallelEngine(const cm::ModelSpec& model, const EngineC
   }
   local_tied_ = model.tied_embeddings && has_embedding && has_head;
   const int s = stage == 0 ? 1 : stage == 3 && config.shard_group > 0 ? config.shard_group : dp;
-  shard_comm_ = world.split(world.rank() / s, world.rank(), "shard");
-  replica_comm_ = world.split(world.rank() % s, world.rank(), "replica");
+  shard_comm_ = dp_.split(dp_.rank() / s, dp_.rank(), "shard");
+  replica_comm_ = dp_.split(dp_.rank() % s, dp_.rank(), "replica");
   rotary_ = make_rotary(model, seq_len, config.device);
 
   const auto f32 = at::TensorOptions().dtype(at::kFloat).device(config.device);
@@ -337,7 +336,7 @@ void DataParallelEngine::finish_step() {
     for (auto& u : units_) works.push_back(replica_comm_->all_reduce_sum(u->grad));
     for (auto& w : works) w->wait();
   }
-  const double inverse = 1.0 / world_.size();
+  const double inverse = 1.0 / dp_.size();
   for (auto& u : units_) u->owned_grad(stage).mul_(inverse);
   timers_.dp_wait_seconds += seconds_since(t0);
 }

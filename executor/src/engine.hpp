@@ -149,7 +149,7 @@ class DataParallelEngine {
   costmodel::ModelSpec model_;
   EngineConfig config_;
   EngineGroups groups_;
-  Communicator& world_;  // the data-parallel group (groups_.dp)
+  Communicator& dp_;  // the data-parallel group (groups_.dp)
   std::unique_ptr<Communicator> shard_comm_, replica_comm_;
   std::vector<UnitLayout> layout_;
   std::vector<std::unique_ptr<Unit>> units_;

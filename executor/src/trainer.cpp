@@ -180,6 +180,35 @@ World make_world(const RunOptions& o) {
   return w;
 }
 
+// The pipeline bubble of one step (collective): per rank, the time within the step's compute
+// span (first pass start to last pass end over all ranks) it does not compute, over the time it
+// computes (costmodel/schedule.hpp); the mean over ranks.
+double step_bubble(Communicator& comm, const std::vector<TraceRecord>& events) {
+  double busy = 0, first = 1e300, last = 0;
+  for (const TraceRecord& e : events) {
+    if (e.kind != "forward" && e.kind != "backward") continue;
+    busy += e.end - e.start;
+    first = std::min(first, e.start);
+    last = std::max(last, e.end);
+  }
+  std::ostringstream mine;
+  mine.precision(17);
+  mine << busy << " " << first << " " << last;
+  double span_first = 1e300, span_last = 0;
+  std::vector<double> ranks_busy;
+  for (const std::string& text : comm.all_gather_strings(mine.str())) {
+    std::istringstream in(text);
+    double b = 0, f = 0, l = 0;
+    in >> b >> f >> l;
+    span_first = std::min(span_first, f);
+    span_last = std::max(span_last, l);
+    ranks_busy.push_back(b);
+  }
+  double bubble = 0;
+  for (double b : ranks_busy) bubble += b > 0 ? (span_last - span_first - b) / b : 0.0;
+  return bubble / static_cast<double>(ranks_busy.size());
+}
+
 // One rank's memory, for picking the fullest rank (the estimate reports the worst stage).
 struct RankMemory {
   StateBytes states;
@@ -392,32 +421,7 @@ int train(const RunOptions& o, const std::string& command_line, World& w, const 
       return std::make_pair(mb.tokens, mb.targets);
     };
     const double loss_sum = runner.run_step(batch, state.loss_scale / static_cast<double>(accumulation), timing_pipeline ? &events : nullptr);
-    if (p.pp > 1) {
-      // Bubble: per rank, the time within the step's compute span it does not compute, over the
-      // time it computes (costmodel/schedule.hpp); the mean over ranks.
-      double busy = 0, first = 1e300, last = 0;
-      for (const TraceRecord& e : events) {
-        if (e.kind != "forward" && e.kind != "backward") continue;
-        busy += e.end - e.start;
-        first = std::min(first, e.start);
-        last = std::max(last, e.end);
-      }
-      std::ostringstream mine_text;
-      mine_text.precision(17);
-      mine_text << busy << " " << first << " " << last;
-      double span_first = 1e300, span_last = 0, bubble = 0;
-      std::vector<std::pair<double, double>> ranks_busy;
-      for (const std::string& text : comm.all_gather_strings(mine_text.str())) {
-        std::istringstream in(text);
-        double b = 0, f = 0, l = 0;
-        in >> b >> f >> l;
-        span_first = std::min(span_first, f);
-        span_last = std::max(span_last, l);
-        ranks_busy.emplace_back(b, 0);
-      }
-      for (const auto& [b, unused] : ranks_busy) bubble += b > 0 ? (span_last - span_first - b) / b : 0.0;
-      step_bubbles.push_back(bubble / static_cast<double>(ranks_busy.size()));
-    }
+    if (p.pp > 1) step_bubbles.push_back(step_bubble(comm, events));
     const auto t_finish = std::chrono::steady_clock::now();
     engine.finish_step();
     if (tracing) events.push_back({"dp_comm", -1, 0, std::chrono::duration<double>(t_finish - t0).count(),
@@ -455,8 +459,8 @@ int train(const RunOptions& o, const std::string& command_line, World& w, const 
       if (talk) {
         trace_events = nlohmann::json::array();
         std::fill(stage_in_flight.begin(), stage_in_flight.end(), 0.0);
-        for (std::size_t k = 0; k < all.size(); ++k) {
-          const nlohmann::json one = nlohmann::json::parse(all[k]);
+        for (const std::string& text : all) {
+          const nlohmann::json one = nlohmann::json::parse(text);
           const int stage = one["stage"].get<int>();
           stage_in_flight[static_cast<std::size_t>(stage)] = std::max(stage_in_flight[static_cast<std::size_t>(stage)], one["in_flight"].get<double>());
           for (const auto& e : one["events"]) {

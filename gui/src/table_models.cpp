@@ -13,7 +13,7 @@ namespace pl = trainplan::planner;
 
 namespace {
 
-constexpr double kGiB = 1073741824.0;
+constexpr double kGiB = cm::Bytes::gib(1).value();  // bytes per GiB, from the units header
 
 QVariant right_aligned() { return QVariant::fromValue(Qt::Alignment(Qt::AlignRight | Qt::AlignVCenter)); }
 
