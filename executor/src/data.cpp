@@ -160,8 +160,15 @@ MicroBatch DataLoader::micro_batch(int64_t step, int dp_rank, int dp, int64_t gl
   int64_t* data = window.data_ptr<int64_t>();
   for (int64_t i = 0; i < micro_batch; ++i) source_->sample(first + i, seq_len_ + 1, data + i * (seq_len_ + 1));
   MicroBatch b;
-  b.tokens = window.narrow(1, 0, seq_len_).contiguous().to(device);
-  b.targets = window.narrow(1, 1, seq_len_).contiguous().to(device);
+  // To a GPU from pinned memory without waiting: a pageable copy would make the host wait for
+  // the GPU to drain its queue before every micro-batch.
+  const bool gpu = device.is_cuda();
+  const auto move = [&](int64_t offset) {
+    at::Tensor t = window.narrow(1, offset, seq_len_).contiguous();
+    return gpu ? t.pin_memory().to(device, /*non_blocking=*/true) : t;
+  };
+  b.tokens = move(0);
+  b.targets = move(1);
   return b;
 }
 
