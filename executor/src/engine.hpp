@@ -61,7 +61,8 @@ struct StateBytes {
   double weights = 0, gradients = 0, optimizer = 0;
 };
 
-// Time spent this step waiting for data-parallel communication after backward (exposed).
+// Time spent this step waiting for data-parallel communication (exposed): for gradient
+// reduction after backward, and for ZeRO-3 parameter gathers before a unit's forward or backward.
 struct EngineTimers {
   double dp_wait_seconds = 0;
   double gather_wait_seconds = 0;

@@ -448,7 +448,10 @@ int train(const RunOptions& o, const std::string& command_line, World& w, const 
     if (finite && t.precision == cm::Precision::kFp16 && ++state.good_steps % 2000 == 0) state.loss_scale *= 2;
     r.seconds = std::chrono::duration<double>(t1 - t0).count();
     r.optimizer_seconds = std::chrono::duration<double>(t1 - t_opt).count();
-    r.dp_wait_seconds = engine.take_timers().dp_wait_seconds;
+    // Exposed data-parallel communication as the cost model counts it: the wait for gradient
+    // reduction after backward plus, under ZeRO-3, the waits for parameter gathers in the passes.
+    const EngineTimers timers = engine.take_timers();
+    r.dp_wait_seconds = timers.dp_wait_seconds + timers.gather_wait_seconds;
     if (tracing) {
       events.push_back({"optimizer", -1, 0, std::chrono::duration<double>(t_opt - t0).count(), r.seconds});
       nlohmann::json mine_json = {{"rank", rank}, {"stage", at.pp}, {"in_flight", runner.peak_in_flight()}, {"events", nlohmann::json::array()}};
