@@ -331,7 +331,7 @@ void export_safetensors(const std::string& dir, DataParallelEngine& engine, Comm
           if (owner == 0) {
             piece = local.at(s.name + "#" + std::to_string(j));
           } else {
-            piece = at::empty({piece_slot.numel}, at::TensorOptions().dtype(at::kFloat));
+            piece = at::empty({piece_slot.numel}, at::TensorOptions().dtype(at::kFloat).device(world.device()));
             world.recv(piece, owner, kTag)->wait();
           }
           pieces.push_back(piece.view(piece_slot.shape));

@@ -54,6 +54,9 @@ class Communicator {
   [[nodiscard]] virtual std::unique_ptr<Communicator> split(int color, int key, const std::string& name) = 0;
   // Ends every rank of the job at once (MPI_Abort / process exit); used after a fatal error.
   [[noreturn]] virtual void abort(int exit_code) = 0;
+  // Where this engine's tensors live: scratch tensors (scalars, received checkpoint pieces) are
+  // made here. CPU for MPI and the self group, the current CUDA device for NCCL.
+  [[nodiscard]] virtual at::Device device() const { return at::Device(at::kCPU); }
 };
 
 // Sum over ranks of a double (loss, norms, flags) through `comm`.

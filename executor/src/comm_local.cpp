@@ -59,7 +59,7 @@ std::unique_ptr<Communicator> make_self_communicator(const std::string& name) {
 
 double all_reduce_scalar(Communicator& comm, double value) {
   if (comm.size() == 1) return value;
-  at::Tensor t = at::full({1}, value, at::TensorOptions().dtype(at::kDouble));
+  at::Tensor t = at::full({1}, value, at::TensorOptions().dtype(at::kDouble).device(comm.device()));
   comm.all_reduce_sum(t)->wait();
   return t.item<double>();
 }

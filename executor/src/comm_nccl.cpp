@@ -5,10 +5,13 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdlib>
+#include <memory>
 #include <cstring>
 #include <thread>
 
+#include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -37,10 +40,14 @@ ncclDataType_t nccl_type(const at::Tensor& t, const std::string& what) {
   }
 }
 
+// Set once a communicator is aborted: an aborted NCCL communicator must not be aborted or
+// destroyed again.
+using AbortedFlag = std::shared_ptr<std::atomic<bool>>;
+
 class NcclWork final : public Work {
  public:
-  NcclWork(ncclComm_t comm, cudaStream_t stream, std::string what, std::chrono::seconds timeout)
-      : comm_(comm), what_(std::move(what)), timeout_(timeout) {
+  NcclWork(ncclComm_t comm, AbortedFlag aborted, cudaStream_t stream, std::string what, std::chrono::seconds timeout)
+      : comm_(comm), aborted_(std::move(aborted)), what_(std::move(what)), timeout_(timeout) {
     check_cuda(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), what_);
     check_cuda(cudaEventRecord(event_, stream), what_);
   }
@@ -57,7 +64,7 @@ class NcclWork final : public Work {
       ncclCommGetAsyncError(comm_, &async);
       if (async != ncclSuccess && async != ncclInProgress) throw CommError(what_ + " failed: " + ncclGetErrorString(async));
       if (std::chrono::steady_clock::now() > deadline) {
-        ncclCommAbort(comm_);
+        if (!aborted_->exchange(true)) ncclCommAbort(comm_);
         throw CommError(what_ + " did not complete within " + std::to_string(timeout_.count()) +
                         " s: a peer rank has probably died or hangs");
       }
@@ -67,6 +74,7 @@ class NcclWork final : public Work {
 
  private:
   ncclComm_t comm_;
+  AbortedFlag aborted_;
   cudaEvent_t event_{};
   std::string what_;
   std::chrono::seconds timeout_;
@@ -78,7 +86,9 @@ class NcclCommunicator final : public Communicator {
     ncclCommUserRank(comm_, &rank_);
     ncclCommCount(comm_, &size_);
   }
-  ~NcclCommunicator() override { ncclCommDestroy(comm_); }
+  ~NcclCommunicator() override {
+    if (!aborted_->load()) ncclCommDestroy(comm_);
+  }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   const std::string& name() const override { return name_; }
@@ -158,9 +168,10 @@ class NcclCommunicator final : public Communicator {
     return std::make_unique<NcclCommunicator>(sub, name, options_);
   }
   [[noreturn]] void abort(int exit_code) override {
-    ncclCommAbort(comm_);
+    if (!aborted_->exchange(true)) ncclCommAbort(comm_);
     std::_Exit(exit_code);
   }
+  at::Device device() const override { return at::Device(at::kCUDA, c10::cuda::current_device()); }
 
  private:
   static cudaStream_t stream() { return c10::cuda::getCurrentCUDAStream().stream(); }
@@ -173,10 +184,11 @@ class NcclCommunicator final : public Communicator {
            std::to_string(rank_) + " of " + std::to_string(size_) + ")";
   }
   std::unique_ptr<Work> work(const std::string& what) const {
-    return std::make_unique<NcclWork>(comm_, stream(), what, options_.timeout);
+    return std::make_unique<NcclWork>(comm_, aborted_, stream(), what, options_.timeout);
   }
 
   ncclComm_t comm_;
+  AbortedFlag aborted_ = std::make_shared<std::atomic<bool>>(false);
   std::string name_;
   CommOptions options_;
   int rank_ = 0, size_ = 1;
@@ -207,10 +219,20 @@ ncclUniqueId exchange_through_store(int rank, int size, const CommOptions& optio
     std::vector<uint8_t> bytes(sizeof(id));
     std::memcpy(bytes.data(), &id, sizeof(id));
     store->set("nccl_unique_id", bytes);
+    // Rank 0 may host the store: it stays until every other rank has read the id.
+    const auto deadline = std::chrono::steady_clock::now() + options.timeout;
+    while (store->add("nccl_unique_id_read", 0) < size - 1) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        throw CommError("NCCL unique id: not every rank read it from " + host + ":" + std::to_string(port) + " within " +
+                        std::to_string(options.timeout.count()) + " s (a rank did not start?)");
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
   } else {
     const std::vector<uint8_t> bytes = store->get("nccl_unique_id");
     if (bytes.size() != sizeof(id)) throw CommError("NCCL unique id from the store has the wrong size");
     std::memcpy(&id, bytes.data(), sizeof(id));
+    store->add("nccl_unique_id_read", 1);
   }
   return id;
 }

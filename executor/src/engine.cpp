@@ -418,17 +418,26 @@ void DataParallelEngine::drain() {
 
 double DataParallelEngine::gradient_norm() {
   // Each element once over every axis: replicas, TP copies and the tied copy count nowhere else.
-  double sum = 0;
+  // Summed on the device, read once (one host synchronisation per step, not one per range).
+  at::Tensor sum;
   for (auto& u : units_) {
     const at::Tensor g = u->owned_grad(config_.zero_stage);
-    for (const auto& [start, length] : u->norm_ranges) sum += g.narrow(0, start, length).pow(2).sum().item<double>();
+    for (const auto& [start, length] : u->norm_ranges) {
+      const at::Tensor part = g.narrow(0, start, length).pow(2).sum().to(at::kDouble);
+      sum = sum.defined() ? sum + part : part;
+    }
   }
-  return std::sqrt(all_reduce_scalar(*groups_.world, sum));
+  return std::sqrt(all_reduce_scalar(*groups_.world, sum.defined() ? sum.item<double>() : 0.0));
 }
 
 bool DataParallelEngine::gradients_finite() {
   double bad = 0;
-  for (auto& u : units_) bad += at::isfinite(u->owned_grad(config_.zero_stage)).logical_not().sum().item<double>();
+  at::Tensor count;
+  for (auto& u : units_) {
+    const at::Tensor part = at::isfinite(u->owned_grad(config_.zero_stage)).logical_not().sum();
+    count = count.defined() ? count + part : part;
+  }
+  if (count.defined()) bad = count.item<double>();
   return all_reduce_scalar(*groups_.world, bad) == 0;
 }
 

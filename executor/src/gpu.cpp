@@ -2,6 +2,8 @@
 
 #include "gpu.hpp"
 
+#include <algorithm>
+
 #ifdef TRAINPLAN_HAVE_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
@@ -12,7 +14,11 @@ namespace trainplan::executor {
 
 #ifdef TRAINPLAN_HAVE_CUDA
 bool cuda_present() { return c10::cuda::device_count() > 0; }
-void cuda_set_device(int index) { c10::cuda::set_device(static_cast<c10::DeviceIndex>(index)); }
+int cuda_set_device(int local_rank) {
+  const int index = local_rank % std::max<int>(1, c10::cuda::device_count());
+  c10::cuda::set_device(static_cast<c10::DeviceIndex>(index));
+  return index;
+}
 void cuda_synchronize() { c10::cuda::device_synchronize(); }
 std::string cuda_device_name() {
   cudaDeviceProp prop{};
@@ -30,7 +36,7 @@ double cuda_peak_reserved_bytes() {
 void cuda_reset_peak() { c10::cuda::CUDACachingAllocator::resetPeakStats(c10::cuda::current_device()); }
 #else
 bool cuda_present() { return false; }
-void cuda_set_device(int) {}
+int cuda_set_device(int) { return 0; }
 void cuda_synchronize() {}
 std::string cuda_device_name() { return "none"; }
 double cuda_peak_allocated_bytes() { return 0; }

@@ -8,7 +8,10 @@
 namespace trainplan::executor {
 
 [[nodiscard]] bool cuda_present();
-void cuda_set_device(int index);
+// Selects the GPU of a rank with this node-local index: index % visible devices, so one GPU per
+// rank (SLURM --gpus-per-task=1, CUDA_VISIBLE_DEVICES per rank) and all GPUs per node both work.
+// Returns the device index chosen.
+int cuda_set_device(int local_rank);
 void cuda_synchronize();
 [[nodiscard]] std::string cuda_device_name();
 // Peak bytes allocated by the caching allocator on the current device since the last reset.

@@ -25,6 +25,7 @@
 #include "trainplan/costmodel/estimate.hpp"
 #include "trainplan/costmodel/presets.hpp"
 #include "trainplan/executor/executor.hpp"
+#include "trainplan/planner/launch.hpp"
 
 namespace trainplan::executor {
 
@@ -51,33 +52,12 @@ int env_int(std::initializer_list<const char*> names, int fallback) {
   return fallback;
 }
 
-// What this build of the executor runs; everything else in a plan is refused with the reason.
-void check_supported(const cm::Plan& plan) {
-  std::vector<std::string> problems;
-  const auto& p = plan.parallel;
-  const auto& t = plan.training;
-  if (p.cp != 1 || p.ep != 1) {
-    problems.push_back("context and expert parallelism are not in the executor yet (cp=" + std::to_string(p.cp) + ", ep=" +
-                       std::to_string(p.ep) + "; tensor, sequence, pipeline and data parallelism run)");
-  }
-  if (p.tp > 1 && plan.model.vocab % p.tp != 0) {
-    problems.push_back("tp(" + std::to_string(p.tp) + ") must divide the vocabulary (" + std::to_string(plan.model.vocab) +
-                       ") for the vocabulary-parallel embedding and loss");
-  }
-  if (p.tp > 1 && p.sequence_parallel && t.seq_len % p.tp != 0) {
-    problems.push_back("sequence parallelism: tp(" + std::to_string(p.tp) + ") must divide seq_len (" + std::to_string(t.seq_len) + ")");
-  }
-  if (plan.model.moe) problems.push_back("mixture-of-experts models are not supported by the executor");
-  if (t.mode == cm::TrainingMode::kLora || t.mode == cm::TrainingMode::kQlora) problems.push_back("LoRA/QLoRA fine-tuning is not supported by the executor");
-  if (t.precision == cm::Precision::kFp8) problems.push_back("fp8 training is not supported by the executor (use bf16)");
-  if (t.optimizer != cm::OptimizerKind::kAdamW) problems.push_back(std::string("optimizer ") + cm::optimizer_name(t.optimizer) + " is not supported (adamw only)");
-  if (t.dropout) problems.push_back("dropout is not supported by the executor");
-  if (p.offload_optimizer != cm::Offload::kNone || p.offload_params != cm::Offload::kNone) problems.push_back("CPU/NVMe offload is not supported by the executor");
-  if (p.fsdp_wrap_min_params != 0) problems.push_back("fsdp_wrap_min_params: the executor wraps one unit per block");
-  if (p.reduce_dtype != cm::Dtype::kFp32) problems.push_back("reduce_dtype: the executor reduces gradients in fp32");
-  if (t.seq_len > plan.model.max_seq_len) problems.push_back("seq_len " + std::to_string(t.seq_len) + " exceeds the model's max_seq_len " + std::to_string(plan.model.max_seq_len));
+// What this build of the executor runs (planner::executor_limitations); everything else in a
+// plan is refused with the reasons. `gpu`: the ranks are GPUs.
+void check_supported(const cm::Plan& plan, bool gpu) {
+  const std::vector<std::string> problems = trainplan::planner::executor_limitations(plan, gpu);
   if (problems.empty()) return;
-  std::string text = plan.name + ": the executor cannot run this plan:";
+  std::string text = plan.name + ": the executor cannot run this plan" + (gpu ? " on GPUs" : "") + ":";
   for (const auto& s : problems) text += "\n  - " + s;
   throw InputError(text);
 }
@@ -151,12 +131,13 @@ World make_world(const RunOptions& o) {
   if (o.device == "cuda" && !cuda_present()) throw InputError("--device cuda: no CUDA device is visible to this process");
   if (o.device != "auto" && o.device != "cpu" && o.device != "cuda") throw InputError("--device: expected auto, cpu or cuda, got \"" + o.device + "\"");
 
+  int gpu = 0;  // this rank's CUDA device index
   if (launched_by_mpi()) {
     w.bootstrap = make_mpi_communicator(comm_options);
     w.local_rank = env_int({"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"}, 0);
     w.local_size = env_int({"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"}, 1);
     if (want_cuda) {
-      cuda_set_device(w.local_rank);
+      gpu = cuda_set_device(w.local_rank);
       w.comm = w.bootstrap->size() > 1 ? make_nccl_communicator(w.bootstrap->rank(), w.bootstrap->size(), w.bootstrap.get(), comm_options)
                                        : make_self_communicator();
     } else {
@@ -170,11 +151,11 @@ World make_world(const RunOptions& o) {
     if (size > 1 && !want_cuda) {
       throw InputError("WORLD_SIZE=" + std::to_string(size) + " on CPU: CPU ranks communicate through MPI; start them with mpirun (or srun --mpi=pmix)");
     }
-    if (want_cuda) cuda_set_device(w.local_rank);
+    if (want_cuda) gpu = cuda_set_device(w.local_rank);
     w.comm = size > 1 ? make_nccl_communicator(rank, size, nullptr, comm_options) : make_self_communicator();
   }
   if (want_cuda) {
-    w.device = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(w.local_rank));
+    w.device = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(gpu));
     w.device_name = cuda_device_name();
   }
   return w;
@@ -302,6 +283,7 @@ int train(const RunOptions& o, const std::string& command_line, World& w, const 
     throw InputError(o.plan_path + ": the plan is for " + std::to_string(plan.gpus) + " GPUs but " + std::to_string(comm.size()) +
                      " ranks were started: " + why);
   }
+  if (w.device.is_cuda()) check_supported(plan, /*gpu=*/true);
   if (!w.device.is_cuda()) {
     const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
     at::set_num_threads(o.threads > 0 ? o.threads : static_cast<int>(std::max(1u, cores / static_cast<unsigned>(std::max(1, w.local_size)))));
@@ -601,7 +583,7 @@ int run_executor(const RunOptions& o, const std::string& command_line) {
   cm::Plan plan;
   try {
     plan = load_plan(o.plan_path);
-    check_supported(plan);
+    check_supported(plan, /*gpu=*/false);
     if (o.steps < 1) throw InputError("--steps: must be at least 1");
     if (o.lr <= 0 || !std::isfinite(o.lr)) throw InputError("--lr: must be a positive number");
   } catch (const std::exception& e) {

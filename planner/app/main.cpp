@@ -120,6 +120,16 @@ int compare_files(const std::string& estimate_file, const std::string& measureme
   return 0;
 }
 
+int write_chrome_trace(const std::string& measurement_file) {
+  auto measured = pl::load_measurement_file(measurement_file);
+  if (!measured) return fail(measured.error().message);
+  if (!measured->trace || measured->trace->events.empty()) {
+    return fail(measurement_file + ": /trace: no events (the executor records one step's events; see --trace-step)");
+  }
+  std::cout << pl::chrome_trace(*measured->trace).dump() << "\n";
+  return 0;
+}
+
 int launch_plan(const std::string& plan_file, const pl::LaunchOptions& options, bool slurm) {
   auto plan = pl::load_fixed_plan(plan_file);
   if (!plan) return fail(plan.error().message);
@@ -234,6 +244,8 @@ int main(int argc, char** argv) {
   run_cmd->add_option("--mpirun", local.mpirun, "The mpirun to use")->capture_default_str();
   run_cmd->add_option("--format", format, "text | md | html | json")->check(CLI::IsMember({"text", "md", "html", "json"}));
   run_cmd->add_option("executor_args", local.extra_args, "After --: more arguments for the executor");
+  CLI::App* trace_cmd = app.add_subcommand("trace", "Write a measurement's trace as Chrome trace-event JSON (ui.perfetto.dev)");
+  trace_cmd->add_option("measurement", measurement_file, "trainplan/measurement/v1 file")->required();
   app.add_subcommand("models", "List model presets");
   app.add_subcommand("hardware", "List cluster presets");
 
@@ -254,6 +266,7 @@ int main(int argc, char** argv) {
   ctx.command = join_args(argc, argv);
 
   if (app.got_subcommand("compare")) return compare_files(estimate_file, measurement_file, fmt);
+  if (app.got_subcommand("trace")) return write_chrome_trace(measurement_file);
   const pl::ExecutorSearch executor_search{executor, environment("TRAINPLAN_EXECUTOR"), pl::own_binary_dir(argv[0]), environment("PATH")};
   if (app.got_subcommand("launch")) {
     launch.executor = pl::executor_for_launch(executor_search);

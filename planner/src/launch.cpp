@@ -105,6 +105,54 @@ Result<bool> check_launch(const Plan& plan, const LaunchOptions& options) {
   return true;
 }
 
+std::vector<std::string> executor_limitations(const Plan& plan, bool gpu) {
+  namespace cm = costmodel;
+  std::vector<std::string> problems;
+  const auto& p = plan.parallel;
+  const auto& t = plan.training;
+  if (p.cp != 1 || p.ep != 1) {
+    problems.push_back("context and expert parallelism are not in the executor yet (cp=" + std::to_string(p.cp) + ", ep=" +
+                       std::to_string(p.ep) + "; tensor, sequence, pipeline and data parallelism run)");
+  }
+  if (p.tp > 1 && plan.model.vocab % p.tp != 0) {
+    problems.push_back("tp(" + std::to_string(p.tp) + ") must divide the vocabulary (" + std::to_string(plan.model.vocab) +
+                       ") for the vocabulary-parallel embedding and loss");
+  }
+  if (p.tp > 1 && p.sequence_parallel && t.seq_len % p.tp != 0) {
+    problems.push_back("sequence parallelism: tp(" + std::to_string(p.tp) + ") must divide seq_len (" + std::to_string(t.seq_len) + ")");
+  }
+  if (plan.model.moe) problems.push_back("mixture-of-experts models are not supported by the executor");
+  if (t.mode == cm::TrainingMode::kLora || t.mode == cm::TrainingMode::kQlora) problems.push_back("LoRA/QLoRA fine-tuning is not supported by the executor");
+  if (t.precision == cm::Precision::kFp8) problems.push_back("fp8 training is not supported by the executor (use bf16)");
+  if (t.optimizer != cm::OptimizerKind::kAdamW) problems.push_back(std::string("optimizer ") + cm::optimizer_name(t.optimizer) + " is not supported (adamw only)");
+  if (t.dropout) problems.push_back("dropout is not supported by the executor");
+  if (p.offload_optimizer != cm::Offload::kNone || p.offload_params != cm::Offload::kNone) problems.push_back("CPU/NVMe offload is not supported by the executor");
+  if (p.fsdp_wrap_min_params != 0) problems.push_back("fsdp_wrap_min_params: the executor wraps one unit per block");
+  if (p.reduce_dtype != cm::Dtype::kFp32) problems.push_back("reduce_dtype: the executor reduces gradients in fp32");
+  if (t.seq_len > plan.model.max_seq_len) problems.push_back("seq_len " + std::to_string(t.seq_len) + " exceeds the model's max_seq_len " + std::to_string(plan.model.max_seq_len));
+  if (gpu && p.pp > 1) {
+    // ncclSend blocks the GPU until the peer posts the matching receive, so 1F1B's sends on the
+    // compute stream (an activation forward while the next stage sends a gradient back) deadlock;
+    // sends need their own streams and one-directional links first, and a GPU to prove them on.
+    problems.push_back("pipeline parallelism (pp=" + std::to_string(p.pp) + ") runs on CPU ranks only so far (--device cpu under mpirun); "
+                       "its NCCL point-to-point path is not done");
+  }
+  return problems;
+}
+
+namespace {
+
+// The limitations as shell comments, or nothing.
+std::string limitation_comments(const Plan& plan) {
+  const std::vector<std::string> problems = executor_limitations(plan, /*gpu=*/true);
+  if (problems.empty()) return "";
+  std::string out = "# WARNING: this executor cannot run this plan on GPUs yet:\n";
+  for (const auto& s : problems) out += "#   - " + s + "\n";
+  return out;
+}
+
+}  // namespace
+
 Result<std::string> slurm_script(const Plan& plan, const std::string& plan_path, const LaunchOptions& options) {
   auto ok = check_launch(plan, options);
   if (!ok) return ok.error();
@@ -112,6 +160,7 @@ Result<std::string> slurm_script(const Plan& plan, const std::string& plan_path,
   std::ostringstream out;
   out << "#!/bin/bash\n";
   out << "# trainplan: " << plan_summary(plan) << "\n";
+  out << limitation_comments(plan);
   out << "# " << plural(options.nodes, "node") << " x " << per_node << " GPUs = " << plan.gpus
       << " executor ranks, one per GPU. Submit with: sbatch THIS_FILE\n";
   if (!options.job_name.empty()) out << "#SBATCH --job-name=" << options.job_name << "\n";
@@ -141,6 +190,7 @@ Result<std::string> torchrun_commands(const Plan& plan, const std::string& plan_
   const int per_node = gpus_per_node(plan, options);
   std::ostringstream out;
   out << "# trainplan: " << plan_summary(plan) << "\n";
+  out << limitation_comments(plan);
   out << "# " << plural(options.nodes, "node") << " x " << per_node << " GPUs = " << plan.gpus << " executor ranks, one per GPU.\n";
   if (options.nodes == 1) {
     out << "export MASTER_ADDR=localhost\n";

@@ -1,7 +1,9 @@
 #include "trainplan/planner/measurement.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <map>
 #include <sstream>
 #include <stdexcept>
 
@@ -259,6 +261,29 @@ PerformanceDocument predict(const costmodel::Plan& plan, const std::string& file
   const nlohmann::json estimate = costmodel::estimate_to_json(plan, costmodel::estimate(plan));
   auto document = read_performance_document(estimate, file, kEstimateSchema);
   return std::move(document).value();  // the cost model's own output always reads back
+}
+
+nlohmann::json chrome_trace(const Trace& trace) {
+  nlohmann::json events = nlohmann::json::array();
+  std::map<int, int> stage_of_rank;
+  for (const TraceEvent& e : trace.events) stage_of_rank.emplace(e.rank, e.stage);
+  for (const auto& [rank, stage] : stage_of_rank) {
+    events.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", rank}, {"args", {{"name", "rank " + std::to_string(rank) + ", stage " + std::to_string(stage)}}}});
+    events.push_back({{"ph", "M"}, {"name", "process_sort_index"}, {"pid", rank}, {"args", {{"sort_index", rank}}}});
+  }
+  for (const TraceEvent& e : trace.events) {
+    std::string name = e.kind == "forward" ? "F" : e.kind == "backward" ? "B" : e.kind + (e.micro_batch >= 0 ? " " : "");
+    if (e.micro_batch >= 0) name += std::to_string(e.micro_batch);
+    if (trace.virtual_stages > 1 && e.micro_batch >= 0) name += ".c" + std::to_string(e.chunk);
+    events.push_back({{"ph", "X"}, {"name", name}, {"cat", e.kind}, {"pid", e.rank}, {"tid", 0},
+                      {"ts", e.start * 1e6}, {"dur", std::max(0.0, e.end - e.start) * 1e6},
+                      {"args", {{"micro_batch", e.micro_batch}, {"chunk", e.chunk}, {"stage", e.stage}}}});
+  }
+  nlohmann::json other = {{"step", trace.step}, {"schedule", trace.schedule}, {"stages", trace.stages},
+                          {"virtual_stages", trace.virtual_stages}, {"micro_batches", trace.micro_batches},
+                          {"bubble_fraction", trace.bubble_fraction}};
+  if (trace.predicted_bubble_fraction) other["predicted_bubble_fraction"] = *trace.predicted_bubble_fraction;
+  return {{"traceEvents", std::move(events)}, {"displayTimeUnit", "ms"}, {"otherData", std::move(other)}};
 }
 
 Result<PerformanceDocument> load_prediction_file(const std::string& path) {

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "text_table.hpp"
+#include "trainplan/planner/launch.hpp"
 
 namespace trainplan::planner {
 
@@ -319,6 +320,9 @@ std::string render_search(const PlanRequest& req, const SearchResult& result, co
   if (ctx.plan_path.empty()) out << "  " << ctx.command << " --save-plan plan.json\n";
   else out << "  (plan saved to " << ctx.plan_path << ")\n";
   out << "  " << executor_command(best->plan, path) << "\n";
+  const std::vector<std::string> limitations = executor_limitations(best->plan, /*gpu=*/true);
+  if (!limitations.empty()) out << "  note: the executor cannot run this plan on GPUs yet:\n";
+  for (const std::string& why : limitations) out << "    - " << why << "\n";
   const int gpus = best->plan.gpus, per_node = best->plan.cluster.gpus_per_node;
   if (gpus % per_node == 0 || gpus < per_node) {
     out << "  planner launch " << path << " --nodes " << std::max(1, gpus / per_node)

@@ -235,6 +235,34 @@ TEST(Compare, PipelineTraceOfTheSampleMeasurementIsShownBesideTheSchedule) {
   EXPECT_NE(text.find("4 3 2 1   4 3 2 1"), std::string::npos) << text;
 }
 
+TEST(ChromeTrace, OneNamedProcessPerRankAndOneCompleteEventPerRecordedEvent) {
+  planner::Trace t;
+  t.step = 3;
+  t.stages = 2;
+  t.virtual_stages = 2;
+  t.micro_batches = 4;
+  t.schedule = "interleaved";
+  t.bubble_fraction = 0.1;
+  t.predicted_bubble_fraction = 0.08;
+  t.events = {{0, 0, "forward", 2, 1, 0.0015, 0.0040}, {1, 1, "recv", 2, 1, 0.0, 0.0015}, {1, 1, "optimizer", -1, 0, 0.01, 0.0125}};
+  const nlohmann::json j = planner::chrome_trace(t);
+  const auto& events = j.at("traceEvents");
+  ASSERT_EQ(events.size(), 2u * 2u + 3u);  // name and sort index per rank, then the three events
+  EXPECT_EQ(events[0].at("args").at("name"), "rank 0, stage 0");
+  EXPECT_EQ(events[2].at("args").at("name"), "rank 1, stage 1");
+  // Microseconds: the forward of micro-batch 2, chunk 1, from 1.5 ms for 2.5 ms.
+  const auto& f = events[4];
+  EXPECT_EQ(f.at("ph"), "X");
+  EXPECT_EQ(f.at("name"), "F2.c1");
+  EXPECT_EQ(f.at("pid"), 0);
+  EXPECT_NEAR(f.at("ts").get<double>(), 1500.0, 1e-9);
+  EXPECT_NEAR(f.at("dur").get<double>(), 2500.0, 1e-9);
+  EXPECT_EQ(events[5].at("name"), "recv 2.c1");
+  EXPECT_EQ(events[6].at("name"), "optimizer");
+  EXPECT_EQ(j.at("otherData").at("schedule"), "interleaved");
+  EXPECT_EQ(j.at("otherData").at("predicted_bubble_fraction"), 0.08);
+}
+
 TEST(Compare, ATraceEventEndingBeforeItStartsIsAnErrorNamingIt) {
   nlohmann::json doc = {{"schema", "trainplan/measurement/v1"}, {"memory", nlohmann::json::object()},
                         {"time", nlohmann::json::object()}, {"throughput", nlohmann::json::object()},
@@ -343,6 +371,23 @@ TEST_F(CompareCli, AnEstimateFromEvaluateComparesLikeItsPlan) {
   ASSERT_EQ(from_estimate.exit_code, 0) << from_estimate.all();
   ASSERT_EQ(from_plan.exit_code, 0) << from_plan.all();
   EXPECT_EQ(nlohmann::json::parse(from_estimate.out).at("rows"), nlohmann::json::parse(from_plan.out).at("rows"));
+}
+
+TEST_F(CompareCli, TraceWritesTheSampleRunAsChromeTraceEvents) {
+  // samples/measurements/tiny-llama-pp4.measurement.json: 4 ranks, 8 forwards and 8 backwards each.
+  const auto r = run("trace " + quote(testing::source_path("samples/measurements/tiny-llama-pp4.measurement.json")));
+  ASSERT_EQ(r.exit_code, 0) << r.all();
+  const auto j = nlohmann::json::parse(r.out);
+  int processes = 0, passes = 0;
+  for (const auto& e : j.at("traceEvents")) {
+    if (e.at("name") == "process_name") ++processes;
+    if (e.value("cat", "") == "forward" || e.value("cat", "") == "backward") ++passes;
+  }
+  EXPECT_EQ(processes, 4);
+  EXPECT_EQ(passes, 4 * 16);
+  const auto none = run("trace " + quote(kMeasurementFile));  // a data-parallel run measured without a trace
+  EXPECT_EQ(none.exit_code, 2) << none.all();
+  EXPECT_NE(none.err.find(kMeasurementFile + ": /trace: no events"), std::string::npos) << none.err;
 }
 
 TEST_F(CompareCli, BadInputExitsTwoNamingTheFile) {

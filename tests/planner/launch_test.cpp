@@ -54,6 +54,28 @@ TEST(SlurmScript, For70bOn64GpusAsksEightNodesOfEightTasks) {
   EXPECT_LT(s.rfind("#SBATCH"), s.find("set -euo pipefail")) << s;
 }
 
+TEST(ExecutorLimitations, PipelinePlansRunOnCpuRanksOnlyAndContextParallelismNowhere) {
+  costmodel::Plan plan = llama70b_on_64();
+  EXPECT_TRUE(planner::executor_limitations(plan, true).empty());
+  plan.parallel.pp = 2;
+  plan.parallel.dp = 4;
+  EXPECT_TRUE(planner::executor_limitations(plan, false).empty());
+  const auto on_gpus = planner::executor_limitations(plan, true);
+  ASSERT_EQ(on_gpus.size(), 1u);
+  EXPECT_TRUE(contains(on_gpus[0], "pipeline parallelism (pp=2) runs on CPU ranks only")) << on_gpus[0];
+  plan.parallel.cp = 2;
+  plan.parallel.dp = 2;
+  EXPECT_EQ(planner::executor_limitations(plan, false).size(), 1u);
+  EXPECT_EQ(planner::executor_limitations(plan, true).size(), 2u);
+  // The launch texts carry them as comments; a plan the executor runs gets none.
+  auto script = planner::slurm_script(plan, "/plans/70b.json", options_for(8));
+  ASSERT_TRUE(script.ok()) << script.error().message;
+  EXPECT_TRUE(contains(*script, "# WARNING: this executor cannot run this plan on GPUs yet:\n#   - context and expert parallelism")) << *script;
+  auto plain = planner::torchrun_commands(llama70b_on_64(), "/plans/70b.json", options_for(8));
+  ASSERT_TRUE(plain.ok()) << plain.error().message;
+  EXPECT_FALSE(contains(*plain, "WARNING")) << *plain;
+}
+
 TEST(SlurmScript, NamesPartitionAccountTimeJobNameAndExtraArguments) {
   planner::LaunchOptions o = options_for(8);
   o.partition = "h100";

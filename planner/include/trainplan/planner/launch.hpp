@@ -4,6 +4,7 @@
 // The texts are returned, not run.
 
 #include <string>
+#include <vector>
 
 #include "trainplan/costmodel/plan.hpp"
 #include "trainplan/costmodel/result.hpp"
@@ -31,11 +32,18 @@ struct LaunchOptions {
   int master_port = kDefaultMasterPort;
 };
 
+// What keeps the executor from running `plan`, one reason each (empty: it runs it): parallelisms,
+// models, modes and options it does not have yet, and shapes its tensor parallelism needs. With
+// `gpu`, also what it does not run on GPU ranks yet (pipeline parallelism over NCCL). The
+// executor refuses such plans with these reasons; launch texts and reports print them.
+[[nodiscard]] std::vector<std::string> executor_limitations(const costmodel::Plan& plan, bool gpu);
+
 // Checks the options against the plan; the error says what the plan needs:
 // "plan needs 64 GPUs = 8 nodes x 8 GPUs; --nodes 4 gives 32".
 [[nodiscard]] costmodel::Result<bool> check_launch(const costmodel::Plan& plan, const LaunchOptions& options);
 
-// A bash script for sbatch: #SBATCH lines (nodes, one task and one GPU per GPU, exclusive nodes,
+// A bash script for sbatch (with executor_limitations(plan, true) as comments at the top when
+// there are any): #SBATCH lines (nodes, one task and one GPU per GPU, exclusive nodes,
 // and the optional partition, account, time and job name), MASTER_ADDR (first node of the
 // allocation) and MASTER_PORT, NCCL hints for the cluster's network as comments, and
 // `srun EXECUTOR --plan ABS_PLAN --steps S --measurement measurement-$SLURM_JOB_ID.json`.
@@ -43,7 +51,7 @@ struct LaunchOptions {
 [[nodiscard]] costmodel::Result<std::string> slurm_script(const costmodel::Plan& plan, const std::string& plan_path,
                                                           const LaunchOptions& options);
 
-// The same run without SLURM: comments and the one torchrun command (c10d rendezvous at
+// The same run without SLURM (limitations as above): comments and the one torchrun command (c10d rendezvous at
 // $MASTER_ADDR:port) to start on each node. Errors as check_launch.
 [[nodiscard]] costmodel::Result<std::string> torchrun_commands(const costmodel::Plan& plan, const std::string& plan_path,
                                                                const LaunchOptions& options);

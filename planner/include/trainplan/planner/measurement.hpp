@@ -102,6 +102,12 @@ struct PerformanceDocument {
 // in the current directory ("runs/llama.json" -> "llama.measurement.json").
 [[nodiscard]] std::string default_measurement_file(const std::string& plan_path);
 
+// The trace as Chrome trace-event JSON (chrome://tracing, ui.perfetto.dev): one process per rank
+// named "rank R, stage S", one complete ("X") event per recorded event named F3 / B3 / recv 3 (with
+// ".c" and the chunk under interleaving), times in microseconds, and the schedule, step and bubbles
+// under `otherData`.
+[[nodiscard]] nlohmann::json chrome_trace(const Trace& trace);
+
 // The cost model's estimate of a plan as a performance document. REQUIRES: validate_plan(plan) is ok.
 [[nodiscard]] PerformanceDocument predict(const costmodel::Plan& plan, const std::string& file);
 
