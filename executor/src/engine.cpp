@@ -336,8 +336,10 @@ void DataParallelEngine::finish_step() {
     for (auto& u : units_) works.push_back(replica_comm_->all_reduce_sum(u->grad));
     for (auto& w : works) w->wait();
   }
-  const double inverse = 1.0 / dp_.size();
-  for (auto& u : units_) u->owned_grad(stage).mul_(inverse);
+  if (dp_.size() > 1) {
+    const double inverse = 1.0 / dp_.size();
+    for (auto& u : units_) u->owned_grad(stage).mul_(inverse);
+  }
   timers_.dp_wait_seconds += seconds_since(t0);
 }
 
@@ -348,11 +350,13 @@ void DataParallelEngine::on_unit_gradients(std::size_t unit, const std::vector<a
   std::vector<at::Tensor> grads(grads_in.size());
   for (std::size_t k = 0; k < grads_in.size(); ++k) {
     if (!grads_in[k].defined()) continue;
-    grads[k] = grads_in[k].to(at::kFloat).contiguous();
+    // In the compute dtype: add_ and copy_ below widen to float32 as they go, with no float32
+    // temporary per parameter and micro-batch.
+    grads[k] = grads_in[k];
     const GradSum sum = u.layout.slots[k].grad_sum;
     Communicator* group = sum == GradSum::kTensorParallel ? groups_.tp.comm : sum == GradSum::kKvGroup ? groups_.kv : nullptr;
     if (group != nullptr && group->size() > 1) {
-      grads[k] = grads[k].clone();
+      grads[k] = grads_in[k].to(at::kFloat, /*non_blocking=*/false, /*copy=*/true).contiguous();
       group->all_reduce_sum(grads[k])->wait();
     }
   }
