@@ -72,7 +72,8 @@ Measured run_pipeline(const std::string& name, int pp, const std::string& schedu
 // of it. The closed form needs equal, steady passes; on 2 shared CPU cores a pass's time depends
 // on what the other stage does at that moment (the last stage's forwards run 10-40% longer while
 // the first stage computes), so "within a few percent" is not reachable here: measured 0.16 to
-// 0.23 against 0.125 (GPipe, 1F1B) and 0.11 against 0.0625 (interleaved) on the development VM.
+// 0.23 against 0.125 (GPipe, 1F1B) and 0.11 against 0.0625 (interleaved) on the development VM,
+// where the same one-rank run varies by up to 35% from run to run (bench/results.md).
 // Before the MPI progress thread the same test measured 1.03 and 0.49, which this bound catches.
 void check(int pp, double closed_gpipe, double closed_interleaved) {
   struct Expect { const char* schedule; int v; double bubble; };
