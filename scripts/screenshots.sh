@@ -16,8 +16,10 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build_dir="${BUILD_DIR:-$here/build}"
 out="${OUT_DIR:-$here/docs}"
-measurement="${1:-$here/samples/measurements/tiny-llama-pp4.measurement.json}"
-plan="${2:-$here/samples/plans/tiny-llama-pp4.json}"
+# Relative to the repository, so that the pictures show no machine's paths.
+cd "$here"
+measurement="${1:-samples/measurements/tiny-llama-pp4.measurement.json}"
+plan="${2:-samples/plans/tiny-llama-pp4.json}"
 gui="$build_dir/gui/trainplan-gui"
 [ -x "$gui" ] || { echo "screenshots: $gui not built (cmake --build $build_dir --target trainplan-gui)" >&2; exit 2; }
 
