@@ -1,5 +1,8 @@
 #include "trainplan/gui/what_if_panel.hpp"
 
+#include <algorithm>
+#include <cstdint>
+
 #include <QCheckBox>
 #include <QComboBox>
 #include <QFormLayout>
@@ -27,6 +30,7 @@ const NumberKnob kNumbers[] = {
     {"shard_group", "Hybrid-shard group (0 = all DP)", 0, 1 << 24},
     {"mb", "Micro-batch (sequences)", 1, 1 << 20}, {"v", "Virtual stages per rank", 1, 1024},
     {"recompute_layers", "Recomputed layers per stage (0 = all)", 0, 100000},
+    {"fsdp_wrap_min_params", "FSDP unit, min. parameters (0 = per block)", 0, 2000000000},
 };
 
 }  // namespace
@@ -60,6 +64,10 @@ WhatIfPanel::WhatIfPanel(QWidget* parent) : QWidget(parent) {
   choice("recompute", "Recompute", {"none", "selective", "full"});
   choice("sp", "Sequence parallel", {"on", "off"});
   choice("offload", "Optimizer offload", {"none", "cpu", "nvme"});
+  choice("offload_params", "Parameter offload (ZeRO-3)", {"none", "cpu", "nvme"});
+  choice("prefetch", "Prefetch next unit (ZeRO-3)", {"on", "off"});
+  choice("reduce_dtype", "Gradient reduction dtype", {"fp32", "bf16", "fp16"});
+  choice("overlap_grad_reduce", "Overlap gradient reduction", {"on", "off"});
   keep_gpus_ = new QCheckBox(tr("Keep the GPU count (DP follows TP, PP, CP)"), this);
   keep_gpus_->setObjectName(QStringLiteral("whatif/keep_gpus"));
   keep_gpus_->setChecked(true);
@@ -87,6 +95,7 @@ void WhatIfPanel::set_plan(const cm::Plan& plan, const cm::Estimate& estimate) {
   numbers_[QStringLiteral("mb")]->setValue(p.micro_batch);
   numbers_[QStringLiteral("v")]->setValue(p.virtual_stages);
   numbers_[QStringLiteral("recompute_layers")]->setValue(p.recompute_layers);
+  numbers_[QStringLiteral("fsdp_wrap_min_params")]->setValue(static_cast<int>(std::min<std::int64_t>(p.fsdp_wrap_min_params, 2000000000)));
   const auto choose = [&](const char* key, const char* value) {
     QComboBox* box = choices_[QString::fromUtf8(key)];
     box->setCurrentIndex(std::max(0, box->findData(QString::fromUtf8(value))));
@@ -95,6 +104,10 @@ void WhatIfPanel::set_plan(const cm::Plan& plan, const cm::Estimate& estimate) {
   choose("recompute", cm::recompute_name(p.recompute));
   choose("sp", p.sequence_parallel ? "on" : "off");
   choose("offload", cm::offload_name(p.offload_optimizer));
+  choose("offload_params", cm::offload_name(p.offload_params));
+  choose("prefetch", p.prefetch ? "on" : "off");
+  choose("reduce_dtype", cm::dtype_name(p.reduce_dtype));
+  choose("overlap_grad_reduce", p.overlap_grad_reduce ? "on" : "off");
   filling_ = false;
   setEnabled(true);
   base_->setText(tr("%1 on %2 GPUs: %3").arg(QString::fromStdString(plan.model.name)).arg(plan.gpus).arg(layout_text(p)));
@@ -135,8 +148,16 @@ cm::Plan WhatIfPanel::edited_plan() const {
   p.recompute = recompute == QStringLiteral("full") ? cm::Recompute::kFull
               : recompute == QStringLiteral("selective") ? cm::Recompute::kSelective : cm::Recompute::kNone;
   p.sequence_parallel = c("sp") == QStringLiteral("on");
-  const QString offload = c("offload");
-  p.offload_optimizer = offload == QStringLiteral("cpu") ? cm::Offload::kCpu : offload == QStringLiteral("nvme") ? cm::Offload::kNvme : cm::Offload::kNone;
+  const auto offload = [](const QString& v) {
+    return v == QStringLiteral("cpu") ? cm::Offload::kCpu : v == QStringLiteral("nvme") ? cm::Offload::kNvme : cm::Offload::kNone;
+  };
+  p.offload_optimizer = offload(c("offload"));
+  p.offload_params = offload(c("offload_params"));
+  p.fsdp_wrap_min_params = n("fsdp_wrap_min_params");
+  p.prefetch = c("prefetch") == QStringLiteral("on");
+  const QString reduce = c("reduce_dtype");
+  p.reduce_dtype = reduce == QStringLiteral("bf16") ? cm::Dtype::kBf16 : reduce == QStringLiteral("fp16") ? cm::Dtype::kFp16 : cm::Dtype::kFp32;
+  p.overlap_grad_reduce = c("overlap_grad_reduce") == QStringLiteral("on");
   return plan;
 }
 

@@ -106,6 +106,35 @@ TEST_F(MainWindowTest, EditingAKnobUpdatesTheEstimateToTheCostModelsValue) {
   }
 }
 
+TEST_F(MainWindowTest, ShardingAndReductionKnobsReachTheEstimate) {
+  search({{QStringLiteral("model"), QStringLiteral("llama3-8b")}, {QStringLiteral("gpus"), QStringLiteral("16")}, {QStringLiteral("fix/tp"), QStringLiteral("1")},
+          {QStringLiteral("fix/pp"), QStringLiteral("1")}});
+  struct Edit {
+    const char* knob;
+    const char* value;
+    void (*apply)(costmodel::ParallelConfig&);
+  };
+  const Edit edits[] = {
+      {"zero", "3", [](costmodel::ParallelConfig& p) { p.zero_stage = 3; }},
+      {"overlap_grad_reduce", "off", [](costmodel::ParallelConfig& p) { p.overlap_grad_reduce = false; }},
+      {"reduce_dtype", "bf16", [](costmodel::ParallelConfig& p) { p.reduce_dtype = costmodel::Dtype::kBf16; }},
+      {"prefetch", "off", [](costmodel::ParallelConfig& p) { p.prefetch = false; }},
+      {"fsdp_wrap_min_params", "1000000000", [](costmodel::ParallelConfig& p) { p.fsdp_wrap_min_params = 1000000000; }},
+      {"offload_params", "cpu", [](costmodel::ParallelConfig& p) { p.offload_params = costmodel::Offload::kCpu; }},
+  };
+  for (const Edit& edit : edits) {
+    costmodel::Plan expected = selected().plan;
+    edit.apply(expected.parallel);
+    ASSERT_TRUE(costmodel::validate_plan(expected).ok()) << edit.knob;
+    const costmodel::Estimate e = costmodel::estimate(expected);
+    ASSERT_TRUE(window_.what_if_panel()->set_knob(QString::fromUtf8(edit.knob), QString::fromUtf8(edit.value))) << edit.knob;
+    EXPECT_EQ(costmodel::parallel_to_json(selected().plan.parallel), costmodel::parallel_to_json(expected.parallel)) << edit.knob;
+    EXPECT_DOUBLE_EQ(selected().estimate.time.step.value(), e.time.step.value()) << edit.knob;
+    EXPECT_DOUBLE_EQ(selected().estimate.memory.total.value(), e.memory.total.value()) << edit.knob;
+  }
+  EXPECT_FALSE(window_.what_if_panel()->set_knob(QStringLiteral("reduce_dtype"), QStringLiteral("int4")));
+}
+
 TEST_F(MainWindowTest, AnInvalidKnobShowsTheValidateErrorAndKeepsTheLastEstimate) {
   search({{QStringLiteral("model"), QStringLiteral("llama3-8b")}, {QStringLiteral("gpus"), QStringLiteral("16")}});
   const double step = selected().estimate.time.step.value();

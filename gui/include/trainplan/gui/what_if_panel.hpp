@@ -1,7 +1,8 @@
 #pragma once
 // WhatIfPanel: every knob of the selected plan's parallel layout (TP, PP, DP, CP, EP, ZeRO stage,
 // hybrid-shard group, micro-batch, virtual stages, schedule, recompute, sequence parallelism,
-// offload) as an editor. Editing one emits edited(); edited_plan() is the selected plan with the
+// optimizer and parameter offload, FSDP unit size, prefetch, reduction dtype, overlap of the
+// gradient reduction) as an editor. Editing one emits edited(); edited_plan() is the selected plan with the
 // knobs as set. With "keep the GPU count" on, changing TP, PP or CP sets DP to the GPUs left.
 // The status line says whether the edited plan fits, why not, or why it is invalid.
 
@@ -35,7 +36,8 @@ class WhatIfPanel : public QWidget {
   [[nodiscard]] QString status_text() const;
 
   // Sets a knob as if edited ("tp", "pp", "dp", "cp", "ep", "zero", "shard_group", "mb", "v",
-  // "recompute_layers": numbers; "schedule", "recompute", "offload": names; "sp": on/off) and
+  // "recompute_layers", "fsdp_wrap_min_params": numbers; "schedule", "recompute", "offload",
+  // "offload_params", "reduce_dtype": names; "sp", "prefetch", "overlap_grad_reduce": on/off) and
   // emits edited(). False for an unknown knob or value.
   bool set_knob(const QString& knob, const QString& value);
 
