@@ -52,7 +52,8 @@ struct Choice {
   std::vector<const char*> values;  // first: "auto"
 };
 const char* const kFixedNumbers[][2] = {{"tp", "TP"}, {"pp", "PP"}, {"dp", "DP"}, {"cp", "CP"}, {"ep", "EP"},
-                                        {"zero", "ZeRO stage"}, {"mb", "Micro-batch (seq)"}, {"v", "Virtual stages"}};
+                                        {"zero", "ZeRO stage"}, {"shard_group", "Hybrid-shard group"},
+                                        {"mb", "Micro-batch (seq)"}, {"v", "Virtual stages"}};
 const Choice kFixedChoices[] = {{"schedule", "Schedule", {"auto", "1f1b", "interleaved", "gpipe"}},
                                 {"recompute", "Recompute", {"auto", "none", "selective", "full"}},
                                 {"sp", "Sequence parallel", {"auto", "on", "off"}},
@@ -204,6 +205,12 @@ InputPanel::InputPanel(QWidget* parent) : QWidget(parent) {
   row(tr("Mode"), QStringLiteral("mode"),
       combo({{tr("pretrain"), QStringLiteral("pretrain")}, {tr("full fine-tune"), QStringLiteral("full")},
              {QStringLiteral("LoRA"), QStringLiteral("lora")}, {QStringLiteral("QLoRA"), QStringLiteral("qlora")}}));
+  auto* lora_rank = line(QString());
+  lora_rank->setText(QStringLiteral("16"));
+  row(tr("LoRA rank"), QStringLiteral("lora_rank"), lora_rank);
+  row(tr("Attention"), QStringLiteral("attention"),
+      combo({{tr("flash (no score matrix)"), QStringLiteral("flash")}, {tr("standard (scores stored)"), QStringLiteral("standard")}}));
+  row(tr("Dropout"), QStringLiteral("dropout"), combo({{tr("off"), QStringLiteral("off")}, {tr("on"), QStringLiteral("on")}}));
 
   // Objective and constraints.
   group(tr("Objective"));
@@ -316,6 +323,9 @@ RequestForm InputPanel::form() const {
   form.precision = text("precision");
   form.optimizer = text("optimizer");
   form.mode = text("mode");
+  form.lora_rank = text("lora_rank");
+  form.attention = text("attention");
+  form.dropout = text("dropout");
   for (const auto& [field, w] : fields_) {
     if (field.startsWith(QStringLiteral("fix/"))) form.fixed[field.mid(4).toStdString()] = widget_text(w).toStdString();
   }

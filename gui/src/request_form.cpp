@@ -154,6 +154,9 @@ std::string planner_command(const cm::PlanRequest& r, const std::string& objecti
   s += " --train-tokens " + number(t.train_tokens);
   s += std::string(" --precision ") + cm::precision_name(t.precision) + " --optimizer " + cm::optimizer_name(t.optimizer) +
        " --mode " + cm::mode_name(t.mode) + " --objective " + objective;
+  if (t.mode == cm::TrainingMode::kLora || t.mode == cm::TrainingMode::kQlora) s += " --lora-rank " + std::to_string(t.lora.rank);
+  if (t.attention == cm::AttentionKernel::kStandard) s += " --attention standard";
+  if (t.dropout) s += " --dropout";
   const cm::ParallelConstraints& c = r.parallel;
   const auto fix = [&](const char* key, const std::optional<int>& v) {
     if (v) s += std::string(" --fix ") + key + "=" + std::to_string(*v);
@@ -217,6 +220,11 @@ BuiltRequest build_request(const RequestForm& form) {
     t.mode = form.mode == "full" ? cm::TrainingMode::kFull : form.mode == "lora" ? cm::TrainingMode::kLora
            : form.mode == "qlora" ? cm::TrainingMode::kQlora : cm::TrainingMode::kPretrain;
   }
+  if (auto rank = whole_count(form.lora_rank, false, "lora_rank", 65536, errors)) t.lora.rank = static_cast<int>(*rank);
+  if (enum_field("attention", form.attention, {"flash", "standard"})) {
+    t.attention = form.attention == "standard" ? cm::AttentionKernel::kStandard : cm::AttentionKernel::kFlash;
+  }
+  if (enum_field("dropout", form.dropout, {"off", "on"})) t.dropout = form.dropout == "on";
   if (!trim(form.global_batch).empty()) {
     if (form.batch_unit == BatchUnit::kSequences) {
       if (auto b = whole_count(form.global_batch, false, "global_batch", std::int64_t{1} << 40, errors)) t.global_batch = *b;

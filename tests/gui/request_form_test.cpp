@@ -58,6 +58,10 @@ TEST(RequestForm, EveryBadValueIsAnErrorAtItsFieldWithTheReason) {
       {"tp zero", [](RequestForm& f) { f.fixed["tp"] = "0"; }, "fix/tp", "must be an integer in [1, 65536]"},
       {"pp beyond layers", [](RequestForm& f) { f.fixed["pp"] = "128"; }, "fix", "does not divide gpus(64)"},
       {"bad schedule", [](RequestForm& f) { f.fixed["schedule"] = "zigzag"; }, "fix/schedule", "gpipe, 1f1b or interleaved"},
+      {"LoRA rank zero", [](RequestForm& f) { f.lora_rank = "0"; }, "lora_rank", "must be a positive number"},
+      {"LoRA rank too large", [](RequestForm& f) { f.lora_rank = "100000"; }, "lora_rank", "65536"},
+      {"unknown attention", [](RequestForm& f) { f.attention = "sparse"; }, "attention", "must be one of flash, standard"},
+      {"dropout not on or off", [](RequestForm& f) { f.dropout = "maybe"; }, "dropout", "must be one of off, on"},
       {"fp8 on A100", [](RequestForm& f) { f.cluster.ref = "dgx-a100-80g"; f.precision = "fp8"; }, "precision", "fp8 is not supported"},
       {"unknown precision", [](RequestForm& f) { f.precision = "fp4"; }, "precision", "must be one of"},
   };
@@ -115,6 +119,25 @@ TEST(RequestForm, BatchInTokensIsRoundedToWholeSequencesWithBinarySuffixes) {
   EXPECT_EQ(built.request->training.global_batch, 2048) << "16 Mi / 8 Ki";
   form.train_tokens = "15T";
   EXPECT_DOUBLE_EQ(build_request(form).request->training.train_tokens, 15e12) << "decimal";
+}
+
+TEST(RequestForm, LoraRankAttentionAndDropoutReachTheRequestAndTheCommandLine) {
+  RequestForm form;
+  form.model.ref = "8b";
+  form.gpus = "8";
+  form.mode = "lora";
+  form.lora_rank = "64";
+  form.attention = "standard";
+  form.dropout = "on";
+  const auto built = build_request(form);
+  ASSERT_TRUE(built.request) << built.errors.front().field << ": " << built.errors.front().message;
+  const auto& t = built.request->training;
+  EXPECT_EQ(t.mode, costmodel::TrainingMode::kLora);
+  EXPECT_EQ(t.lora.rank, 64);
+  EXPECT_EQ(t.attention, costmodel::AttentionKernel::kStandard);
+  EXPECT_TRUE(t.dropout);
+  const std::string command = gui::planner_command(*built.request, "throughput");
+  EXPECT_NE(command.find("--mode lora --objective throughput --lora-rank 64 --attention standard --dropout"), std::string::npos) << command;
 }
 
 // The planner command line the GUI shows searches the same request: same recommendation.

@@ -38,6 +38,9 @@ struct RequestForm {
   std::string precision = "bf16";   // fp32 | bf16 | fp16 | fp8
   std::string optimizer = "adamw";  // adamw | sgd | adafactor | adam8bit
   std::string mode = "pretrain";    // pretrain | full | lora | qlora
+  std::string lora_rank = "16";     // LoRA/QLoRA adapter rank, 1 .. 65536 (read in every mode)
+  std::string attention = "flash";  // flash | standard (materialised scores)
+  std::string dropout = "off";      // on | off: the model has dropout layers
   // Fixed parallel settings, by planner::apply_constraint key (tp, pp, dp, cp, ep, zero, mb, v,
   // sp, schedule, recompute, offload); "" or "auto" leaves one to the search.
   std::map<std::string, std::string> fixed;
@@ -45,7 +48,8 @@ struct RequestForm {
 
 // An input that is wrong, and why. `field` names it: "model", "cluster", "model/layers" (a
 // document field: the document and its pointer), "gpus", "seq_len", "global_batch",
-// "train_tokens", "precision", "fix/tp" (a constraint), "fix" (the constraints together).
+// "train_tokens", "precision", "lora_rank", "attention", "dropout", "fix/tp" (a constraint), "fix"
+// (the constraints together).
 struct FieldError {
   std::string field;
   std::string message;
