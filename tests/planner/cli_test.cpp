@@ -31,6 +31,16 @@ TEST_F(PlannerCli, RecommendsAPlanForLlama70bOn64Gpus) {
   EXPECT_NE(r.out.find("llama3-70b"), std::string::npos) << r.all();
 }
 
+TEST_F(PlannerCli, APipelinePlanSaysTheExecutorRunsItOnCpuRanksOnlyAndHowToGetOneItRuns) {
+  const Outcome piped = run("--model 8b --gpus 16 --fix pp=2 --fix cp=1");
+  ASSERT_EQ(piped.exit_code, 0) << piped.all();
+  EXPECT_NE(piped.out.find("note: the executor cannot run this plan on GPUs yet:\n    - pipeline parallelism (pp=2)"), std::string::npos) << piped.out;
+  EXPECT_NE(piped.out.find("for a plan it runs today, search again with --fix pp=1\n"), std::string::npos) << piped.out;
+  const Outcome flat = run("--model 8b --gpus 16 --fix pp=1 --fix cp=1");
+  ASSERT_EQ(flat.exit_code, 0) << flat.all();
+  EXPECT_EQ(flat.out.find("note: the executor cannot run"), std::string::npos) << flat.out;
+}
+
 TEST_F(PlannerCli, JsonOutputIsASearchDocument) {
   const Outcome r = run("--model 70b --gpus 64 --format json");
   ASSERT_EQ(r.exit_code, 0) << r.all();
