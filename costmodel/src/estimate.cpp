@@ -337,10 +337,10 @@ Estimate estimate(const Plan& plan) {
   const int L = layers[slowest];
   tm.compute = Seconds(m * (L * (lc.forward + lc.backward) + (slowest == 0 ? ec.embedding_forward + ec.embedding_backward : 0.0) +
                             (slowest == stages - 1 ? ec.head_forward + ec.head_backward : 0.0)));
-  tm.recompute = Seconds(m * L * lc.recompute);
-  tm.tp_comm = Seconds(m * L * (lc.tp_comm_forward + lc.tp_comm_backward + lc.tp_comm_recompute));
-  tm.cp_comm = Seconds(m * L * lc.cp_comm);
-  tm.ep_comm = Seconds(m * L * lc.ep_comm);
+  tm.recompute = Seconds(static_cast<double>(m) * L * lc.recompute);
+  tm.tp_comm = Seconds(static_cast<double>(m) * L * (lc.tp_comm_forward + lc.tp_comm_backward + lc.tp_comm_recompute));
+  tm.cp_comm = Seconds(static_cast<double>(m) * L * lc.cp_comm);
+  tm.ep_comm = Seconds(static_cast<double>(m) * L * lc.ep_comm);
   const double tokens = p.micro_batch * static_cast<double>(tr.seq_len) / p.cp;
   double p2p = 0;
   if (stages > 1) {

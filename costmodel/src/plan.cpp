@@ -1,7 +1,8 @@
 #include "trainplan/costmodel/plan.hpp"
 
-#include <cmath>
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <filesystem>
 
 #include <nlohmann/json.hpp>
@@ -87,7 +88,9 @@ void resolve_training_defaults(const ModelSpec& model, TrainingConfig& t) {
     t.global_batch = pretrain ? std::max<std::int64_t>(1, std::llround(4194304.0 / static_cast<double>(t.seq_len))) : 128;
   }
   if (t.train_tokens == 0) {
-    t.train_tokens = pretrain ? 20.0 * count_parameters(model).total(model.layers) : 1e9;
+    // At least one optimizer step (a tiny model's 20 tokens per parameter can be less).
+    const double step_tokens = static_cast<double>(t.global_batch) * static_cast<double>(t.seq_len);
+    t.train_tokens = std::max(step_tokens, pretrain ? 20.0 * count_parameters(model).total(model.layers) : 1e9);
   }
 }
 
@@ -269,10 +272,32 @@ std::string dims_text(int tp, int cp, int pp, int dp) {
 }
 }  // namespace
 
+namespace {
+
+// What the training settings must satisfy whatever the layout: a step no longer than the whole
+// run, and no sequence longer than a model with learned positions has positions for.
+std::string training_error(const ModelSpec& m, const TrainingConfig& t) {
+  const double step_tokens = static_cast<double>(t.global_batch) * static_cast<double>(t.seq_len);
+  if (t.train_tokens > 0 && t.train_tokens < step_tokens) {
+    char buf[200];
+    std::snprintf(buf, sizeof buf, "/training/train_tokens: %.4g tokens is less than one optimizer step (global_batch(%lld) * seq_len(%lld) = %.4g tokens)",
+                  t.train_tokens, static_cast<long long>(t.global_batch), static_cast<long long>(t.seq_len), step_tokens);
+    return buf;
+  }
+  if (m.architecture == Architecture::kGpt && t.seq_len > m.max_seq_len) {
+    return "/training/seq_len: " + std::to_string(t.seq_len) + " exceeds max_seq_len (" + std::to_string(m.max_seq_len) +
+           ") of a model with learned positions";
+  }
+  return "";
+}
+
+}  // namespace
+
 Result<bool> validate_request(const PlanRequest& req) {
   const ParallelConstraints& c = req.parallel;
   const ModelSpec& m = req.model;
   const auto err = [](const std::string& s) { return Error{s}; };
+  if (const std::string e = training_error(m, req.training); !e.empty()) return err(e);
   if (c.tp && m.heads % *c.tp != 0) return err("/parallel/tp: tp(" + std::to_string(*c.tp) + ") must divide heads (" + std::to_string(m.heads) + ")");
   if (c.tp && c.pp && c.dp && c.cp && static_cast<long long>(*c.tp) * *c.pp * *c.dp * *c.cp != req.gpus) {
     return err("/parallel: " + dims_text(*c.tp, *c.cp, *c.pp, *c.dp) + " != gpus(" + std::to_string(req.gpus) + ")");
@@ -346,6 +371,7 @@ Result<bool> validate_plan(const Plan& plan) {
     return err("/parallel: every axis and micro_batch must be >= 1");
   }
   if (p.gpus() != plan.gpus) return err("/parallel: " + dims_text(p.tp, p.cp, p.pp, p.dp) + " != gpus(" + n(plan.gpus) + ")");
+  if (const std::string e = training_error(m, plan.training); !e.empty()) return err(e);
   if (m.heads % p.tp != 0) return err("/parallel/tp: tp(" + n(p.tp) + ") must divide heads (" + n(m.heads) + ")");
   if (m.kv_heads % p.tp != 0 && p.tp % m.kv_heads != 0) {
     return err("/parallel/tp: tp(" + n(p.tp) + ") and kv_heads (" + n(m.kv_heads) + ") must divide one another");
@@ -359,6 +385,14 @@ Result<bool> validate_plan(const Plan& plan) {
   const std::int64_t gb = plan.training.global_batch;
   if (gb % (static_cast<std::int64_t>(p.dp) * p.micro_batch) != 0) {
     return err("/parallel/micro_batch: global_batch(" + n(gb) + ") must be divisible by dp(" + n(p.dp) + ") * micro_batch(" + n(p.micro_batch) + ")");
+  }
+  // Real runs accumulate at most thousands of micro-batches per step; far beyond that the step
+  // is a whole training run, and per-step counts stop fitting the model's integers.
+  constexpr std::int64_t kMaxMicroBatches = INT64_C(1) << 20;
+  if (gb / (static_cast<std::int64_t>(p.dp) * p.micro_batch) > kMaxMicroBatches) {
+    return err("/training/global_batch: global_batch(" + n(gb) + ") / (dp(" + n(p.dp) + ") * micro_batch(" + n(p.micro_batch) +
+               ")) = " + n(gb / (static_cast<std::int64_t>(p.dp) * p.micro_batch)) + " micro-batches per step, more than " +
+               n(kMaxMicroBatches));
   }
   if (p.schedule == Schedule::kInterleaved && (gb / (static_cast<std::int64_t>(p.dp) * p.micro_batch)) % p.pp != 0) {
     // Megatron-LM's interleaved schedule runs micro-batches in groups of pp (costmodel/schedule.hpp).

@@ -321,7 +321,10 @@ int main(int argc, char** argv) {
     t.dropout = dropout;
     t.attention = attention == "standard" ? cm::AttentionKernel::kStandard : cm::AttentionKernel::kFlash;
     if (t.seq_len == 0) t.seq_len = req.model.max_seq_len;
-    if (global_batch < 0) return fail("--global-batch: must be a positive number of sequences");
+    constexpr long long kMaxGlobalBatch = 1LL << 32;  // as in plan files
+    if (app.count("--global-batch") > 0 && (global_batch <= 0 || global_batch > kMaxGlobalBatch)) {
+      return fail("--global-batch: must be a whole number of sequences from 1 to 2^32 (got " + std::to_string(global_batch) + ")");
+    }
     if (global_batch > 0 && !batch_tokens_text.empty()) return fail("--global-batch and --global-batch-tokens: give one, not both");
     if (global_batch > 0) t.global_batch = global_batch;
     if (!batch_tokens_text.empty()) {
@@ -329,14 +332,16 @@ int main(int argc, char** argv) {
       if (!tokens) return fail(tokens.error().message);
       const double sequences = std::round(*tokens / static_cast<double>(t.seq_len));
       if (sequences < 1) return fail("--global-batch-tokens: less than one sequence of " + std::to_string(t.seq_len) + " tokens");
+      if (sequences > static_cast<double>(kMaxGlobalBatch)) return fail("--global-batch-tokens: more than 2^32 sequences of " + std::to_string(t.seq_len) + " tokens");
       t.global_batch = static_cast<std::int64_t>(sequences);
     }
     if (!train_tokens_text.empty()) {
       auto tokens = pl::parse_count(train_tokens_text, false, "--train-tokens");
       if (!tokens) return fail(tokens.error().message);
+      if (*tokens > 1e18) return fail("--train-tokens: at most 1e18 tokens, as in plan files (got " + train_tokens_text + ")");
       t.train_tokens = *tokens;
     } else {
-      ctx.train_tokens_note = t.mode == cm::TrainingMode::kPretrain ? "20 per parameter, the default; set --train-tokens" : "default; set --train-tokens";
+      ctx.train_tokens_note = t.mode == cm::TrainingMode::kPretrain ? "20 per parameter or one step, the default; set --train-tokens" : "default; set --train-tokens";
     }
     cm::resolve_training_defaults(req.model, t);
     for (const auto& f : fixes) {

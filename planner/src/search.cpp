@@ -81,11 +81,14 @@ std::string shape_of(const ParallelConfig& p) {
   return buf;
 }
 
-// The parallel layout as a tuple, to break ties between plans of equal score.
+// The parallel layout as a tuple, to break ties between plans of equal score: the simpler plan
+// first (no context, expert or pipeline parallelism before them, then less tensor parallelism,
+// fewer virtual stages, a lower ZeRO stage, no offload, less recompute), so that a tie goes to
+// the plan that is easier to run.
 auto layout_key(const ParallelConfig& p) {
-  return std::make_tuple(p.tp, p.pp, p.dp, p.cp, p.ep, p.zero_stage, p.shard_group, p.micro_batch, p.virtual_stages,
-                         static_cast<int>(p.schedule), static_cast<int>(p.recompute), static_cast<int>(p.offload_optimizer),
-                         p.sequence_parallel);
+  return std::make_tuple(p.cp, p.ep, p.pp, p.tp, p.virtual_stages, p.zero_stage, static_cast<int>(p.offload_optimizer),
+                         static_cast<int>(p.recompute), p.shard_group, p.sequence_parallel, static_cast<int>(p.schedule), p.dp,
+                         p.micro_batch);
 }
 
 // The ranking: the objective's score, ties broken by the layout, so that the ranking is one total
@@ -115,6 +118,7 @@ std::string slower_reason(const Estimate& e, const Estimate& best) {
   const auto* worst = std::max_element(std::begin(parts), std::end(parts),
                                        [](const auto& x, const auto& y) { return x.second < y.second; });
   const double slower = best.throughput.tokens_per_second / e.throughput.tokens_per_second - 1.0;
+  if (slower < 5e-4) return "as fast as the recommended plan, which is simpler to run";
   char buf[160];
   std::snprintf(buf, sizeof buf, "%.0f%% slower: %s +%.3g s per step", 100.0 * slower, worst->first, worst->second);
   return buf;
@@ -142,7 +146,8 @@ Result<SearchResult> search(const PlanRequest& req, const SearchOptions& options
   }
   std::vector<int> cps;
   for (int d = 1; d <= gpus; d *= 2) {
-    if (c.cp ? d == *c.cp : (req.training.seq_len % d == 0 && req.training.seq_len / d >= 1024)) cps.push_back(d);
+    // Unfixed: no context parallelism, or shards of at least 1024 tokens.
+    if (c.cp ? d == *c.cp : (d == 1 || (req.training.seq_len % d == 0 && req.training.seq_len / d >= 1024))) cps.push_back(d);
   }
   if (c.cp && std::find(cps.begin(), cps.end(), *c.cp) == cps.end()) cps = {*c.cp};
 

@@ -238,6 +238,24 @@ TEST(ValidatePlan, ProductOfAxesMustEqualGpusAndTheMessageNamesEveryFactor) {
   EXPECT_EQ(valid.error().message, "/parallel: tp(8) * cp(1) * pp(4) * dp(4) = 128 != gpus(64)");
 }
 
+TEST(ValidatePlan, StepsMustBeWithinTheRunAndItsCounts) {
+  Plan plan = make_plan("llama3-8b", "dgx-h100", 8, 8192, 512);
+  plan.parallel.dp = 8;
+  plan.training.train_tokens = 1e6;  // one step is 512 * 8192 = 4.19 M tokens
+  auto valid = validate_plan(plan);
+  ASSERT_FALSE(valid.ok());
+  EXPECT_EQ(valid.error().message,
+            "/training/train_tokens: 1e+06 tokens is less than one optimizer step (global_batch(512) * seq_len(8192) = 4.194e+06 tokens)");
+  // 2^20 micro-batches per step is the most; one more is refused (they overflowed the counts).
+  plan.training.train_tokens = 1e18;
+  plan.training.global_batch = 8 * ((INT64_C(1) << 20) + 1);
+  valid = validate_plan(plan);
+  ASSERT_FALSE(valid.ok());
+  EXPECT_NE(valid.error().message.find("1048577 micro-batches per step, more than 1048576"), std::string::npos) << valid.error().message;
+  plan.training.global_batch = 8 * (INT64_C(1) << 20);
+  EXPECT_TRUE(validate_plan(plan).ok());
+}
+
 TEST(RunCost, WallTimeCoversComputeAndGpuHoursFollow) {
   for (const StepCase& c : step_cases()) {
     SCOPED_TRACE(c.what);

@@ -123,7 +123,8 @@ struct Plan {
 
 // Fills seq_len, global_batch and train_tokens left at 0 with their documented defaults:
 // seq_len = max_seq_len; global_batch = 4 Mi tokens / seq_len when pretraining, 128 otherwise;
-// train_tokens = 20 x parameters (Chinchilla) when pretraining, 1e9 otherwise.
+// train_tokens = 20 x parameters (Chinchilla) when pretraining, 1e9 otherwise, and at least one
+// step (global_batch x seq_len).
 void resolve_training_defaults(const ModelSpec& model, TrainingConfig& training);
 
 // Parses a plan document. Model and cluster may be preset names, paths (relative paths are
