@@ -1,5 +1,7 @@
 // The training loop: plan -> ranks -> engine -> steps -> checkpoints -> measurement document.
 
+#include <unistd.h>
+
 #include <csignal>
 #include <cmath>
 #include <cstdio>
@@ -30,6 +32,7 @@
 namespace trainplan::executor {
 
 namespace cm = trainplan::costmodel;
+namespace fs = std::filesystem;
 
 namespace {
 
@@ -50,6 +53,48 @@ int env_int(std::initializer_list<const char*> names, int fallback) {
     if (!v.empty()) return std::stoi(v);
   }
   return fallback;
+}
+
+// Every option in its range, before anything runs.
+void check_options(const RunOptions& o) {
+  const auto number = [](double x) {
+    std::ostringstream out;
+    out << x;
+    return out.str();
+  };
+  if (o.steps < 1) throw InputError("--steps: must be at least 1");
+  if (o.lr <= 0 || !std::isfinite(o.lr)) throw InputError("--lr: must be a positive number");
+  if (!(o.min_lr_ratio >= 0 && o.min_lr_ratio <= 1)) throw InputError("--min-lr-ratio: must be from 0 to 1 (got " + number(o.min_lr_ratio) + ")");
+  if (!(o.weight_decay >= 0 && std::isfinite(o.weight_decay))) throw InputError("--weight-decay: must be >= 0 (got " + number(o.weight_decay) + ")");
+  if (!(o.clip_grad >= 0 && std::isfinite(o.clip_grad))) throw InputError("--clip-grad: must be >= 0, 0 for no clipping (got " + number(o.clip_grad) + ")");
+  if (o.warmup_steps < -1) throw InputError("--warmup-steps: must be >= 0, or -1 for steps/10 (got " + std::to_string(o.warmup_steps) + ")");
+  if (o.decay_steps < 0) throw InputError("--decay-steps: must be >= 0, 0 for --steps (got " + std::to_string(o.decay_steps) + ")");
+  if (o.timeout_seconds < 1) throw InputError("--timeout: must be at least 1 second (got " + std::to_string(o.timeout_seconds) + ")");
+  if (o.threads < 0 || o.threads > 1024) throw InputError("--threads: must be from 0 (cores / local ranks) to 1024 (got " + std::to_string(o.threads) + ")");
+  if (o.trace_step < 0 || o.trace_step > o.steps) {
+    throw InputError("--trace-step: must be from 1 to --steps (" + std::to_string(o.steps) + "), or 0 for the last (got " + std::to_string(o.trace_step) + ")");
+  }
+  // Where results go is checked now, not after the run that makes them.
+  if (!o.measurement_path.empty()) {
+    const fs::path dir = fs::absolute(o.measurement_path).parent_path();
+    if (fs::is_directory(o.measurement_path)) throw InputError("--measurement " + o.measurement_path + ": is a directory; give a file name");
+    if (!fs::is_directory(dir)) throw InputError("--measurement " + o.measurement_path + ": directory " + dir.string() + " does not exist");
+    if (::access(dir.c_str(), W_OK) != 0) throw InputError("--measurement " + o.measurement_path + ": directory " + dir.string() + " is not writable");
+  }
+  for (const auto& [flag, path] : {std::pair<const char*, std::string>{"--checkpoint-dir", o.checkpoint_dir}, {"--export", o.export_dir}}) {
+    if (path.empty()) continue;
+    std::error_code ec;
+    if (fs::exists(path, ec) && !fs::is_directory(path, ec)) throw InputError(std::string(flag) + " " + path + ": exists and is not a directory");
+    // The nearest existing folder must take a new folder (a probe, removed at once).
+    fs::path existing = fs::absolute(path);
+    while (existing.has_relative_path() && !fs::exists(existing, ec)) existing = existing.parent_path();
+    const fs::path probe = existing / (".trainplan-probe-" + std::to_string(::getpid()));
+    if (!fs::is_directory(existing, ec) || !fs::create_directory(probe, ec) || ec) {
+      throw InputError(std::string(flag) + " " + path + ": cannot be created (" + existing.string() + " does not take new folders" +
+                       (ec ? ": " + ec.message() : "") + ")");
+    }
+    fs::remove(probe, ec);
+  }
 }
 
 // What this build of the executor runs (planner::executor_limitations); everything else in a
@@ -356,6 +401,10 @@ int train(const RunOptions& o, const std::string& command_line, World& w, const 
     if (!latest) throw CheckpointError(o.resume + ": no complete checkpoint (step_NNNNNN with manifest.json) found");
     state = load_checkpoint(*latest, engine, comm, layout);
     if (talk) std::cout << "resumed from " << *latest << " at step " << state.step << "\n";
+    if (state.step >= o.steps) {
+      throw InputError("--resume " + o.resume + ": the checkpoint is at step " + std::to_string(state.step) + ", --steps " +
+                       std::to_string(o.steps) + " leaves nothing to run (--steps counts resumed steps too; give more)");
+    }
   }
 
   if (talk) {
@@ -584,8 +633,7 @@ int run_executor(const RunOptions& o, const std::string& command_line) {
   try {
     plan = load_plan(o.plan_path);
     check_supported(plan, /*gpu=*/false);
-    if (o.steps < 1) throw InputError("--steps: must be at least 1");
-    if (o.lr <= 0 || !std::isfinite(o.lr)) throw InputError("--lr: must be a positive number");
+    check_options(o);
   } catch (const std::exception& e) {
     if (env_rank == 0) std::cerr << "executor: error: " << e.what() << "\n";
     return kExitBadInput;

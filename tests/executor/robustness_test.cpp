@@ -165,6 +165,41 @@ TEST(Plan, AMismatchedLayoutNamesEveryFactor) {
   EXPECT_NE(o.output.find("tp(2) * cp(1) * pp(2) * dp(1) = 4 != world size (2)"), std::string::npos) << o.output;
 }
 
+TEST(Options, OutOfRangeValuesAndUnwritableOutputsAreRefusedBeforeTraining) {
+  const std::string dir = scratch_dir("options");
+  const std::string plan = write_plan(dir, "options", PlanSpec{});
+  std::ofstream(dir + "/a-file") << "x";
+  const struct {
+    std::string args, message;
+  } cases[] = {
+      {"--min-lr-ratio -1", "--min-lr-ratio: must be from 0 to 1 (got -1)"},
+      {"--weight-decay -0.5", "--weight-decay: must be >= 0 (got -0.5)"},
+      {"--clip-grad -1", "--clip-grad: must be >= 0"},
+      {"--warmup-steps -5", "--warmup-steps: must be >= 0, or -1"},
+      {"--timeout 0", "--timeout: must be at least 1 second"},
+      {"--threads 5000", "--threads: must be from 0 (cores / local ranks) to 1024 (got 5000)"},
+      {"--trace-step 99", "--trace-step: must be from 1 to --steps (2)"},
+      {"--measurement " + dir + "/missing/m.json", "directory " + dir + "/missing does not exist"},
+      {"--checkpoint-dir " + dir + "/a-file", "--checkpoint-dir " + dir + "/a-file: exists and is not a directory"},
+      {"--export /proc/trainplan-export", "--export /proc/trainplan-export: cannot be created"},
+  };
+  for (const auto& c : cases) {
+    const Outcome o = run_executor(1, "--plan " + plan + " --steps 2 --device cpu " + c.args);
+    EXPECT_EQ(o.exit_code, 2) << c.args << "\n" << o.output;
+    EXPECT_NE(o.output.find(c.message), std::string::npos) << c.args << "\n" << o.output;
+    EXPECT_EQ(o.output.find("step     1/"), std::string::npos) << c.args << ": trained before refusing\n" << o.output;
+  }
+}
+
+TEST(Resume, ACheckpointAtOrPastStepsIsNothingToRunAndSaysSo) {
+  const std::string dir = scratch_dir("nothing");
+  const std::string plan = write_plan(dir, "nothing", PlanSpec{});
+  ASSERT_EQ(run_executor(1, "--plan " + plan + " --steps 2 --device cpu --quiet --checkpoint-dir " + dir + "/ck").exit_code, 0);
+  const Outcome o = run_executor(1, "--plan " + plan + " --steps 2 --device cpu --resume " + dir + "/ck");
+  EXPECT_EQ(o.exit_code, 2) << o.output;
+  EXPECT_NE(o.output.find("the checkpoint is at step 2, --steps 2 leaves nothing to run"), std::string::npos) << o.output;
+}
+
 TEST(Plan, AMalformedPlanIsAnErrorNamingTheFile) {
   const std::string dir = scratch_dir("malformed");
   std::ofstream(dir + "/bad.json") << "{\"schema\": \"trainplan/plan/v1\", ";
