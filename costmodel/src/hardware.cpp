@@ -1,5 +1,7 @@
 #include "trainplan/costmodel/hardware.hpp"
 
+#include <cstdio>
+
 #include <nlohmann/json.hpp>
 
 #include "json_reader.hpp"
@@ -70,6 +72,11 @@ Result<HardwareProfile> parse_hwprofile(const nlohmann::json& json, const std::s
       hw.gpu.attention_efficiency = g.number("attention_efficiency", 0, 1, true);
       hw.gpu.memory_efficiency = g.number("memory_bandwidth_efficiency", 0, 1, true);
       hw.gpu.reserved_memory = Bytes::gib(g.number("reserved_memory_gib", 0, 1e3));
+      if (hw.gpu.reserved_memory.value() >= hw.gpu.hbm_capacity.value()) {
+        char capacity[32];
+        std::snprintf(capacity, sizeof capacity, "%g", hw.gpu.hbm_capacity.in_gib());
+        g.fail("reserved_memory_gib", std::string("must be less than hbm_capacity_gib (") + capacity + ")");
+      }
       hw.gpu.min_kernel_time = Seconds::us(g.number("min_kernel_us", 0, 1e4));
       g.optional_string("source");
       g.finish();

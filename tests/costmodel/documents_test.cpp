@@ -332,6 +332,8 @@ std::vector<BadCase> bad_cases() {
       {"efficiency above one", Kind::kHwprofile, with(good_hwprofile(), "/intra_node/efficiency", 1.5), {"bad.json: /intra_node/efficiency: must be <= 1"}},
       {"zero bf16 peak", Kind::kHwprofile, with(good_hwprofile(), "/gpu/peak_dense_tflop_per_s/bf16", 0), {"bad.json: /gpu/peak_dense_tflop_per_s/bf16: must be > 0"}},
       {"string for HBM capacity", Kind::kHwprofile, with(good_hwprofile(), "/gpu/hbm_capacity_gib", "80"), {"bad.json: /gpu/hbm_capacity_gib: must be a number"}},
+      {"reserved memory beyond HBM", Kind::kHwprofile, with(good_hwprofile(), "/gpu/reserved_memory_gib", 200),
+       {"bad.json: /gpu/reserved_memory_gib: must be less than hbm_capacity_gib (80)"}},
       {"zero SMs", Kind::kHwprofile, with(good_hwprofile(), "/gpu/sm_count", 0), {"bad.json: /gpu/sm_count: must be in [1,"}},
       {"unknown link kind", Kind::kHwprofile, with(good_hwprofile(), "/intra_node/kind", "carrier-pigeon"), {"bad.json: /intra_node/kind: must be one of"}},
       {"unknown nested hw key", Kind::kHwprofile, with(good_hwprofile(), "/node/gpus", 8), {"bad.json: /node/gpus: unknown key"}},
