@@ -7,8 +7,8 @@
 
 #include <atomic>
 #include <cstdlib>
-#include <memory>
 #include <cstring>
+#include <memory>
 #include <thread>
 
 #include <c10/cuda/CUDAFunctions.h>
