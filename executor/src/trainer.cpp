@@ -55,6 +55,17 @@ int env_int(std::initializer_list<const char*> names, int fallback) {
   return fallback;
 }
 
+// Why `dir` does not take a new entry, or "" when it does: a probe folder is made in it and
+// removed at once (permission bits alone do not tell, e.g. for root or under /proc).
+std::string refuses_new_entries(const fs::path& dir) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return "not a directory";
+  const fs::path probe = dir / (".trainplan-probe-" + std::to_string(::getpid()));
+  if (!fs::create_directory(probe, ec) || ec) return ec ? ec.message() : "cannot create " + probe.string();
+  fs::remove(probe, ec);
+  return "";
+}
+
 // Every option in its range, before anything runs.
 void check_options(const RunOptions& o) {
   const auto number = [](double x) {
@@ -79,21 +90,20 @@ void check_options(const RunOptions& o) {
     const fs::path dir = fs::absolute(o.measurement_path).parent_path();
     if (fs::is_directory(o.measurement_path)) throw InputError("--measurement " + o.measurement_path + ": is a directory; give a file name");
     if (!fs::is_directory(dir)) throw InputError("--measurement " + o.measurement_path + ": directory " + dir.string() + " does not exist");
-    if (::access(dir.c_str(), W_OK) != 0) throw InputError("--measurement " + o.measurement_path + ": directory " + dir.string() + " is not writable");
+    if (const std::string why = refuses_new_entries(dir); !why.empty()) {
+      throw InputError("--measurement " + o.measurement_path + ": directory " + dir.string() + " is not writable (" + why + ")");
+    }
   }
   for (const auto& [flag, path] : {std::pair<const char*, std::string>{"--checkpoint-dir", o.checkpoint_dir}, {"--export", o.export_dir}}) {
     if (path.empty()) continue;
     std::error_code ec;
     if (fs::exists(path, ec) && !fs::is_directory(path, ec)) throw InputError(std::string(flag) + " " + path + ": exists and is not a directory");
-    // The nearest existing folder must take a new folder (a probe, removed at once).
+    // The nearest existing folder must take a new one.
     fs::path existing = fs::absolute(path);
     while (existing.has_relative_path() && !fs::exists(existing, ec)) existing = existing.parent_path();
-    const fs::path probe = existing / (".trainplan-probe-" + std::to_string(::getpid()));
-    if (!fs::is_directory(existing, ec) || !fs::create_directory(probe, ec) || ec) {
-      throw InputError(std::string(flag) + " " + path + ": cannot be created (" + existing.string() + " does not take new folders" +
-                       (ec ? ": " + ec.message() : "") + ")");
+    if (const std::string why = refuses_new_entries(existing); !why.empty()) {
+      throw InputError(std::string(flag) + " " + path + ": cannot be created (" + existing.string() + " does not take new folders: " + why + ")");
     }
-    fs::remove(probe, ec);
   }
 }
 
