@@ -15,82 +15,97 @@ Dtype compute_dtype(Precision p) {
   return Dtype::kBf16;
 }
 
-KernelModel::KernelModel(const GpuSpec& gpu, Dtype dtype) : gpu_(gpu), peak_(gpu.peak_for(dtype).value()) {}
-
-double KernelModel::gemm_seconds(double m, double n, double k, double batch, double operand_bytes) const {
-  if (m <= 0 || n <= 0 || k <= 0 || batch <= 0) return 0.0;
-  constexpr double kTile = 128.0;  // output tile edge of the usual cuBLAS/CUTLASS kernels
-  constexpr double kFill = 64.0;   // k at which pipeline fill costs half the efficiency
-  const double flops = 2.0 * m * n * k * batch;
-  const double tiles = std::ceil(m / kTile) * std::ceil(n / kTile) * batch;
-  const double sms = gpu_.sm_count;
-  const double waves = std::ceil(tiles / sms);
-  const double wave_efficiency = tiles / (waves * sms);
-  const double k_efficiency = k / (k + kFill);
-  const double efficiency = gpu_.gemm_efficiency * wave_efficiency * k_efficiency;
-  const double compute = flops / (peak_ * efficiency);
-  const double bytes = batch * ((m * k + k * n) * operand_bytes + m * n * 2.0);
-  const double memory = bytes / (gpu_.hbm_bandwidth.value() * gpu_.memory_efficiency);
-  return std::max({compute, memory, gpu_.min_kernel_time.value()});
-}
-
-double KernelModel::memory_seconds(double bytes) const {
-  if (bytes <= 0) return 0.0;
-  return std::max(bytes / (gpu_.hbm_bandwidth.value() * gpu_.memory_efficiency), gpu_.min_kernel_time.value());
-}
-
-double KernelModel::attention_seconds(double flops, bool backward) const {
-  if (flops <= 0) return 0.0;
-  const double efficiency = gpu_.attention_efficiency * (backward ? 0.8 : 1.0);
-  return std::max(flops / (peak_ * efficiency), gpu_.min_kernel_time.value());
-}
-
 namespace {
+
+constexpr double kMiB = 1048576.0;
 
 bool has_target(const LoraConfig& lora, const char* name) {
   return std::find(lora.targets.begin(), lora.targets.end(), name) != lora.targets.end();
 }
 
-// Accumulates forward/backward time of the ops of one layer.
-struct Pass {
-  const KernelModel& gemm_model;  // linear layers (fp8 when training in fp8)
-  const KernelModel& model;       // everything else
-  double operand_bytes;
-  double forward = 0, backward = 0;
+Dtype activation_dtype(Precision p) {
+  return p == Precision::kFp32 ? Dtype::kFp32 : (p == Precision::kFp16 ? Dtype::kFp16 : Dtype::kBf16);
+}
 
-  void memory(double bytes) {
-    forward += model.memory_seconds(bytes);
-    backward += model.memory_seconds(2.0 * bytes);  // read saved input and incoming grad, write grad
+// The kernels of one layer (or of the ends) for one micro-batch: forward and backward time and
+// the number of launches.
+struct Pass {
+  const KernelRates& gemm_rates;  // linear layers (fp8 GEMMs when training in fp8)
+  const KernelRates& rates;       // everything else, in the activation dtype
+  const StackSpec& stack;
+  double operand_bytes;           // bytes per element of a linear layer's operands
+  double e;                       // bytes per activation element
+  double forward = 0, backward = 0, kernels = 0;
+
+  // y[T, out] = x[T, in] W[out, in]^T. Backward: dX (unless the input needs no gradient) and,
+  // unless the weight is frozen, dW = dY^T X (PyTorch's orientation: out x in, contracting T).
+  void linear(double tokens, double out, double in, bool frozen, bool input_grad = true) {
+    forward += gemm_rates.gemm(tokens, out, in, 1, operand_bytes);
+    kernels += 1;
+    if (input_grad) {
+      backward += gemm_rates.gemm(tokens, in, out, 1, operand_bytes);
+      kernels += 1;
+    }
+    if (!frozen) {
+      backward += gemm_rates.gemm(out, in, tokens, 1, operand_bytes);
+      kernels += 1;
+    }
   }
-  // y[m,n] = x[m,k] W[k,n]; backward computes dX and, unless frozen, dW.
-  void linear(double m, double n, double k, bool frozen) {
-    forward += gemm_model.gemm_seconds(m, n, k, 1, operand_bytes);
-    backward += gemm_model.gemm_seconds(m, k, n, 1, operand_bytes);
-    if (!frozen) backward += gemm_model.gemm_seconds(k, n, m, 1, operand_bytes);
+  // An element-wise op over `elements` elements: PyTorch's eager kernels at their measured rates,
+  // or, in a fusing stack, one kernel each way moving `fused_forward` / `fused_backward` bytes per
+  // element (multiples of the element size; 0: no kernel).
+  void elementwise(ElementwiseOp op, double elements, double fused_forward, double fused_backward, bool with_backward = true) {
+    if (elements <= 0) return;
+    if (stack.fused_elementwise) {
+      if (fused_forward > 0) {
+        forward += rates.stream(elements * fused_forward);
+        kernels += 1;
+      }
+      if (with_backward && fused_backward > 0) {
+        backward += rates.stream(elements * fused_backward);
+        kernels += 1;
+      }
+      return;
+    }
+    const ElementwiseOpInfo& info = elementwise_op_info(op);
+    forward += rates.op(op, elements, false, e);
+    kernels += info.forward_kernels;
+    if (with_backward) {
+      backward += rates.op(op, elements, true, e);
+      kernels += info.backward_kernels;
+    }
+  }
+  // Autograd's sum of two gradients reaching one tensor (a residual junction, an input shared
+  // by two GEMMs): one add in backward.
+  void gradient_sum(double elements) {
+    if (elements <= 0) return;
+    backward += stack.fused_elementwise ? rates.stream(3.0 * e * elements) : rates.op(ElementwiseOp::kResidualAdd, elements, false, e);
+    kernels += 1;
   }
   // LoRA adapter x A B on a linear from `in` to `out` features, rank r (A, B trainable).
   void adapter(double tokens, double in, double out, double r) {
     linear(tokens, r, in, false);
     linear(tokens, out, r, false);
+    gradient_sum(tokens * in);
   }
 };
 
 }  // namespace
 
 LayerCost transformer_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, const LayerSetting& s) {
+  const StackSpec& stack = stack_spec(s.stack);
   const bool gpt = mdl.architecture == Architecture::kGpt;
-  const bool fp32 = s.precision == Precision::kFp32;
   const bool fp8 = s.precision == Precision::kFp8;
-  const Dtype act_dtype = fp32 ? Dtype::kFp32 : (s.precision == Precision::kFp16 ? Dtype::kFp16 : Dtype::kBf16);
-  const KernelModel model(hw.gpu, act_dtype);
-  const KernelModel gemm_model(hw.gpu, compute_dtype(s.precision));
+  const Dtype act_dtype = activation_dtype(s.precision);
+  const KernelRates rates(hw.gpu, act_dtype);
+  const KernelRates gemm_rates(hw.gpu, compute_dtype(s.precision));
 
   const double t = s.tp;
-  const double e = fp32 ? 4.0 : 2.0;     // bytes per activation element
-  const double lin_in = fp8 ? 1.0 : e;   // bytes per stored linear-layer input
-  const double s_q = s.seq_len / s.cp;   // local query length
-  const double s_k = s.seq_len;          // keys attended to (ring attention visits all chunks)
-  const double T = s.micro_batch * s_q;  // local tokens
+  const double e = dtype_bytes(act_dtype);  // bytes per activation element
+  const double lin_in = fp8 ? 1.0 : e;      // bytes per stored linear-layer input
+  const double s_q = s.seq_len / s.cp;      // local query length
+  const double s_k = s.seq_len;             // keys attended to (ring attention visits all chunks)
+  const double T = s.micro_batch * s_q;     // local tokens
   const double Tn = s.sequence_parallel ? T / t : T;  // tokens seen by norms/dropout/residual
   const double h = static_cast<double>(mdl.hidden);
   const double d = static_cast<double>(mdl.head_dim());
@@ -102,57 +117,72 @@ LayerCost transformer_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw
   const double r = s.lora.rank;
   const double scores = s.micro_batch * a_local * s_q * s_k;  // attention score elements
 
-  // Unfused (PyTorch eager) element-wise ops move more bytes: RMSNorm with its fp32 upcast,
-  // pow, mean, rsqrt and two multiplies ~36 B/element instead of 4; rotate-half RoPE ~22
-  // instead of 4; SiLU then multiply 10 instead of 6. LayerNorm and GELU are single kernels.
-  const bool eager = !s.fused_kernels;
-  const double norm_factor = eager && !gpt ? 9.0 : 1.0;
-  const double rope_factor = eager ? 5.5 : 1.0;
-  const double act_factor = eager && !gpt ? 10.0 / 6.0 : 1.0;
-
   LayerCost c;
-  Pass p{gemm_model, model, lin_in};
-  double recompute_memory_ops = 0;  // forward time of cheap ops re-run by selective recompute (flash)
+  Pass p{gemm_rates, rates, stack, lin_in, e};
+  double recompute_pointwise = 0;  // forward time of the cheap ops selective recompute re-runs (flash, fusing stacks)
+  const auto timed = [&](auto&& run) {  // forward time of what `run` adds to the pass
+    const double before = p.forward;
+    run();
+    return p.forward - before;
+  };
+  const ElementwiseOp norm_op = gpt ? ElementwiseOp::kLayerNorm : ElementwiseOp::kRmsNorm;
 
   // --- attention block ---
-  const double norm_fwd = model.memory_seconds(norm_factor * 2.0 * Tn * h * e);
-  p.memory(norm_factor * 2.0 * Tn * h * e);  // norm 1
-  recompute_memory_ops += norm_fwd;
-  p.linear(T, q_local + 2.0 * kv_local, h, frozen);  // fused QKV projection
+  recompute_pointwise += timed([&] { p.elementwise(norm_op, Tn * h, 2 * e, 3 * e); });  // norm 1
+  if (stack.fused_qkv) {
+    p.linear(T, q_local + 2.0 * kv_local, h, frozen);
+  } else {
+    p.linear(T, q_local, h, frozen);
+    p.linear(T, kv_local, h, frozen);
+    p.linear(T, kv_local, h, frozen);
+    p.gradient_sum(2.0 * T * h);  // three input gradients summed
+  }
+  if (gpt) p.backward += rates.stream(e * T * (q_local + 2.0 * kv_local));  // bias gradients (a reduction over tokens)
   if (lora) {
     if (has_target(s.lora, "q")) p.adapter(T, h, q_local, r);
     if (has_target(s.lora, "k")) p.adapter(T, h, kv_local, r);
     if (has_target(s.lora, "v")) p.adapter(T, h, kv_local, r);
   }
-  if (!gpt) p.memory(rope_factor * 2.0 * T * (q_local + kv_local) * e);  // rotary embedding on q and k
+  if (!gpt) {
+    // Rotary embedding on q and k; eager: rotate-half (5 kernels each) plus the cos/sin casts.
+    p.elementwise(ElementwiseOp::kRotaryEager, T * q_local, 2 * e, 2 * e);
+    p.elementwise(ElementwiseOp::kRotaryEager, T * kv_local, 2 * e, 2 * e);
+    if (!stack.fused_elementwise) {
+      p.forward += 4 * rates.latency();
+      p.kernels += 4;
+    }
+  }
 
   double core_forward = 0;  // attention core, for selective recompute and CP overlap
   double core_backward = 0;
   if (s.attention == AttentionKernel::kFlash) {
-    const double flops = 4.0 * s.micro_batch * a_local * s_q * s_k * d * 0.5;  // causal: half the blocks
-    core_forward = model.attention_seconds(flops, false);
-    core_backward = model.attention_seconds(2.5 * flops, true);
+    const double batch_heads = s.micro_batch * a_local;
+    core_forward = rates.attention_forward(batch_heads, s_q, s_k, d, true);
+    core_backward = rates.attention_backward(batch_heads, s_q, s_k, d, true);
+    p.kernels += 3;
   } else {
     const double batch = s.micro_batch * a_local;
-    core_forward += model.gemm_seconds(s_q, s_k, d, batch);          // Q K^T
-    core_forward += model.memory_seconds(scores * 2.0 * e);          // scale, mask, softmax (fused)
-    if (s.dropout) core_forward += model.memory_seconds(scores * (2.0 * e + 1.0));
-    core_forward += model.gemm_seconds(s_q, d, s_k, batch);          // P V
-    core_backward += model.gemm_seconds(s_q, s_k, d, batch) + model.gemm_seconds(s_k, d, s_q, batch);  // dP, dV
-    core_backward += model.gemm_seconds(s_q, d, s_k, batch) + model.gemm_seconds(s_k, d, s_q, batch);  // dQ, dK
-    core_backward += model.memory_seconds(scores * 3.0 * e);
-    if (s.dropout) core_backward += model.memory_seconds(scores * (2.0 * e + 1.0));
+    core_forward += rates.gemm(s_q, s_k, d, batch);                 // Q K^T
+    core_forward += rates.stream(scores * 2.0 * e);                 // scale, mask, softmax (fused)
+    if (s.dropout) core_forward += rates.stream(scores * (2.0 * e + 1.0));
+    core_forward += rates.gemm(s_q, d, s_k, batch);                 // P V
+    core_backward += rates.gemm(s_q, s_k, d, batch) + rates.gemm(s_k, d, s_q, batch);  // dP, dV
+    core_backward += rates.gemm(s_q, d, s_k, batch) + rates.gemm(s_k, d, s_q, batch);  // dQ, dK
+    core_backward += rates.stream(scores * 3.0 * e);
+    if (s.dropout) core_backward += rates.stream(scores * (2.0 * e + 1.0));
+    p.kernels += s.dropout ? 10 : 8;
   }
   p.forward += core_forward;
   p.backward += core_backward;
 
   p.linear(T, h, q_local, frozen);  // output projection
   if (lora && has_target(s.lora, "o")) p.adapter(T, q_local, h, r);
-  p.memory(Tn * h * (3.0 * e + (s.dropout ? 1.0 : 0.0)));  // (bias,) dropout, residual add
+  if (s.dropout) p.elementwise(ElementwiseOp::kDropout, Tn * h, 0, 2 * e + 1);
+  p.elementwise(ElementwiseOp::kResidualAdd, Tn * h, 3 * e + (s.dropout ? 1.0 : 0.0), 0, false);  // (bias,) dropout, residual add
+  p.gradient_sum(Tn * h);  // the residual stream feeds norm 1 and the add
 
   // --- MLP block ---
-  p.memory(norm_factor * 2.0 * Tn * h * e);  // norm 2
-  recompute_memory_ops += norm_fwd;
+  recompute_pointwise += timed([&] { p.elementwise(norm_op, Tn * h, 2 * e, 3 * e); });  // norm 2
   double tokens_mlp = T;
   double ffn_local = static_cast<double>(mdl.ffn_hidden) / t;
   double experts_local = 1;
@@ -163,27 +193,36 @@ LayerCost transformer_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw
     experts_local = static_cast<double>(mdl.moe->experts) / s.ep;
   }
   const double tokens_per_expert = tokens_mlp / experts_local;
-  const double up_width = gpt ? ffn_local : 2.0 * ffn_local;
   for (double i = 0; i < experts_local; i += 1) {
-    p.linear(tokens_per_expert, up_width, h, frozen);
+    if (gpt || stack.fused_gate_up) {
+      p.linear(tokens_per_expert, gpt ? ffn_local : 2.0 * ffn_local, h, frozen);
+    } else {
+      p.linear(tokens_per_expert, ffn_local, h, frozen);  // gate
+      p.linear(tokens_per_expert, ffn_local, h, frozen);  // up
+      p.gradient_sum(tokens_per_expert * h);
+    }
     p.linear(tokens_per_expert, h, ffn_local, frozen);
   }
+  if (gpt) p.backward += rates.stream(e * T * (ffn_local + h));  // bias gradients
   if (lora) {
     if (!gpt && has_target(s.lora, "gate")) p.adapter(tokens_mlp, h, ffn_local, r);
     if (has_target(s.lora, "up")) p.adapter(tokens_mlp, h, ffn_local, r);
     if (has_target(s.lora, "down")) p.adapter(tokens_mlp, ffn_local, h, r);
   }
-  const double act_bytes = act_factor * tokens_mlp * ffn_local * e * (gpt ? 2.0 : 3.0);  // GELU, or SiLU(gate)*up
-  p.memory(act_bytes);
-  recompute_memory_ops += model.memory_seconds(act_bytes);
-  p.memory(Tn * h * (3.0 * e + (s.dropout ? 1.0 : 0.0)));  // (bias,) dropout, residual add
+  recompute_pointwise += timed([&] {
+    if (gpt) p.elementwise(ElementwiseOp::kGelu, tokens_mlp * ffn_local, 2 * e, 3 * e);
+    else p.elementwise(ElementwiseOp::kSwiglu, tokens_mlp * ffn_local, 3 * e, 5 * e);
+  });
+  if (s.dropout) p.elementwise(ElementwiseOp::kDropout, Tn * h, 0, 2 * e + 1);
+  p.elementwise(ElementwiseOp::kResidualAdd, Tn * h, 3 * e + (s.dropout ? 1.0 : 0.0), 0, false);
+  p.gradient_sum(Tn * h);
   if (s.mode == TrainingMode::kQlora) {
     // Frozen weights are dequantized to bf16 for the forward and again for the backward.
     const double weights = (2 * h * h + 2 * h * static_cast<double>(mdl.kv_dim())) / t +
                            (gpt ? 2.0 : 3.0) * h * ffn_local * experts_local;
     const double q_bytes = s.lora.base_format == QuantFormat::kNf4 ? 0.5 : 1.0;
-    p.forward += model.memory_seconds(weights * (q_bytes + 2.0));
-    p.backward += model.memory_seconds(weights * (q_bytes + 2.0));
+    p.forward += rates.stream(weights * (q_bytes + 2.0));
+    p.backward += rates.stream(weights * (q_bytes + 2.0));
   }
 
   c.forward = p.forward;
@@ -221,13 +260,22 @@ LayerCost transformer_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw
                                                                         : 4.0 * s.micro_batch * a_local * s_q;  // softmax stats
   const double proj_input = T * q_local * lin_in;
   const double masks = s.dropout ? 2.0 * Tn * h : 0.0;
-  const double mlp_saved = tokens_mlp * ffn_local * (gpt ? e : 2.0 * e);  // fc1 out, or gate and up outputs
-  const double mlp_act_out = tokens_mlp * ffn_local * lin_in;             // input of fc2 / down
+  // GELU: fc1 output and the GELU output (fc2's input). SwiGLU: the stack's count (stack.hpp),
+  // one of which is the down projection's input.
+  const double mlp_width_saved = gpt ? 2.0 : stack.swiglu_saved;
+  const double mlp_saved = tokens_mlp * ffn_local * (mlp_width_saved - 1.0) * e;
+  const double mlp_act_out = tokens_mlp * ffn_local * lin_in;  // input of fc2 / down
   const double routed_input = mdl.moe ? tokens_mlp * h * lin_in : 0.0;
   double adapters = 0;
   if (lora) adapters = static_cast<double>(s.lora.targets.size()) * T * r * e;
   c.full_activation_bytes = norm_inputs + norm_outputs + qkv + score_bytes + proj_input + masks + mlp_saved +
                             mlp_act_out + routed_input + adapters;
+  // Temporaries of one forward: eager rotate-half holds q, the rotated copy, x*cos, rotated*sin
+  // and the negated half (4.5 x q); fused rotary the unrotated q; GPT the projection output.
+  c.forward_transient_bytes = gpt ? T * h * e : (stack.fused_elementwise ? 1.0 : 4.5) * T * q_local * e;
+  c.backward_transient_bytes = (gpt ? 2.0 : 3.0) * tokens_mlp * ffn_local * e +
+                               ((2 * h * h + 2 * h * static_cast<double>(mdl.kv_dim())) / t + (gpt ? 2.0 : 3.0) * h * ffn_local) * e;
+  c.smallest_saved_tensor_bytes = std::min(T * kv_local * e, Tn * h * e);
   switch (s.recompute) {
     case Recompute::kNone:
       c.activation_bytes = c.full_activation_bytes;
@@ -236,11 +284,17 @@ LayerCost transformer_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw
       if (s.attention == AttentionKernel::kStandard) {
         c.activation_bytes = c.full_activation_bytes - score_bytes;  // Megatron: recompute core attention
         c.recompute = core_forward;
+      } else if (s.stack == Stack::kTrainplan) {
+        // The executor recomputes the attention core (issue 3), keeping q, k, v; under flash
+        // attention its output is still kept as the output projection's input, so only the
+        // softmax statistics are saved and the core runs twice.
+        c.activation_bytes = c.full_activation_bytes - score_bytes;
+        c.recompute = core_forward;
       } else {
         // Flash already keeps no scores: recompute the cheap memory-bound ops instead (norms,
-        // activation function) and keep only their inputs.
+        // activation function) and keep only their inputs (torchtitan's op-level selective).
         c.activation_bytes = c.full_activation_bytes - norm_outputs - mlp_act_out;
-        c.recompute = recompute_memory_ops;
+        c.recompute = recompute_pointwise;
       }
       break;
     case Recompute::kFull:
@@ -248,8 +302,13 @@ LayerCost transformer_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw
       c.recompute = c.forward;
       c.tp_comm_recompute = c.tp_comm_forward;
       c.ep_comm += ep_forward;
+      // The forward runs without a graph: every tensor of the layer is alive at once, then cached.
+      c.forward_transient_bytes += c.full_activation_bytes;
+      c.smallest_saved_tensor_bytes = Tn * h * e;
+      p.kernels *= 1.5;  // the forward's kernels run twice
       break;
   }
+  c.kernels = p.kernels;
 
   // --- FLOPs (per GPU) ---
   const double attn_matmul = (2 * h * h + 2 * h * static_cast<double>(mdl.kv_dim())) / t;
@@ -270,7 +329,7 @@ LayerCost transformer_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw
   c.hardware_flops = c.model_flops;
   if (s.recompute == Recompute::kFull) {
     c.hardware_flops += 2.0 * (attn_matmul + mlp_matmul + adapter_params) * T + attention_flops_fwd;
-  } else if (s.recompute == Recompute::kSelective && s.attention == AttentionKernel::kStandard) {
+  } else if (s.recompute == Recompute::kSelective && (s.attention == AttentionKernel::kStandard || s.stack == Stack::kTrainplan)) {
     c.hardware_flops += attention_flops_fwd;
   }
   return c;
@@ -289,43 +348,104 @@ LayerCost blend(const LayerCost& a, const LayerCost& b, double f) {
   c.ep_comm = mix(a.ep_comm, b.ep_comm);
   c.model_flops = mix(a.model_flops, b.model_flops);
   c.hardware_flops = mix(a.hardware_flops, b.hardware_flops);
+  c.kernels = mix(a.kernels, b.kernels);
   c.activation_bytes = mix(a.activation_bytes, b.activation_bytes);
   c.full_activation_bytes = mix(a.full_activation_bytes, b.full_activation_bytes);
+  // Memory extremes are not averaged: the worst layer sets them.
+  c.forward_transient_bytes = std::max(a.forward_transient_bytes, b.forward_transient_bytes);
+  c.backward_transient_bytes = std::max(a.backward_transient_bytes, b.backward_transient_bytes);
+  c.smallest_saved_tensor_bytes = std::min(a.smallest_saved_tensor_bytes, b.smallest_saved_tensor_bytes);
   return c;
 }
 
 EndsCost ends_cost(const ModelSpec& mdl, const HardwareProfile& hw, const LayerSetting& s) {
-  const bool fp32 = s.precision == Precision::kFp32;
-  const Dtype act_dtype = fp32 ? Dtype::kFp32 : (s.precision == Precision::kFp16 ? Dtype::kFp16 : Dtype::kBf16);
-  const KernelModel model(hw.gpu, act_dtype);
-  const double e = fp32 ? 4.0 : 2.0;
+  const StackSpec& stack = stack_spec(s.stack);
+  const Dtype act_dtype = activation_dtype(s.precision);
+  const KernelRates rates(hw.gpu, act_dtype);
+  const KernelRates gemm_rates(hw.gpu, compute_dtype(s.precision));
+  const double e = dtype_bytes(act_dtype);
+  const double lin_in = s.precision == Precision::kFp8 ? 1.0 : e;
   const double t = s.tp;
   const double T = s.micro_batch * s.seq_len / s.cp;
   const double Tn = s.sequence_parallel ? T / t : T;
   const double h = static_cast<double>(mdl.hidden);
-  const double v_local = std::ceil(static_cast<double>(mdl.vocab) / t);
+  const double pad = stack.vocab_pad_multiple * t;
+  const double vocab = std::ceil(static_cast<double>(mdl.vocab) / pad) * pad;
+  const double v_local = vocab / t;
+  const double logits = T * v_local;  // elements of this rank's logits
   const bool frozen = s.mode == TrainingMode::kLora || s.mode == TrainingMode::kQlora;
+  const bool gpt = mdl.architecture == Architecture::kGpt;
 
   EndsCost c;
+  c.padded_vocab = vocab;
   double tp_reduce = 0;  // vocab-parallel embedding sums partial lookups across the TP group
   if (s.tp > 1) {
     const Bytes block(T * h * e);
     tp_reduce = s.sequence_parallel ? collective_time(hw, Collective::kReduceScatter, block, s.tp_group).value()
                                     : collective_time(hw, Collective::kAllReduce, block, s.tp_group).value();
   }
-  c.embedding_forward = model.memory_seconds(2.0 * T * h * e) + tp_reduce;
-  c.embedding_backward = model.memory_seconds(3.0 * T * h * e) + (frozen ? 0.0 : tp_reduce);
-  c.embedding_activation_bytes = Tn * h * e + (s.dropout ? Tn * h : 0.0);
+  Pass emb{gemm_rates, rates, stack, lin_in, e};
+  emb.elementwise(ElementwiseOp::kEmbedding, T * h, 2 * e, 0, !frozen);
+  if (stack.fused_elementwise && !frozen) {  // zero-fill of the table's gradient, then the scatter-add
+    emb.backward += rates.stream(v_local * h * e) + rates.stream(2.0 * e * T * h);
+    emb.kernels += 2;
+  }
+  if (gpt) emb.elementwise(ElementwiseOp::kResidualAdd, Tn * h, 3 * e, 0, false);  // learned positions
+  if (mdl.tied_embeddings && !frozen) {  // the output layer's and the embedding's gradients summed
+    emb.backward += rates.stream(3.0 * v_local * h * e);
+    emb.kernels += 1;
+  }
+  c.embedding_forward = emb.forward + tp_reduce;
+  c.embedding_backward = emb.backward + (frozen ? 0.0 : tp_reduce);
+  // The embedding's output is the first layer's input, kept there; only a dropout mask is its own.
+  c.embedding_activation_bytes = s.dropout ? Tn * h : 0.0;
 
-  Pass p{model, model, e};
-  p.memory((s.fused_kernels || mdl.architecture == Architecture::kGpt ? 1.0 : 9.0) * 2.0 * Tn * h * e);  // final norm
-  p.linear(T, v_local, h, frozen);            // output projection (vocab-parallel)
-  p.forward += model.memory_seconds(T * v_local * (e + 4.0 + 4.0));  // upcast, softmax, loss in fp32
-  p.backward += model.memory_seconds(T * v_local * (4.0 + e));
+  Pass p{gemm_rates, rates, stack, lin_in, e};
+  p.elementwise(gpt ? ElementwiseOp::kLayerNorm : ElementwiseOp::kRmsNorm, Tn * h, 2 * e, 3 * e);  // final norm
+  p.linear(T, v_local, h, frozen);  // output projection (vocab-parallel)
+  double loss_saved = 0;
+  switch (stack.loss) {
+    case LossKernel::kFp32Copy:
+      // logits.float(), log_softmax and nll_loss (the eager op's measured rate includes the cast);
+      // kept: the fp32 log-softmax; backward: its gradient, the logits' fp32 gradient, the cast.
+      p.forward += rates.op(ElementwiseOp::kCrossEntropyFp32, logits, false, e);
+      p.backward += rates.op(ElementwiseOp::kCrossEntropyFp32, logits, true, e);
+      p.kernels += 6;
+      loss_saved = 4.0 * logits;
+      c.head_forward_transient_bytes = (e + 4.0) * logits;
+      c.head_backward_transient_bytes = 8.0 * logits;
+      c.head_idle_bytes = e * logits;
+      c.largest_head_block_bytes = 4.0 * logits;
+      break;
+    case LossKernel::kFused:
+      // Online-softmax kernels over the 16-bit logits: two reads forward, read and write backward.
+      p.forward += rates.stream(2.0 * e * logits, 2);
+      p.backward += rates.stream(2.0 * e * logits, 1);
+      p.kernels += 3;
+      loss_saved = e * logits + 4.0 * T;  // the logits and the log-sum-exp
+      c.head_backward_transient_bytes = e * logits;
+      c.largest_head_block_bytes = e * logits;
+      break;
+    case LossKernel::kMegatronFp32:
+      // .float() (e + 4), max (4), subtract and exp in place (8), sum (4); backward: softmax minus
+      // one-hot in place (8) and the cast back (4 + e).
+      p.forward += rates.stream((e + 20.0) * logits, 5);
+      p.backward += rates.stream((12.0 + e) * logits, 2);
+      p.kernels += 7;
+      loss_saved = 4.0 * logits;
+      c.head_forward_transient_bytes = e * logits;
+      c.head_backward_transient_bytes = e * logits;
+      c.largest_head_block_bytes = 4.0 * logits;
+      break;
+  }
+  if (s.tp > 1) {  // max, sum and target logit all-reduced over the vocab-parallel group
+    p.forward += 3.0 * collective_time(hw, Collective::kAllReduce, Bytes(4.0 * T), s.tp_group).value();
+  }
   c.head_forward = p.forward;
   c.head_backward = p.backward;
+  c.kernels = emb.kernels + p.kernels;
   c.head_model_flops = (frozen ? 4.0 : 6.0) * static_cast<double>(mdl.vocab) / t * h * T;
-  c.head_activation_bytes = Tn * h * e + T * h * e + T * v_local * (e + 4.0);
+  c.head_activation_bytes = Tn * h * e + T * h * lin_in + loss_saved;
   return c;
 }
 

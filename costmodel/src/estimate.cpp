@@ -9,6 +9,8 @@
 #include <nlohmann/json.hpp>
 
 #include "trainplan/costmodel/compute.hpp"
+#include "trainplan/costmodel/kernels.hpp"
+#include "trainplan/costmodel/stack.hpp"
 #include "trainplan/costmodel/network.hpp"
 
 namespace trainplan::costmodel {
@@ -157,7 +159,7 @@ RunCost run_cost(const Plan& plan, Seconds step, double checkpoint_bytes) {
   return r;
 }
 
-Estimate estimate(const Plan& plan) {
+Estimate estimate(const Plan& plan, const EstimateOptions& options) {
   const ModelSpec& mdl = plan.model;
   const HardwareProfile& hw = plan.cluster;
   const TrainingConfig& tr = plan.training;
@@ -184,7 +186,7 @@ Estimate estimate(const Plan& plan) {
   s.precision = tr.precision;
   s.dropout = tr.dropout;
   s.attention = tr.attention;
-  s.fused_kernels = tr.fused_kernels;
+  s.stack = tr.stack;
   s.recompute = p.recompute;
   s.mode = tr.mode;
   s.lora = tr.lora;
@@ -224,24 +226,35 @@ Estimate estimate(const Plan& plan) {
                                   ? (tr.lora.base_format == QuantFormat::kNf4 ? 4.127 / 8.0 : 1.0 + 4.0 / h)
                                   : e;
 
+  const StackSpec& stack = stack_spec(tr.stack);
+  const KernelRates rates(hw.gpu, compute_dtype(tr.precision));
+  // Gradients this rank keeps between micro-batches: the executor's fp32 buffer; Megatron's fp32
+  // main_grad; PyTorch modules' param.grad in the compute dtype (the reduce dtype once sharded).
+  const double stack_grad_width = stack.grads == GradAccumulation::kParamDtype && p.zero_stage < 2
+                                      ? w.gradients
+                                      : (stack.grads == GradAccumulation::kFp32Buffer ? std::max(4.0, w.gradients) : grad_width);
+  const double tokens = p.micro_batch * static_cast<double>(tr.seq_len) / p.cp;
+
   struct StageState {
     double dense = 0, expert = 0, trainable = 0, frozen_linear = 0;
-    double forward = 0, backward = 0;
-    double weights = 0, gradients = 0, optimizer = 0, activations = 0, buffers = 0, overhead = 0, total = 0;
+    double forward = 0, backward = 0, grad_pass = 0, host_wait = 0;
+    double weights = 0, gradients = 0, optimizer = 0, activations = 0, buffers = 0, overhead = 0;
+    double total = 0, reserved = 0, required = 0;
     double in_flight = 0;
     double host = 0;
   };
   std::vector<StageState> st(stages);
   for (int i = 0; i < stages; ++i) {
     StageState& x = st[i];
+    const bool first = i == 0, last = i == stages - 1;
     x.dense = layers[i] * dense_layer;
     x.expert = layers[i] * expert_layer;
-    if (i == 0) x.dense += pc.embedding / t;
-    if (i == stages - 1) {
+    if (first) x.dense += pc.embedding / t;
+    if (last) {
       x.dense += pc.final_norm + (mdl.tied_embeddings ? (stages > 1 ? pc.embedding / t : 0.0) : pc.output / t);
     }
-    x.forward = layers[i] * lc.forward_total() + (i == 0 ? ec.embedding_forward : 0.0) + (i == stages - 1 ? ec.head_forward : 0.0);
-    x.backward = layers[i] * lc.backward_total() + (i == 0 ? ec.embedding_backward : 0.0) + (i == stages - 1 ? ec.head_backward : 0.0);
+    x.forward = layers[i] * lc.forward_total() + (first ? ec.embedding_forward : 0.0) + (last ? ec.head_forward : 0.0);
+    x.backward = layers[i] * lc.backward_total() + (first ? ec.embedding_backward : 0.0) + (last ? ec.head_backward : 0.0);
 
     // Model states.
     const double base = x.dense + x.expert;
@@ -252,12 +265,13 @@ Estimate estimate(const Plan& plan) {
       const double frozen_bytes = x.frozen_linear * frozen_width + other * e;
       const double adapters_shard = p.zero_stage >= 1 ? static_cast<double>(dense_shard) : 1.0;
       x.weights = frozen_bytes / (p.zero_stage == 3 ? dense_shard : 1) + x.trainable * w.weights / (p.zero_stage == 3 ? dense_shard : 1);
-      x.gradients = x.trainable * grad_width / (p.zero_stage >= 2 ? dense_shard : 1);
+      x.gradients = x.trainable * stack_grad_width / (p.zero_stage >= 2 ? dense_shard : 1);
       x.optimizer = x.trainable * w.optimizer / adapters_shard;
     } else {
       x.trainable = base;
       x.weights = x.dense * w.weights / (p.zero_stage == 3 ? dense_shard : 1) + x.expert * w.weights / (p.zero_stage == 3 ? expert_shard : 1);
-      x.gradients = x.dense * grad_width / (p.zero_stage >= 2 ? dense_shard : 1) + x.expert * grad_width / (p.zero_stage >= 2 ? expert_shard : 1);
+      x.gradients = x.dense * stack_grad_width / (p.zero_stage >= 2 ? dense_shard : 1) +
+                    x.expert * stack_grad_width / (p.zero_stage >= 2 ? expert_shard : 1);
       x.optimizer = x.dense * w.optimizer / (p.zero_stage >= 1 ? dense_shard : 1) + x.expert * w.optimizer / (p.zero_stage >= 1 ? expert_shard : 1);
     }
     if (p.offload_optimizer != Offload::kNone) {
@@ -269,15 +283,27 @@ Estimate estimate(const Plan& plan) {
       x.weights = 0;
     }
 
-    // Activations.
-    x.in_flight = micro_batches_in_flight(p, i, m);
-    x.activations = x.in_flight * layers[i] * lc.activation_bytes;
-    if (p.recompute == Recompute::kFull) x.activations += lc.full_activation_bytes;  // the layer being recomputed
-    if (i == 0) x.activations += x.in_flight * ec.embedding_activation_bytes;
-    if (i == stages - 1) x.activations += (p.schedule == Schedule::kGpipe && stages > 1 ? m : 1) * ec.head_activation_bytes;
+    // Each micro-batch's gradient accumulation pass (stack.hpp) and the host's kernel launches.
+    const double grads_local = x.trainable;
+    const double units = layers[i] + (first ? 1 : 0) + (last ? 1 : 0);
+    switch (stack.grads) {
+      case GradAccumulation::kFp32Buffer:  // 16-bit gradient read, fp32 buffer read and written
+        x.grad_pass = rates.stream(grads_local * (e + 8.0), static_cast<int>(std::lround(units * 9)));
+        break;
+      case GradAccumulation::kParamDtype:  // param.grad += from the second micro-batch on
+        x.grad_pass = (m - 1.0) / m * rates.stream(grads_local * 3.0 * e, static_cast<int>(std::lround(units * 9)));
+        break;
+      case GradAccumulation::kFusedInGemm:
+        break;
+    }
+    x.backward += x.grad_pass;
+    const double kernels = layers[i] * lc.kernels + (first || last ? ec.kernels : 0.0);
+    const double host = kernels * stack.host_seconds_per_kernel + (stack.host_sync_per_micro_batch ? 2.0 * stack.host_seconds_per_kernel : 0.0);
+    x.host_wait = std::max(0.0, host - (x.forward + x.backward));
+    x.backward += x.host_wait;
 
-    // Communication buffers.
-    const double tokens = p.micro_batch * static_cast<double>(tr.seq_len) / p.cp;
+    // Communication buffers, and cuBLAS workspaces (PyTorch's default on Hopper, 32 MiB per
+    // handle, one for the forward thread and one for the autograd engine's).
     if (p.zero_stage == 3) {
       const double unit = std::max(static_cast<double>(p.fsdp_wrap_min_params), dense_layer + expert_layer);
       x.buffers += (p.prefetch ? 2.0 : 1.0) * unit * w.weights + unit * reduce_bytes;
@@ -286,15 +312,53 @@ Estimate estimate(const Plan& plan) {
     }
     if (s.sequence_parallel) x.buffers += tokens * h * e;  // gathered input of a column-parallel GEMM
     if (stages > 1) x.buffers += 2.0 * tokens * h * e / (s.sequence_parallel ? t : 1.0);  // p2p send/recv
-    x.overhead = hw.gpu.reserved_memory.value() + 0.05 * (x.activations + x.buffers);
-    x.total = x.weights + x.gradients + x.optimizer + x.activations + x.buffers + x.overhead;
+    x.buffers += 2.0 * 32.0 * 1048576.0;
+
+    // Activations: the allocated bytes at each peak of the step, and the allocator's slack
+    // there (PyTorch's caching allocator keeps freed blocks for reuse; a request larger than
+    // every cached block gets a new segment). See README, "Memory as the allocator sees it".
+    x.in_flight = micro_batches_in_flight(p, i, m);
+    const double saved = x.in_flight * layers[i] * lc.activation_bytes + (first ? x.in_flight * ec.embedding_activation_bytes : 0.0);
+    const double layer_cache = lc.forward_transient_bytes;  // one layer's forward temporaries, cached
+    // Peak in a layer's backward: its gradients (and, with full recompute, its rebuilt activations).
+    double activation_peak = saved + lc.backward_transient_bytes + (p.recompute == Recompute::kFull ? lc.full_activation_bytes : 0.0);
+    double reserved_activation_peak = activation_peak + layer_cache;
+    if (last) {
+      const double held = (p.schedule == Schedule::kGpipe && stages > 1 ? m : 1) * ec.head_activation_bytes;
+      const double loss_forward = saved + held + ec.head_forward_transient_bytes;
+      const double loss_backward = saved + held + ec.head_backward_transient_bytes;
+      // Saved tensors under 10 MiB share segments; once the loss's big blocks sit idle between
+      // micro-batches, such tensors are carved from them and pin one for the next peak.
+      const bool pinned = lc.smallest_saved_tensor_bytes >= 1048576.0 && lc.smallest_saved_tensor_bytes < 10.0 * 1048576.0;
+      const double loss_slack = layer_cache + ec.head_idle_bytes + (pinned ? ec.largest_head_block_bytes : 0.0);
+      activation_peak = std::max({activation_peak, loss_forward, loss_backward});
+      reserved_activation_peak = std::max({reserved_activation_peak, loss_forward + layer_cache, loss_backward + loss_slack});
+    }
+    // The optimizer step's temporaries (activations are freed by then).
+    double optimizer_temporaries = 0;
+    if (p.offload_optimizer == Offload::kNone) {
+      const double shard = p.zero_stage >= 1 ? static_cast<double>(dense_shard) : 1.0;
+      if (stack.stack == Stack::kTrainplan) {  // per unit: g * c, sqrt and the division, fp32
+        const double embedding_unit = (first || (last && mdl.tied_embeddings && stages > 1) || (last && !mdl.tied_embeddings))
+                                          ? pc.embedding / t : 0.0;
+        optimizer_temporaries = 3.0 * 4.0 * std::max(embedding_unit, lora ? lora_layer : dense_layer + expert_layer) / shard;
+      } else if (stack.grads == GradAccumulation::kParamDtype) {  // master.grad = w.grad.float() for every tensor
+        optimizer_temporaries = 4.0 * x.trainable / shard;
+      }
+    }
+    const double states = x.weights + x.gradients + x.optimizer + x.buffers;
+    x.activations = activation_peak;
+    x.total = states + std::max(activation_peak, optimizer_temporaries);
+    x.reserved = states + std::max(reserved_activation_peak, optimizer_temporaries);
+    x.overhead = hw.gpu.reserved_memory.value();
+    x.required = x.reserved + x.overhead;
   }
 
   // Worst stage for memory; slowest stage for time.
   int worst = 0, slowest = 0;
   double stage_sum = 0;
   for (int i = 0; i < stages; ++i) {
-    if (st[i].total > st[worst].total) worst = i;
+    if (st[i].required > st[worst].required) worst = i;
     if (st[i].forward + st[i].backward > st[slowest].forward + st[slowest].backward) slowest = i;
     stage_sum += st[i].forward + st[i].backward;
   }
@@ -310,6 +374,8 @@ Estimate estimate(const Plan& plan) {
   mem.buffers = Bytes(W.buffers);
   mem.overhead = Bytes(W.overhead);
   mem.total = Bytes(W.total);
+  mem.reserved = Bytes(W.reserved);
+  mem.required = Bytes(W.required);
   mem.capacity = hw.gpu.hbm_capacity;
   mem.worst_stage = worst;
   mem.micro_batches_in_flight = W.in_flight;
@@ -317,12 +383,19 @@ Estimate estimate(const Plan& plan) {
   for (const auto& x : st) host = std::max(host, x.host);
   mem.cpu_offload_per_node = Bytes(host * gpn);
 
-  if (W.total > mem.capacity.value()) {
+  const std::string where = stages > 1 ? "stage " + std::to_string(worst) + " needs " : "needs ";
+  if (W.required > mem.capacity.value()) {
     est.fits = false;
-    std::string where = stages > 1 ? "stage " + std::to_string(worst) + " needs " : "needs ";
-    est.reasons.push_back(where + gib_text(W.total) + " > " + gib_text(mem.capacity.value()) + " (weights " +
+    est.reasons.push_back(where + gib_text(W.required) + " > " + gib_text(mem.capacity.value()) + " (weights " +
                           gib_text(W.weights) + ", gradients " + gib_text(W.gradients) + ", optimizer " +
-                          gib_text(W.optimizer) + ", activations " + gib_text(W.activations) + ")");
+                          gib_text(W.optimizer) + ", activations " + gib_text(W.activations) + ", allocator cache " +
+                          gib_text(W.reserved - W.total) + ")");
+  } else if (W.required > (1.0 - options.memory_headroom) * mem.capacity.value()) {
+    est.tight = true;
+    char headroom[32];
+    std::snprintf(headroom, sizeof headroom, "%.0f%%", 100 * options.memory_headroom);
+    est.reasons.push_back("tight: " + where + gib_text(W.required) + " of " + gib_text(mem.capacity.value()) +
+                          ", within the " + headroom + " memory headroom");
   }
   if (p.offload_optimizer == Offload::kCpu || p.offload_params == Offload::kCpu) {
     if (mem.cpu_offload_per_node.value() > 0.9 * hw.cpu_memory.value()) {
@@ -336,12 +409,11 @@ Estimate estimate(const Plan& plan) {
   TimeBreakdown& tm = est.time;
   const int L = layers[slowest];
   tm.compute = Seconds(m * (L * (lc.forward + lc.backward) + (slowest == 0 ? ec.embedding_forward + ec.embedding_backward : 0.0) +
-                            (slowest == stages - 1 ? ec.head_forward + ec.head_backward : 0.0)));
+                            (slowest == stages - 1 ? ec.head_forward + ec.head_backward : 0.0) + S.grad_pass + S.host_wait));
   tm.recompute = Seconds(static_cast<double>(m) * L * lc.recompute);
   tm.tp_comm = Seconds(static_cast<double>(m) * L * (lc.tp_comm_forward + lc.tp_comm_backward + lc.tp_comm_recompute));
   tm.cp_comm = Seconds(static_cast<double>(m) * L * lc.cp_comm);
   tm.ep_comm = Seconds(static_cast<double>(m) * L * lc.ep_comm);
-  const double tokens = p.micro_batch * static_cast<double>(tr.seq_len) / p.cp;
   double p2p = 0;
   if (stages > 1) {
     const bool across = static_cast<long long>(p.tp) * p.cp * p.pp > gpn;
@@ -400,7 +472,12 @@ Estimate estimate(const Plan& plan) {
   const double local = (dense_trainable + expert_trainable) / opt_shard;
   const double touched = 2.0 * w.optimizer + grad_width + 2.0 * w.weights;  // read+write states, read grad, write weights
   if (p.offload_optimizer == Offload::kNone) {
-    tm.optimizer = Seconds(local * touched / (hw.gpu.hbm_bandwidth.value() * hw.gpu.memory_efficiency));
+    // The stack's update (fused kernel or ATen ops) and the rest of its step (stack.hpp).
+    const double tensors = L * (mdl.architecture == Architecture::kGpt ? 16.0 : 9.0) + 3.0;
+    const int launches = static_cast<int>(std::lround(tensors * stack.optimizer_kernels_per_tensor));
+    const double update = stack.fused_optimizer ? rates.adamw_fused(local * touched / 32.0, 0)
+                                                : rates.stream(local * touched * stack.optimizer_update_factor, 0);
+    tm.optimizer = Seconds(update + rates.stream(local * stack.optimizer_overhead_bytes, launches));
   } else {
     const double host_bw = 0.5 * hw.cpu_memory_bandwidth.value() / gpn;  // a GPU's share, at 50% efficiency
     tm.optimizer = Seconds(local * touched / host_bw);
@@ -473,6 +550,7 @@ nlohmann::json estimate_to_json(const Plan& plan, const Estimate& e) {
       {"training", training_to_json(plan.training)},
       {"parallel", parallel_to_json(plan.parallel)},
       {"fits", e.fits},
+      {"tight", e.tight},
       {"reasons", e.reasons},
       {"parameters", e.parameters},
       {"trainable_parameters", e.trainable_parameters},
@@ -485,6 +563,8 @@ nlohmann::json estimate_to_json(const Plan& plan, const Estimate& e) {
         {"buffers_bytes", m.buffers.value()},
         {"overhead_bytes", m.overhead.value()},
         {"total_bytes", m.total.value()},
+        {"reserved_bytes", m.reserved.value()},
+        {"required_bytes", m.required.value()},
         {"capacity_bytes", m.capacity.value()},
         {"worst_stage", m.worst_stage},
         {"micro_batches_in_flight", m.micro_batches_in_flight},

@@ -1,6 +1,9 @@
 #include "trainplan/costmodel/hardware.hpp"
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -42,7 +45,7 @@ LinkSpec read_link(detail::ObjectReader r, bool inter) {
   }
   l.efficiency = r.number("efficiency", 0, 1, true);
   l.latency = Seconds::us(r.number("latency_us", 0, 1e5));
-  r.optional_string("source");
+  l.source = r.optional_string("source").value_or("");
   r.finish();
   return l;
 }
@@ -78,7 +81,8 @@ Result<HardwareProfile> parse_hwprofile(const nlohmann::json& json, const std::s
         g.fail("reserved_memory_gib", std::string("must be less than hbm_capacity_gib (") + capacity + ")");
       }
       hw.gpu.min_kernel_time = Seconds::us(g.number("min_kernel_us", 0, 1e4));
-      g.optional_string("source");
+      if (g.has("kernels")) hw.gpu.kernels = read_kernel_tables(g.raw("kernels"), file, g.pointer("kernels"), hw.gpu.sm_count);
+      hw.gpu.source = g.optional_string("source").value_or("");
       g.finish();
     }
     {
@@ -88,7 +92,7 @@ Result<HardwareProfile> parse_hwprofile(const nlohmann::json& json, const std::s
       hw.cpu_memory = Bytes::gib(n.number("cpu_memory_gib", 0, 1e6, true));
       hw.cpu_memory_bandwidth = BytesPerSecond::gb_per_s(n.number("cpu_memory_bandwidth_gb_per_s", 0, 1e5, true));
       hw.nvme_bandwidth = BytesPerSecond::gb_per_s(n.number("nvme_bandwidth_gb_per_s", 0, 1e5, true));
-      n.optional_string("source");
+      hw.node_source = n.optional_string("source").value_or("");
       n.finish();
     }
     hw.intra_node = read_link(r.object("intra_node"), false);
@@ -96,20 +100,20 @@ Result<HardwareProfile> parse_hwprofile(const nlohmann::json& json, const std::s
     {
       detail::ObjectReader s = r.object("storage");
       hw.checkpoint_write_bandwidth = BytesPerSecond::gb_per_s(s.number("checkpoint_write_gb_per_s", 0, 1e6, true));
-      s.optional_string("source");
+      hw.storage_source = s.optional_string("source").value_or("");
       s.finish();
     }
     {
       detail::ObjectReader rel = r.object("reliability");
       hw.gpu_mtbf_hours = rel.number("gpu_mtbf_hours", 0, 1e9, true);
       hw.restart_time = Seconds(60.0 * rel.number("restart_minutes", 0, 1e5));
-      rel.optional_string("source");
+      hw.reliability_source = rel.optional_string("source").value_or("");
       rel.finish();
     }
     {
       detail::ObjectReader p = r.object("price");
       hw.price_per_gpu_hour_usd = p.number("usd_per_gpu_hour", 0, 1e4);
-      p.optional_string("source");
+      hw.price_source = p.optional_string("source").value_or("");
       p.finish();
     }
     r.finish();
@@ -136,9 +140,10 @@ nlohmann::json hwprofile_to_json(const HardwareProfile& hw) {
     } else {
       j["bandwidth_gb_per_s"] = l.bandwidth.in_gb_per_s();
     }
+    if (!l.source.empty()) j["source"] = l.source;
     return j;
   };
-  return {
+  nlohmann::json j = {
       {"schema", "trainplan/hwprofile/v1"},
       {"name", hw.name},
       {"source", hw.source},
@@ -167,6 +172,83 @@ nlohmann::json hwprofile_to_json(const HardwareProfile& hw) {
       {"reliability", {{"gpu_mtbf_hours", hw.gpu_mtbf_hours}, {"restart_minutes", hw.restart_time.value() / 60}}},
       {"price", {{"usd_per_gpu_hour", hw.price_per_gpu_hour_usd}}},
   };
+  if (hw.gpu.kernels) j["gpu"]["kernels"] = kernel_tables_to_json(*hw.gpu.kernels);
+  const auto with_source = [&](nlohmann::json& section, const std::string& source) {
+    if (!source.empty()) section["source"] = source;
+  };
+  with_source(j["gpu"], hw.gpu.source);
+  with_source(j["node"], hw.node_source);
+  with_source(j["storage"], hw.storage_source);
+  with_source(j["reliability"], hw.reliability_source);
+  with_source(j["price"], hw.price_source);
+  return j;
+}
+
+namespace {
+
+// Whole numbers without a fraction ("64", not "64.0"); others as nlohmann writes them.
+std::string number_text(const nlohmann::json& j) {
+  if (j.is_number_float()) {
+    const double v = j.get<double>();
+    if (std::isfinite(v) && std::fabs(v) < 1e15 && v == std::floor(v)) return std::to_string(static_cast<long long>(v));
+  }
+  return j.dump();
+}
+
+bool scalar_array(const nlohmann::json& j) {
+  if (!j.is_array()) return false;
+  for (const auto& x : j) {
+    if (x.is_structured()) return false;
+  }
+  return true;
+}
+
+void write_readable(const nlohmann::json& j, int depth, std::string& out) {
+  const std::string pad(static_cast<std::size_t>(2 * depth), ' ');
+  const std::string inner(static_cast<std::size_t>(2 * depth + 2), ' ');
+  if (j.is_object()) {
+    if (j.empty()) {
+      out += "{}";
+      return;
+    }
+    out += "{\n";
+    // A document's identity first, then the rest in key order.
+    std::vector<std::string> keys;
+    for (const char* k : {"schema", "name", "source"}) {
+      if (j.contains(k)) keys.emplace_back(k);
+    }
+    for (auto it = j.begin(); it != j.end(); ++it) {
+      if (std::find(keys.begin(), keys.end(), it.key()) == keys.end()) keys.push_back(it.key());
+    }
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      out += inner + nlohmann::json(keys[i]).dump() + ": ";
+      write_readable(j.at(keys[i]), depth + 1, out);
+      out += i + 1 < keys.size() ? ",\n" : "\n";
+    }
+    out += pad + "}";
+  } else if (j.is_array() && !scalar_array(j)) {
+    out += "[\n";
+    for (std::size_t i = 0; i < j.size(); ++i) {
+      out += inner;
+      write_readable(j[i], depth + 1, out);
+      out += i + 1 < j.size() ? ",\n" : "\n";
+    }
+    out += pad + "]";
+  } else if (j.is_array()) {
+    out += "[";
+    for (std::size_t i = 0; i < j.size(); ++i) out += (i ? ", " : "") + number_text(j[i]);
+    out += "]";
+  } else {
+    out += number_text(j);
+  }
+}
+
+}  // namespace
+
+std::string readable_json(const nlohmann::json& json) {
+  std::string out;
+  write_readable(json, 0, out);
+  return out + "\n";
 }
 
 }  // namespace trainplan::costmodel

@@ -205,7 +205,14 @@ TrainingConfig parse_training(ObjectReader r) {
   t.dropout = r.optional_boolean("dropout").value_or(false);
   t.attention = r.optional_one_of("attention", {"flash", "standard"}).value_or("flash") == "standard"
                     ? AttentionKernel::kStandard : AttentionKernel::kFlash;
-  t.fused_kernels = r.optional_one_of("kernels", {"fused", "eager"}).value_or("fused") == "fused";
+  if (const auto name = r.optional_string("stack")) {
+    const auto stack = stack_from_name(*name);
+    if (!stack) r.fail("stack", std::string("must be one of ") + stack_choices() + " (got \"" + *name + "\")");
+    t.stack = *stack;
+  }
+  // Documents written before `stack` existed carry `kernels`; it never described the executor
+  // (whose runs said "fused"), so it is read and ignored.
+  r.optional_one_of("kernels", {"fused", "eager"});
   r.finish();
   return t;
 }
@@ -436,7 +443,7 @@ nlohmann::json training_to_json(const TrainingConfig& t) {
       {"seq_len", t.seq_len}, {"global_batch", t.global_batch}, {"precision", precision_name(t.precision)},
       {"optimizer", optimizer_name(t.optimizer)}, {"mode", mode_name(t.mode)}, {"train_tokens", t.train_tokens},
       {"dropout", t.dropout}, {"attention", t.attention == AttentionKernel::kFlash ? "flash" : "standard"},
-      {"kernels", t.fused_kernels ? "fused" : "eager"},
+      {"stack", stack_name(t.stack)},
   };
   if (t.mode == TrainingMode::kLora || t.mode == TrainingMode::kQlora) {
     j["lora"] = {{"rank", t.lora.rank}, {"targets", t.lora.targets},

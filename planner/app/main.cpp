@@ -21,6 +21,7 @@
 #include "trainplan/planner/inputs.hpp"
 #include "trainplan/planner/launch.hpp"
 #include "trainplan/planner/local_run.hpp"
+#include "trainplan/planner/profile.hpp"
 #include "trainplan/planner/report.hpp"
 #include "trainplan/planner/search.hpp"
 
@@ -166,6 +167,33 @@ int run_plan(const std::string& plan_file, pl::LocalRunOptions options, const pl
   return 0;
 }
 
+// `planner profile --from-csv`: the base profile with the imported kernel tables, written to
+// `out` (or stdout), after checking that the result reads back as a valid profile.
+int import_profile(const std::vector<std::string>& csv_files, const std::string& base_name, const std::string& name,
+                   const std::string& source, const std::string& out) {
+  auto base = cm::find_hwprofile(base_name);
+  if (!base) return fail("--base: " + base.error().message);
+  auto result = pl::import_kernel_csv(csv_files, base->gpu.min_kernel_time.value());
+  if (!result) return fail(result.error().message);
+  pl::KernelImport imported = std::move(result).value();
+  if (!source.empty()) imported.tables.source = source + " (" + imported.tables.source + ")";
+  const cm::HardwareProfile profile = pl::with_kernel_tables(std::move(base).value(), imported, name);
+  const std::string text = cm::readable_json(cm::hwprofile_to_json(profile));
+  auto check = cm::parse_hwprofile_text(text, out.empty() ? "<output>" : out);
+  if (!check) return fail("the imported profile does not read back: " + check.error().message);
+  std::fprintf(stderr, "planner profile: %d GEMM shapes, %d attention shapes, %d element-wise samples (%d duplicates averaged); %s\n",
+               imported.gemm_rows, imported.attention_rows, imported.elementwise_rows, imported.merged_duplicates,
+               imported.notes.empty() ? "" : imported.notes.front().c_str());
+  if (out.empty()) {
+    std::cout << text;
+    return 0;
+  }
+  std::string error;
+  if (!write_file(out, text, error)) return fail(error);
+  std::fprintf(stderr, "planner profile: wrote %s\n", out.c_str());
+  return 0;
+}
+
 std::string environment(const char* name) {
   const char* value = std::getenv(name);
   return value ? value : "";
@@ -246,6 +274,14 @@ int main(int argc, char** argv) {
   run_cmd->add_option("executor_args", local.extra_args, "After --: more arguments for the executor");
   CLI::App* trace_cmd = app.add_subcommand("trace", "Write a measurement's trace as Chrome trace-event JSON (ui.perfetto.dev)");
   trace_cmd->add_option("measurement", measurement_file, "trainplan/measurement/v1 file")->required();
+  CLI::App* profile_cmd = app.add_subcommand("profile", "Write a hardware profile with measured kernel tables (--from-csv imports microbenchmark CSVs)");
+  std::vector<std::string> profile_csv;
+  std::string profile_base = cm::kDefaultCluster, profile_name, profile_out, profile_source;
+  profile_cmd->add_option("--from-csv", profile_csv, "Microbenchmark CSV to import (h100_kernels.csv and h100_elementwise.csv formats); repeatable");
+  profile_cmd->add_option("--base", profile_base, "Cluster preset or hwprofile file whose tables are replaced")->capture_default_str();
+  profile_cmd->add_option("--name", profile_name, "Name of the new profile (default: the base's)");
+  profile_cmd->add_option("--source", profile_source, "Where the measurements come from (machine, software, date), for the tables' source");
+  profile_cmd->add_option("--out", profile_out, "Write the profile here (default: standard output)");
   app.add_subcommand("models", "List model presets");
   app.add_subcommand("hardware", "List cluster presets");
 
@@ -266,6 +302,13 @@ int main(int argc, char** argv) {
   ctx.command = join_args(argc, argv);
 
   if (app.got_subcommand("compare")) return compare_files(estimate_file, measurement_file, fmt);
+  if (app.got_subcommand("profile")) {
+    if (profile_csv.empty()) {
+      return fail("profile: measuring this machine's device needs the executor's microbenchmarks, which this build does not have yet; "
+                  "import measured tables with --from-csv FILE");
+    }
+    return import_profile(profile_csv, profile_base, profile_name, profile_source, profile_out);
+  }
   if (app.got_subcommand("trace")) return write_chrome_trace(measurement_file);
   const pl::ExecutorSearch executor_search{executor, environment("TRAINPLAN_EXECUTOR"), pl::own_binary_dir(argv[0]), environment("PATH")};
   if (app.got_subcommand("launch")) {

@@ -58,6 +58,7 @@ TEST(KorthikantiTable2, ActivationFormulasReproducedExactly) {
     s.precision = Precision::kFp16;
     s.dropout = true;
     s.attention = AttentionKernel::kStandard;
+    s.stack = Stack::kMegatronTe;
     const double sbh = static_cast<double>(k.s) * k.b * k.h;
     const double as_h = static_cast<double>(k.a) * k.s / k.h;
     const double t = k.t;
@@ -90,6 +91,7 @@ planner::Candidate best_megatron_plan(const ModelSpec& model, int gpus, long lon
   req.training.precision = Precision::kFp16;
   req.training.dropout = true;
   req.training.attention = AttentionKernel::kStandard;
+  req.training.stack = Stack::kMegatronTe;
   resolve_training_defaults(req.model, req.training);
   auto& c = req.parallel;
   c.tp = tp;
@@ -201,9 +203,10 @@ TEST(FsdpRunsA100, MfuWithin15Percent) {
     req.training.seq_len = static_cast<long long>(num(row, "seq"));
     req.training.global_batch = static_cast<long long>(num(row, "global_batch"));
     req.training.precision = Precision::kBf16;
-    // TinyLlama used fused kernels (flash-attn rotary, fused RMSNorm and SwiGLU, per its README);
-    // the PyTorch/IBM runs used plain PyTorch modules (no torch.compile).
-    req.training.fused_kernels = run.rfind("TinyLlama", 0) == 0;
+    // TinyLlama used fused kernels (flash-attn rotary, RMSNorm and cross-entropy, xformers
+    // SwiGLU, fused QKV; per its README): the fused stack; the PyTorch/IBM runs used plain
+    // PyTorch modules (no torch.compile).
+    req.training.stack = run.rfind("TinyLlama", 0) == 0 ? Stack::kMegatronTe : Stack::kPytorchEager;
     resolve_training_defaults(req.model, req.training);
     const std::string ac = row.at("act_recompute");
     const Recompute r = ac.rfind("full", 0) == 0 ? Recompute::kFull : ac.rfind("selective", 0) == 0 ? Recompute::kSelective : Recompute::kNone;

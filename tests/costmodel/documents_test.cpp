@@ -80,7 +80,7 @@ void expect_same_training(const TrainingConfig& a, const TrainingConfig& b) {
   EXPECT_DOUBLE_EQ(a.train_tokens, b.train_tokens);
   EXPECT_EQ(a.dropout, b.dropout);
   EXPECT_EQ(a.attention, b.attention);
-  EXPECT_EQ(a.fused_kernels, b.fused_kernels);
+  EXPECT_EQ(a.stack, b.stack);
 }
 
 // ---------------------------------------------------------------------------------------------

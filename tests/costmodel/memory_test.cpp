@@ -72,6 +72,9 @@ TEST(StateWidths, MatchOptimizerAndPrecisionAccounting) {
 // the estimate's model states are exactly ZeRO's accounting for Psi = 8,030,261,248.
 TEST(EstimateMemory, ModelStatesFollowZeroAccountingAtDp8) {
   Plan plan = make_plan("llama3-8b", "dgx-h100", 8, 4096, 64);
+  // The ZeRO paper's accounting (16-bit gradients) is DeepSpeed's and Megatron's with a bf16
+  // reduction; the trainplan executor keeps fp32 gradients whatever the reduction dtype.
+  plan.training.stack = Stack::kMegatronTe;
   plan.parallel.reduce_dtype = Dtype::kBf16;
   plan.parallel.recompute = Recompute::kSelective;
   const double psi = 8030261248.0;
@@ -229,9 +232,13 @@ TEST(EstimateMemory, TotalIsTheSumOfItsParts) {
   plan.parallel.recompute = Recompute::kSelective;
   const Estimate e = checked_estimate(plan);
   const MemoryBreakdown& m = e.memory;
-  EXPECT_NEAR(m.total.value(), (m.weights + m.gradients + m.optimizer + m.activations + m.buffers + m.overhead).value(), 1.0);
+  // Allocated at the activation peak (it exceeds the optimizer step's temporaries here), then
+  // the allocator's cached blocks, then the CUDA context and workspaces outside the allocator.
+  EXPECT_NEAR(m.total.value(), (m.weights + m.gradients + m.optimizer + m.activations + m.buffers).value(), 1.0);
+  EXPECT_GT(m.reserved.value(), m.total.value());
+  EXPECT_DOUBLE_EQ(m.overhead.value(), plan.cluster.gpu.reserved_memory.value());
+  EXPECT_NEAR(m.required.value(), (m.reserved + m.overhead).value(), 1.0);
   EXPECT_DOUBLE_EQ(m.capacity.value(), Bytes::gib(80).value());
-  EXPECT_GE(m.overhead.value(), plan.cluster.gpu.reserved_memory.value());
 }
 
 }  // namespace

@@ -1,35 +1,21 @@
 #pragma once
-// Per-GPU cost of one transformer layer, the embedding and the output layer for one micro-batch:
-// time (GEMMs with a shape-dependent efficiency, memory-bound kernels at HBM bandwidth, fused or
-// standard attention, tensor/context/expert-parallel communication), FLOPs, and the activation
-// bytes kept for the backward pass (Korthikanti et al. 2022, Table 2, generalised to Llama-style
-// blocks, GQA, MoE, flash attention and fp8).
+// Per-GPU cost of one transformer layer, the embedding and the output layer for one micro-batch,
+// kernel by kernel for the plan's software stack (stack.hpp): every GEMM of the layer timed from
+// its shape (kernels.hpp: measured tables or the analytic model), fused or standard attention,
+// the memory-bound work (norms, rotary, activation function, residual adds, dropout, casts, the
+// cross-entropy over the vocabulary), each kernel's latency, tensor/context/expert-parallel
+// communication; FLOPs; and the bytes autograd keeps for the backward pass (Korthikanti et al.
+// 2022, Table 2, generalised to Llama-style blocks, GQA, MoE, flash attention, fp8 and the
+// tensors each stack keeps), plus the transient bytes the allocator sees.
 
 #include "trainplan/costmodel/hardware.hpp"
+#include "trainplan/costmodel/kernels.hpp"
 #include "trainplan/costmodel/model.hpp"
 #include "trainplan/costmodel/network.hpp"
 #include "trainplan/costmodel/plan.hpp"
+#include "trainplan/costmodel/stack.hpp"
 
 namespace trainplan::costmodel {
-
-// Kernel timing on one GPU.
-class KernelModel {
- public:
-  KernelModel(const GpuSpec& gpu, Dtype compute_dtype);
-  // C[m,n] = A[m,k] B[k,n], `batch` independent products. Efficiency falls with wave quantization
-  // over the SMs (128x128 output tiles) and with a short k (pipeline fill); the kernel takes at
-  // least the time to stream its operands through HBM and at least min_kernel_time.
-  [[nodiscard]] double gemm_seconds(double m, double n, double k, double batch = 1, double operand_bytes = 2) const;
-  // A bandwidth-bound kernel moving `bytes` through HBM.
-  [[nodiscard]] double memory_seconds(double bytes) const;
-  // A fused (flash) attention kernel doing `flops`; backward runs at 80% of forward efficiency.
-  [[nodiscard]] double attention_seconds(double flops, bool backward) const;
-  [[nodiscard]] double peak_flops() const { return peak_; }
-
- private:
-  const GpuSpec& gpu_;
-  double peak_;
-};
 
 struct LayerSetting {
   double micro_batch = 1;   // sequences
@@ -39,7 +25,7 @@ struct LayerSetting {
   Precision precision = Precision::kBf16;
   bool dropout = false;
   AttentionKernel attention = AttentionKernel::kFlash;
-  bool fused_kernels = true;
+  Stack stack = Stack::kTrainplan;
   Recompute recompute = Recompute::kNone;
   TrainingMode mode = TrainingMode::kPretrain;
   LoraConfig lora;
@@ -48,8 +34,8 @@ struct LayerSetting {
 
 // One transformer layer, one micro-batch, one GPU. Times in seconds, FLOPs per GPU, bytes.
 struct LayerCost {
-  double forward = 0;          // forward compute (no communication)
-  double backward = 0;         // backward compute
+  double forward = 0;          // forward compute (no communication), kernel latencies included
+  double backward = 0;         // backward compute, with the micro-batch's gradient accumulation pass
   double recompute = 0;        // extra forward compute in backward (selective or full)
   double tp_comm_forward = 0;  // exposed tensor-parallel collectives
   double tp_comm_backward = 0;
@@ -58,8 +44,18 @@ struct LayerCost {
   double ep_comm = 0;          // expert-parallel all-to-all, fwd + bwd (+ recompute)
   double model_flops = 0;      // forward + backward FLOPs of the model convention (no recompute)
   double hardware_flops = 0;   // FLOPs executed, recompute included
+  double kernels = 0;          // kernel launches of forward + backward (+ recompute)
   double activation_bytes = 0;       // kept for backward with the chosen recompute
   double full_activation_bytes = 0;  // kept without recompute (live while one layer is recomputed)
+  // Freed during one layer's forward but held by the caching allocator for reuse: the largest
+  // set of temporaries alive at once (with full recompute: the whole layer forward run without
+  // a graph). Allocator slack at the backward peak.
+  double forward_transient_bytes = 0;
+  // Extra bytes alive at the peak of one layer's backward (activation and weight gradients).
+  double backward_transient_bytes = 0;
+  // The smallest tensor autograd keeps per layer (the caching allocator gives tensors under
+  // 10 MiB no segment of their own).
+  double smallest_saved_tensor_bytes = 0;
 
   [[nodiscard]] double forward_total() const { return forward + tp_comm_forward; }
   [[nodiscard]] double backward_total() const {
@@ -72,8 +68,16 @@ struct EndsCost {
   double embedding_forward = 0, embedding_backward = 0;
   double head_forward = 0, head_backward = 0;  // final norm, output GEMM, cross-entropy
   double head_model_flops = 0;
+  double kernels = 0;
   double embedding_activation_bytes = 0;
-  double head_activation_bytes = 0;  // final-norm input, logits and fp32 loss buffers
+  double head_activation_bytes = 0;        // kept from the loss forward to its backward
+  double head_forward_transient_bytes = 0; // extra alive while the loss is computed (logits, fp32 copy)
+  double head_backward_transient_bytes = 0;// extra alive at the loss backward's peak (gradients of the logits)
+  // A block freed before the loss backward's peak that its requests cannot reuse (the 16-bit
+  // logits' block when the gradients are fp32): allocator slack at that peak.
+  double head_idle_bytes = 0;
+  double largest_head_block_bytes = 0;     // the largest tensor of the loss (allocator segment size)
+  double padded_vocab = 0;                 // the output layer's rows (the stack's vocabulary padding)
 };
 
 // Mixes two layer costs: (1 - f) * a + f * b, for recomputing a fraction f of the layers.

@@ -2,9 +2,12 @@
 // HardwareProfile: one cluster kind (GPU, node, intra- and inter-node links, storage, reliability,
 // price) and the `trainplan/hwprofile/v1` JSON document. Units are converted once, on load.
 
+#include <memory>
 #include <string>
 
 #include <nlohmann/json_fwd.hpp>
+
+#include "trainplan/costmodel/kernels.hpp"
 
 #include "trainplan/costmodel/result.hpp"
 #include "trainplan/costmodel/units.hpp"
@@ -26,7 +29,10 @@ struct GpuSpec {
   double attention_efficiency = 0; // fraction of peak a fused (flash) attention kernel reaches
   double memory_efficiency = 0;    // fraction of HBM bandwidth a streaming kernel reaches
   Bytes reserved_memory;           // CUDA context, cuBLAS/NCCL workspaces: not usable for tensors
-  Seconds min_kernel_time;         // launch + tail: no kernel is shorter than this
+  Seconds min_kernel_time;         // latency of one kernel (launch, fill, tail) added to its work; `min_kernel_us`
+  // Measured kernel tables (`kernels`); null: kernel times come from the figures above.
+  std::shared_ptr<const KernelTables> kernels;
+  std::string source;              // where the figures above come from
   [[nodiscard]] FlopsPerSecond peak_for(Dtype d) const { return peak[static_cast<int>(d)]; }
 };
 
@@ -36,6 +42,7 @@ struct LinkSpec {
   int nics_per_node = 0;           // inter-node only
   double efficiency = 0;           // bus bandwidth reached by large NCCL collectives / wire rate
   Seconds latency;                 // per message hop
+  std::string source;
 };
 
 struct HardwareProfile {
@@ -53,6 +60,8 @@ struct HardwareProfile {
   double gpu_mtbf_hours = 0;              // mean time between failures of one GPU (incl. its host share)
   Seconds restart_time;                   // detect, reschedule, reload after a failure
   double price_per_gpu_hour_usd = 0;
+  // Where each section's figures come from (the documents' `source` strings), kept for writing.
+  std::string node_source, storage_source, reliability_source, price_source;
 
   // Inter-node bandwidth available to one GPU when all GPUs of a node send at once.
   [[nodiscard]] BytesPerSecond nic_bandwidth_per_gpu() const {
@@ -64,5 +73,8 @@ struct HardwareProfile {
                                                       const std::string& pointer = "");
 [[nodiscard]] Result<HardwareProfile> parse_hwprofile_text(const std::string& text, const std::string& file);
 [[nodiscard]] nlohmann::json hwprofile_to_json(const HardwareProfile& hw);
+// JSON text for people and diffs: objects one key per line, arrays of numbers or strings (and
+// arrays of such arrays' rows) on one line each.
+[[nodiscard]] std::string readable_json(const nlohmann::json& json);
 
 }  // namespace trainplan::costmodel

@@ -13,6 +13,7 @@
 #include "trainplan/costmodel/hardware.hpp"
 #include "trainplan/costmodel/model.hpp"
 #include "trainplan/costmodel/result.hpp"
+#include "trainplan/costmodel/stack.hpp"
 
 namespace trainplan::costmodel {
 
@@ -49,9 +50,9 @@ struct TrainingConfig {
   double train_tokens = 0;         // tokens to train; 0 = default (20 per parameter when pretraining)
   bool dropout = false;            // dropout layers present (stores masks, costs time)
   AttentionKernel attention = AttentionKernel::kFlash;
-  // Element-wise ops (norms, rotary, activation functions): fused kernels (Megatron, Transformer
-  // Engine, torch.compile) or one PyTorch eager kernel per op with fp32 upcasts.
-  bool fused_kernels = true;
+  // The software stack the prediction is for (stack.hpp): which kernels are fused, which tensors
+  // are kept, how the loss and the optimizer run. Default: this project's executor.
+  Stack stack = Stack::kTrainplan;
 };
 
 struct ParallelConfig {

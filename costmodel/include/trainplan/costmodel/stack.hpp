@@ -1,0 +1,76 @@
+#pragma once
+// The software stack a prediction is for. The same GEMMs and attention kernels run in every
+// stack; stacks differ in which element-wise work is fused, which tensors autograd keeps, how
+// the loss is computed, how gradients are accumulated and how the optimizer step runs. Every
+// difference is stated here, once, with its source; the layer, memory and optimizer models read
+// these fields and nothing else about the stack.
+
+#include <optional>
+#include <string>
+
+namespace trainplan::costmodel {
+
+enum class Stack {
+  kTrainplan,     // this project's executor (executor/src/model.cpp, engine.cpp)
+  kPytorchEager,  // a plain PyTorch module in eager mode (bench/eager_reference.py)
+  kTorchCompile,  // the same module under torch.compile (Inductor)
+  kMegatronTe,    // Megatron-LM / Megatron-Core with Transformer Engine
+};
+inline constexpr Stack kStacks[] = {Stack::kTrainplan, Stack::kPytorchEager, Stack::kTorchCompile, Stack::kMegatronTe};
+
+// How the loss over the vocabulary is computed.
+enum class LossKernel {
+  kFp32Copy,    // logits.float() then log_softmax + nll: an fp32 copy and an fp32 log-softmax kept
+  kFused,       // one fused kernel on the 16-bit logits: fp32 only in registers, 16-bit gradient
+  kMegatronFp32,  // Megatron's vocab-parallel cross-entropy: fp32 copy, fp32 softmax kept, gradient in place
+};
+
+// Where micro-batch gradients are summed.
+enum class GradAccumulation {
+  kFp32Buffer,     // autograd's 16-bit gradients added into an fp32 buffer per micro-batch (a pass)
+  kParamDtype,     // autograd accumulates into param.grad in the compute dtype (a pass from the 2nd)
+  kFusedInGemm,    // the weight-gradient GEMM accumulates into fp32 main_grad (no extra pass)
+};
+
+struct StackSpec {
+  Stack stack;
+  const char* name;     // "trainplan", as on the command line and in documents
+  const char* summary;  // one line for reports
+  // Norms, rotary embedding, activation function and residual adds run as fused kernels that
+  // move each tensor once (true), or as PyTorch's eager ATen ops at their measured rates.
+  bool fused_elementwise;
+  bool fused_qkv;        // Q, K and V projections as one GEMM
+  bool fused_gate_up;    // SwiGLU gate and up projections as one GEMM
+  LossKernel loss;
+  GradAccumulation grads;
+  // The optimizer's update: one fused kernel (32 bytes per parameter for mixed-precision AdamW,
+  // at the measured fused-AdamW rate), or ATen ops moving `optimizer_update_factor` times that.
+  bool fused_optimizer;
+  double optimizer_update_factor;
+  // Bytes per parameter the rest of the step moves: gradient norm, casts, the copy of the
+  // masters into the 16-bit weights, zeroing.
+  double optimizer_overhead_bytes;
+  double optimizer_kernels_per_tensor;  // launches per parameter tensor in the whole optimizer step
+  // MLP tensors autograd keeps per token, in units of the MLP width: eager SwiGLU keeps the gate
+  // and up outputs, silu(gate) and the product (4); a fused SwiGLU its two inputs and the down
+  // projection's input (3); Inductor's partitioner recomputes the product (2). GELU MLPs keep the
+  // fc1 output and the GELU output (2) in every stack.
+  double swiglu_saved;
+  // Waits for the host once per micro-batch (the executor reads the loss with .item()).
+  bool host_sync_per_micro_batch;
+  // Host time to issue one kernel: the GPU idles when its kernels are shorter (small models).
+  double host_seconds_per_kernel;
+  // The output layer's rows are padded to a multiple of this times tp (Megatron's
+  // --make-vocab-size-divisible-by 128); 1: the vocabulary as it is.
+  int vocab_pad_multiple;
+  const char* source;
+};
+
+[[nodiscard]] const StackSpec& stack_spec(Stack stack);
+[[nodiscard]] const char* stack_name(Stack stack);
+// "trainplan", "pytorch-eager", "torch-compile", "megatron-te".
+[[nodiscard]] std::optional<Stack> stack_from_name(const std::string& name);
+// "trainplan | pytorch-eager | torch-compile | megatron-te", for messages.
+[[nodiscard]] const char* stack_choices();
+
+}  // namespace trainplan::costmodel
