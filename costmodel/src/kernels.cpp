@@ -205,6 +205,37 @@ void KernelTables::prepare(int sm_count) {
     const double work = std::max(g.seconds - kernel_latency, 0.25 * g.seconds);
     prepared.gemm_points.push_back({std::log2(g.m), std::log2(g.n), std::log2(g.k), gemm_shape_work(g.m, g.n, g.k, 1, sm_count) / work});
   }
+  // Attention rates per head size and sequence length (samples of one shape averaged).
+  for (std::size_t i = 0; i < attention.size();) {
+    const double hd = attention[i].head_dim;
+    if (prepared.attention_head_dims.empty() || prepared.attention_head_dims.back() != hd) {
+      prepared.attention_head_dims.push_back(hd);
+      prepared.attention_seqs.emplace_back();
+      prepared.attention_forward_rate.emplace_back();
+      prepared.attention_backward_rate.emplace_back();
+    }
+    const double seq = attention[i].seq_len;
+    double forward = 0, backward = 0;
+    int count = 0;
+    for (; i < attention.size() && attention[i].head_dim == hd && attention[i].seq_len == seq; ++i) {
+      const AttentionSample& a = attention[i];
+      const double flops = 4.0 * a.batch * a.heads * a.seq_len * a.seq_len * a.head_dim * (attention_causal ? 0.5 : 1.0);
+      forward += flops / std::max(a.forward_seconds - kernel_latency, 0.25 * a.forward_seconds);
+      backward += 2.5 * flops / std::max(a.backward_seconds - kernel_latency, 0.25 * a.backward_seconds);
+      ++count;
+    }
+    prepared.attention_seqs.back().push_back(seq);
+    prepared.attention_forward_rate.back().push_back(forward / count);
+    prepared.attention_backward_rate.back().push_back(backward / count);
+  }
+  for (const ElementwiseOpInfo& info : kOps) {
+    const auto index = static_cast<std::size_t>(info.op);
+    for (const ElementwiseSample& e : elementwise[index]) {
+      prepared.op_elements[index].push_back(e.elements);
+      prepared.op_forward[index].push_back(std::max(e.forward_seconds - info.forward_kernels * kernel_latency, 0.25 * e.forward_seconds) / e.elements);
+      prepared.op_backward[index].push_back(std::max(e.backward_seconds - info.backward_kernels * kernel_latency, 0.25 * e.backward_seconds) / e.elements);
+    }
+  }
   if (prepared.gemm_points.empty() || unaligned.empty()) return;
   double log_sum = 0;
   for (const GemmSample* g : unaligned) {
@@ -319,51 +350,26 @@ double KernelRates::gemm(double m, double n, double k, double batch, double oper
 }
 
 double KernelRates::attention_rate(double s, double d, bool backward) const {
-  // Rate (FLOP/s, forward FLOPs convention below) per head size, interpolated in log seq_len,
-  // then between the two head sizes around d in log d.
-  const auto& rows = tables_->attention;
-  std::vector<double> head_dims;
-  for (const auto& a : rows) {
-    if (head_dims.empty() || head_dims.back() != a.head_dim) head_dims.push_back(a.head_dim);
+  // Per head size interpolated in log seq_len, then between head sizes in log d, clamped.
+  const auto& p = tables_->prepared;
+  std::vector<double> per_dim(p.attention_head_dims.size());
+  for (std::size_t i = 0; i < per_dim.size(); ++i) {
+    per_dim[i] = interpolate_log(p.attention_seqs[i], backward ? p.attention_backward_rate[i] : p.attention_forward_rate[i], s);
   }
-  const auto rate_at = [&](double hd) {
-    std::vector<double> seqs, rates;
-    for (std::size_t i = 0; i < rows.size();) {
-      if (rows[i].head_dim != hd) {
-        ++i;
-        continue;
-      }
-      const double seq = rows[i].seq_len;
-      double sum = 0;
-      int count = 0;
-      for (; i < rows.size() && rows[i].head_dim == hd && rows[i].seq_len == seq; ++i) {
-        const auto& a = rows[i];
-        const double flops = 4.0 * a.batch * a.heads * a.seq_len * a.seq_len * a.head_dim * (tables_->attention_causal ? 0.5 : 1.0);
-        const double seconds = backward ? a.backward_seconds : a.forward_seconds;
-        sum += (backward ? 2.5 : 1.0) * flops / std::max(seconds - latency_, 0.25 * seconds);
-        ++count;
-      }
-      seqs.push_back(seq);
-      rates.push_back(sum / count);
-    }
-    return interpolate_log(seqs, rates, s);
-  };
-  std::vector<double> per_dim;
-  for (double hd : head_dims) per_dim.push_back(rate_at(hd));
-  return interpolate_log(head_dims, per_dim, d) * table_scale_;
+  return interpolate_log(p.attention_head_dims, per_dim, d) * table_scale_;
 }
 
 double KernelRates::attention_forward(double batch_heads, double s_q, double s_k, double d, bool causal) const {
   if (batch_heads <= 0 || s_q <= 0 || s_k <= 0) return 0.0;
   const double flops = 4.0 * batch_heads * s_q * s_k * d * (causal ? 0.5 : 1.0);
-  if (tables_ != nullptr && !tables_->attention.empty()) return latency_ + flops / attention_rate(s_q, d, false);
+  if (tables_ != nullptr && !tables_->prepared.attention_head_dims.empty()) return latency_ + flops / attention_rate(s_q, d, false);
   return latency_ + flops / (peak_ * gpu_.attention_efficiency);
 }
 
 double KernelRates::attention_backward(double batch_heads, double s_q, double s_k, double d, bool causal) const {
   if (batch_heads <= 0 || s_q <= 0 || s_k <= 0) return 0.0;
   const double flops = 2.5 * 4.0 * batch_heads * s_q * s_k * d * (causal ? 0.5 : 1.0);
-  if (tables_ != nullptr && !tables_->attention.empty()) return latency_ + flops / attention_rate(s_q, d, true);
+  if (tables_ != nullptr && !tables_->prepared.attention_head_dims.empty()) return latency_ + flops / attention_rate(s_q, d, true);
   return latency_ + flops / (peak_ * gpu_.attention_efficiency * 0.8);
 }
 
@@ -378,14 +384,10 @@ double KernelRates::op(ElementwiseOp op, double elements, bool backward, double 
   const int kernels = backward ? info.backward_kernels : info.forward_kernels;
   const double width = element_bytes / 2.0;  // the tables and effective bytes are for bf16 data
   if (tables_ != nullptr) {
-    const auto& rows = tables_->elementwise[static_cast<std::size_t>(op)];
-    if (!rows.empty()) {
-      std::vector<double> xs, per_element;
-      for (const auto& s : rows) {
-        const double seconds = backward ? s.backward_seconds : s.forward_seconds;
-        xs.push_back(s.elements);
-        per_element.push_back(std::max(seconds - kernels * latency_, 0.25 * seconds) / s.elements);
-      }
+    const auto index = static_cast<std::size_t>(op);
+    const auto& xs = tables_->prepared.op_elements[index];
+    if (!xs.empty()) {
+      const auto& per_element = backward ? tables_->prepared.op_backward[index] : tables_->prepared.op_forward[index];
       return kernels * latency_ + elements * width * interpolate_log(xs, per_element, elements);
     }
   }

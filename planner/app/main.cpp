@@ -11,6 +11,7 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <string>
 
 #include <CLI/CLI.hpp>
@@ -206,7 +207,8 @@ int main(int argc, char** argv) {
   app.require_subcommand(0, 1);
 
   std::string model = "70b", cluster, seq_len_text, batch_tokens_text, train_tokens_text, format = "text", save_plan, objective = "throughput";
-  std::string precision = "bf16", optimizer = "adamw", mode = "pretrain", attention = "flash";
+  std::string precision = "bf16", optimizer = "adamw", mode = "pretrain", attention = "flash", stack;
+  double memory_headroom_percent = 100 * cm::kDefaultMemoryHeadroom;
   int gpus = 0, lora_rank = 16, top = 10;
   long long global_batch = 0;
   bool dropout = false, quiet = false;
@@ -224,6 +226,11 @@ int main(int argc, char** argv) {
   app.add_option("--lora-rank", lora_rank, "LoRA rank")->check(CLI::Range(1, 65536))->capture_default_str();
   app.add_option("--attention", attention, "flash | standard (materialised scores)")->check(CLI::IsMember({"flash", "standard"}))->capture_default_str();
   app.add_flag("--dropout", dropout, "Model has dropout layers");
+  const std::string stack_help = std::string("Software stack to predict for: ") + cm::stack_choices() + " (default trainplan, this project's executor)";
+  const std::string headroom_help = "Percent of HBM kept free: plans needing more are \"tight\", ranked after the others (default " +
+                                    std::to_string(static_cast<int>(100 * cm::kDefaultMemoryHeadroom)) + ", twice the largest memory error on the measured H100 runs)";
+  app.add_option("--stack", stack, stack_help);
+  app.add_option("--memory-headroom", memory_headroom_percent, headroom_help)->check(CLI::Range(0.0, 50.0));
   app.add_option("--fix", fixes, "Fix a parallel setting, e.g. --fix tp=8 --fix pp=4 --fix recompute=full");
   app.add_option("--objective", objective, "throughput | time | cost")->check(CLI::IsMember({"throughput", "time", "cost"}))->capture_default_str();
   app.add_option("--top", top, "Plans to list")->check(CLI::Range(1, 1000))->capture_default_str();
@@ -235,11 +242,15 @@ int main(int argc, char** argv) {
   std::string plan_file;
   evaluate_cmd->add_option("plan", plan_file, "Plan JSON file")->required();
   evaluate_cmd->add_option("--format", format, "text | json | csv | md | html")->check(CLI::IsMember({"text", "json", "csv", "md", "html"}));
+  evaluate_cmd->add_option("--stack", stack, stack_help + "; overrides the plan's training.stack");
+  evaluate_cmd->add_option("--memory-headroom", memory_headroom_percent, headroom_help)->check(CLI::Range(0.0, 50.0));
   CLI::App* search_cmd = app.add_subcommand("search", "Search the open (\"auto\") fields of a plan file");
   search_cmd->add_option("plan", plan_file, "Plan JSON file")->required();
   search_cmd->add_option("--format", format, "text | json | csv | md | html")->check(CLI::IsMember({"text", "json", "csv", "md", "html"}));
   search_cmd->add_option("--save-plan", save_plan, "Write the recommended plan to this file");
   search_cmd->add_option("--top", top, "Plans to list")->check(CLI::Range(1, 1000));
+  search_cmd->add_option("--stack", stack, stack_help + "; overrides the plan's training.stack");
+  search_cmd->add_option("--memory-headroom", memory_headroom_percent, headroom_help)->check(CLI::Range(0.0, 50.0));
   CLI::App* compare_cmd = app.add_subcommand("compare", "Compare an estimate with a measurement the executor wrote");
   std::string estimate_file, measurement_file;
   compare_cmd->add_option("estimate", estimate_file, "trainplan/estimate/v1 file (planner evaluate --format json) or a fixed plan file")->required();
@@ -300,6 +311,12 @@ int main(int argc, char** argv) {
   const pl::Format fmt = parse_format(format);
   pl::ReportContext ctx;
   ctx.command = join_args(argc, argv);
+  ctx.memory_headroom = memory_headroom_percent / 100.0;
+  std::optional<cm::Stack> stack_choice;
+  if (!stack.empty()) {
+    stack_choice = cm::stack_from_name(stack);
+    if (!stack_choice) return fail("--stack: must be one of " + std::string(cm::stack_choices()) + " (got \"" + stack + "\")");
+  }
 
   if (app.got_subcommand("compare")) return compare_files(estimate_file, measurement_file, fmt);
   if (app.got_subcommand("profile")) {
@@ -318,12 +335,17 @@ int main(int argc, char** argv) {
   if (app.got_subcommand("run")) return run_plan(plan_file, local, executor_search, measurement_file, fmt);
 
   if (app.got_subcommand("evaluate")) {
-    auto req = cm::load_plan_file(plan_file);
-    if (!req) return fail(req.error().message);
+    auto loaded = cm::load_plan_file(plan_file);
+    if (!loaded) return fail(loaded.error().message);
+    cm::PlanRequest fixed_request = std::move(loaded).value();
+    auto* req = &fixed_request;
     // Unset fields take their documented defaults (tp=pp=cp=ep=1, dp = the rest, zero 0, ...).
+    if (stack_choice) req->training.stack = *stack_choice;
     auto plan = cm::plan_with_defaults(*req);
     if (!plan) return fail(plan_file + ": " + plan.error().message);
-    auto cand = pl::evaluate(*plan);
+    cm::EstimateOptions estimate_options;
+    estimate_options.memory_headroom = ctx.memory_headroom;
+    auto cand = pl::evaluate(*plan, estimate_options);
     if (!cand) return fail(plan_file + ": " + cand.error().message);
     std::cout << pl::render_evaluation(*cand, ctx, fmt);
     return cand->estimate.fits ? 0 : kExitNoFit;
@@ -334,6 +356,7 @@ int main(int argc, char** argv) {
     auto loaded = cm::load_plan_file(plan_file);
     if (!loaded) return fail(loaded.error().message);
     req = std::move(loaded).value();
+    if (stack_choice) req.training.stack = *stack_choice;
   } else {
     if (gpus <= 0) return fail("--gpus: must be a positive number of GPUs (e.g. --gpus 64)");
     auto m = cm::find_model(model);
@@ -363,6 +386,7 @@ int main(int argc, char** argv) {
     t.lora.rank = lora_rank;
     t.dropout = dropout;
     t.attention = attention == "standard" ? cm::AttentionKernel::kStandard : cm::AttentionKernel::kFlash;
+    if (stack_choice) t.stack = *stack_choice;
     if (t.seq_len == 0) t.seq_len = req.model.max_seq_len;
     constexpr long long kMaxGlobalBatch = 1LL << 32;  // as in plan files
     if (app.count("--global-batch") > 0 && (global_batch <= 0 || global_batch > kMaxGlobalBatch)) {
@@ -397,6 +421,7 @@ int main(int argc, char** argv) {
 
   pl::SearchOptions options;
   options.top = top;
+  options.memory_headroom = ctx.memory_headroom;
   options.objective = objective == "cost" ? pl::Objective::kCost : objective == "time" ? pl::Objective::kTime : pl::Objective::kThroughput;
   const bool show_progress = !quiet && fmt == pl::Format::kText && isatty(fileno(stderr));
   if (show_progress) {

@@ -84,6 +84,10 @@ std::string training_line(const TrainingConfig& t, const std::string& tokens_not
   return s;
 }
 
+std::string stack_line(const TrainingConfig& t) {
+  return std::string(stack_name(t.stack)) + ": " + stack_spec(t.stack).summary + " [choose with --stack]";
+}
+
 Row ranked_row(int rank, const Candidate& c) {
   const auto& p = c.plan.parallel;
   const auto& e = c.estimate;
@@ -91,7 +95,7 @@ Row ranked_row(int rank, const Candidate& c) {
               std::to_string(p.ep), std::to_string(p.zero_stage) + (p.shard_group ? fmt("/h%d", p.shard_group) : ""),
               std::to_string(p.micro_batch), std::to_string(e.micro_batches), recompute_name(p.recompute),
               p.pp == 1 ? "-" : (p.virtual_stages > 1 ? fmt("int.v%d", p.virtual_stages) : schedule_name(p.schedule)),
-              fmt("%.1f / %.0f", gib(e.memory.total), gib(e.memory.capacity)), fmt("%.2f", e.time.step.value()),
+              fmt("%.1f / %.0f%s", gib(e.memory.required), gib(e.memory.capacity), e.tight ? " tight" : ""), fmt("%.2f", e.time.step.value()),
               si(e.throughput.tokens_per_second), fmt("%.1f%%", 100 * e.throughput.mfu),
               fmt("%.1f", e.run.wall_time.in_days()), si(e.run.gpu_hours)}};
 }
@@ -106,13 +110,17 @@ std::string memory_table(const Estimate& e, bool md) {
   const auto add = [&](const char* name, Bytes b, const std::string& note) {
     rows.push_back(Row{{name, fmt("%.2f", gib(b)), fmt("%.0f%%", 100 * b.value() / m.capacity.value()), note}});
   };
+  const char* verdict = !e.fits ? "DOES NOT FIT" : e.tight ? "fits, but tight (within the memory headroom)" : "fits";
   add("weights", m.weights, "");
   add("gradients", m.gradients, "");
   add("optimizer states", m.optimizer, "incl. fp32 master weights");
-  add("activations", m.activations, fmt("%.2g micro-batches in flight", m.micro_batches_in_flight));
-  add("comm buffers", m.buffers, "");
-  add("overhead", m.overhead, "CUDA context, workspaces, fragmentation");
-  add("total", m.total, e.fits ? "fits" : "DOES NOT FIT");
+  add("activations", m.activations, fmt("peak; %.2g micro-batches in flight, logits and gradients included", m.micro_batches_in_flight));
+  add("comm buffers, workspaces", m.buffers, "");
+  add("= allocated", m.total, "peak of the tensors alive at once");
+  add("allocator cache", m.reserved - m.total, "freed blocks PyTorch's caching allocator keeps");
+  add("= reserved", m.reserved, "");
+  add("CUDA context", m.overhead, "and workspaces outside the allocator");
+  add("= required", m.required, verdict);
   add("capacity", m.capacity, "");
   return table({"memory per GPU" + std::string(e.pipeline.stages > 1 ? fmt(" (stage %d)", m.worst_stage) : ""), "GiB", "of HBM", ""},
                rows, md, {false, true, true, false});
@@ -156,13 +164,14 @@ std::string why_line(const Candidate& best, const SearchResult& result) {
   const auto& e = best.estimate;
   std::string s = fmt("highest throughput of the %lld plans that fit (of %lld evaluated): %s tokens/s, MFU %.1f%%, %.1f of %.0f GiB per GPU.",
                       static_cast<long long>(result.fitting), static_cast<long long>(result.evaluated),
-                      si(e.throughput.tokens_per_second).c_str(), 100 * e.throughput.mfu, gib(e.memory.total), gib(e.memory.capacity));
+                      si(e.throughput.tokens_per_second).c_str(), 100 * e.throughput.mfu, gib(e.memory.required), gib(e.memory.capacity));
   if (result.ranked.size() > 1) {
     const auto& second = result.ranked[1].estimate;
     s += fmt(" The runner-up is %.1f%% slower.", 100 * (e.throughput.tokens_per_second / second.throughput.tokens_per_second - 1));
   }
   const auto& p = best.plan.parallel;
   s += fmt(" Sharding: %s.", sharding_name(p));
+  if (e.tight) s += " Tight: no plan keeps the memory headroom, so this one may run out of memory; " + e.reasons.front() + ".";
   return s;
 }
 
@@ -194,11 +203,12 @@ std::string render_evaluation(const Candidate& c, const ReportContext& ctx, Form
   if (format == Format::kJson) return estimate_to_json(plan, e).dump(2) + "\n";
   if (format == Format::kCsv) {
     std::ostringstream out;
-    out << "fits,tp,pp,dp,cp,ep,zero_stage,micro_batch,micro_batches,recompute,schedule,virtual_stages,memory_total_bytes,capacity_bytes,step_seconds,tokens_per_second,mfu,hfu,wall_days,gpu_hours,cost_usd\n";
+    out << "stack,fits,tight,tp,pp,dp,cp,ep,zero_stage,micro_batch,micro_batches,recompute,schedule,virtual_stages,memory_total_bytes,memory_reserved_bytes,memory_required_bytes,capacity_bytes,step_seconds,tokens_per_second,mfu,hfu,wall_days,gpu_hours,cost_usd\n";
     const auto& p = plan.parallel;
-    out << (e.fits ? "true" : "false") << "," << p.tp << "," << p.pp << "," << p.dp << "," << p.cp << "," << p.ep << "," << p.zero_stage
+    out << stack_name(plan.training.stack) << "," << (e.fits ? "true" : "false") << "," << (e.tight ? "true" : "false") << "," << p.tp << "," << p.pp << "," << p.dp << "," << p.cp << "," << p.ep << "," << p.zero_stage
         << "," << p.micro_batch << "," << e.micro_batches << "," << recompute_name(p.recompute) << "," << schedule_name(p.schedule) << ","
-        << p.virtual_stages << "," << e.memory.total.value() << "," << e.memory.capacity.value() << "," << e.time.step.value() << ","
+        << p.virtual_stages << "," << e.memory.total.value() << "," << e.memory.reserved.value() << "," << e.memory.required.value() << ","
+        << e.memory.capacity.value() << "," << e.time.step.value() << ","
         << e.throughput.tokens_per_second << "," << e.throughput.mfu << "," << e.throughput.hfu << "," << e.run.wall_time.in_days() << ","
         << e.run.gpu_hours << "," << e.run.cost_usd << "\n";
     return out.str();
@@ -209,9 +219,10 @@ std::string render_evaluation(const Candidate& c, const ReportContext& ctx, Form
   out << (md ? "- " : "") << "Model     " << model_line(plan.model) << "\n";
   out << (md ? "- " : "") << "Cluster   " << cluster_line(plan.cluster, plan.gpus, false) << "\n";
   out << (md ? "- " : "") << "Training  " << training_line(plan.training, ctx.train_tokens_note) << "\n";
+  out << (md ? "- " : "") << "Stack     " << stack_line(plan.training) << "\n";
   out << (md ? "- " : "") << "Plan      " << plan_line(plan.parallel) << "\n\n";
-  if (!e.fits) {
-    out << "DOES NOT FIT:\n";
+  if (!e.fits || e.tight) {
+    out << (e.fits ? "TIGHT:\n" : "DOES NOT FIT:\n");
     for (const auto& r : e.reasons) out << "  " << r << "\n";
     out << "\n";
   }
@@ -254,14 +265,15 @@ std::string render_search(const PlanRequest& req, const SearchResult& result, co
   }
   if (format == Format::kCsv) {
     std::ostringstream out;
-    out << "rank,tp,pp,dp,cp,ep,zero_stage,shard_group,micro_batch,micro_batches,recompute,schedule,virtual_stages,memory_total_bytes,capacity_bytes,step_seconds,tokens_per_second,tokens_per_second_per_gpu,mfu,hfu,wall_days,gpu_hours,cost_usd\n";
+    out << "rank,stack,tight,tp,pp,dp,cp,ep,zero_stage,shard_group,micro_batch,micro_batches,recompute,schedule,virtual_stages,memory_total_bytes,memory_reserved_bytes,memory_required_bytes,capacity_bytes,step_seconds,tokens_per_second,tokens_per_second_per_gpu,mfu,hfu,wall_days,gpu_hours,cost_usd\n";
     int rank = 1;
     for (const auto& c : result.ranked) {
       const auto& p = c.plan.parallel;
       const auto& e = c.estimate;
-      out << rank++ << "," << p.tp << "," << p.pp << "," << p.dp << "," << p.cp << "," << p.ep << "," << p.zero_stage << "," << p.shard_group
+      out << rank++ << "," << stack_name(c.plan.training.stack) << "," << (e.tight ? "true" : "false") << "," << p.tp << "," << p.pp << "," << p.dp << "," << p.cp << "," << p.ep << "," << p.zero_stage << "," << p.shard_group
           << "," << p.micro_batch << "," << e.micro_batches << "," << recompute_name(p.recompute) << "," << schedule_name(p.schedule) << ","
-          << p.virtual_stages << "," << e.memory.total.value() << "," << e.memory.capacity.value() << "," << e.time.step.value() << ","
+          << p.virtual_stages << "," << e.memory.total.value() << "," << e.memory.reserved.value() << "," << e.memory.required.value() << ","
+          << e.memory.capacity.value() << "," << e.time.step.value() << ","
           << e.throughput.tokens_per_second << "," << e.throughput.tokens_per_second_per_gpu << "," << e.throughput.mfu << ","
           << e.throughput.hfu << "," << e.run.wall_time.in_days() << "," << e.run.gpu_hours << "," << e.run.cost_usd << "\n";
     }
@@ -275,6 +287,7 @@ std::string render_search(const PlanRequest& req, const SearchResult& result, co
   out << li << "Model     " << model_line(req.model) << "\n";
   out << li << "Cluster   " << cluster_line(req.cluster, req.gpus, ctx.default_cluster) << "\n";
   out << li << "Training  " << training_line(req.training, ctx.train_tokens_note) << "\n";
+  out << li << "Stack     " << stack_line(req.training) << "\n";
   out << li << fmt("Searched  %s plans in %.3f s (%s plans/s); %s fit in memory", si(static_cast<double>(result.evaluated)).c_str(),
                    result.seconds, si(result.evaluated / std::max(result.seconds, 1e-9)).c_str(), si(static_cast<double>(result.fitting)).c_str());
   out << (result.offload_considered ? "; nothing fit without optimizer offload, so CPU offload was searched too" : "") << "\n\n";
@@ -299,7 +312,9 @@ std::string render_search(const PlanRequest& req, const SearchResult& result, co
   int rank = 1;
   for (const auto& c : result.ranked) rows.push_back(ranked_row(rank++, c));
   out << table(kRankedHeader, rows, md, kRankedRight) << "\n";
-  out << "  GA = micro-batches per step (gradient accumulation); ZeRO 3/hN = hybrid shard over N; days and GPU-hours include checkpoints and failures.\n\n";
+  out << fmt("  GA = micro-batches per step (gradient accumulation); ZeRO 3/hN = hybrid shard over N; GiB/GPU = memory required (allocator reserve + CUDA "
+             "context), \"tight\" = within the %.0f%% memory headroom (--memory-headroom), ranked after plans with room; days and GPU-hours include "
+             "checkpoints and failures.\n\n", 100 * ctx.memory_headroom);
 
   out << h2 << "Where the memory and time go (recommended plan)\n\n" << (md ? "```\n" : "");
   out << memory_table(best->estimate, false) << "\n" << time_table(best->estimate, false) << (md ? "```\n" : "") << "\n";

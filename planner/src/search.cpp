@@ -34,10 +34,10 @@ double objective_score(const Estimate& e, Objective objective) {
   return 0;
 }
 
-Result<Candidate> evaluate(const Plan& plan) {
+Result<Candidate> evaluate(const Plan& plan, const EstimateOptions& options) {
   auto valid = validate_plan(plan);
   if (!valid) return valid.error();
-  return Candidate{plan, estimate(plan)};
+  return Candidate{plan, estimate(plan, options)};
 }
 
 Result<Plan> fixed_plan(const PlanRequest& request, const std::string& file) {
@@ -91,9 +91,11 @@ auto layout_key(const ParallelConfig& p) {
                          p.micro_batch);
 }
 
-// The ranking: the objective's score, ties broken by the layout, so that the ranking is one total
-// order and does not depend on how the search was split over threads.
+// The ranking: plans with memory to spare before tight ones, then the objective's score, ties
+// broken by the layout, so that the ranking is one total order and does not depend on how the
+// search was split over threads.
 bool ranked_before(const Candidate& a, const Candidate& b, Objective objective) {
+  if (a.estimate.tight != b.estimate.tight) return !a.estimate.tight;
   const double sa = objective_score(a.estimate, objective), sb = objective_score(b.estimate, objective);
   if (sa != sb) return sa < sb;
   return layout_key(a.plan.parallel) < layout_key(b.plan.parallel);
@@ -158,16 +160,19 @@ Result<SearchResult> search(const PlanRequest& req, const SearchOptions& options
     std::int64_t evaluated = 0, fitting_count = 0;
   };
   using Shapes = std::map<std::string, Candidate>;
+  EstimateOptions estimate_options;
+  estimate_options.memory_headroom = options.memory_headroom;
   const auto ranks_before = [&](const Candidate& a, const Candidate& b) { return ranked_before(a, b, options.objective); };
 
   const auto consider = [&](Partial& part, Shapes& shapes, const Plan& plan) {
     ++part.evaluated;
-    Estimate e = estimate(plan);
+    Estimate e = estimate(plan, estimate_options);
     const std::string shape = shape_of(plan.parallel);
     auto it = shapes.find(shape);
     const auto better = [&](const Estimate& a, const Estimate& b) {
       if (a.fits != b.fits) return a.fits;
-      if (!a.fits) return a.memory.total < b.memory.total;
+      if (!a.fits) return a.memory.required < b.memory.required;
+      if (a.tight != b.tight) return !a.tight;
       return objective_score(a, options.objective) < objective_score(b, options.objective);
     };
     if (it == shapes.end()) shapes.emplace(shape, Candidate{plan, e});
@@ -334,13 +339,14 @@ Result<SearchResult> search(const PlanRequest& req, const SearchOptions& options
   for (auto& [shape, cand] : best_by_shape) {
     if (best && shape == shape_of(best->plan.parallel)) continue;
     Alternative alt{cand, shape, ""};
-    if (!cand.estimate.fits) alt.reason = cand.estimate.reasons.empty() ? "does not fit" : cand.estimate.reasons.front();
+    if (!cand.estimate.fits || cand.estimate.tight) alt.reason = cand.estimate.reasons.empty() ? "does not fit" : cand.estimate.reasons.front();
     else if (best) alt.reason = slower_reason(cand.estimate, best->estimate);
     result.alternatives.push_back(std::move(alt));
   }
   std::sort(result.alternatives.begin(), result.alternatives.end(), [&](const Alternative& a, const Alternative& b) {
     if (a.candidate.estimate.fits != b.candidate.estimate.fits) return a.candidate.estimate.fits;
-    if (!a.candidate.estimate.fits) return a.candidate.estimate.memory.total < b.candidate.estimate.memory.total;
+    if (!a.candidate.estimate.fits) return a.candidate.estimate.memory.required < b.candidate.estimate.memory.required;
+    if (a.candidate.estimate.tight != b.candidate.estimate.tight) return !a.candidate.estimate.tight;
     return objective_score(a.candidate.estimate, options.objective) < objective_score(b.candidate.estimate, options.objective);
   });
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();

@@ -111,7 +111,7 @@ struct Estimate {
 // of the predicted peak reserved memory against the measured H100 runs (tests/data/
 // h100-llama3.2-1b, README "Accuracy"), rounded up to a whole percent. A plan that needs more
 // than (1 - headroom) x capacity is "tight".
-inline constexpr double kDefaultMemoryHeadroom = 0.03;
+inline constexpr double kDefaultMemoryHeadroom = 0.02;
 
 struct EstimateOptions {
   double memory_headroom = kDefaultMemoryHeadroom;  // fraction of HBM capacity, 0 <= x < 1

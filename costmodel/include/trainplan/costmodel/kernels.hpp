@@ -90,6 +90,12 @@ struct KernelTables {
     int sm_count = 0;
     std::vector<std::array<double, 4>> gemm_points;
     double unaligned_factor = 1;
+    // Attention: head sizes, and per head size the sequence lengths and the forward and backward
+    // rates (FLOP/s, forward FLOPs x 1 and x 2.5) after the kernel latency.
+    std::vector<double> attention_head_dims;
+    std::vector<std::vector<double>> attention_seqs, attention_forward_rate, attention_backward_rate;
+    // Element-wise ops: sizes and seconds per element after the latency of their kernels.
+    std::array<std::vector<double>, kElementwiseOpCount> op_elements, op_forward, op_backward;
   };
   Prepared prepared;
 };

@@ -18,6 +18,7 @@ struct ReportContext {
   bool default_cluster = false; // the user gave no --cluster
   std::string train_tokens_note;  // "20 tokens per parameter (default)"
   std::string plan_path;        // where --save-plan wrote the recommended plan, if anywhere
+  double memory_headroom = costmodel::kDefaultMemoryHeadroom;  // fraction of HBM capacity the search kept
 };
 
 [[nodiscard]] std::string render_search(const costmodel::PlanRequest& request, const SearchResult& result,

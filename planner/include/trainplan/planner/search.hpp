@@ -35,6 +35,9 @@ struct SearchOptions {
   // Asked as often as `progress` is called; when it returns true the search stops and returns the
   // error kSearchStopped. Optional. Lets an interactive caller drop a search whose inputs changed.
   std::function<bool()> should_stop;
+  // Plans needing more than (1 - memory_headroom) x HBM capacity are "tight": they fit, but are
+  // ranked after every plan with room (costmodel::EstimateOptions).
+  double memory_headroom = costmodel::kDefaultMemoryHeadroom;
 };
 
 // The message of the error a search stopped by SearchOptions::should_stop returns.
@@ -53,7 +56,7 @@ struct Alternative {
 };
 
 struct SearchResult {
-  std::vector<Candidate> ranked;          // fitting plans, best first (at most options.top)
+  std::vector<Candidate> ranked;          // fitting plans, best first, tight ones after the others (at most options.top)
   std::vector<Alternative> alternatives;  // other shapes, best first
   std::int64_t evaluated = 0;             // plans estimated
   std::int64_t fitting = 0;               // plans that fit
@@ -66,7 +69,7 @@ struct SearchResult {
 [[nodiscard]] costmodel::Result<SearchResult> search(const costmodel::PlanRequest& request, const SearchOptions& options = {});
 
 // Estimates one fixed plan, after validate_plan.
-[[nodiscard]] costmodel::Result<Candidate> evaluate(const costmodel::Plan& plan);
+[[nodiscard]] costmodel::Result<Candidate> evaluate(const costmodel::Plan& plan, const costmodel::EstimateOptions& options = {});
 
 // The runnable plan of a request read from `file`: its layout (costmodel::unset_layout_fields)
 // must be fixed, other open fields take costmodel::plan_with_defaults' defaults, the same rule
