@@ -1,8 +1,10 @@
 // planner: searches every valid parallel plan for a model on a cluster and recommends one;
 // `evaluate` estimates one fixed plan; `compare` sets an estimate beside a measurement; `launch`
 // prints the SLURM script or torchrun command that runs a plan; `run` runs it here on CPU ranks;
-// `models` and `hardware` list the presets.
-// Exit codes: 0 success, 1 no plan fits, 2 bad input, 3 the run failed (`run`).
+// `validate` predicts every published table and given measurement, row by row; `models` and
+// `hardware` list the presets.
+// Exit codes: 0 success, 1 no plan fits (for a published configuration too), 2 bad input, 3 the
+// run failed (`run`).
 
 #include <cmath>
 #include <unistd.h>
@@ -12,6 +14,7 @@
 #include <iostream>
 #include <map>
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -23,6 +26,7 @@
 #include "trainplan/planner/local_run.hpp"
 #include "trainplan/planner/report.hpp"
 #include "trainplan/planner/search.hpp"
+#include "trainplan/planner/validate.hpp"
 
 namespace cm = trainplan::costmodel;
 namespace pl = trainplan::planner;
@@ -166,6 +170,26 @@ int run_plan(const std::string& plan_file, pl::LocalRunOptions options, const pl
   return 0;
 }
 
+// Prints every published table and each measurement predicted against what it holds. Bad
+// measurements are bad input (2); a published configuration no plan fits any more is 1.
+int validate(const std::vector<std::string>& measurement_files, pl::Format format) {
+  std::vector<pl::ValidationTable> measured;
+  for (const std::string& file : measurement_files) {
+    auto table = pl::validate_measurement_file(file);
+    if (!table) return fail(table.error().message);
+    measured.push_back(std::move(table).value());
+  }
+  auto tables = pl::validate_published();
+  if (!tables) {
+    std::cerr << "planner: error: " << tables.error().message << "\n";
+    return kExitNoFit;
+  }
+  std::vector<pl::ValidationTable> all = std::move(tables).value();
+  for (auto& table : measured) all.push_back(std::move(table));
+  std::cout << pl::render_validation(all, format);
+  return 0;
+}
+
 std::string environment(const char* name) {
   const char* value = std::getenv(name);
   return value ? value : "";
@@ -246,6 +270,10 @@ int main(int argc, char** argv) {
   run_cmd->add_option("executor_args", local.extra_args, "After --: more arguments for the executor");
   CLI::App* trace_cmd = app.add_subcommand("trace", "Write a measurement's trace as Chrome trace-event JSON (ui.perfetto.dev)");
   trace_cmd->add_option("measurement", measurement_file, "trainplan/measurement/v1 file")->required();
+  CLI::App* validate_cmd = app.add_subcommand("validate", "Predict every published table (tests/data) and each measurement given, row by row, with MAPE per table");
+  std::vector<std::string> validate_files;
+  validate_cmd->add_option("measurements", validate_files, "trainplan/measurement/v1 files (0 or more)");
+  validate_cmd->add_option("--format", format, "text | json | md")->check(CLI::IsMember({"text", "json", "md"}));
   app.add_subcommand("models", "List model presets");
   app.add_subcommand("hardware", "List cluster presets");
 
@@ -267,6 +295,7 @@ int main(int argc, char** argv) {
 
   if (app.got_subcommand("compare")) return compare_files(estimate_file, measurement_file, fmt);
   if (app.got_subcommand("trace")) return write_chrome_trace(measurement_file);
+  if (app.got_subcommand("validate")) return validate(validate_files, fmt);
   const pl::ExecutorSearch executor_search{executor, environment("TRAINPLAN_EXECUTOR"), pl::own_binary_dir(argv[0]), environment("PATH")};
   if (app.got_subcommand("launch")) {
     launch.executor = pl::executor_for_launch(executor_search);
