@@ -1,8 +1,10 @@
 // planner: searches every valid parallel plan for a model on a cluster and recommends one;
 // `evaluate` estimates one fixed plan; `compare` sets an estimate beside a measurement; `launch`
 // prints the SLURM script or torchrun command that runs a plan; `run` runs it here on CPU ranks;
-// `models` and `hardware` list the presets.
-// Exit codes: 0 success, 1 no plan fits, 2 bad input, 3 the run failed (`run`).
+// `validate` predicts every published table and given measurement, row by row; `models` and
+// `hardware` list the presets.
+// Exit codes: 0 success, 1 no plan fits (for a published configuration too), 2 bad input, 3 the
+// run failed (`run`).
 
 #include <cmath>
 #include <unistd.h>
@@ -13,6 +15,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -25,6 +28,7 @@
 #include "trainplan/planner/profile.hpp"
 #include "trainplan/planner/report.hpp"
 #include "trainplan/planner/search.hpp"
+#include "trainplan/planner/validate.hpp"
 
 namespace cm = trainplan::costmodel;
 namespace pl = trainplan::planner;
@@ -195,6 +199,26 @@ int import_profile(const std::vector<std::string>& csv_files, const std::string&
   return 0;
 }
 
+// Prints every published table and each measurement predicted against what it holds. Bad
+// measurements are bad input (2); a published configuration no plan fits any more is 1.
+int validate(const std::vector<std::string>& measurement_files, pl::Format format) {
+  std::vector<pl::ValidationTable> measured;
+  for (const std::string& file : measurement_files) {
+    auto table = pl::validate_measurement_file(file);
+    if (!table) return fail(table.error().message);
+    measured.push_back(std::move(table).value());
+  }
+  auto tables = pl::validate_published();
+  if (!tables) {
+    std::cerr << "planner: error: " << tables.error().message << "\n";
+    return kExitNoFit;
+  }
+  std::vector<pl::ValidationTable> all = std::move(tables).value();
+  for (auto& table : measured) all.push_back(std::move(table));
+  std::cout << pl::render_validation(all, format);
+  return 0;
+}
+
 std::string environment(const char* name) {
   const char* value = std::getenv(name);
   return value ? value : "";
@@ -293,6 +317,10 @@ int main(int argc, char** argv) {
   profile_cmd->add_option("--name", profile_name, "Name of the new profile (default: the base's)");
   profile_cmd->add_option("--source", profile_source, "Where the measurements come from (machine, software, date), for the tables' source");
   profile_cmd->add_option("--out", profile_out, "Write the profile here (default: standard output)");
+  CLI::App* validate_cmd = app.add_subcommand("validate", "Predict every published table (tests/data) and each measurement given, row by row, with MAPE per table");
+  std::vector<std::string> validate_files;
+  validate_cmd->add_option("measurements", validate_files, "trainplan/measurement/v1 files (0 or more)");
+  validate_cmd->add_option("--format", format, "text | json | md")->check(CLI::IsMember({"text", "json", "md"}));
   app.add_subcommand("models", "List model presets");
   app.add_subcommand("hardware", "List cluster presets");
 
@@ -327,6 +355,7 @@ int main(int argc, char** argv) {
     return import_profile(profile_csv, profile_base, profile_name, profile_source, profile_out);
   }
   if (app.got_subcommand("trace")) return write_chrome_trace(measurement_file);
+  if (app.got_subcommand("validate")) return validate(validate_files, fmt);
   const pl::ExecutorSearch executor_search{executor, environment("TRAINPLAN_EXECUTOR"), pl::own_binary_dir(argv[0]), environment("PATH")};
   if (app.got_subcommand("launch")) {
     launch.executor = pl::executor_for_launch(executor_search);

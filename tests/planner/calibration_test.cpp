@@ -1,0 +1,170 @@
+// Accuracy against published runs. Each table is read from tests/data (copied from
+// shared/data/calibration with its citation) and reproduced by the cost model's mechanisms
+// through the planner's validation (trainplan/planner/validate.hpp, the code `planner validate`
+// runs); no table value is fed back into the model. The printed tables are the validation record.
+
+#include <cmath>
+#include <cstdio>
+#include <stdexcept>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "test_support.hpp"
+#include "trainplan/costmodel/compute.hpp"
+#include "trainplan/costmodel/estimate.hpp"
+#include "trainplan/planner/validate.hpp"
+
+namespace trainplan {
+namespace {
+
+using namespace costmodel;
+using testing::data_path;
+using testing::read_csv;
+
+double num(const std::map<std::string, std::string>& row, const std::string& key) { return std::stod(row.at(key)); }
+
+// The table of a validation that must run; an error fails the test loudly.
+planner::ValidationTable checked(costmodel::Result<planner::ValidationTable> table) {
+  if (!table) throw std::runtime_error(table.error().message);
+  return std::move(table).value();
+}
+
+void print(const planner::ValidationTable& table) {
+  std::printf("\n%s", planner::render_validation({table}, planner::Format::kText).c_str());
+}
+
+// The rows' published figures are the file's, in its order: the validation read the right column.
+void expect_published(const planner::ValidationTable& table, const std::vector<double>& published) {
+  ASSERT_EQ(table.rows.size(), published.size()) << table.id;
+  for (std::size_t i = 0; i < published.size(); ++i) EXPECT_DOUBLE_EQ(table.rows[i].published, published[i]) << table.rows[i].label;
+}
+
+double mean_abs_error(const planner::ValidationTable& table) {
+  double sum = 0;
+  for (const auto& row : table.rows) sum += std::fabs(row.error);
+  return sum / static_cast<double>(table.rows.size());
+}
+
+// ZeRO (Rajbhandari et al. 2020), Table 1: model-state memory per device in GB (1e9 bytes) for
+// mixed-precision Adam (K = 12) with P_os, P_os+g, P_os+g+p.
+TEST(ZeroTable1, ModelStatesWithinOnePercent) {
+  const auto table = checked(planner::validate_zero2020_table1());
+  print(table);
+  std::vector<double> published;
+  for (const auto& row : read_csv(data_path("zero2020_table1.csv"))) {
+    for (const char* model : {"m7_5B", "m128B", "m1T"}) {
+      for (const char* stage : {"_Pos", "_Pos_g", "_Pos_g_p"}) published.push_back(num(row, std::string(model) + stage));
+    }
+  }
+  expect_published(table, published);
+  for (const auto& row : table.rows) {
+    // The paper rounds to 3 significant digits (e.g. 1.88 for 1.875); allow that rounding.
+    EXPECT_NEAR(row.predicted, row.published, 0.01 * row.published + 0.005) << row.label;
+  }
+  EXPECT_EQ(table.rows.size(), 6u * 9u);
+}
+
+// Korthikanti et al. 2022, Table 2: activation bytes per transformer layer (16-bit activations,
+// GPT block with dropout, attention scores materialised).
+TEST(KorthikantiTable2, ActivationFormulasReproducedExactly) {
+  struct Case { long long s, b, h; int a, t; };
+  const Case cases[] = {{2048, 1, 12288, 96, 8}, {2048, 4, 6144, 64, 8}, {2048, 1, 20480, 128, 8}, {2048, 1, 25600, 160, 8},
+                        {1024, 2, 4096, 32, 4}, {4096, 1, 8192, 64, 2}};
+  for (const Case& k : cases) {
+    const ModelSpec m = testing::gpt_model("k", 1, k.h, k.a, k.s);
+    const HardwareProfile hw = testing::cluster("dgx-a100-80g");
+    LayerSetting s;
+    s.micro_batch = static_cast<double>(k.b);
+    s.seq_len = static_cast<double>(k.s);
+    s.precision = Precision::kFp16;
+    s.stack = Stack::kMegatronTe;
+    s.dropout = true;
+    s.attention = AttentionKernel::kStandard;
+    const double sbh = static_cast<double>(k.s) * k.b * k.h;
+    const double as_h = static_cast<double>(k.a) * k.s / k.h;
+    const double t = k.t;
+    const auto bytes = [&](int tp, bool sp, Recompute r) {
+      LayerSetting x = s;
+      x.tp = tp;
+      x.sequence_parallel = sp;
+      x.recompute = r;
+      x.tp_group = {tp, tp};
+      return transformer_layer_cost(m, hw, x).activation_bytes;
+    };
+    EXPECT_DOUBLE_EQ(bytes(1, false, Recompute::kNone), sbh * (34 + 5 * as_h));
+    EXPECT_DOUBLE_EQ(bytes(k.t, false, Recompute::kNone), sbh * (10 + 24 / t + 5 * as_h / t));
+    EXPECT_DOUBLE_EQ(bytes(k.t, true, Recompute::kNone), sbh / t * (34 + 5 * as_h));
+    EXPECT_DOUBLE_EQ(bytes(k.t, false, Recompute::kSelective), sbh * (10 + 24 / t));
+    EXPECT_DOUBLE_EQ(bytes(k.t, true, Recompute::kSelective), 34 * sbh / t);
+    EXPECT_DOUBLE_EQ(bytes(1, false, Recompute::kFull), 2 * sbh);
+  }
+}
+
+// Narayanan et al. 2021, Table 1: achieved hardware TFLOP/s per GPU, 1.7B-1T GPT on A100-80GB,
+// full recompute, interleaved schedule, micro-batch (and interleaving) searched.
+TEST(MegatronTable1, HardwareTflopsWithin15PercentAndMeanWithin8) {
+  const auto table = checked(planner::validate_megatron2021_table1());
+  print(table);
+  std::vector<double> published;
+  for (const auto& row : read_csv(data_path("megatron2021_table1.csv"))) published.push_back(num(row, "tflops_per_gpu"));
+  expect_published(table, published);
+  for (const auto& row : table.rows) {
+    EXPECT_TRUE(row.fits) << row.label << ": " << row.note;
+    EXPECT_LE(std::fabs(row.error), 0.15) << row.label;
+  }
+  ASSERT_EQ(table.rows.size(), 10u);
+  EXPECT_LE(mean_abs_error(table), 0.08);
+}
+
+// Korthikanti et al. 2022, Table 3: iteration time with full recompute, and with sequence
+// parallelism plus selective recompute, at the paper's batch and micro-batch.
+TEST(KorthikantiTable3, IterationTimesWithin15Percent) {
+  const auto table = checked(planner::validate_korthikanti2022_table3());
+  print(table);
+  std::vector<double> published;
+  for (const auto& row : read_csv(data_path("korthikanti2022.csv"))) {
+    if (row.at("iter_s_full_recompute").empty()) continue;  // the dp=8 row has no Table 3 entry
+    published.push_back(num(row, "iter_s_full_recompute"));
+    published.push_back(num(row, "iter_s_sp_plus_selective"));
+  }
+  expect_published(table, published);
+  for (const auto& row : table.rows) {
+    EXPECT_TRUE(row.fits) << row.label << ": " << row.note;
+    EXPECT_LE(std::fabs(row.error), 0.15) << row.label;
+  }
+  EXPECT_EQ(table.rows.size(), 8u);
+}
+
+// FSDP runs of Llama-family models on A100 (TinyLlama README; PyTorch/IBM blog "Maximizing
+// training throughput using PyTorch FSDP", Table 1): MFU within 15% (relative).
+TEST(FsdpRunsA100, MfuWithin15Percent) {
+  const auto table = checked(planner::validate_fsdp_runs_a100());
+  print(table);
+  std::vector<double> published;
+  for (const auto& row : read_csv(data_path("fsdp_runs_a100.csv"))) published.push_back(std::stod(row.at("mfu_pct")));
+  expect_published(table, published);
+  for (const auto& row : table.rows) {
+    EXPECT_TRUE(row.fits) << row.label << ": " << row.note;
+    EXPECT_LE(std::fabs(row.error), 0.15) << row.label;
+  }
+  EXPECT_EQ(table.rows.size(), 5u);
+}
+
+// torchtitan's A100 runs (64 x A100-80GB, FSDP): printed for the record, not bounded yet (see
+// the README's validation record for how far off they are).
+TEST(TorchtitanA100, EveryRunIsPredicted) {
+  const auto table = checked(planner::validate_torchtitan_a100());
+  print(table);
+  std::vector<double> published;
+  for (const auto& row : read_csv(data_path("torchtitan_a100.csv"))) published.push_back(num(row, "mfu_pct"));
+  expect_published(table, published);
+  for (const auto& row : table.rows) {
+    EXPECT_GT(row.predicted, 0) << row.label;
+    EXPECT_LT(row.predicted, 100) << row.label;
+  }
+  EXPECT_EQ(table.rows.size(), 8u);
+}
+
+}  // namespace
+}  // namespace trainplan

@@ -1,0 +1,316 @@
+// `planner validate`: the published tables and measurements predicted row by row, MAPE per table,
+// the report in text, Markdown and `trainplan/validation/v1` JSON, the embedded copies of
+// tests/data, and the command line (exit 0 when it ran, 2 naming the file on bad input).
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <set>
+#include <sstream>
+#include <string>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "cli_support.hpp"
+#include "test_support.hpp"
+#include "trainplan/costmodel/estimate.hpp"
+#include "trainplan/planner/published_data.hpp"
+#include "trainplan/planner/search.hpp"
+#include "trainplan/planner/validate.hpp"
+
+namespace trainplan {
+namespace {
+
+using testing::Outcome;
+using testing::quote;
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+const char* const kPublishedIds[] = {"megatron2021_table1", "korthikanti2022_table3", "zero2020_table1", "fsdp_runs_a100",
+                                     "torchtitan_a100"};
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+nlohmann::json measurement_json() { return nlohmann::json::parse(read_file(testing::data_path("tinyllama-4x-zero2.measurement.json"))); }
+
+// The estimate of the fixed plan the test measurement was made for.
+costmodel::Estimate estimate_of_test_plan(costmodel::Stack stack = costmodel::Stack::kTrainplan) {
+  auto plan = planner::load_fixed_plan(testing::data_path("tinyllama-4x-zero2.plan.json"));
+  if (!plan) throw std::runtime_error(plan.error().message);
+  costmodel::Plan p = *plan;
+  p.training.stack = stack;
+  return testing::checked_estimate(p);
+}
+
+const planner::ValidationRow* find_row(const planner::ValidationTable& table, const std::string& label) {
+  for (const auto& row : table.rows) {
+    if (row.label == label) return &row;
+  }
+  return nullptr;
+}
+
+TEST(ValidationRow, ErrorIsPredictedOverPublishedLessOne) {
+  const planner::ValidationRow row = planner::validation_row("1.7B", 137, 149.2, "mb=2 v=1");
+  EXPECT_DOUBLE_EQ(row.error, 149.2 / 137 - 1);
+  EXPECT_EQ(row.label, "1.7B");
+  EXPECT_EQ(row.note, "mb=2 v=1");
+  EXPECT_DOUBLE_EQ(planner::validation_row("x", 200, 180).error, -0.1);
+}
+
+// Hand-checked: errors +10%, -10%, +12% give MAPE (0.10 + 0.10 + 0.12) / 3 = 0.10666... and worst 0.12.
+TEST(ValidationTable, MapeIsTheMeanAbsoluteErrorOfItsRows) {
+  planner::ValidationTable table;
+  table.rows = {planner::validation_row("a", 100, 110), planner::validation_row("b", 200, 180), planner::validation_row("c", 50, 56)};
+  planner::summarise(table);
+  EXPECT_NEAR(table.mape, 0.32 / 3, 1e-12);
+  EXPECT_NEAR(table.max_abs_error, 0.12, 1e-12);
+
+  planner::ValidationTable empty;
+  planner::summarise(empty);
+  EXPECT_EQ(empty.mape, 0);
+  EXPECT_EQ(empty.max_abs_error, 0);
+}
+
+TEST(ValidationReport, TextAndMarkdownEndWithTheSummaryOfEveryTable) {
+  planner::ValidationTable a;
+  a.id = "a_table";
+  a.title = "Table A";
+  a.quantity = "seconds";
+  a.source = "made up";
+  a.rows = {planner::validation_row("row one", 100, 110, "plan x"), planner::validation_row("row two", 200, 180)};
+  planner::summarise(a);
+  planner::ValidationTable b = a;
+  b.id = "b_table";
+  b.title = "Table B";
+  b.rows = {planner::validation_row("only row", 4, 5)};
+  planner::summarise(b);
+
+  const std::string text = planner::render_validation({a, b}, planner::Format::kText);
+  EXPECT_NE(text.find("row one"), std::string::npos) << text;
+  EXPECT_NE(text.find("+10.0%"), std::string::npos) << text;
+  EXPECT_NE(text.find("2 rows, MAPE 10.0%, worst +10.0% (row one)."), std::string::npos) << text;
+  const auto summary = text.find("Summary\n");
+  ASSERT_NE(summary, std::string::npos) << text;
+  EXPECT_NE(text.find("Table A", summary), std::string::npos) << text;
+  EXPECT_NE(text.find("+25.0%", summary), std::string::npos) << text;  // Table B's worst
+
+  const std::string md = planner::render_validation({a, b}, planner::Format::kMarkdown);
+  EXPECT_NE(md.find("## Table A (seconds)"), std::string::npos) << md;
+  EXPECT_NE(md.find("| row one "), std::string::npos) << md;
+  const auto md_summary = md.find("## Summary");
+  ASSERT_NE(md_summary, std::string::npos) << md;
+  EXPECT_NE(md.find("| Table B ", md_summary), std::string::npos) << md;
+  EXPECT_NE(md.find("25.0%", md_summary), std::string::npos) << md;
+}
+
+TEST(ValidationReport, JsonHasEveryPublishedTableAndMapeIsTheMeanOfItsRows) {
+  auto tables = planner::validate_published();
+  ASSERT_TRUE(tables.ok()) << tables.error().message;
+  const nlohmann::json j = nlohmann::json::parse(planner::render_validation(*tables, planner::Format::kJson));
+  EXPECT_EQ(j.at("schema"), "trainplan/validation/v1");
+  ASSERT_EQ(j.at("tables").size(), std::size(kPublishedIds));
+  ASSERT_EQ(j.at("summary").size(), std::size(kPublishedIds));
+  for (std::size_t i = 0; i < std::size(kPublishedIds); ++i) {
+    const auto& t = j.at("tables")[i];
+    SCOPED_TRACE(kPublishedIds[i]);
+    EXPECT_EQ(t.at("id"), kPublishedIds[i]);
+    for (const char* key : {"title", "quantity", "source"}) EXPECT_FALSE(t.at(key).get<std::string>().empty()) << key;
+    ASSERT_FALSE(t.at("rows").empty());
+    double sum = 0, worst = 0;
+    for (const auto& row : t.at("rows")) {
+      const double published = row.at("published"), predicted = row.at("predicted"), error = row.at("error");
+      EXPECT_NEAR(error, predicted / published - 1, 1e-12) << row.at("label");
+      EXPECT_FALSE(row.at("label").get<std::string>().empty());
+      EXPECT_TRUE(row.at("note").is_string());
+      sum += std::fabs(error);
+      worst = std::max(worst, std::fabs(error));
+    }
+    EXPECT_NEAR(t.at("mape").get<double>(), sum / static_cast<double>(t.at("rows").size()), 1e-12);
+    EXPECT_NEAR(t.at("max_abs_error").get<double>(), worst, 1e-12);
+    const auto& s = j.at("summary")[i];
+    EXPECT_EQ(s.at("id"), kPublishedIds[i]);
+    EXPECT_EQ(s.at("rows"), t.at("rows").size());
+    EXPECT_EQ(s.at("mape"), t.at("mape"));
+    EXPECT_EQ(s.at("max_abs_error"), t.at("max_abs_error"));
+  }
+}
+
+TEST(PublishedData, EmbeddedTablesAreTheFilesInTestsData) {
+  std::set<std::string> names;
+  for (const auto& document : planner::embedded_published_data()) names.insert(document.name);
+  for (const char* name : {"megatron2021_table1", "korthikanti2022", "zero2020_table1", "fsdp_runs_a100", "torchtitan_a100"}) {
+    SCOPED_TRACE(name);
+    ASSERT_EQ(names.count(name), 1u);
+    auto text = planner::published_data_text(name);
+    ASSERT_TRUE(text.ok()) << text.error().message;
+    EXPECT_EQ(*text, read_file(testing::data_path(std::string(name) + ".csv")));
+  }
+  auto vela = planner::published_data_text("ibm-vela-a100-80g");
+  ASSERT_TRUE(vela.ok());
+  EXPECT_EQ(*vela, read_file(testing::data_path("ibm-vela-a100-80g.json")));
+  auto unknown = planner::published_data_text("no-such-table");
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_NE(unknown.error().message.find("no-such-table"), std::string::npos);
+  EXPECT_NE(unknown.error().message.find("megatron2021_table1"), std::string::npos) << "the error lists the names there are";
+}
+
+TEST(PublishedData, CsvSkipsCommentsKeepsEmptyCellsAndRejectsExtraCells) {
+  auto rows = planner::parse_csv("# a comment\na,b,c\n1,,3\n4,5,\n\n6\n", "t.csv");
+  ASSERT_TRUE(rows.ok()) << rows.error().message;
+  ASSERT_EQ(rows->size(), 3u);
+  EXPECT_EQ((*rows)[0].line, 3);
+  EXPECT_EQ((*rows)[0].cells.at("b"), "");
+  EXPECT_EQ((*rows)[0].cells.at("c"), "3");
+  EXPECT_EQ((*rows)[1].cells.at("c"), "");
+  EXPECT_EQ((*rows)[2].cells.at("a"), "6");
+  EXPECT_EQ((*rows)[2].cells.at("c"), "");
+  auto bad = planner::parse_csv("a,b\n1,2\n1,2,3\n", "t.csv");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.error().message, "t.csv: line 3: 3 cells, the header has 2");
+}
+
+TEST(ValidateMeasurement, TheTestMeasurementGivesStepTimeAndThroughputAgainstItsPlansEstimate) {
+  const std::string file = testing::data_path("tinyllama-4x-zero2.measurement.json");
+  auto table = planner::validate_measurement_file(file);
+  ASSERT_TRUE(table.ok()) << table.error().message;
+  EXPECT_EQ(table->id, "measurement:tinyllama-4x-zero2.measurement.json");
+  EXPECT_EQ(table->reference, "measured");
+  EXPECT_EQ(table->source, file + ": measured on cpu, 4 ranks; predicted for dgx-h100, tp1 pp1 dp4 zero2");
+  ASSERT_EQ(table->rows.size(), 2u) << "measured on CPU: no memory totals";
+  const costmodel::Estimate e = estimate_of_test_plan();
+  const auto* step = find_row(*table, "step seconds");
+  ASSERT_NE(step, nullptr);
+  EXPECT_DOUBLE_EQ(step->published, 2.5);
+  EXPECT_DOUBLE_EQ(step->predicted, e.time.step.value());
+  EXPECT_DOUBLE_EQ(step->error, e.time.step.value() / 2.5 - 1);
+  const auto* tokens = find_row(*table, "tokens/s");
+  ASSERT_NE(tokens, nullptr);
+  EXPECT_DOUBLE_EQ(tokens->published, 6553.6);
+  EXPECT_NEAR(tokens->predicted, e.throughput.tokens_per_second, 1e-9 * e.throughput.tokens_per_second);
+  EXPECT_NEAR(table->mape, (std::fabs(step->error) + std::fabs(tokens->error)) / 2, 1e-12);
+}
+
+TEST(ValidateMeasurement, GpuMemoryIsComparedAsPeakAllocatedAndReserved) {
+  nlohmann::json m = measurement_json();
+  m["memory"]["total_bytes"] = 20.0 * kGiB;
+  m["memory"]["reserved_bytes"] = 24.0 * kGiB;
+  auto table = planner::validate_measurement(m, "gpu.measurement.json");
+  ASSERT_TRUE(table.ok()) << table.error().message;
+  ASSERT_EQ(table->rows.size(), 4u);
+  const costmodel::Estimate e = estimate_of_test_plan();
+  const auto* allocated = find_row(*table, "peak allocated GiB");
+  ASSERT_NE(allocated, nullptr);
+  EXPECT_DOUBLE_EQ(allocated->published, 20.0);
+  EXPECT_NEAR(allocated->predicted, e.memory.total.value() / kGiB, 1e-9);
+  const auto* reserved = find_row(*table, "peak reserved GiB");
+  ASSERT_NE(reserved, nullptr);
+  EXPECT_DOUBLE_EQ(reserved->published, 24.0);
+  EXPECT_NEAR(reserved->predicted, e.memory.reserved.value() / kGiB, 1e-9);
+}
+
+TEST(ValidateMeasurement, APlanTheCostModelSaysDoesNotFitIsStillPredictedAndSaysSo) {
+  nlohmann::json m = measurement_json();
+  m["model"] = "llama3-70b";  // 70B with ZeRO-2 on 4 GPUs: the replicated bf16 weights alone need 140 GB per GPU
+  auto table = planner::validate_measurement(m, "70b.measurement.json");
+  ASSERT_TRUE(table.ok()) << table.error().message;
+  ASSERT_EQ(table->rows.size(), 2u);
+  for (const auto& row : table->rows) {
+    EXPECT_FALSE(row.fits) << row.label;
+    EXPECT_EQ(row.note.rfind("does not fit: ", 0), 0u) << row.note;
+    EXPECT_GT(row.predicted, 0) << row.label;
+  }
+}
+
+TEST(ValidateMeasurement, TheStackOfTrainingIsPassedToThePlanAndDefaultsToTheExecutors) {
+  nlohmann::json m = measurement_json();
+  m["training"]["stack"] = "torch-compile";
+  auto table = planner::validate_measurement(m, "compiled.measurement.json");
+  ASSERT_TRUE(table.ok()) << table.error().message;
+  const auto* step = find_row(*table, "step seconds");
+  ASSERT_NE(step, nullptr);
+  const double compiled = estimate_of_test_plan(costmodel::Stack::kTorchCompile).time.step.value();
+  EXPECT_DOUBLE_EQ(step->predicted, compiled);
+  const double executor = estimate_of_test_plan(costmodel::Stack::kTrainplan).time.step.value();
+  EXPECT_NE(compiled, executor) << "the stack must change the estimate for this test to mean anything";
+  // A measurement without `stack` (the executor's, before it wrote one; its old `kernels` key is
+  // ignored) is the executor's own stack.
+  m["training"].erase("stack");
+  m["training"]["kernels"] = "fused";
+  auto legacy = planner::validate_measurement(m, "legacy.measurement.json");
+  ASSERT_TRUE(legacy.ok()) << legacy.error().message;
+  EXPECT_DOUBLE_EQ(find_row(*legacy, "step seconds")->predicted, executor);
+}
+
+TEST(ValidateMeasurement, BadDocumentsAreErrorsNamingTheFileAndThePointer) {
+  struct Case {
+    const char* what;
+    std::function<void(nlohmann::json&)> change;
+    std::string fragment;
+  };
+  const Case cases[] = {
+      {"negative step time", [](nlohmann::json& m) { m["time"]["step_seconds"] = -1; }, "/time/step_seconds: must be a number >= 0"},
+      {"no time section", [](nlohmann::json& m) { m.erase("time"); }, "/time: is required"},
+      {"unknown model preset", [](nlohmann::json& m) { m["model"] = "no-such-model"; }, "/model"},
+      {"unknown cluster preset", [](nlohmann::json& m) { m["cluster"] = "no-such-cluster"; }, "/cluster"},
+      {"bad reserved bytes", [](nlohmann::json& m) { m["memory"]["reserved_bytes"] = "lots"; }, "/memory/reserved_bytes: must be a number >= 0"},
+      {"layout that is not the GPU count", [](nlohmann::json& m) { m["parallel"]["dp"] = 8; }, "gpus(4)"},
+      {"unknown training key", [](nlohmann::json& m) { m["training"]["sequence_length"] = 2048; }, "/training/sequence_length"},
+      {"wrong schema", [](nlohmann::json& m) { m["schema"] = "trainplan/estimate/v1"; }, "/schema"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    nlohmann::json m = measurement_json();
+    c.change(m);
+    auto table = planner::validate_measurement(m, "dir/bad.measurement.json");
+    ASSERT_FALSE(table.ok());
+    EXPECT_EQ(table.error().message.rfind("dir/bad.measurement.json: ", 0), 0u) << table.error().message;
+    EXPECT_NE(table.error().message.find(c.fragment), std::string::npos) << table.error().message;
+  }
+}
+
+class ValidateCli : public testing::PlannerCliTest {};
+
+TEST_F(ValidateCli, MarkdownRunsFromAnyDirectoryAndEndsWithTheSummary) {
+  const Outcome r = run("validate --format md", "cd " + quote(dir_.string()) + " && ");
+  ASSERT_EQ(r.exit_code, 0) << r.all();
+  EXPECT_TRUE(r.err.empty()) << r.err;
+  EXPECT_EQ(r.out.rfind("# trainplan validation", 0), 0u) << r.out;
+  const auto summary = r.out.find("## Summary");
+  ASSERT_NE(summary, std::string::npos) << r.out;
+  for (const char* title : {"Megatron-LM 2021, Table 1", "Korthikanti 2022, Table 3", "ZeRO 2020, Table 1", "FSDP runs on A100", "torchtitan on A100"}) {
+    EXPECT_NE(r.out.find("## " + std::string(title)), std::string::npos) << title;
+    EXPECT_NE(r.out.find("| " + std::string(title), summary), std::string::npos) << title;
+  }
+}
+
+TEST_F(ValidateCli, JsonWithAMeasurementAddsItsTableAfterThePublishedOnes) {
+  const Outcome r = run("validate --format json " + quote(testing::data_path("tinyllama-4x-zero2.measurement.json")));
+  ASSERT_EQ(r.exit_code, 0) << r.all();
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j.at("tables").size(), std::size(kPublishedIds) + 1);
+  const auto& last = j.at("tables").back();
+  EXPECT_EQ(last.at("id"), "measurement:tinyllama-4x-zero2.measurement.json");
+  EXPECT_EQ(last.at("rows").size(), 2u);
+}
+
+TEST_F(ValidateCli, ABadMeasurementExitsTwoNamingTheFileAndPointer) {
+  nlohmann::json m = measurement_json();
+  m["throughput"]["tokens_per_second"] = -3;
+  const auto bad = write("bad.measurement.json", m.dump());
+  const auto malformed = write("malformed.measurement.json", "{\"schema\": ");
+  expect_bad_inputs({
+      {"negative throughput", "validate " + quote(bad.string()), bad.string() + ": /throughput/tokens_per_second: must be a number >= 0"},
+      {"malformed JSON", "validate " + quote(malformed.string()), malformed.string() + ": line"},
+      {"missing file", "validate " + quote((dir_ / "missing.json").string()), "missing.json"},
+  });
+  EXPECT_EQ(run("validate --format csv").exit_code, 2) << "validate writes text, json or md";
+}
+
+}  // namespace
+}  // namespace trainplan
