@@ -431,12 +431,57 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
   const double units = std::max(1, L);
   double dp_exposed = 0, dp_total = 0;
   if (p.zero_stage == 3) {
+    // ZeRO-3 / FSDP full shard, unit by unit in the order the schedule runs them: a unit's
+    // parameters are gathered before its forward and again before its backward, its gradients
+    // reduce-scattered after its backward. With prefetch (depth 1) the next unit's gather runs
+    // during this unit's compute, and in backward also the previous unit's reduce-scatter; what
+    // does not fit in that compute is exposed, unit by unit (no slack carries over: a gather
+    // cannot start more than one unit ahead). The first gather and the last reduce-scatter of a
+    // pass are always exposed.
     const CollectiveGroup shard{p.shard_size() * p.cp, std::min(p.shard_size(), share.dp) * share.cp};
-    const double gather_bytes = (S.dense + S.expert) * (lora ? (tr.mode == TrainingMode::kQlora ? frozen_width : e) : w.weights);
-    const double ag = collective_time(hw, Collective::kAllGather, Bytes(gather_bytes), shard).value();
-    const double rs = collective_time(hw, Collective::kReduceScatter, Bytes((dense_trainable + expert_trainable) * reduce_bytes), shard).value();
-    const double fwd = p.prefetch ? std::max(0.0, ag - S.forward) + ag / units : ag;
-    const double bwd = p.prefetch ? std::max(0.0, ag + rs - S.backward) + (ag + rs) / units : ag + rs;
+    const double gather_width = lora ? (tr.mode == TrainingMode::kQlora ? frozen_width : e) : w.weights;
+    struct DpUnit {
+      double gather = 0, reduce = 0, forward = 0, backward = 0;
+    };
+    std::vector<DpUnit> dp_units;
+    const auto add_unit = [&](double params, double trainable, double forward, double backward) {
+      dp_units.push_back({collective_time(hw, Collective::kAllGather, Bytes(params * gather_width), shard).value(),
+                          collective_time(hw, Collective::kReduceScatter, Bytes(trainable * reduce_bytes), shard).value(), forward, backward});
+    };
+    const double layer_params = dense_layer + expert_layer;
+    const double layer_trainable = lora ? lora_layer : layer_params;
+    // FSDP units of at least fsdp_wrap_min_params: whole layers grouped.
+    const int per_unit = std::max(1, static_cast<int>(std::ceil(static_cast<double>(p.fsdp_wrap_min_params) / std::max(1.0, layer_params))));
+    if (slowest == 0) add_unit(pc.embedding / t, lora ? 0.0 : pc.embedding / t, ec.embedding_forward, ec.embedding_backward);
+    for (int done = 0; done < L; done += per_unit) {
+      const int n = std::min(per_unit, L - done);
+      add_unit(n * layer_params, n * layer_trainable, n * lc.forward_total(), n * lc.backward_total());
+    }
+    if (slowest == stages - 1) {
+      const double head = pc.final_norm + (mdl.tied_embeddings ? pc.embedding / t : pc.output / t);
+      add_unit(head, lora ? 0.0 : head, ec.head_forward, ec.head_backward);
+    }
+    double fwd = 0, bwd = 0, ag_total = 0, rs_total = 0;
+    const std::size_t n = dp_units.size();
+    for (std::size_t i = 0; i < n; ++i) {
+      ag_total += dp_units[i].gather;
+      rs_total += dp_units[i].reduce;
+      if (!p.prefetch) continue;
+      // Forward in order: unit i computes while unit i + 1 is gathered.
+      if (i + 1 < n) fwd += std::max(0.0, dp_units[i + 1].gather - dp_units[i].forward);
+      // Backward in reverse: unit i computes while unit i - 1 is gathered and unit i + 1's
+      // gradients are reduce-scattered.
+      const double during = (i > 0 ? dp_units[i - 1].gather : 0.0) + (i + 1 < n ? dp_units[i + 1].reduce : 0.0);
+      bwd += std::max(0.0, during - dp_units[i].backward);
+    }
+    if (p.prefetch) {
+      fwd += dp_units.front().gather;
+      bwd += dp_units.back().gather + dp_units.front().reduce;
+    } else {
+      fwd = ag_total;
+      bwd = ag_total + rs_total;
+    }
+    const double ag = ag_total, rs = rs_total;
     dp_exposed += m * (fwd + bwd);
     dp_total += m * (2 * ag + rs);
     if (p.shard_size() < p.dp) {  // hybrid shard: all-reduce the shards across replicas

@@ -1,0 +1,64 @@
+// Overlap is earned (issue 11): data-parallel communication counted as hidden must fit in the
+// compute it overlaps, unit by unit in the order the schedule runs them (estimate.cpp, ZeRO-3).
+
+#include <gtest/gtest.h>
+
+#include "test_support.hpp"
+#include "trainplan/costmodel/estimate.hpp"
+
+namespace trainplan {
+namespace {
+
+using namespace costmodel;
+
+Plan fsdp_plan(int gpus, bool prefetch) {
+  Plan p = testing::make_plan("llama3-8b", "dgx-h100", gpus, 4096, 256);
+  p.training.stack = Stack::kPytorchEager;
+  p.parallel.dp = gpus;
+  p.parallel.zero_stage = 3;
+  p.parallel.micro_batch = 1;
+  p.parallel.recompute = Recompute::kSelective;
+  p.parallel.prefetch = prefetch;
+  return p;
+}
+
+TEST(Zero3Overlap, WithoutPrefetchEveryGatherAndReduceScatterIsExposed) {
+  const Estimate e = testing::checked_estimate(fsdp_plan(64, false));
+  EXPECT_GT(e.time.dp_comm_total.value(), 0);
+  EXPECT_NEAR(e.time.dp_comm_exposed.value(), e.time.dp_comm_total.value(), 1e-9 * e.time.dp_comm_total.value());
+}
+
+TEST(Zero3Overlap, PrefetchHidesOnlyWhatTheUnitsComputeCanHide) {
+  const Estimate hidden = testing::checked_estimate(fsdp_plan(64, true));
+  // Fast links: most of the traffic hides, but the first gather and the last reduce-scatter of
+  // every pass cannot.
+  EXPECT_LT(hidden.time.dp_comm_exposed.value(), 0.2 * hidden.time.dp_comm_total.value());
+  EXPECT_GT(hidden.time.dp_comm_exposed.value(), 0);
+  // A link 100 times slower: each unit's gather outlasts its compute, so the excess of every unit
+  // is exposed and at least the traffic less all the compute of the step shows.
+  Plan slow = fsdp_plan(64, true);
+  slow.cluster.inter_node.bandwidth = slow.cluster.inter_node.bandwidth / 100.0;
+  const Estimate e = testing::checked_estimate(slow);
+  EXPECT_GT(e.time.dp_comm_exposed.value(), e.time.dp_comm_total.value() - (e.time.compute + e.time.recompute).value());
+  EXPECT_GT(e.time.dp_comm_exposed.value(), 10 * hidden.time.dp_comm_exposed.value());
+}
+
+TEST(Zero3Overlap, ThroughputPerGpuFallsWithMoreGpusAtAFixedGlobalBatch) {
+  // 256 sequences of 4096 tokens on 8 .. 256 GPUs: fewer micro-batches per GPU hide the same
+  // per-pass exposed gathers behind less compute, and the groups span more nodes.
+  double previous_rate = 0, previous_share = 0;
+  for (int gpus : {8, 16, 32, 64, 128, 256}) {
+    const Estimate e = testing::checked_estimate(fsdp_plan(gpus, true));
+    const double rate = e.throughput.tokens_per_second_per_gpu;
+    const double share = e.time.dp_comm_exposed.value() / e.time.step.value();
+    if (previous_rate > 0) {
+      EXPECT_LT(rate, previous_rate) << gpus << " GPUs";
+      EXPECT_GT(share, previous_share) << gpus << " GPUs";
+    }
+    previous_rate = rate;
+    previous_share = share;
+  }
+}
+
+}  // namespace
+}  // namespace trainplan
