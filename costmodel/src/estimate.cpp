@@ -349,7 +349,7 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
     const double states = x.weights + x.gradients + x.optimizer + x.buffers;
     x.activations = activation_peak;
     x.total = states + std::max(activation_peak, optimizer_temporaries);
-    x.reserved = states + std::max(reserved_activation_peak, optimizer_temporaries);
+    x.reserved = states + std::max(reserved_activation_peak, optimizer_temporaries) + hw.gpu.calibration.allocator_extra_bytes;
     x.overhead = hw.gpu.reserved_memory.value();
     x.required = x.reserved + x.overhead;
   }

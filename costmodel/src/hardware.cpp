@@ -82,6 +82,17 @@ Result<HardwareProfile> parse_hwprofile(const nlohmann::json& json, const std::s
       }
       hw.gpu.min_kernel_time = Seconds::us(g.number("min_kernel_us", 0, 1e4));
       if (g.has("kernels")) hw.gpu.kernels = read_kernel_tables(g.raw("kernels"), file, g.pointer("kernels"), hw.gpu.sm_count);
+      if (g.has("calibration")) {
+        detail::ObjectReader c = g.object("calibration");
+        Calibration& cal = hw.gpu.calibration;
+        cal.gemm_time_scale = c.number("gemm_time_scale", 0.1, 10, true);
+        cal.attention_time_scale = c.number("attention_time_scale", 0.1, 10, true);
+        cal.memory_time_scale = c.number("memory_time_scale", 0.1, 10, true);
+        cal.latency_scale = c.number("latency_scale", 0, 100);
+        cal.allocator_extra_bytes = Bytes::gib(c.number("allocator_extra_gib", -1e4, 1e4)).value();
+        cal.source = c.string("source");
+        c.finish();
+      }
       hw.gpu.source = g.optional_string("source").value_or("");
       g.finish();
     }
@@ -173,6 +184,12 @@ nlohmann::json hwprofile_to_json(const HardwareProfile& hw) {
       {"price", {{"usd_per_gpu_hour", hw.price_per_gpu_hour_usd}}},
   };
   if (hw.gpu.kernels) j["gpu"]["kernels"] = kernel_tables_to_json(*hw.gpu.kernels);
+  if (!hw.gpu.calibration.identity()) {
+    const Calibration& c = hw.gpu.calibration;
+    j["gpu"]["calibration"] = {{"gemm_time_scale", c.gemm_time_scale}, {"attention_time_scale", c.attention_time_scale},
+                               {"memory_time_scale", c.memory_time_scale}, {"latency_scale", c.latency_scale},
+                               {"allocator_extra_gib", Bytes(c.allocator_extra_bytes).in_gib()}, {"source", c.source}};
+  }
   const auto with_source = [&](nlohmann::json& section, const std::string& source) {
     if (!source.empty()) section["source"] = source;
   };

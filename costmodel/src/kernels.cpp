@@ -327,6 +327,12 @@ KernelRates::KernelRates(const GpuSpec& gpu, Dtype compute_dtype) : gpu_(gpu), t
     latency_ = gpu.min_kernel_time.value();
     copy_ = gpu.hbm_bandwidth.value() * gpu.memory_efficiency;
   }
+  // Calibration (planner calibrate): the work of each kernel class and the latency, scaled.
+  gemm_scale_ = gpu.calibration.gemm_time_scale;
+  attention_scale_ = gpu.calibration.attention_time_scale;
+  memory_scale_ = gpu.calibration.memory_time_scale;
+  latency_ *= gpu.calibration.latency_scale;
+  copy_ /= memory_scale_;
 }
 
 double KernelRates::gemm_analytic(double m, double n, double k, double batch, double operand_bytes) const {
@@ -346,7 +352,7 @@ double KernelRates::gemm(double m, double n, double k, double batch, double oper
   } else {
     work = gemm_analytic(m, n, k, batch, operand_bytes);
   }
-  return latency_ + std::max(work, bytes / copy_);
+  return latency_ + std::max(work * gemm_scale_, bytes / copy_);
 }
 
 double KernelRates::attention_rate(double s, double d, bool backward) const {
@@ -362,15 +368,15 @@ double KernelRates::attention_rate(double s, double d, bool backward) const {
 double KernelRates::attention_forward(double batch_heads, double s_q, double s_k, double d, bool causal) const {
   if (batch_heads <= 0 || s_q <= 0 || s_k <= 0) return 0.0;
   const double flops = 4.0 * batch_heads * s_q * s_k * d * (causal ? 0.5 : 1.0);
-  if (tables_ != nullptr && !tables_->prepared.attention_head_dims.empty()) return latency_ + flops / attention_rate(s_q, d, false);
-  return latency_ + flops / (peak_ * gpu_.attention_efficiency);
+  if (tables_ != nullptr && !tables_->prepared.attention_head_dims.empty()) return latency_ + attention_scale_ * flops / attention_rate(s_q, d, false);
+  return latency_ + attention_scale_ * flops / (peak_ * gpu_.attention_efficiency);
 }
 
 double KernelRates::attention_backward(double batch_heads, double s_q, double s_k, double d, bool causal) const {
   if (batch_heads <= 0 || s_q <= 0 || s_k <= 0) return 0.0;
   const double flops = 2.5 * 4.0 * batch_heads * s_q * s_k * d * (causal ? 0.5 : 1.0);
-  if (tables_ != nullptr && !tables_->prepared.attention_head_dims.empty()) return latency_ + flops / attention_rate(s_q, d, true);
-  return latency_ + flops / (peak_ * gpu_.attention_efficiency * 0.8);
+  if (tables_ != nullptr && !tables_->prepared.attention_head_dims.empty()) return latency_ + attention_scale_ * flops / attention_rate(s_q, d, true);
+  return latency_ + attention_scale_ * flops / (peak_ * gpu_.attention_efficiency * 0.8);
 }
 
 double KernelRates::stream(double bytes, int kernels) const {
@@ -388,7 +394,7 @@ double KernelRates::op(ElementwiseOp op, double elements, bool backward, double 
     const auto& xs = tables_->prepared.op_elements[index];
     if (!xs.empty()) {
       const auto& per_element = backward ? tables_->prepared.op_backward[index] : tables_->prepared.op_forward[index];
-      return kernels * latency_ + elements * width * interpolate_log(xs, per_element, elements);
+      return kernels * latency_ + memory_scale_ * elements * width * interpolate_log(xs, per_element, elements);
     }
   }
   return kernels * latency_ + elements * width * (backward ? info.eager_backward_bytes : info.eager_forward_bytes) / copy_;
@@ -396,7 +402,7 @@ double KernelRates::op(ElementwiseOp op, double elements, bool backward, double 
 
 double KernelRates::adamw_fused(double params, double tensors) const {
   if (params <= 0) return 0.0;
-  const double bandwidth = tables_ != nullptr && tables_->adamw_fused_bandwidth > 0 ? tables_->adamw_fused_bandwidth : copy_;
+  const double bandwidth = tables_ != nullptr && tables_->adamw_fused_bandwidth > 0 ? tables_->adamw_fused_bandwidth / memory_scale_ : copy_;
   return tensors * latency_ + 32.0 * params / bandwidth;
 }
 

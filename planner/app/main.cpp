@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "trainplan/costmodel/presets.hpp"
+#include "trainplan/planner/calibrate.hpp"
 #include "trainplan/planner/compare.hpp"
 #include "trainplan/planner/inputs.hpp"
 #include "trainplan/planner/launch.hpp"
@@ -219,6 +220,68 @@ int validate(const std::vector<std::string>& measurement_files, pl::Format forma
   return 0;
 }
 
+// `planner calibrate`: fits the profile's calibration to the measurements, prints each run's
+// error before and after, and writes the calibrated profile.
+int calibrate_profile(const std::vector<std::string>& files, const std::string& base_name, const std::string& out, pl::Format format) {
+  std::vector<pl::MeasuredRun> runs;
+  for (const auto& file : files) {
+    auto run = pl::load_measured_run(file);
+    if (!run) return fail(run.error().message);
+    runs.push_back(std::move(run).value());
+  }
+  cm::HardwareProfile base = runs.front().plan.cluster;
+  if (!base_name.empty()) {
+    auto found = cm::find_hwprofile(base_name);
+    if (!found) return fail("--cluster: " + found.error().message);
+    base = std::move(found).value();
+  } else {
+    for (const auto& run : runs) {
+      if (run.plan.cluster.name != base.name) {
+        return fail("calibrate: the measurements ran on different clusters (" + base.name + ", " + run.plan.cluster.name +
+                    "); give the profile to fit with --cluster");
+      }
+    }
+  }
+  auto result = pl::calibrate(base, runs);
+  if (!result) return fail(result.error().message);
+  const auto& c = result->profile.gpu.calibration;
+  const bool md = format == pl::Format::kMarkdown;
+  const char* li = md ? "- " : "  ";
+  std::printf("%scalibration of %s from %zu measurement(s), %d iterations\n\n", md ? "# " : "", base.name.c_str(), runs.size(), result->iterations);
+  std::printf("%sfitted: GEMM time x %.3f, attention time x %.3f, memory-bound time x %.3f, kernel latency x %.3f, allocator %+.2f GiB\n", li,
+              c.gemm_time_scale, c.attention_time_scale, c.memory_time_scale, c.latency_scale, c.allocator_extra_bytes / 1073741824.0);
+  for (const auto& note : result->notes) std::printf("%s%s\n", li, note.c_str());
+  std::printf("\n");
+  const auto pct = [](double predicted, double measured) { return 100 * (predicted / measured - 1); };
+  constexpr double kGiB = 1073741824.0;
+  if (md) {
+    std::printf("| measurement | step s measured | before | after | reserved GiB measured | before | after |\n|---|--:|--:|--:|--:|--:|--:|\n");
+  } else {
+    std::printf("  %-44s %8s %17s %17s %8s %17s %17s\n", "measurement", "step s", "before", "after", "GiB", "before", "after");
+  }
+  for (const auto& r : result->runs) {
+    std::string memory = md ? "- | - | -" : "";
+    if (r.measured_reserved) {
+      char text[128];
+      std::snprintf(text, sizeof text, md ? "%.2f | %.2f (%+.1f%%) | %.2f (%+.1f%%)" : "%8.2f %8.2f (%+5.1f%%) %8.2f (%+5.1f%%)",
+                    *r.measured_reserved / kGiB, r.reserved_before / kGiB, pct(r.reserved_before, *r.measured_reserved), r.reserved_after / kGiB,
+                    pct(r.reserved_after, *r.measured_reserved));
+      memory = text;
+    }
+    std::printf(md ? "| %s | %.3f | %.3f (%+.1f%%) | %.3f (%+.1f%%) | %s |\n" : "  %-44s %8.3f %8.3f (%+5.1f%%) %8.3f (%+5.1f%%) %s\n",
+                r.name.c_str(), r.measured_step, r.step_before, pct(r.step_before, r.measured_step), r.step_after, pct(r.step_after, r.measured_step),
+                memory.c_str());
+  }
+  if (out.empty()) {
+    std::printf("\n(no --out: the calibrated profile was not written)\n");
+    return 0;
+  }
+  std::string error;
+  if (!write_file(out, cm::readable_json(cm::hwprofile_to_json(result->profile)), error)) return fail(error);
+  std::printf("\nwrote %s (use it with --cluster %s)\n", out.c_str(), out.c_str());
+  return 0;
+}
+
 std::string environment(const char* name) {
   const char* value = std::getenv(name);
   return value ? value : "";
@@ -317,6 +380,13 @@ int main(int argc, char** argv) {
   profile_cmd->add_option("--name", profile_name, "Name of the new profile (default: the base's)");
   profile_cmd->add_option("--source", profile_source, "Where the measurements come from (machine, software, date), for the tables' source");
   profile_cmd->add_option("--out", profile_out, "Write the profile here (default: standard output)");
+  CLI::App* calibrate_cmd = app.add_subcommand("calibrate", "Fit a profile's efficiencies (time scales, kernel latency, allocator bytes) to executor measurements by least squares");
+  std::vector<std::string> calibrate_files;
+  std::string calibrate_out;
+  calibrate_cmd->add_option("measurements", calibrate_files, "trainplan/measurement/v1 files the executor wrote")->required();
+  calibrate_cmd->add_option("--cluster", cluster, "Profile to fit (default: the measurements' cluster)");
+  calibrate_cmd->add_option("--out", calibrate_out, "Write the calibrated profile here");
+  calibrate_cmd->add_option("--format", format, "text | md")->check(CLI::IsMember({"text", "md"}));
   CLI::App* validate_cmd = app.add_subcommand("validate", "Predict every published table (tests/data) and each measurement given, row by row, with MAPE per table");
   std::vector<std::string> validate_files;
   validate_cmd->add_option("measurements", validate_files, "trainplan/measurement/v1 files (0 or more)");
@@ -347,6 +417,7 @@ int main(int argc, char** argv) {
   }
 
   if (app.got_subcommand("compare")) return compare_files(estimate_file, measurement_file, fmt);
+  if (app.got_subcommand("calibrate")) return calibrate_profile(calibrate_files, cluster, calibrate_out, fmt);
   if (app.got_subcommand("profile")) {
     if (profile_csv.empty()) {
       return fail("profile: measuring this machine's device needs the executor's microbenchmarks, which this build does not have yet; "

@@ -19,6 +19,22 @@ inline constexpr int kDtypeCount = 4;
 [[nodiscard]] const char* dtype_name(Dtype d);
 [[nodiscard]] double dtype_bytes(Dtype d);
 
+// Corrections fitted to measurements by `planner calibrate` (the `gpu.calibration` section):
+// multipliers of the time of each kernel class and of the kernel latency, and bytes the
+// allocator reserves beyond the model's count. Datasheet figures and measured tables are never
+// changed; an uncalibrated profile has every scale 1 and no extra bytes.
+struct Calibration {
+  double gemm_time_scale = 1;       // GEMM kernels' work time
+  double attention_time_scale = 1;  // fused attention kernels' work time
+  double memory_time_scale = 1;     // memory-bound kernels' work time (element-wise, streaming, optimizer)
+  double latency_scale = 1;         // the per-kernel latency
+  double allocator_extra_bytes = 0; // added to the peak reserved memory
+  std::string source;               // the measurements fitted, and when
+  [[nodiscard]] bool identity() const {
+    return gemm_time_scale == 1 && attention_time_scale == 1 && memory_time_scale == 1 && latency_scale == 1 && allocator_extra_bytes == 0;
+  }
+};
+
 struct GpuSpec {
   std::string name;
   FlopsPerSecond peak[kDtypeCount];  // dense peak per dtype; 0 where unsupported (fp8 on A100)
@@ -32,6 +48,7 @@ struct GpuSpec {
   Seconds min_kernel_time;         // latency of one kernel (launch, fill, tail) added to its work; `min_kernel_us`
   // Measured kernel tables (`kernels`); null: kernel times come from the figures above.
   std::shared_ptr<const KernelTables> kernels;
+  Calibration calibration;
   std::string source;              // where the figures above come from
   [[nodiscard]] FlopsPerSecond peak_for(Dtype d) const { return peak[static_cast<int>(d)]; }
 };

@@ -142,6 +142,7 @@ class KernelRates {
 
   const GpuSpec& gpu_;
   const KernelTables* tables_ = nullptr;  // owned by gpu_
+  double gemm_scale_ = 1, attention_scale_ = 1, memory_scale_ = 1;  // gpu_.calibration
   double peak_ = 0;       // FLOP/s of the compute dtype
   double table_scale_ = 1;  // peak of the compute dtype over the table's (fp8 runs twice the bf16 table)
   double latency_ = 0;

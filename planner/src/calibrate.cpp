@@ -1,0 +1,175 @@
+#include "trainplan/planner/calibrate.hpp"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <ctime>
+#include <filesystem>
+
+#include <Eigen/Dense>
+#include <nlohmann/json.hpp>
+
+#include "trainplan/costmodel/estimate.hpp"
+#include "trainplan/costmodel/presets.hpp"
+
+namespace trainplan::planner {
+
+using costmodel::Error;
+using costmodel::Result;
+
+namespace {
+
+constexpr int kParameters = 4;  // gemm, attention, memory, latency scales
+constexpr const char* kNames[kParameters] = {"GEMM time", "attention time", "memory-bound time", "kernel latency"};
+
+// Parameters in log space, so that scales stay positive and the prior is symmetric in ratio.
+costmodel::Calibration with_scales(costmodel::Calibration c, const Eigen::Vector4d& log_scales) {
+  c.gemm_time_scale = std::exp(log_scales(0));
+  c.attention_time_scale = std::exp(log_scales(1));
+  c.memory_time_scale = std::exp(log_scales(2));
+  c.latency_scale = std::exp(log_scales(3));
+  return c;
+}
+
+costmodel::Estimate estimate_on(const MeasuredRun& run, const costmodel::HardwareProfile& profile) {
+  costmodel::Plan plan = run.plan;
+  plan.cluster = profile;
+  return costmodel::estimate(plan);
+}
+
+// Relative step-time errors of every run, then the prior's residuals.
+Eigen::VectorXd residuals(const std::vector<MeasuredRun>& runs, costmodel::HardwareProfile profile, const Eigen::Vector4d& x,
+                          double prior_weight) {
+  profile.gpu.calibration = with_scales(profile.gpu.calibration, x);
+  Eigen::VectorXd r(static_cast<Eigen::Index>(runs.size()) + kParameters);
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    r(static_cast<Eigen::Index>(i)) = estimate_on(runs[i], profile).time.step.value() / runs[i].step_seconds - 1.0;
+  }
+  for (int k = 0; k < kParameters; ++k) r(static_cast<Eigen::Index>(runs.size()) + k) = prior_weight * x(k);
+  return r;
+}
+
+}  // namespace
+
+Result<MeasuredRun> load_measured_run(const std::string& path) {
+  auto text = costmodel::read_text_file(path);
+  if (!text) return text.error();
+  auto json = costmodel::parse_json_text(*text, path);
+  if (!json) return json.error();
+  const nlohmann::json& m = *json;
+  if (!m.is_object() || m.value("schema", "") != "trainplan/measurement/v1") {
+    return Error{path + ": /schema: must be \"trainplan/measurement/v1\" (a measurement the executor wrote)"};
+  }
+  nlohmann::json plan = {{"schema", "trainplan/plan/v1"}, {"name", m.value("name", std::filesystem::path(path).stem().string())}};
+  for (const char* key : {"model", "cluster", "gpus", "training", "parallel"}) {
+    if (!m.contains(key)) return Error{path + ": /" + key + ": missing (the plan the run was made for)"};
+    plan[key] = m.at(key);
+  }
+  auto request = costmodel::parse_plan(plan, path);
+  if (!request) return request.error();
+  auto fixed = costmodel::plan_with_defaults(*request);
+  if (!fixed) return Error{path + ": " + fixed.error().message};
+  MeasuredRun run;
+  run.name = std::filesystem::path(path).filename().string();
+  run.plan = *fixed;
+  const auto number = [&](const char* section, const char* key) -> std::optional<double> {
+    const auto s = m.find(section);
+    if (s == m.end() || !s->is_object()) return std::nullopt;
+    const auto v = s->find(key);
+    if (v == s->end() || !v->is_number()) return std::nullopt;
+    return v->get<double>();
+  };
+  const auto step = number("time", "step_seconds");
+  if (!step || !(*step > 0) || !std::isfinite(*step)) return Error{path + ": /time/step_seconds: must be a number > 0"};
+  run.step_seconds = *step;
+  if (auto reserved = number("memory", "reserved_bytes"); reserved && *reserved > 0) run.reserved_bytes = *reserved;
+  return run;
+}
+
+Result<CalibrationResult> calibrate(const costmodel::HardwareProfile& base, const std::vector<MeasuredRun>& runs,
+                                    const CalibrationOptions& options) {
+  if (runs.empty()) return Error{"calibrate: no measurements given"};
+  for (const auto& run : runs) {
+    if (!(run.step_seconds > 0)) return Error{"calibrate: " + run.name + ": no step time"};
+  }
+  costmodel::HardwareProfile profile = base;
+  // Start from the profile's current calibration, in log space.
+  const costmodel::Calibration& c0 = base.gpu.calibration;
+  Eigen::Vector4d x(std::log(c0.gemm_time_scale), std::log(c0.attention_time_scale), std::log(c0.memory_time_scale),
+                    std::log(std::max(c0.latency_scale, 1e-3)));
+  profile.gpu.calibration.allocator_extra_bytes = 0;
+
+  // Levenberg-Marquardt with a forward-difference Jacobian.
+  double lambda = 1e-3;
+  Eigen::VectorXd r = residuals(runs, profile, x, options.prior_weight);
+  int iterations = 0;
+  bool converged = false;
+  Eigen::MatrixXd J(r.size(), kParameters);
+  while (!converged && iterations < options.max_iterations) {
+    ++iterations;
+    constexpr double kStep = 1e-4;
+    for (int k = 0; k < kParameters; ++k) {
+      Eigen::Vector4d xk = x;
+      xk(k) += kStep;
+      J.col(k) = (residuals(runs, profile, xk, options.prior_weight) - r) / kStep;
+    }
+    const Eigen::MatrixXd JtJ = J.transpose() * J;
+    const Eigen::VectorXd g = J.transpose() * r;
+    bool improved = false;
+    for (int attempt = 0; attempt < 10 && !improved; ++attempt) {
+      Eigen::MatrixXd A = JtJ;
+      A.diagonal() += lambda * (JtJ.diagonal().array() + 1e-12).matrix();
+      const Eigen::Vector4d step = A.ldlt().solve(-g);
+      const Eigen::Vector4d candidate = (x + step).cwiseMax(std::log(0.1)).cwiseMin(std::log(10.0));
+      const Eigen::VectorXd rc = residuals(runs, profile, candidate, options.prior_weight);
+      if (rc.squaredNorm() < r.squaredNorm()) {
+        const double gain = r.squaredNorm() - rc.squaredNorm();
+        x = candidate;
+        r = rc;
+        lambda = std::max(lambda / 3, 1e-9);
+        improved = true;
+        converged = gain < 1e-14;
+      } else {
+        lambda *= 10;
+      }
+    }
+    if (!improved) break;
+  }
+
+  CalibrationResult result;
+  result.iterations = iterations;
+  profile.gpu.calibration = with_scales(profile.gpu.calibration, x);
+  // The allocator's extra bytes: the mean reserved-memory residual (least squares of a constant).
+  double residual_sum = 0;
+  int with_memory = 0;
+  for (const auto& run : runs) {
+    if (!run.reserved_bytes) continue;
+    residual_sum += *run.reserved_bytes - estimate_on(run, profile).memory.reserved.value();
+    ++with_memory;
+  }
+  if (with_memory > 0) profile.gpu.calibration.allocator_extra_bytes = residual_sum / with_memory;
+
+  // What the data determined: a parameter whose column of the Jacobian (on the runs, not the
+  // prior) is small is held by the prior.
+  for (int k = 0; k < kParameters; ++k) {
+    const double sensitivity = J.col(k).head(static_cast<Eigen::Index>(runs.size())).norm();
+    if (sensitivity < 1e-3) result.notes.push_back(std::string(kNames[k]) + ": the measurements do not depend on it; kept at the prior");
+  }
+  std::string names;
+  for (const auto& run : runs) names += (names.empty() ? "" : ", ") + run.name;
+  char date[32];
+  const std::time_t now = std::time(nullptr);
+  std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&now));
+  profile.gpu.calibration.source = "planner calibrate, " + std::string(date) + ", from " + std::to_string(runs.size()) + " measurement(s): " + names;
+
+  for (const auto& run : runs) {
+    const costmodel::Estimate before = estimate_on(run, base);
+    const costmodel::Estimate after = estimate_on(run, profile);
+    result.runs.push_back({run.name, run.step_seconds, before.time.step.value(), after.time.step.value(), run.reserved_bytes,
+                           before.memory.reserved.value(), after.memory.reserved.value()});
+  }
+  result.profile = std::move(profile);
+  return result;
+}
+
+}  // namespace trainplan::planner
