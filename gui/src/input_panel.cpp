@@ -211,6 +211,12 @@ InputPanel::InputPanel(QWidget* parent) : QWidget(parent) {
   row(tr("Attention"), QStringLiteral("attention"),
       combo({{tr("flash (no score matrix)"), QStringLiteral("flash")}, {tr("standard (scores stored)"), QStringLiteral("standard")}}));
   row(tr("Dropout"), QStringLiteral("dropout"), combo({{tr("off"), QStringLiteral("off")}, {tr("on"), QStringLiteral("on")}}));
+  row(tr("Software stack"), QStringLiteral("stack"),
+      combo({{tr("trainplan executor"), QStringLiteral("trainplan")}, {tr("PyTorch eager"), QStringLiteral("pytorch-eager")},
+             {tr("torch.compile"), QStringLiteral("torch-compile")}, {tr("Megatron-Core + TE"), QStringLiteral("megatron-te")}}));
+  auto* headroom = line(QString::number(100 * cm::kDefaultMemoryHeadroom));
+  headroom->setToolTip(tr("Percent of HBM kept free: plans needing more are tight, ranked after the others"));
+  row(tr("Memory headroom %"), QStringLiteral("memory_headroom"), headroom);
 
   // Objective and constraints.
   group(tr("Objective"));
@@ -326,6 +332,8 @@ RequestForm InputPanel::form() const {
   form.lora_rank = text("lora_rank");
   form.attention = text("attention");
   form.dropout = text("dropout");
+  form.stack = text("stack");
+  form.memory_headroom = text("memory_headroom");
   for (const auto& [field, w] : fields_) {
     if (field.startsWith(QStringLiteral("fix/"))) form.fixed[field.mid(4).toStdString()] = widget_text(w).toStdString();
   }

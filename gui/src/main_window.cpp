@@ -393,11 +393,13 @@ void MainWindow::on_selection() {
     compare_note_->setText(lines.join(QStringLiteral("\n")));
   }
 
-  const QString fits = e.fits ? tr("fits") : tr("DOES NOT FIT (%1)").arg(QString::fromStdString(e.reasons.empty() ? "" : e.reasons.front()));
+  const QString fits = !e.fits ? tr("DOES NOT FIT (%1)").arg(QString::fromStdString(e.reasons.empty() ? "" : e.reasons.front()))
+                       : e.tight ? tr("tight (%1)").arg(QString::fromStdString(e.reasons.empty() ? "" : e.reasons.front()))
+                                 : tr("fits");
   summary_->setText(tr("<b>Selected</b>: %1 &nbsp;|&nbsp; %2 of %3 GiB per GPU, %4 &nbsp;|&nbsp; %5 s per step &nbsp;|&nbsp; %6 tokens/s, MFU %7% "
                        "&nbsp;|&nbsp; %8 days, %9 GPU-hours, %10 USD")
                         .arg(layout_text(selected->plan.parallel).toHtmlEscaped())
-                        .arg(e.memory.total.in_gib(), 0, 'f', 1)
+                        .arg(e.memory.required.in_gib(), 0, 'f', 1)
                         .arg(e.memory.capacity.in_gib(), 0, 'f', 0)
                         .arg(fits.toHtmlEscaped())
                         .arg(e.time.step.value(), 0, 'f', 3)
@@ -418,7 +420,7 @@ void MainWindow::on_selection() {
     const int nodes = std::max(1, selected->plan.gpus / std::max(1, selected->plan.cluster.gpus_per_node));
     launch += tr("\n# The same from the command line:\n#   %1 --save-plan %2\n#   planner evaluate %2 --format html > report.html\n"
                  "#   planner launch %2 --nodes %3 --slurm > job.sbatch\n")
-                  .arg(QString::fromStdString(planner_command(*session_->request(), objective_key(session_->objective()))), plan_path_)
+                  .arg(QString::fromStdString(planner_command(*session_->request(), objective_key(session_->objective()), session_->memory_headroom())), plan_path_)
                   .arg(nodes);
   }
   launch_view_->setPlainText(launch);
@@ -540,7 +542,7 @@ QString MainWindow::report_text(pl::Format format) const {
   const cm::PlanRequest& request = *session_->request();
   const pl::SearchResult& result = *session_->result();
   pl::ReportContext context;
-  context.command = planner_command(request, objective_key(session_->objective()));
+  context.command = planner_command(request, objective_key(session_->objective()), session_->memory_headroom());
   std::string markdown = pl::render_search(request, result, context, pl::Format::kMarkdown);
   const auto& selected = session_->selected();
   if (selected && (result.ranked.empty() || !same_layout(result.ranked.front().plan.parallel, selected->plan.parallel))) {

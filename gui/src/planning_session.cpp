@@ -50,6 +50,7 @@ bool PlanningSession::submit(const RequestForm& form, pl::Objective objective) {
   input_errors_ = std::move(built.errors);
   emit inputErrorsChanged();
   if (!built.request) return false;
+  memory_headroom_ = built.memory_headroom;
 
   ++generation_;
   stop_running();
@@ -61,9 +62,11 @@ bool PlanningSession::submit(const RequestForm& form, pl::Objective objective) {
 
   const quint64 generation = generation_;
   const auto stop = stop_;
-  running_.push_back(QtConcurrent::run(&pool_, [this, generation, stop, request = std::move(*built.request), objective] {
+  running_.push_back(QtConcurrent::run(&pool_, [this, generation, stop, request = std::move(*built.request), objective,
+                                                 headroom = built.memory_headroom] {
     pl::SearchOptions options;
     options.objective = objective;
+    options.memory_headroom = headroom;
     options.top = kRankedPlans;
     options.threads = std::max(1, QThread::idealThreadCount());  // the same result as one thread, sooner
     // Progress in steps of 5% at most: every report wakes the UI thread, which shares the cores
@@ -121,7 +124,8 @@ void PlanningSession::start_scaling(quint64 generation) {
   const auto stop = stop_;
   const pl::Objective objective = objective_;
   forget_finished();
-  running_.push_back(QtConcurrent::run(&pool_, [this, generation, stop, base = std::move(base), here = std::move(here), objective] {
+  running_.push_back(QtConcurrent::run(&pool_, [this, generation, stop, base = std::move(base), here = std::move(here), objective,
+                                                 headroom = memory_headroom_] {
     auto outcome = std::make_shared<ScalingOutcome>();
     for (int gpus : scaling_gpu_counts(base.gpus)) {
       if (stop->load()) return;
@@ -134,6 +138,7 @@ void PlanningSession::start_scaling(quint64 generation) {
         pl::SearchOptions options;
         options.objective = objective;
         options.top = 1;
+        options.memory_headroom = headroom;
         options.threads = std::max(1, QThread::idealThreadCount());  // a newer search stops this one at once
         options.should_stop = [stop] { return stop->load(); };
         if (cm::validate_request(request).ok()) {
@@ -155,7 +160,9 @@ void PlanningSession::finish_scaling(quint64 generation, const std::shared_ptr<S
 }
 
 bool PlanningSession::select_plan(const cm::Plan& plan) {
-  auto candidate = pl::evaluate(plan);
+  cm::EstimateOptions estimate_options;
+  estimate_options.memory_headroom = memory_headroom_;
+  auto candidate = pl::evaluate(plan, estimate_options);
   if (!candidate) {
     selection_error_ = QString::fromStdString(candidate.error().message);
     emit selectionRejected(selection_error_);

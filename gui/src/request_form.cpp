@@ -137,7 +137,7 @@ std::string field_of_message(const std::string& message, const std::string& docu
   return it == kRequestFields.end() ? fallback : it->second;
 }
 
-std::string planner_command(const cm::PlanRequest& r, const std::string& objective) {
+std::string planner_command(const cm::PlanRequest& r, const std::string& objective, double memory_headroom) {
   const auto number = [](double x) {  // the shortest text that reads back as x
     char buf[64];
     for (int digits = 6; digits <= 17; ++digits) {
@@ -157,6 +157,8 @@ std::string planner_command(const cm::PlanRequest& r, const std::string& objecti
   if (t.mode == cm::TrainingMode::kLora || t.mode == cm::TrainingMode::kQlora) s += " --lora-rank " + std::to_string(t.lora.rank);
   if (t.attention == cm::AttentionKernel::kStandard) s += " --attention standard";
   if (t.dropout) s += " --dropout";
+  if (t.stack != cm::Stack::kTrainplan) s += std::string(" --stack ") + cm::stack_name(t.stack);
+  if (memory_headroom != cm::kDefaultMemoryHeadroom) s += " --memory-headroom " + number(100 * memory_headroom);
   const cm::ParallelConstraints& c = r.parallel;
   const auto fix = [&](const char* key, const std::optional<int>& v) {
     if (v) s += std::string(" --fix ") + key + "=" + std::to_string(*v);
@@ -225,6 +227,19 @@ BuiltRequest build_request(const RequestForm& form) {
     t.attention = form.attention == "standard" ? cm::AttentionKernel::kStandard : cm::AttentionKernel::kFlash;
   }
   if (enum_field("dropout", form.dropout, {"off", "on"})) t.dropout = form.dropout == "on";
+  if (enum_field("stack", form.stack, {"trainplan", "pytorch-eager", "torch-compile", "megatron-te"})) {
+    t.stack = *cm::stack_from_name(form.stack);
+  }
+  if (!trim(form.memory_headroom).empty()) {
+    char* end = nullptr;
+    const std::string text = trim(form.memory_headroom);
+    const double percent = std::strtod(text.c_str(), &end);
+    if (end == text.c_str() || *end != '\0' || !(percent >= 0 && percent <= 50)) {
+      errors.push_back({"memory_headroom", "must be a percentage from 0 to 50"});
+    } else {
+      built.memory_headroom = percent / 100.0;
+    }
+  }
   if (!trim(form.global_batch).empty()) {
     if (form.batch_unit == BatchUnit::kSequences) {
       if (auto b = whole_count(form.global_batch, false, "global_batch", std::int64_t{1} << 40, errors)) t.global_batch = *b;

@@ -74,10 +74,14 @@ QVariant PlanTableModel::data(const QModelIndex& index, int role) const {
   if (role == Qt::TextAlignmentRole) {
     return column == kRecompute || column == kSchedule || column == kNote || column == kFits ? QVariant() : right_aligned();
   }
-  if (role == Qt::BackgroundRole) return e.fits ? QVariant() : QVariant(QBrush(QColor(255, 228, 225)));
+  if (role == Qt::BackgroundRole) {
+    if (!e.fits) return QVariant(QBrush(QColor(255, 228, 225)));    // red: does not fit
+    if (e.tight) return QVariant(QBrush(QColor(255, 243, 205)));    // amber: within the memory headroom
+    return QVariant();
+  }
   if (role == Qt::ToolTipRole) {
     QString tip = layout_text(p);
-    if (!e.fits && !e.reasons.empty()) tip += QStringLiteral("\n") + QString::fromStdString(e.reasons.front());
+    if ((!e.fits || e.tight) && !e.reasons.empty()) tip += QStringLiteral("\n") + QString::fromStdString(e.reasons.front());
     if (!row.note.empty()) tip += QStringLiteral("\n") + QString::fromStdString(row.note);
     return tip;
   }
@@ -94,9 +98,9 @@ QVariant PlanTableModel::data(const QModelIndex& index, int role) const {
       case kMicroBatches: return e.micro_batches;
       case kRecompute: return static_cast<int>(p.recompute);
       case kSchedule: return p.pp == 1 ? 0 : static_cast<int>(p.schedule) * 100 + p.virtual_stages;
-      case kMemory: return e.memory.total.in_gib();
+      case kMemory: return e.memory.required.in_gib();
       case kCapacity: return e.memory.capacity.in_gib();
-      case kFits: return e.fits ? 1 : 0;
+      case kFits: return e.fits ? (e.tight ? 1 : 2) : 0;
       case kStepTime: return e.time.step.value();
       case kTokensPerSecond: return e.throughput.tokens_per_second;
       case kMfu: return 100 * e.throughput.mfu;
@@ -120,9 +124,9 @@ QVariant PlanTableModel::data(const QModelIndex& index, int role) const {
     case kMicroBatches: return e.micro_batches;
     case kRecompute: return QString::fromUtf8(cm::recompute_name(p.recompute));
     case kSchedule: return schedule_text(p);
-    case kMemory: return number(e.memory.total.in_gib(), 1);
+    case kMemory: return number(e.memory.required.in_gib(), 1);
     case kCapacity: return number(e.memory.capacity.in_gib(), 0);
-    case kFits: return e.fits ? QStringLiteral("yes") : QStringLiteral("no");
+    case kFits: return e.fits ? (e.tight ? QStringLiteral("tight") : QStringLiteral("yes")) : QStringLiteral("no");
     case kStepTime: return number(e.time.step.value(), 3);
     case kTokensPerSecond: return grouped(e.throughput.tokens_per_second);
     case kMfu: return number(100 * e.throughput.mfu, 1);
@@ -130,7 +134,7 @@ QVariant PlanTableModel::data(const QModelIndex& index, int role) const {
     case kGpuHours: return grouped(e.run.gpu_hours);
     case kCost: return grouped(e.run.cost_usd);
     case kNote:
-      if (!e.fits && !e.reasons.empty()) return QString::fromStdString(e.reasons.front());
+      if ((!e.fits || e.tight) && !e.reasons.empty()) return QString::fromStdString(e.reasons.front());
       return QString::fromStdString(row.note);
     default: return {};
   }
@@ -168,7 +172,7 @@ void PlanFilterProxy::set_fits_only(bool fits_only) {
 bool PlanFilterProxy::filterAcceptsRow(int source_row, const QModelIndex& source_parent) const {
   if (!fits_only_) return true;
   const QModelIndex index = sourceModel()->index(source_row, PlanTableModel::kFits, source_parent);
-  return sourceModel()->data(index, kValueRole).toInt() == 1;
+  return sourceModel()->data(index, kValueRole).toInt() >= 1;  // fits: with room (2) or tight (1)
 }
 
 // --- BreakdownModel ---
@@ -195,11 +199,15 @@ void BreakdownModel::set_estimate(const cm::Estimate& e, const pl::PerformanceDo
     add("gradients", "gradients_bytes", m.gradients.value(), kGiB);
     add("optimizer states", "optimizer_bytes", m.optimizer.value(), kGiB);
     add("activations", "activations_bytes", m.activations.value(), kGiB);
-    add("comm buffers", "buffers_bytes", m.buffers.value(), kGiB);
-    add("overhead", "overhead_bytes", m.overhead.value(), kGiB);
-    predicted_total_ = m.total.value() / kGiB;
+    add("comm buffers, workspaces", "buffers_bytes", m.buffers.value(), kGiB);
+    add("allocator cache", "allocator_cache_bytes", (m.reserved - m.total).value(), kGiB);
+    add("CUDA context", "overhead_bytes", m.overhead.value(), kGiB);
+    predicted_total_ = m.required.value() / kGiB;
     capacity_ = m.capacity.value() / kGiB;
-    measured_total_ = measured_value("total_bytes", kGiB);
+    // A measurement has the allocator's peak reserved bytes (GPU runs), else its allocated peak;
+    // the context outside the allocator is not measured.
+    measured_total_ = measured_value("reserved_bytes", kGiB);
+    if (!measured_total_) measured_total_ = measured_value("total_bytes", kGiB);
   } else {
     const auto& t = e.time;
     add("compute", "compute_seconds", t.compute.value(), 1);

@@ -112,9 +112,10 @@ void WhatIfPanel::set_plan(const cm::Plan& plan, const cm::Estimate& estimate) {
   setEnabled(true);
   base_->setText(tr("%1 on %2 GPUs: %3").arg(QString::fromStdString(plan.model.name)).arg(plan.gpus).arg(layout_text(p)));
   if (estimate.fits) {
-    status_->setStyleSheet(QStringLiteral("color:#006000"));
-    status_->setText(tr("Fits: %1 of %2 GiB per GPU; %3 s per step, MFU %4%")
-                         .arg(estimate.memory.total.in_gib(), 0, 'f', 1)
+    status_->setStyleSheet(estimate.tight ? QStringLiteral("color:#a06000") : QStringLiteral("color:#006000"));
+    status_->setText((estimate.tight ? tr("Tight (within the memory headroom): %1 of %2 GiB per GPU; %3 s per step, MFU %4%")
+                                     : tr("Fits: %1 of %2 GiB per GPU; %3 s per step, MFU %4%"))
+                         .arg(estimate.memory.required.in_gib(), 0, 'f', 1)
                          .arg(estimate.memory.capacity.in_gib(), 0, 'f', 0)
                          .arg(estimate.time.step.value(), 0, 'f', 3)
                          .arg(100 * estimate.throughput.mfu, 0, 'f', 1));

@@ -62,7 +62,7 @@ TEST_F(MainWindowTest, SelectingAPlanUpdatesEveryView) {
 
   // Every view shows this plan, with the cost model's numbers.
   const costmodel::Estimate e = costmodel::estimate(plan);
-  EXPECT_LT(relative(window_.memory_chart()->bar_total(0), e.memory.total.in_gib()), 1e-9);
+  EXPECT_LT(relative(window_.memory_chart()->bar_total(0), e.memory.required.in_gib()), 1e-9);
   EXPECT_DOUBLE_EQ(window_.memory_chart()->capacity_line(), e.memory.capacity.in_gib());
   EXPECT_LT(relative(window_.time_chart()->bar_total(0), e.time.step.value()), 1e-9);
   const int passes = 2 * plan.parallel.pp * e.micro_batches * plan.parallel.virtual_stages;
@@ -94,7 +94,7 @@ TEST_F(MainWindowTest, EditingAKnobUpdatesTheEstimateToTheCostModelsValue) {
   EXPECT_DOUBLE_EQ(selected().estimate.time.step.value(), e.time.step.value());
   EXPECT_NE(e.time.step.value(), costmodel::estimate(before).time.step.value());
   EXPECT_LT(relative(window_.time_chart()->bar_total(0), e.time.step.value()), 1e-9);
-  EXPECT_LT(relative(window_.memory_chart()->bar_total(0), e.memory.total.in_gib()), 1e-9);
+  EXPECT_LT(relative(window_.memory_chart()->bar_total(0), e.memory.required.in_gib()), 1e-9);
 
   // A knob that makes the plan too big says why it stops fitting.
   ASSERT_TRUE(window_.what_if_panel()->set_knob(QStringLiteral("mb"), QStringLiteral("32")));
@@ -247,7 +247,7 @@ TEST_F(MainWindowTest, AMeasurementIsOverlaidOnMemoryTimeAndThePipelineTimeline)
   const auto& m = *window_.session()->measurement();
   EXPECT_EQ(window_.memory_chart()->categories(), (QStringList{QStringLiteral("Predicted"), QStringLiteral("Measured")}));
   EXPECT_LT(relative(window_.memory_chart()->bar_total(1), m.memory.at("total_bytes") / 1073741824.0), 1e-9);
-  EXPECT_LT(relative(window_.memory_chart()->bar_total(0), selected().estimate.memory.total.in_gib()), 1e-9);
+  EXPECT_LT(relative(window_.memory_chart()->bar_total(0), selected().estimate.memory.required.in_gib()), 1e-9);
   EXPECT_LT(relative(window_.time_chart()->bar_total(1), m.time.at("step_seconds")), 1e-9);
   EXPECT_TRUE(window_.measured_schedule_view()->isVisibleTo(&window_) || window_.measured_schedule_view()->isVisibleTo(window_.measured_schedule_view()->parentWidget()));
   EXPECT_EQ(window_.measured_schedule_view()->schedule().passes(), 4 * 8 * 2);

@@ -141,6 +141,35 @@ TEST(RequestForm, LoraRankAttentionAndDropoutReachTheRequestAndTheCommandLine) {
 }
 
 // The planner command line the GUI shows searches the same request: same recommendation.
+TEST(RequestForm, StackAndMemoryHeadroomReachTheRequestAndTheCommandLine) {
+  RequestForm form;
+  form.stack = "torch-compile";
+  form.memory_headroom = "5";
+  const auto built = build_request(form);
+  ASSERT_TRUE(built.request) << (built.errors.empty() ? "" : built.errors.front().message);
+  EXPECT_EQ(built.request->training.stack, costmodel::Stack::kTorchCompile);
+  EXPECT_DOUBLE_EQ(built.memory_headroom, 0.05);
+  const std::string command = gui::planner_command(*built.request, "throughput", built.memory_headroom);
+  EXPECT_NE(command.find(" --stack torch-compile"), std::string::npos) << command;
+  EXPECT_NE(command.find(" --memory-headroom 5"), std::string::npos) << command;
+  // The defaults (the executor's stack, the derived headroom) are not spelled out.
+  const auto plain = build_request(RequestForm{});
+  EXPECT_DOUBLE_EQ(plain.memory_headroom, costmodel::kDefaultMemoryHeadroom);
+  EXPECT_EQ(gui::planner_command(*plain.request, "throughput").find("--stack"), std::string::npos);
+  for (const char* bad : {"abc", "-1", "60"}) {
+    RequestForm wrong;
+    wrong.memory_headroom = bad;
+    const auto b = build_request(wrong);
+    ASSERT_FALSE(b.errors.empty()) << bad;
+    EXPECT_EQ(b.errors.front().field, "memory_headroom") << bad;
+  }
+  RequestForm unknown;
+  unknown.stack = "jax";
+  const auto u = build_request(unknown);
+  ASSERT_FALSE(u.errors.empty());
+  EXPECT_EQ(u.errors.front().field, "stack");
+}
+
 TEST(PlannerCommand, TheCliGivesTheGuisRecommendation) {
   RequestForm form;
   form.model.ref = "8b";

@@ -87,8 +87,9 @@ TEST(PlanTableModel, ShowsTheEstimatesNumbersAlignedRight) {
   plans.set_result(result);
   const auto& e = result.ranked.front().estimate;
   const QModelIndex memory = plans.index(0, PlanTableModel::kMemory);
-  EXPECT_DOUBLE_EQ(plans.data(memory, kValueRole).toDouble(), e.memory.total.in_gib());
-  EXPECT_EQ(plans.data(memory).toString(), QString::number(e.memory.total.in_gib(), 'f', 1));
+  // The memory a plan needs: the allocator's reserve plus the CUDA context (what must fit).
+  EXPECT_DOUBLE_EQ(plans.data(memory, kValueRole).toDouble(), e.memory.required.in_gib());
+  EXPECT_EQ(plans.data(memory).toString(), QString::number(e.memory.required.in_gib(), 'f', 1));
   EXPECT_DOUBLE_EQ(plans.data(plans.index(0, PlanTableModel::kStepTime), kValueRole).toDouble(), e.time.step.value());
   EXPECT_EQ(plans.data(memory, Qt::TextAlignmentRole).value<Qt::Alignment>() & Qt::AlignRight, Qt::AlignRight);
   EXPECT_EQ(plans.data(plans.index(0, PlanTableModel::kRank)).toString(), QStringLiteral("1"));
@@ -114,7 +115,11 @@ TEST(PlanFilterProxy, SortsByValueAndFitsOnlyHidesPlansThatDoNotFit) {
   EXPECT_EQ(proxy.rowCount(), fitting + not_fitting);
   proxy.set_fits_only(true);
   EXPECT_EQ(proxy.rowCount(), fitting);
-  for (int r = 0; r < proxy.rowCount(); ++r) EXPECT_EQ(proxy.index(r, PlanTableModel::kFits).data().toString(), QStringLiteral("yes"));
+  for (int r = 0; r < proxy.rowCount(); ++r) {
+    const QString fits = proxy.index(r, PlanTableModel::kFits).data().toString();
+    const bool tight = proxy.mapToSource(proxy.index(r, 0)).isValid() && plans.row_at(proxy.mapToSource(proxy.index(r, 0)).row()).candidate.estimate.tight;
+    EXPECT_EQ(fits, tight ? QStringLiteral("tight") : QStringLiteral("yes")) << "row " << r;
+  }
 }
 
 TEST(BreakdownModel, PartsAddUpToTheEstimateAndMeasuredValuesSitBeside) {
@@ -129,7 +134,8 @@ TEST(BreakdownModel, PartsAddUpToTheEstimateAndMeasuredValuesSitBeside) {
   double memory_sum = 0, time_sum = 0;
   for (const auto& p : memory.parts()) memory_sum += p.predicted;
   for (const auto& p : time.parts()) time_sum += p.predicted;
-  EXPECT_NEAR(memory_sum, e.memory.total.in_gib(), 1e-9 * e.memory.total.in_gib());
+  // Tensors, then the allocator's cache and the CUDA context: what the plan requires.
+  EXPECT_NEAR(memory_sum, e.memory.required.in_gib(), 1e-9 * e.memory.required.in_gib());
   EXPECT_NEAR(time_sum, e.time.step.value(), 1e-9 * e.time.step.value());
   EXPECT_DOUBLE_EQ(memory.capacity(), e.memory.capacity.in_gib());
   EXPECT_EQ(memory.parts()[0].key, "weights_bytes");
@@ -140,7 +146,7 @@ TEST(BreakdownModel, PartsAddUpToTheEstimateAndMeasuredValuesSitBeside) {
   // The last row is the total.
   const int total_row = memory.rowCount() - 1;
   EXPECT_EQ(memory.data(memory.index(total_row, BreakdownModel::kPart)).toString(), QStringLiteral("total"));
-  EXPECT_DOUBLE_EQ(memory.data(memory.index(total_row, BreakdownModel::kPredicted), kValueRole).toDouble(), e.memory.total.in_gib());
+  EXPECT_DOUBLE_EQ(memory.data(memory.index(total_row, BreakdownModel::kPredicted), kValueRole).toDouble(), e.memory.required.in_gib());
 }
 
 }  // namespace

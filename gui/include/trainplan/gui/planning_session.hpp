@@ -45,6 +45,8 @@ class PlanningSession : public QObject {
   [[nodiscard]] const std::optional<costmodel::PlanRequest>& request() const { return request_; }
   [[nodiscard]] const std::optional<planner::SearchResult>& result() const { return result_; }
   [[nodiscard]] planner::Objective objective() const { return objective_; }
+  // The memory headroom (fraction of HBM) of the newest request: plans within it are tight.
+  [[nodiscard]] double memory_headroom() const { return memory_headroom_; }
   // What was wrong with the newest input (empty when it was good).
   [[nodiscard]] const std::vector<FieldError>& input_errors() const { return input_errors_; }
   // The error of the newest search, when the request was impossible ("no valid plan: ...").
@@ -110,6 +112,7 @@ class PlanningSession : public QObject {
   std::optional<costmodel::PlanRequest> request_;
   std::optional<planner::SearchResult> result_;
   planner::Objective objective_ = planner::Objective::kThroughput;
+  double memory_headroom_ = costmodel::kDefaultMemoryHeadroom;  // of the newest request
   std::vector<FieldError> input_errors_;
   QString search_error_;
 

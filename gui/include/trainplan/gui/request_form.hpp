@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "trainplan/costmodel/estimate.hpp"
 #include "trainplan/costmodel/plan.hpp"
 #include "trainplan/costmodel/hardware.hpp"
 
@@ -41,6 +42,8 @@ struct RequestForm {
   std::string lora_rank = "16";     // LoRA/QLoRA adapter rank, 1 .. 65536 (read in every mode)
   std::string attention = "flash";  // flash | standard (materialised scores)
   std::string dropout = "off";      // on | off: the model has dropout layers
+  std::string stack = "trainplan";  // trainplan | pytorch-eager | torch-compile | megatron-te
+  std::string memory_headroom;      // percent of HBM kept free; empty: costmodel::kDefaultMemoryHeadroom
   // Fixed parallel settings, by planner::apply_constraint key (tp, pp, dp, cp, ep, zero, mb, v,
   // sp, schedule, recompute, offload); "" or "auto" leaves one to the search.
   std::map<std::string, std::string> fixed;
@@ -48,7 +51,8 @@ struct RequestForm {
 
 // An input that is wrong, and why. `field` names it: "model", "cluster", "model/layers" (a
 // document field: the document and its pointer), "gpus", "seq_len", "global_batch",
-// "train_tokens", "precision", "lora_rank", "attention", "dropout", "fix/tp" (a constraint), "fix"
+// "train_tokens", "precision", "lora_rank", "attention", "dropout", "stack", "memory_headroom",
+// "fix/tp" (a constraint), "fix"
 // (the constraints together).
 struct FieldError {
   std::string field;
@@ -58,6 +62,7 @@ struct FieldError {
 struct BuiltRequest {
   std::optional<costmodel::PlanRequest> request;  // set when `errors` is empty
   std::vector<FieldError> errors;                 // every wrong field, in form order
+  double memory_headroom = costmodel::kDefaultMemoryHeadroom;  // fraction of HBM (planner::SearchOptions)
 };
 
 // Reads the form. Never throws; every problem is a FieldError.
@@ -73,7 +78,8 @@ struct BuiltRequest {
 // --train-tokens 1.4e+12 --precision bf16 --optimizer adamw --mode pretrain --objective throughput
 // --fix tp=8". A model or cluster that is no preset is given as MODEL.json / CLUSTER.json (export
 // it from the plan JSON).
-[[nodiscard]] std::string planner_command(const costmodel::PlanRequest& request, const std::string& objective);
+[[nodiscard]] std::string planner_command(const costmodel::PlanRequest& request, const std::string& objective,
+                                          double memory_headroom = costmodel::kDefaultMemoryHeadroom);
 
 // The field an error message of a document or request belongs to: the JSON pointer in
 // "file: /gpu/hbm_capacity_gib: must be > 0" or "/parallel/tp: ..." mapped to a field name
