@@ -284,6 +284,9 @@ nlohmann::json measurement_json(const cm::Plan& plan, const World& w, const Rank
     const double peak_flops = plan.cluster.gpu.peak_for(cm::compute_dtype(plan.training.precision)).value();
     if (peak_flops > 0) throughput["mfu"] = model_tflops * 1e12 / peak_flops;
   }
+  // What ran is this executor's own stack, whatever stack the plan was estimated for.
+  nlohmann::json training = cm::training_to_json(plan.training);
+  training["stack"] = cm::stack_name(cm::Stack::kTrainplan);
   nlohmann::json step_list = nlohmann::json::array();
   for (const auto& s : steps) {
     nlohmann::json j = {{"step", s.step}, {"loss", s.loss}, {"seconds", s.seconds}, {"tokens_per_second", s.tokens_per_second},
@@ -304,7 +307,7 @@ nlohmann::json measurement_json(const cm::Plan& plan, const World& w, const Rank
       {"world_size", w.comm->size()},
       {"device", w.device_name},
       {"data", data},
-      {"training", cm::training_to_json(plan.training)},
+      {"training", training},
       {"parallel", cm::parallel_to_json(plan.parallel)},
       {"parameters", estimate.parameters},
       {"trainable_parameters", estimate.trainable_parameters},

@@ -55,6 +55,9 @@ Comparison compare(PerformanceDocument predicted, PerformanceDocument measured) 
     c.warnings.push_back("world size differs: the estimate has " + std::to_string(predicted.world_size) + " GPUs, the measurement " +
                          std::to_string(measured.world_size) + " ranks");
   }
+  if (!predicted.stack.empty() && !measured.stack.empty() && predicted.stack != measured.stack) {
+    c.warnings.push_back("software stack differs: the estimate is for " + predicted.stack + ", the measurement ran " + measured.stack);
+  }
   if (measured.device == "cpu" && !predicted.cluster.empty()) {
     c.warnings.push_back("the measurement ran on CPU and the estimate is for " + predicted.cluster +
                          " GPUs: memory compares, time and throughput do not");

@@ -212,6 +212,12 @@ PerformanceDocument read_document(const nlohmann::json& json, const std::string&
   const auto gpus = r.integer("gpus", 1, 1 << 24);
   d.world_size = r.integer("world_size", 1, 1 << 24).value_or(gpus.value_or(0));
   if (r.find("parallel")) d.layout = read_layout(r.object("parallel"));
+  if (r.find("training")) {
+    const LenientReader t = r.object("training");
+    d.stack = t.string("stack");
+  }
+  // A measurement the executor wrote before it named its stack ran its own.
+  if (d.stack.empty() && expected_schema == kMeasurementSchema) d.stack = costmodel::stack_name(costmodel::Stack::kTrainplan);
   for (Section section : kSections) {
     const LenientReader s = r.object(section_name(section));
     for (const std::string& key : section_keys(section)) {

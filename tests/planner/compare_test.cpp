@@ -140,6 +140,19 @@ TEST(Compare, DifferentModelAndLayoutGiveWarningsAndStillCompare) {
   EXPECT_NE(line_of(text, "weights").find("+50.0%"), std::string::npos) << text;
 }
 
+TEST(Compare, AnEstimateForAnotherStackThanTheExecutorsSaysSo) {
+  auto loaded_prediction = planner::load_prediction_file(kPlanFile);
+  auto loaded_measurement = planner::load_measurement_file(kMeasurementFile);
+  ASSERT_TRUE(loaded_prediction.ok() && loaded_measurement.ok());
+  planner::PerformanceDocument predicted = *loaded_prediction, measured = *loaded_measurement;
+  EXPECT_EQ(measured.stack, "trainplan") << "a measurement without training.stack ran the executor's own";
+  EXPECT_EQ(planner::compare(predicted, measured).warnings.size(), 0u);
+  predicted.stack = "megatron-te";
+  const Comparison c = planner::compare(predicted, measured);
+  ASSERT_EQ(c.warnings.size(), 1u);
+  EXPECT_EQ(c.warnings.front(), "software stack differs: the estimate is for megatron-te, the measurement ran trainplan");
+}
+
 TEST(Compare, ClosingLineNamesTheLargestDeviation) {
   PerformanceDocument predicted, measured;
   predicted.memory["weights_bytes"] = 1073741824;  // 1 GiB
