@@ -146,11 +146,18 @@ TEST(Compare, AnEstimateForAnotherStackThanTheExecutorsSaysSo) {
   ASSERT_TRUE(loaded_prediction.ok() && loaded_measurement.ok());
   planner::PerformanceDocument predicted = *loaded_prediction, measured = *loaded_measurement;
   EXPECT_EQ(measured.stack, "trainplan") << "a measurement without training.stack ran the executor's own";
-  EXPECT_EQ(planner::compare(predicted, measured).warnings.size(), 0u);
+  const auto stack_warnings = [](const Comparison& c) {
+    std::vector<std::string> out;
+    for (const auto& w : c.warnings) {
+      if (w.find("stack") != std::string::npos) out.push_back(w);
+    }
+    return out;
+  };
+  EXPECT_TRUE(stack_warnings(planner::compare(predicted, measured)).empty());
   predicted.stack = "megatron-te";
-  const Comparison c = planner::compare(predicted, measured);
-  ASSERT_EQ(c.warnings.size(), 1u);
-  EXPECT_EQ(c.warnings.front(), "software stack differs: the estimate is for megatron-te, the measurement ran trainplan");
+  const auto warnings = stack_warnings(planner::compare(predicted, measured));
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_EQ(warnings.front(), "software stack differs: the estimate is for megatron-te, the measurement ran trainplan");
 }
 
 TEST(Compare, ClosingLineNamesTheLargestDeviation) {
