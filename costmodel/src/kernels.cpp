@@ -356,13 +356,24 @@ double KernelRates::gemm(double m, double n, double k, double batch, double oper
 }
 
 double KernelRates::attention_rate(double s, double d, bool backward) const {
-  // Per head size interpolated in log seq_len, then between head sizes in log d, clamped.
+  // Per head size interpolated in log seq_len, then between the two head sizes around d in log d
+  // (clamped at the ends).
   const auto& p = tables_->prepared;
-  std::vector<double> per_dim(p.attention_head_dims.size());
-  for (std::size_t i = 0; i < per_dim.size(); ++i) {
-    per_dim[i] = interpolate_log(p.attention_seqs[i], backward ? p.attention_backward_rate[i] : p.attention_forward_rate[i], s);
+  const auto& dims = p.attention_head_dims;
+  const auto rate_at = [&](std::size_t i) {
+    return interpolate_log(p.attention_seqs[i], backward ? p.attention_backward_rate[i] : p.attention_forward_rate[i], s);
+  };
+  double rate;
+  if (d <= dims.front()) {
+    rate = rate_at(0);
+  } else if (d >= dims.back()) {
+    rate = rate_at(dims.size() - 1);
+  } else {
+    const auto hi = static_cast<std::size_t>(std::upper_bound(dims.begin(), dims.end(), d) - dims.begin());
+    const double f = std::log(d / dims[hi - 1]) / std::log(dims[hi] / dims[hi - 1]);
+    rate = rate_at(hi - 1) + f * (rate_at(hi) - rate_at(hi - 1));
   }
-  return interpolate_log(p.attention_head_dims, per_dim, d) * table_scale_;
+  return rate * table_scale_;
 }
 
 double KernelRates::attention_forward(double batch_heads, double s_q, double s_k, double d, bool causal) const {
