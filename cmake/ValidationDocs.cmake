@@ -1,8 +1,10 @@
 # cmake -DPLANNER=<planner binary> -DSOURCE_DIR=<repository root> -P cmake/ValidationDocs.cmake
 # The validation record: writes docs/validation.md and docs/validation.json with `planner validate`
 # and puts the Markdown summary table into README.md between the two marker comments
-# ("<!-- begin validation summary" ... "<!-- end validation summary -->"). Run by the
-# `validation_docs` target (planner/CMakeLists.txt).
+# ("<!-- begin validation summary" ... "<!-- end validation summary -->"), and each table marked
+# "<!-- begin validation table ID" ... "<!-- end validation table ID -->" (ID: a table id of
+# `planner validate`) between its markers. Run by the `validation_docs` target
+# (planner/CMakeLists.txt).
 foreach(required PLANNER SOURCE_DIR)
   if(NOT DEFINED ${required})
     message(FATAL_ERROR "ValidationDocs.cmake: -D${required}=... is required")
@@ -27,17 +29,44 @@ string(SUBSTRING "${markdown}" ${at} -1 summary)
 
 set(readme_file "${SOURCE_DIR}/README.md")
 file(READ "${readme_file}" readme)
-string(FIND "${readme}" "<!-- begin validation summary" begin)
-string(FIND "${readme}" "<!-- end validation summary -->" end)
-if(begin EQUAL -1 OR end EQUAL -1 OR end LESS begin)
-  message(FATAL_ERROR "README.md: the validation summary markers are missing")
-endif()
-string(SUBSTRING "${readme}" ${begin} -1 from_begin)
-string(FIND "${from_begin}" "-->\n" marker_end)
-math(EXPR head_length "${begin} + ${marker_end} + 4")
-string(SUBSTRING "${readme}" 0 ${head_length} head)
-string(SUBSTRING "${readme}" ${end} -1 tail)
-file(WRITE "${readme_file}.tmp" "${head}${summary}${tail}")
+
+# Replaces what lies between "<!-- begin NAME...-->\n" and "<!-- end NAME -->" in `readme`.
+function(replace_block name content)
+  string(FIND "${readme}" "<!-- begin ${name}" begin)
+  string(FIND "${readme}" "<!-- end ${name} -->" end)
+  if(begin EQUAL -1 OR end EQUAL -1 OR end LESS begin)
+    message(FATAL_ERROR "README.md: the markers of \"${name}\" are missing")
+  endif()
+  string(SUBSTRING "${readme}" ${begin} -1 from_begin)
+  string(FIND "${from_begin}" "-->\n" marker_end)
+  math(EXPR head_length "${begin} + ${marker_end} + 4")
+  string(SUBSTRING "${readme}" 0 ${head_length} head)
+  string(SUBSTRING "${readme}" ${end} -1 tail)
+  set(readme "${head}${content}${tail}" PARENT_SCOPE)
+endfunction()
+
+replace_block("validation summary" "${summary}")
+
+# Tables by id: the block after "Table id `ID`.\n\n" up to the next section.
+string(REGEX MATCHALL "<!-- begin validation table [a-z0-9_]+" marked "${readme}")
+foreach(marker IN LISTS marked)
+  string(REPLACE "<!-- begin validation table " "" id "${marker}")
+  string(FIND "${markdown}" "Table id `${id}`.\n\n" at)
+  if(at EQUAL -1)
+    message(FATAL_ERROR "docs/validation.md has no table with id ${id}")
+  endif()
+  string(LENGTH "Table id `${id}`.\n\n" skip)
+  math(EXPR at "${at} + ${skip}")
+  string(SUBSTRING "${markdown}" ${at} -1 rest)
+  string(FIND "${rest}" "\n## " next)
+  if(NOT next EQUAL -1)
+    math(EXPR next "${next} + 1")
+    string(SUBSTRING "${rest}" 0 ${next} rest)
+  endif()
+  replace_block("validation table ${id}" "${rest}")
+endforeach()
+
+file(WRITE "${readme_file}.tmp" "${readme}")
 file(COPY_FILE "${readme_file}.tmp" "${readme_file}" ONLY_IF_DIFFERENT)
 file(REMOVE "${readme_file}.tmp")
-message(STATUS "wrote docs/validation.md, docs/validation.json and the summary in README.md")
+message(STATUS "wrote docs/validation.md, docs/validation.json and the marked tables in README.md")

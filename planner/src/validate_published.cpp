@@ -409,10 +409,49 @@ Result<ValidationTable> validate_torchtitan_a100() {
   });
 }
 
+Result<ValidationTable> validate_llama3_405b_h100() {
+  return reproduce([] {
+    const PublishedTable t = load_table("llama3_405b_h100");
+    ValidationTable table;
+    table.id = "llama3_405b_h100";
+    table.title = "Llama 3 405B on H100 (held out)";
+    table.quantity = "MFU, %";
+    table.source = "Dubey et al. 2024, The Llama 3 Herd of Models, Table 4 (bf16 MFU on 8K and 16K H100, tp/cp/pp/dp as published); "
+                   "predicted for the megatron-te stack on dgx-h100 with the published layout and 16M-token batches, micro-batch, "
+                   "interleaving, ZeRO stage and recompute searched; not used to build the model";
+    const costmodel::ModelSpec model = checked(costmodel::find_model("llama3-405b"));
+    const costmodel::HardwareProfile h100 = checked(costmodel::find_hwprofile("dgx-h100"));
+    for (const CsvRow& row : t.rows) {
+      costmodel::PlanRequest req;
+      req.model = model;
+      req.cluster = h100;
+      req.gpus = t.integer(row, "gpus");
+      req.training.seq_len = static_cast<long long>(t.number(row, "seq_len"));
+      req.training.global_batch = static_cast<long long>(t.number(row, "global_batch_tokens")) / req.training.seq_len;
+      req.training.stack = costmodel::Stack::kMegatronTe;
+      costmodel::resolve_training_defaults(req.model, req.training);
+      auto& c = req.parallel;
+      c.tp = t.integer(row, "tp");
+      c.cp = t.integer(row, "cp");
+      c.pp = t.integer(row, "pp");
+      c.dp = t.integer(row, "dp");
+      c.ep = 1;
+      c.offload_optimizer = costmodel::Offload::kNone;
+      const std::string label = fmt("%d GPUs, tp%d cp%d pp%d dp%d, seq %lld", req.gpus, *c.tp, *c.cp, *c.pp, *c.dp,
+                                    static_cast<long long>(req.training.seq_len));
+      const Found best = best_plan(req, t.file + ": " + label);
+      const auto& p = best.plan().parallel;
+      const std::string note = fmt("zero%d mb=%d v=%d, %s", p.zero_stage, p.micro_batch, p.virtual_stages, costmodel::recompute_name(p.recompute));
+      table.rows.push_back(validation_row(label, t.number(row, "mfu_pct"), best.estimate().throughput.mfu * 100, best.note(note), best.fits()));
+    }
+    return table;
+  });
+}
+
 Result<std::vector<ValidationTable>> validate_published() {
   std::vector<ValidationTable> tables;
   for (auto validate : {validate_h100_runs, validate_h100_stacks, validate_megatron2021_table1, validate_korthikanti2022_table3,
-                        validate_zero2020_table1, validate_fsdp_runs_a100, validate_torchtitan_a100}) {
+                        validate_zero2020_table1, validate_fsdp_runs_a100, validate_torchtitan_a100, validate_llama3_405b_h100}) {
     auto table = validate();
     if (!table) return table.error();
     tables.push_back(std::move(table).value());
