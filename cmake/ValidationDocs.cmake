@@ -19,6 +19,34 @@ foreach(format md json)
   endif()
 endforeach()
 
+# The sample reports: the flagship question and every sample plan, as Markdown.
+file(MAKE_DIRECTORY "${SOURCE_DIR}/docs/reports")
+# NAME|ARG,ARG,...: the report's file stem and the planner's arguments.
+set(reports
+  "llama3-70b-64xdgx-h100|--model,70b,--gpus,64,--format,md"
+  "llama3-70b-64xh100-auto|search,samples/plans/llama3-70b-64xh100-auto.json,--format,md"
+  "gpt3-175b-1024xa100|evaluate,samples/plans/gpt3-175b-1024xa100.json,--format,md"
+  "llama3-8b-lora-8xh100|evaluate,samples/plans/llama3-8b-lora-8xh100.json,--format,md"
+  "tiny-llama-pp4|evaluate,samples/plans/tiny-llama-pp4.json,--format,md")
+foreach(report IN LISTS reports)
+  string(REPLACE "|" ";" parts "${report}")
+  string(REPLACE "," ";" parts "${parts}")
+  list(GET parts 0 name)
+  list(SUBLIST parts 1 -1 args)
+  execute_process(COMMAND "${PLANNER}" ${args} WORKING_DIRECTORY "${SOURCE_DIR}" OUTPUT_VARIABLE text RESULT_VARIABLE status)
+  if(NOT status EQUAL 0 AND NOT status EQUAL 1)
+    message(FATAL_ERROR "planner ${args} exited with ${status}")
+  endif()
+  # The search time changes from run to run; the record keeps the plans, not the stopwatch.
+  string(REGEX REPLACE "Searched  ([0-9.]+( [KMBT])?) plans in [0-9.]+ s \\([^)]*\\)" "Searched  \\1 plans" text "${text}")
+  file(WRITE "${SOURCE_DIR}/docs/reports/${name}.md" "${text}")
+  if(name STREQUAL "llama3-70b-64xdgx-h100")
+    string(REGEX MATCH "## Recommended: [^\n]*\n  Why: [^\n]*\n" recommendation "${text}")
+    string(REPLACE "## " "" recommendation "${recommendation}")
+    set(recommendation "```\n${recommendation}```\n")
+  endif()
+endforeach()
+
 file(READ "${SOURCE_DIR}/docs/validation.md" markdown)
 string(FIND "${markdown}" "## Summary\n\n" at)
 if(at EQUAL -1)
@@ -46,6 +74,7 @@ function(replace_block name content)
 endfunction()
 
 replace_block("validation summary" "${summary}")
+replace_block("sample recommendation" "${recommendation}")
 
 # Tables by id: the block after "Table id `ID`.\n\n" up to the next section.
 string(REGEX MATCHALL "<!-- begin validation table [a-z0-9_]+" marked "${readme}")
