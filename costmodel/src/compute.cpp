@@ -143,14 +143,17 @@ LayerCost transformer_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw
     if (has_target(s.lora, "k")) p.adapter(T, h, kv_local, r);
     if (has_target(s.lora, "v")) p.adapter(T, h, kv_local, r);
   }
+  double rotary_forward = 0;  // for op-level selective recompute
   if (!gpt) {
     // Rotary embedding on q and k; eager: rotate-half (5 kernels each) plus the cos/sin casts.
-    p.elementwise(ElementwiseOp::kRotaryEager, T * q_local, 2 * e, 2 * e);
-    p.elementwise(ElementwiseOp::kRotaryEager, T * kv_local, 2 * e, 2 * e);
-    if (!stack.fused_elementwise) {
-      p.forward += 4 * rates.latency();
-      p.kernels += 4;
-    }
+    rotary_forward = timed([&] {
+      p.elementwise(ElementwiseOp::kRotaryEager, T * q_local, 2 * e, 2 * e);
+      p.elementwise(ElementwiseOp::kRotaryEager, T * kv_local, 2 * e, 2 * e);
+      if (!stack.fused_elementwise) {
+        p.forward += 4 * rates.latency();
+        p.kernels += 4;
+      }
+    });
   }
 
   double core_forward = 0;  // attention core, for selective recompute and CP overlap
@@ -290,9 +293,21 @@ LayerCost transformer_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw
         // softmax statistics are saved and the core runs twice.
         c.activation_bytes = c.full_activation_bytes - score_bytes;
         c.recompute = core_forward;
+      } else if (!gpt && (s.stack == Stack::kPytorchEager || s.stack == Stack::kTorchCompile)) {
+        // PyTorch's op-level selective checkpointing (torchtitan's policy, torch.utils.checkpoint
+        // with create_selective_checkpoint_contexts): the outputs of SDPA and of every other
+        // matmul of the block are saved (wq, wv, w1, w2 of wq, wk, wv, wo, w1, w3, w2), the rest
+        // recomputed in backward from the block's input: the wk, wo and w3 GEMMs and every
+        // element-wise op.
+        c.activation_bytes = Tn * h * e + T * q_local * e + T * kv_local * e + proj_input + score_bytes + masks +
+                             tokens_mlp * ffn_local * e + Tn * h * e + routed_input + adapters;
+        double gemms = gemm_rates.gemm(T, kv_local, h, 1, lin_in) + gemm_rates.gemm(T, h, q_local, 1, lin_in) +
+                       experts_local * gemm_rates.gemm(tokens_per_expert, ffn_local, h, 1, lin_in);
+        c.recompute = recompute_pointwise + gemms + rotary_forward;
+        c.forward_transient_bytes = std::max(c.forward_transient_bytes, T * kv_local * e + Tn * h * e);
       } else {
         // Flash already keeps no scores: recompute the cheap memory-bound ops instead (norms,
-        // activation function) and keep only their inputs (torchtitan's op-level selective).
+        // activation function) and keep only their inputs.
         c.activation_bytes = c.full_activation_bytes - norm_outputs - mlp_act_out;
         c.recompute = recompute_pointwise;
       }
@@ -331,6 +346,11 @@ LayerCost transformer_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw
     c.hardware_flops += 2.0 * (attn_matmul + mlp_matmul + adapter_params) * T + attention_flops_fwd;
   } else if (s.recompute == Recompute::kSelective && (s.attention == AttentionKernel::kStandard || s.stack == Stack::kTrainplan)) {
     c.hardware_flops += attention_flops_fwd;
+  } else if (s.recompute == Recompute::kSelective && !gpt && (s.stack == Stack::kPytorchEager || s.stack == Stack::kTorchCompile)) {
+    // The recomputed wk, wo and w3 GEMMs.
+    const double recomputed = (h * static_cast<double>(mdl.kv_dim()) + h * h) / t +
+                              h * (mdl.moe ? static_cast<double>(mdl.moe->expert_ffn_hidden) * mdl.moe->top_k : static_cast<double>(mdl.ffn_hidden)) / t;
+    c.hardware_flops += 2.0 * recomputed * T;
   }
   return c;
 }

@@ -374,7 +374,8 @@ Result<ValidationTable> validate_torchtitan_a100() {
     table.quantity = "MFU, %";
     table.source = "torchtitan docs/performance.md (older version): Llama 3 and Llama 2 with FSDP on 64 A100-80GB, bf16, eager "
                    "modules; activation checkpointing \"selective(layer)\" taken as full recompute of every 2nd layer (torchtitan's "
-                   "default frequency), \"selective(op)\" as selective recompute";
+                   "default frequency), \"selective(op)\" as selective recompute, which for the pytorch-eager stack is torchtitan's op-level policy "
+                   "(SDPA and every other matmul saved, the rest recomputed)";
     const costmodel::HardwareProfile a100 = checked(costmodel::find_hwprofile("dgx-a100-80g"));
     for (const CsvRow& row : t.rows) {
       const std::string name = t.text(row, "model");
