@@ -317,7 +317,7 @@ int main(int argc, char** argv) {
   const std::string headroom_help = "Percent of HBM kept free: plans needing more are \"tight\", ranked after the others (default " +
                                     std::to_string(static_cast<int>(100 * cm::kDefaultMemoryHeadroom)) + ", twice the largest memory error on the measured H100 runs)";
   app.add_option("--stack", stack, stack_help);
-  app.add_option("--memory-headroom", memory_headroom_percent, headroom_help)->check(CLI::Range(0.0, 50.0));
+  app.add_option("--memory-headroom", memory_headroom_percent, headroom_help);
   app.add_option("--fix", fixes, "Fix a parallel setting, e.g. --fix tp=8 --fix pp=4 --fix recompute=full");
   app.add_option("--objective", objective, "throughput | time | cost")->check(CLI::IsMember({"throughput", "time", "cost"}))->capture_default_str();
   app.add_option("--top", top, "Plans to list")->check(CLI::Range(1, 1000))->capture_default_str();
@@ -330,14 +330,14 @@ int main(int argc, char** argv) {
   evaluate_cmd->add_option("plan", plan_file, "Plan JSON file")->required();
   evaluate_cmd->add_option("--format", format, "text | json | csv | md | html")->check(CLI::IsMember({"text", "json", "csv", "md", "html"}));
   evaluate_cmd->add_option("--stack", stack, stack_help + "; overrides the plan's training.stack");
-  evaluate_cmd->add_option("--memory-headroom", memory_headroom_percent, headroom_help)->check(CLI::Range(0.0, 50.0));
+  evaluate_cmd->add_option("--memory-headroom", memory_headroom_percent, headroom_help);
   CLI::App* search_cmd = app.add_subcommand("search", "Search the open (\"auto\") fields of a plan file");
   search_cmd->add_option("plan", plan_file, "Plan JSON file")->required();
   search_cmd->add_option("--format", format, "text | json | csv | md | html")->check(CLI::IsMember({"text", "json", "csv", "md", "html"}));
   search_cmd->add_option("--save-plan", save_plan, "Write the recommended plan to this file");
   search_cmd->add_option("--top", top, "Plans to list")->check(CLI::Range(1, 1000));
   search_cmd->add_option("--stack", stack, stack_help + "; overrides the plan's training.stack");
-  search_cmd->add_option("--memory-headroom", memory_headroom_percent, headroom_help)->check(CLI::Range(0.0, 50.0));
+  search_cmd->add_option("--memory-headroom", memory_headroom_percent, headroom_help);
   CLI::App* compare_cmd = app.add_subcommand("compare", "Compare an estimate with a measurement the executor wrote");
   std::string estimate_file, measurement_file;
   compare_cmd->add_option("estimate", estimate_file, "trainplan/estimate/v1 file (planner evaluate --format json) or a fixed plan file")->required();
@@ -409,6 +409,9 @@ int main(int argc, char** argv) {
   const pl::Format fmt = parse_format(format);
   pl::ReportContext ctx;
   ctx.command = join_args(argc, argv);
+  if (!(memory_headroom_percent >= 0 && memory_headroom_percent <= 50)) {
+    return fail("--memory-headroom: must be a percentage of HBM from 0 to 50 (got " + std::to_string(memory_headroom_percent) + ")");
+  }
   ctx.memory_headroom = memory_headroom_percent / 100.0;
   std::optional<cm::Stack> stack_choice;
   if (!stack.empty()) {

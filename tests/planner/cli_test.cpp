@@ -105,12 +105,37 @@ TEST_F(PlannerCli, BadInputExitsTwoWithOneLineMessage) {
       {"malformed plan file", "evaluate " + quote(malformed.string()), "malformed JSON"},
       {"number beyond double range", "evaluate " + quote(overflow.string()), "number overflow"},
       {"missing plan file", "evaluate " + quote((dir_ / "nope.json").string()), "nope.json"},
+      {"unknown stack", "--model 8b --gpus 8 --stack jax", "--stack: must be one of trainplan | pytorch-eager | torch-compile | megatron-te (got \"jax\")"},
+      {"headroom past half of HBM", "--model 8b --gpus 8 --memory-headroom 60", "--memory-headroom"},
+      {"negative headroom", "--model 8b --gpus 8 --memory-headroom -1", "--memory-headroom"},
       {"heads not divisible by tp", "--model 70b --gpus 64 --fix tp=3", "tp(3) must divide heads (64)"},
       {"unknown cluster", "--model 8b --gpus 8 --cluster dgx-z900", "unknown cluster \"dgx-z900\""},
       {"bad --fix key", "--model 8b --gpus 8 --fix tensor=2", "unknown key"},
   });
   // The malformed plan's message names the file.
   EXPECT_NE(run("evaluate " + quote(malformed.string())).err.find(malformed.string()), std::string::npos);
+}
+
+TEST_F(PlannerCli, TheReportNamesTheStackAndTheHeadroomMarksTightPlans) {
+  const Outcome plain = run("--model 8b --gpus 8 --quiet");
+  ASSERT_EQ(plain.exit_code, 0) << plain.all();
+  EXPECT_NE(plain.out.find("Stack     trainplan: trainplan executor"), std::string::npos) << plain.out;
+  const Outcome compiled = run("--model 8b --gpus 8 --quiet --stack torch-compile");
+  ASSERT_EQ(compiled.exit_code, 0) << compiled.all();
+  EXPECT_NE(compiled.out.find("Stack     torch-compile:"), std::string::npos) << compiled.out;
+  // A headroom of half the HBM: plans that keep it come first (8B on 8 GPUs has them).
+  const Outcome roomy = run("--model 8b --gpus 8 --quiet --memory-headroom 50 --format json");
+  ASSERT_EQ(roomy.exit_code, 0) << roomy.all();
+  for (const auto& c : nlohmann::json::parse(roomy.out).at("ranked")) {
+    EXPECT_FALSE(c.at("tight").get<bool>());
+    EXPECT_LE(c.at("memory").at("required_bytes").get<double>(), 0.5 * 80 * 1073741824.0);
+  }
+  // 70B on 16 GPUs cannot keep 40% free: the best plans are recommended, marked tight and said so.
+  const Outcome tight = run("--model 70b --gpus 16 --quiet --memory-headroom 40");
+  ASSERT_EQ(tight.exit_code, 0) << tight.all();
+  EXPECT_NE(tight.out.find("Tight: no plan keeps the memory headroom"), std::string::npos) << tight.out;
+  EXPECT_NE(tight.out.find(" tight "), std::string::npos) << tight.out;
+  EXPECT_NE(tight.out.find("within the 40% memory headroom"), std::string::npos) << tight.out;
 }
 
 TEST_F(PlannerCli, HtmlFormatIsAPageWithTheReportTables) {
