@@ -251,7 +251,7 @@ ProfileSweep profile_sweep(bool cuda, bool quick) {
     s.warmup = 1;
     s.repeats = 5;
     s.collective_warmup = 2;
-    s.collective_repeats = 5;
+    s.collective_repeats = 9;
     if (quick) {
       gemm_hidden_ffn = {{256, 1024}};
       tps = {1, 4};
@@ -268,7 +268,7 @@ ProfileSweep profile_sweep(bool cuda, bool quick) {
       s.copy_bytes = 16 * kMiB;
       s.collective_bytes = {4 * kKiB, 16 * kKiB, 64 * kKiB, 256 * kKiB, kMiB};
       s.repeats = 3;
-      s.collective_repeats = 3;
+      s.collective_repeats = 5;
     }
   }
   for (const auto& [h, ffn] : gemm_hidden_ffn) {
@@ -394,9 +394,13 @@ std::vector<BenchmarkTask> collective_tasks(const ProfileSweep& sweep, Communica
                            for (auto& w : works) w->wait();  // surfaces failures and the timeout
                            seconds = interval.seconds() / repeats;
                          } else {
-                           const auto t0 = std::chrono::steady_clock::now();
-                           for (int i = 0; i < repeats; ++i) launch()->wait();
-                           seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / repeats;
+                           std::vector<double> times;
+                           for (int i = 0; i < repeats; ++i) {
+                             const auto t0 = std::chrono::steady_clock::now();
+                             launch()->wait();
+                             times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+                           }
+                           seconds = median(times);
                          }
                          std::ostringstream mine;
                          mine.precision(17);

@@ -69,7 +69,8 @@ struct KernelMeasurements {
 
 // Collective benchmarks over `comm` (every rank runs the same tasks in the same order): fp32
 // tensors on `device` of each size in `sweep.collective_bytes` (rounded down to a multiple of
-// 4 x ranks); the time is the slowest rank's mean over the repeats; busbw = bytes / time x
+// 4 x ranks); the time is the slowest rank's per-call time (GPU: CUDA events around the
+// repeats, their mean, as nccl-tests; CPU: the median of the calls timed one by one); busbw = bytes / time x
 // 2(n-1)/n for all-reduce, x (n-1)/n for all-gather (bytes = its output) and reduce-scatter
 // (bytes = its input). Each task appends to `out`, which must outlive them. REQUIRES: comm.size() > 1.
 [[nodiscard]] std::vector<BenchmarkTask> collective_tasks(const ProfileSweep& sweep, Communicator& comm, at::Device device,

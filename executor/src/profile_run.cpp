@@ -230,8 +230,9 @@ cm::HardwareProfile build_profile(const ProfileOptions& o, const cm::HardwarePro
   if (m.collectives.ranks > 1) {
     auto table = std::make_shared<cm::MeasuredCollectives>(m.collectives);
     table->source = std::to_string(table->ranks) + " " + (cuda ? w.device_name + " ranks over NCCL" : "CPU ranks over MPI") +
-                    ", fp32 tensors, " + date + ": bus bandwidth (nccl-tests convention), the slowest rank's mean of " +
-                    std::to_string(sweep.collective_repeats) + " calls after " + std::to_string(sweep.collective_warmup) + " warm-up calls";
+                    ", fp32 tensors, " + date + ": bus bandwidth (nccl-tests convention) from the slowest rank's " +
+                    (cuda ? "mean" : "median") + " of " + std::to_string(sweep.collective_repeats) + " calls after " +
+                    std::to_string(sweep.collective_warmup) + " warm-up calls";
     // Large-message bus bandwidth, as link efficiencies are quoted: all-reduce at the largest size.
     const double large = table->all_reduce.empty() ? 0.0 : table->all_reduce.back().bus_bandwidth;
     if (large > 0 && cuda) {
