@@ -37,7 +37,9 @@ std::string size_text(int64_t bytes) {
 }
 
 // Seconds per call of `fn`: CUDA events around `repeats` calls on a GPU (their mean), else each
-// call timed on the host clock (the median), after `warmup` untimed calls.
+// call timed on the host clock (the median), after `warmup` untimed calls. On a CPU short calls
+// repeat until 50 ms have been timed (at most 200 calls), so that a few calls stalled by the
+// scheduler on shared cores do not move the median.
 class Timer {
  public:
   Timer(at::Device device, int warmup, int repeats) : device_(device), warmup_(warmup), repeats_(std::max(1, repeats)) {}
@@ -52,11 +54,15 @@ class Timer {
       interval.stop();
       return interval.seconds() / repeats_;
     }
+    constexpr double kMinTimedSeconds = 0.05;
+    constexpr std::size_t kMaxCalls = 200;
     std::vector<double> times;
-    for (int i = 0; i < repeats_; ++i) {
+    double timed = 0;
+    while (times.size() < static_cast<std::size_t>(repeats_) || (timed < kMinTimedSeconds && times.size() < kMaxCalls)) {
       const auto t0 = std::chrono::steady_clock::now();
       fn();
       times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      timed += times.back();
     }
     return median(times);
   }

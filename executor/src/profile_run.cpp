@@ -116,6 +116,14 @@ std::string cpu_model() {
   return "unknown CPU";
 }
 
+// The 1-minute load average (/proc/loadavg), or a negative number where it cannot be read.
+double load_average() {
+  std::ifstream in("/proc/loadavg");
+  double one_minute = -1;
+  if (!(in >> one_minute)) return -1;
+  return one_minute;
+}
+
 double physical_memory_bytes() {
   const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
   return pages > 0 && page > 0 ? static_cast<double>(pages) * static_cast<double>(page) : 0.0;
@@ -163,6 +171,7 @@ struct Measured {
   KernelMeasurements kernels;
   cm::MeasuredCollectives collectives;  // ranks == 0: not measured
   int threads = 0;                      // CPU threads the kernels ran on
+  double load_before = -1;              // CPU: the 1-minute load average when the kernels started
   double seconds = 0;
 };
 
@@ -170,7 +179,7 @@ struct Measured {
 cm::HardwareProfile build_profile(const ProfileOptions& o, const cm::HardwareProfile& base, const Measured& m, const World& w,
                                   const std::string& command) {
   const bool cuda = w.device.is_cuda();
-  const std::string device = cuda ? w.device_name : "cpu (" + cpu_model() + ", " + std::to_string(m.threads) + " threads)";
+  const std::string device = cuda ? w.device_name : "cpu (" + cpu_model() + ", " + std::to_string(m.threads) + (m.threads == 1 ? " thread)" : " threads)");
   const std::string date = today();
   const ProfileSweep sweep = profile_sweep(cuda, o.quick);
   const double latency_fallback = std::clamp(m.kernels.tiny_kernel_seconds, 0.5e-6, 20e-6);
@@ -184,7 +193,8 @@ cm::HardwareProfile build_profile(const ProfileOptions& o, const cm::HardwarePro
                          (cuda ? "CUDA events, mean" : "steady_clock, median") + "; AdamW: " + m.kernels.adamw_implementation + "; " +
                          (tables.notes.empty() ? std::string() : tables.notes.front()) +
                          (tables.notes.empty() || tables.notes.front().find("fallback") == std::string::npos ? ""
-                                                                                                             : " = one tiny kernel's time");
+                                                                                                             : " = one tiny kernel's time") +
+                         (!cuda && m.load_before >= 0 ? "; load average " + number(m.load_before, "%.2f") + " when the kernels started" : "");
 
   cm::HardwareProfile p = base;
   p.gpu.name = device;
@@ -291,7 +301,15 @@ int profile(const ProfileOptions& o, const std::string& command, World& w, const
   w.bootstrap.reset();
   if (rank != 0) return 0;
 
-  if (!cuda) at::set_num_threads(m.threads);
+  if (!cuda) {
+    at::set_num_threads(m.threads);
+    m.load_before = load_average();
+    const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+    if (m.load_before > 0.5 * cores) {
+      std::cerr << "executor: warning: load average " << number(m.load_before, "%.2f") << " on " << cores
+                << " cores: other processes share the CPU, so its kernels time slower and less steadily than on an idle machine\n";
+    }
+  }
   run_tasks(kernels, bar, done, cuda);
   bar.finish();
   m.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -340,6 +340,8 @@ int main(int argc, char** argv) {
   profile_cmd->add_option("--ranks", profile_run.ranks, "Ranks on this node; > 1 runs them under mpirun and measures all-reduce, all-gather "
                                                         "and reduce-scatter bus bandwidth too")->capture_default_str();
   profile_cmd->add_flag("--quick", profile_run.quick, "The executor's shorter sweep (fewer shapes and repeats)");
+  profile_cmd->add_option("--threads", profile_run.threads, "CPU threads for the kernels (default: every core; 1 gives steadier figures on "
+                                                            "cores shared with other work)");
   profile_cmd->add_option("--executor", executor, "The executor (default: $TRAINPLAN_EXECUTOR, the one built beside planner, executor on PATH)");
   profile_cmd->add_option("--mpirun", profile_run.mpirun, "The mpirun to use with --ranks > 1")->capture_default_str();
   profile_cmd->add_option("--from-csv", profile_csv, "Microbenchmark CSV to import (h100_kernels.csv and h100_elementwise.csv formats); repeatable");
@@ -371,7 +373,7 @@ int main(int argc, char** argv) {
   const pl::ExecutorSearch executor_search{executor, environment("TRAINPLAN_EXECUTOR"), pl::own_binary_dir(argv[0]), environment("PATH")};
   if (app.got_subcommand("profile")) {
     if (!profile_csv.empty()) {
-      for (const char* flag : {"--device", "--ranks", "--quick", "--executor", "--mpirun"}) {
+      for (const char* flag : {"--device", "--ranks", "--quick", "--threads", "--executor", "--mpirun"}) {
         if (profile_cmd->count(flag) > 0) return fail(std::string("profile: ") + flag + " measures this machine; it does not go with --from-csv");
       }
       return import_profile(profile_csv, profile_base, profile_name, profile_source, profile_out);

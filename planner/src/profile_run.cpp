@@ -37,6 +37,7 @@ Result<bool> check_profile_run(const ProfileRunOptions& o, int gpus_per_node) {
     return Error{"--ranks " + std::to_string(o.ranks) + ": must be from 1 to the base profile's GPUs per node (" + std::to_string(gpus_per_node) +
                  "): the collectives are measured inside one node"};
   }
+  if (o.threads < 0 || o.threads > 1024) return Error{"--threads: must be from 0 (every core) to 1024 (got " + std::to_string(o.threads) + ")"};
   if (o.out.empty()) return Error{"--out: the executor writes the profile to a file; give one"};
   return true;
 }
@@ -59,6 +60,7 @@ std::vector<std::string> profile_command(const ProfileRunOptions& o) {
   add("--base", o.base);
   add("--name", o.name);
   add("--command", o.command);
+  if (o.threads > 0) add("--threads", std::to_string(o.threads));
   if (o.quick) argv.emplace_back("--quick");
   return argv;
 }

@@ -154,8 +154,9 @@ TEST(ProfileCommand, RunsTheExecutorAloneOnOneRank) {
   o.device = "cpu";
   o.base = "dgx-a100-80g";
   o.command = "planner profile --device cpu";
+  o.threads = 1;
   const std::vector<std::string> expected = {"/build/executor/executor", "--profile", "/profiles/cpu.json", "--device", "cpu",
-                                             "--base", "dgx-a100-80g", "--command", "planner profile --device cpu"};
+                                             "--base", "dgx-a100-80g", "--command", "planner profile --device cpu", "--threads", "1"};
   EXPECT_EQ(planner::profile_command(o), expected);
 }
 
@@ -189,6 +190,11 @@ TEST(ProfileCommand, ChecksRanksAgainstTheNodeAndTheDevice) {
   r = planner::check_profile_run(o, 8);
   ASSERT_FALSE(r);
   EXPECT_TRUE(contains(r.error().message, "--device: expected auto, cpu or cuda (got \"tpu\")")) << r.error().message;
+  o.device = "cpu";
+  o.threads = -1;
+  r = planner::check_profile_run(o, 8);
+  ASSERT_FALSE(r);
+  EXPECT_TRUE(contains(r.error().message, "--threads: must be from 0 (every core) to 1024 (got -1)")) << r.error().message;
 }
 
 // `planner profile` with a fake executor that writes a prepared profile to the path after

@@ -20,14 +20,16 @@ struct ProfileRunOptions {
   std::string name;              // name of the new profile; empty: the executor's default
   std::string command;           // the command line recorded in the tables' source; empty: the executor's
   int ranks = 1;                 // > 1: ranks under mpirun, collectives measured; at most the base's GPUs per node
+  int threads = 0;               // CPU threads for the kernels; 0: the executor's default (every core)
   bool quick = false;            // the executor's shorter sweep
   bool allow_run_as_root = false;  // Open MPI refuses to run as root without --allow-run-as-root
 };
 
-// Checks device, ranks (1 to `gpus_per_node`, the base profile's) and that `out` is given.
+// Checks device, ranks (1 to `gpus_per_node`, the base profile's), threads (0 to 1024) and that
+// `out` is given.
 [[nodiscard]] costmodel::Result<bool> check_profile_run(const ProfileRunOptions& options, int gpus_per_node);
 
-// ranks == 1: EXECUTOR --profile OUT --device D [--base B] [--name N] [--command C] [--quick]
+// ranks == 1: EXECUTOR --profile OUT --device D [--base B] [--name N] [--command C] [--threads T] [--quick]
 // ranks > 1:  mpirun --oversubscribe -n RANKS [--allow-run-as-root] --mca btl_vader_single_copy_mechanism none
 //             EXECUTOR ... (as above)
 // One word per element; no shell is involved. REQUIRES: check_profile_run passed.
