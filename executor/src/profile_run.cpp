@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <chrono>
 #include <cstdio>
 #include <ctime>
@@ -52,6 +53,13 @@ class ProgressBar {
     if (drawn_ && now - last_ < std::chrono::milliseconds(200)) return;
     draw(static_cast<double>(index) / static_cast<double>(total_), label);
     last_ = now;
+  }
+  // Clears the bar's line so that a message can be printed; the next begin() draws it again.
+  void clear_line() {
+    if (!enabled_ || !drawn_) return;
+    std::fprintf(stderr, "\r\x1b[K");
+    std::fflush(stderr);
+    drawn_ = false;
   }
   void finish() {
     if (!enabled_ || !drawn_) return;
@@ -212,6 +220,16 @@ cm::HardwareProfile build_profile(const ProfileOptions& o, const cm::HardwarePro
       std::cerr << "executor: warning: a measured bf16 GEMM ran at " << number(best_gemm / 1e12) << " TFLOP/s, above the base profile's peak of "
                 << number(peak / 1e12) << " TFLOP/s (" << base.gpu.name << "): give --base a profile of this GPU\n";
     }
+    const double hbm = base.gpu.hbm_bandwidth.value(), capacity = base.gpu.hbm_capacity.value();
+    if (k.copy_bandwidth > hbm) {
+      std::cerr << "executor: warning: the measured copy ran at " << number(k.copy_bandwidth / 1e9) << " GB/s, above the base profile's HBM bandwidth of "
+                << number(hbm / 1e9) << " GB/s (" << base.gpu.name << "): give --base a profile of this GPU\n";
+    }
+    if (std::abs(p.gpu.hbm_capacity.value() - capacity) > 0.1 * capacity) {
+      std::cerr << "executor: warning: this GPU has " << number(p.gpu.hbm_capacity.in_gib()) << " GiB, the base profile's " << base.gpu.name << " "
+                << number(base.gpu.hbm_capacity.in_gib()) << " GiB: its peaks and HBM bandwidth are probably another GPU's; give --base a "
+                << "profile of this GPU\n";
+    }
     p.gpu.gemm_efficiency = std::min(1.0, best_gemm / peak);
     p.gpu.attention_efficiency = std::min(1.0, best_attention / peak);
     p.gpu.memory_efficiency = std::min(1.0, k.copy_bandwidth / base.gpu.hbm_bandwidth.value());
@@ -306,6 +324,7 @@ int profile(const ProfileOptions& o, const std::string& command, World& w, const
     m.load_before = load_average();
     const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
     if (m.load_before > 0.5 * cores) {
+      bar.clear_line();
       std::cerr << "executor: warning: load average " << number(m.load_before, "%.2f") << " on " << cores
                 << " cores: other processes share the CPU, so its kernels time slower and less steadily than on an idle machine\n";
     }

@@ -1,7 +1,8 @@
 // planner: searches every valid parallel plan for a model on a cluster and recommends one;
 // `evaluate` estimates one fixed plan; `compare` sets an estimate beside a measurement; `launch`
 // prints the SLURM script or torchrun command that runs a plan; `run` runs it here on CPU ranks;
-// `models` and `hardware` list the presets.
+// `profile` measures this machine's device with the executor (or imports measured CSVs) into a
+// hardware profile; `models` and `hardware` list the presets.
 // Exit codes: 0 success, 1 no plan fits, 2 bad input, 3 the run failed (`run`).
 
 #include <cmath>
