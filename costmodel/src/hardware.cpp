@@ -33,7 +33,8 @@ double dtype_bytes(Dtype d) {
 
 namespace {
 
-LinkSpec read_link(detail::ObjectReader r, bool inter) {
+// `gpus_per_node` bounds the ranks of an intra-node link's measured table.
+LinkSpec read_link(detail::ObjectReader r, bool inter, int gpus_per_node) {
   LinkSpec l;
   if (inter) {
     l.kind = r.one_of("kind", {"infiniband", "roce", "efa", "ethernet"});
@@ -46,6 +47,7 @@ LinkSpec read_link(detail::ObjectReader r, bool inter) {
   l.efficiency = r.number("efficiency", 0, 1, true);
   l.latency = Seconds::us(r.number("latency_us", 0, 1e5));
   l.source = r.optional_string("source").value_or("");
+  if (!inter && r.has("measured")) l.measured = read_measured_collectives(r.raw("measured"), r.file(), r.pointer("measured"), gpus_per_node);
   r.finish();
   return l;
 }
@@ -106,8 +108,8 @@ Result<HardwareProfile> parse_hwprofile(const nlohmann::json& json, const std::s
       hw.node_source = n.optional_string("source").value_or("");
       n.finish();
     }
-    hw.intra_node = read_link(r.object("intra_node"), false);
-    hw.inter_node = read_link(r.object("inter_node"), true);
+    hw.intra_node = read_link(r.object("intra_node"), false, hw.gpus_per_node);
+    hw.inter_node = read_link(r.object("inter_node"), true, hw.gpus_per_node);
     {
       detail::ObjectReader s = r.object("storage");
       hw.checkpoint_write_bandwidth = BytesPerSecond::gb_per_s(s.number("checkpoint_write_gb_per_s", 0, 1e6, true));
@@ -152,6 +154,7 @@ nlohmann::json hwprofile_to_json(const HardwareProfile& hw) {
       j["bandwidth_gb_per_s"] = l.bandwidth.in_gb_per_s();
     }
     if (!l.source.empty()) j["source"] = l.source;
+    if (!inter && l.measured) j["measured"] = measured_collectives_to_json(*l.measured);
     return j;
   };
   nlohmann::json j = {

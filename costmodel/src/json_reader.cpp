@@ -1,6 +1,8 @@
 #include "json_reader.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <sstream>
 
 namespace trainplan::costmodel::detail {
@@ -151,6 +153,55 @@ void ObjectReader::finish() const {
   for (auto it = json_.begin(); it != json_.end(); ++it) {
     if (used_.count(it.key()) == 0) fail(it.key(), "unknown key");
   }
+}
+
+std::vector<std::vector<double>> read_number_rows(ObjectReader& r, const std::string& key, std::size_t width, std::size_t key_width,
+                                                  const char* key_names) {
+  if (!r.has(key)) r.fail(key, "missing: a table needs rows");
+  const auto& rows = r.raw(key);
+  if (!rows.is_array() || rows.empty()) r.fail(key, "must be a non-empty array of rows");
+  std::vector<std::vector<double>> out;
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const std::string at = key + "/" + std::to_string(i);
+    const auto& row = rows[i];
+    if (!row.is_array() || row.size() != width) r.fail(at, "must be an array of " + std::to_string(width) + " numbers");
+    std::vector<double> values;
+    for (std::size_t j = 0; j < width; ++j) {
+      if (!row[j].is_number()) r.fail(at + "/" + std::to_string(j), "must be a number");
+      const double v = row[j].get<double>();
+      if (!(std::isfinite(v) && v > 0)) {
+        char text[64];
+        std::snprintf(text, sizeof text, "%g", v);
+        r.fail(at + "/" + std::to_string(j), std::string("must be a finite number > 0 (got ") + text + ")");
+      }
+      values.push_back(v);
+    }
+    if (!out.empty()) {
+      const auto& prev = out.back();
+      if (!std::lexicographical_compare(prev.begin(), prev.begin() + static_cast<long>(key_width), values.begin(),
+                                        values.begin() + static_cast<long>(key_width))) {
+        r.fail(at, std::string("rows must be in strictly increasing (") + key_names + ") order; row " + std::to_string(i) +
+                       " does not come after row " + std::to_string(i - 1));
+      }
+    }
+    out.push_back(std::move(values));
+  }
+  return out;
+}
+
+void expect_columns(ObjectReader& r, std::initializer_list<const char*> names) {
+  if (!r.has("columns")) r.fail("columns", "missing: the table must name its columns");
+  const auto& c = r.raw("columns");
+  std::string expected;
+  for (const char* n : names) expected += (expected.empty() ? "" : ", ") + std::string(n);
+  bool ok = c.is_array() && c.size() == names.size();
+  std::size_t i = 0;
+  for (const char* n : names) {
+    if (!ok) break;
+    ok = c[i].is_string() && c[i].get<std::string>() == n;
+    ++i;
+  }
+  if (!ok) r.fail("columns", "must be [" + expected + "]");
 }
 
 }  // namespace trainplan::costmodel::detail

@@ -9,6 +9,7 @@
 #include <set>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -67,5 +68,14 @@ class ObjectReader {
   std::string pointer_;
   std::set<std::string> used_;
 };
+
+// Rows of a numeric table, `r`'s key `key`: a non-empty array of arrays of `width` numbers, each
+// finite and > 0, the first `key_width` numbers of each row (its key) strictly increasing
+// lexicographically; `key_names` names them for the message ("m, n, k"). Fails naming the
+// pointer of the offending row or value.
+std::vector<std::vector<double>> read_number_rows(ObjectReader& r, const std::string& key, std::size_t width, std::size_t key_width,
+                                                  const char* key_names);
+// Fails unless `r`'s "columns" is exactly `names`.
+void expect_columns(ObjectReader& r, std::initializer_list<const char*> names);
 
 }  // namespace trainplan::costmodel::detail

@@ -33,59 +33,6 @@ constexpr std::array<ElementwiseOpInfo, kElementwiseOpCount> kOps = {{
 
 std::atomic<std::uint64_t> next_tables_id{1};
 
-bool positive_finite(double x) { return std::isfinite(x) && x > 0; }
-
-// Rows of a table: an array of arrays of `width` numbers, each > 0 and finite, keys (the first
-// `key_width` numbers) strictly increasing.
-std::vector<std::vector<double>> read_rows(detail::ObjectReader& r, const std::string& key, std::size_t width, std::size_t key_width,
-                                           const char* key_names) {
-  if (!r.has(key)) r.fail(key, "missing: a table needs rows");
-  const auto& rows = r.raw(key);
-  if (!rows.is_array() || rows.empty()) r.fail(key, "must be a non-empty array of rows");
-  std::vector<std::vector<double>> out;
-  for (std::size_t i = 0; i < rows.size(); ++i) {
-    const std::string at = key + "/" + std::to_string(i);
-    const auto& row = rows[i];
-    if (!row.is_array() || row.size() != width) r.fail(at, "must be an array of " + std::to_string(width) + " numbers");
-    std::vector<double> values;
-    for (std::size_t j = 0; j < width; ++j) {
-      if (!row[j].is_number()) r.fail(at + "/" + std::to_string(j), "must be a number");
-      const double v = row[j].get<double>();
-      if (!positive_finite(v)) {
-        char text[64];
-        std::snprintf(text, sizeof text, "%g", v);
-        r.fail(at + "/" + std::to_string(j), std::string("must be a finite number > 0 (got ") + text + ")");
-      }
-      values.push_back(v);
-    }
-    if (!out.empty()) {
-      const auto& prev = out.back();
-      if (!std::lexicographical_compare(prev.begin(), prev.begin() + static_cast<long>(key_width), values.begin(),
-                                        values.begin() + static_cast<long>(key_width))) {
-        r.fail(at, std::string("rows must be in strictly increasing (") + key_names + ") order; row " + std::to_string(i) +
-                       " does not come after row " + std::to_string(i - 1));
-      }
-    }
-    out.push_back(std::move(values));
-  }
-  return out;
-}
-
-void expect_columns(detail::ObjectReader& r, std::initializer_list<const char*> names) {
-  if (!r.has("columns")) r.fail("columns", "missing: the table must name its columns");
-  const auto& c = r.raw("columns");
-  std::string expected;
-  for (const char* n : names) expected += (expected.empty() ? "" : ", ") + std::string(n);
-  bool ok = c.is_array() && c.size() == names.size();
-  std::size_t i = 0;
-  for (const char* n : names) {
-    if (!ok) break;
-    ok = c[i].is_string() && c[i].get<std::string>() == n;
-    ++i;
-  }
-  if (!ok) r.fail("columns", "must be [" + expected + "]");
-}
-
 Dtype dtype_from(const std::string& s) {
   if (s == "fp32") return Dtype::kFp32;
   if (s == "fp16") return Dtype::kFp16;
@@ -256,27 +203,27 @@ std::shared_ptr<const KernelTables> read_kernel_tables(const nlohmann::json& jso
   {
     detail::ObjectReader g = r.object("gemm");
     t->gemm_dtype = dtype_from(g.one_of("dtype", {"fp32", "bf16", "fp16", "fp8"}));
-    expect_columns(g, {"m", "n", "k", "seconds"});
-    for (const auto& row : read_rows(g, "rows", 4, 3, "m, n, k")) t->gemm.push_back({row[0], row[1], row[2], row[3]});
+    detail::expect_columns(g, {"m", "n", "k", "seconds"});
+    for (const auto& row : detail::read_number_rows(g, "rows", 4, 3, "m, n, k")) t->gemm.push_back({row[0], row[1], row[2], row[3]});
     g.finish();
   }
   {
     detail::ObjectReader a = r.object("attention");
     a.one_of("dtype", {"fp32", "bf16", "fp16", "fp8"});
     t->attention_causal = a.boolean("causal");
-    expect_columns(a, {"head_dim", "seq_len", "heads", "batch", "forward_seconds", "backward_seconds"});
-    for (const auto& row : read_rows(a, "rows", 6, 4, "head_dim, seq_len, heads, batch")) {
+    detail::expect_columns(a, {"head_dim", "seq_len", "heads", "batch", "forward_seconds", "backward_seconds"});
+    for (const auto& row : detail::read_number_rows(a, "rows", 6, 4, "head_dim, seq_len, heads, batch")) {
       t->attention.push_back({row[0], row[1], row[2], row[3], row[4], row[5]});
     }
     a.finish();
   }
   if (r.has("elementwise")) {
     detail::ObjectReader e = r.object("elementwise");
-    expect_columns(e, {"elements", "forward_seconds", "backward_seconds"});
+    detail::expect_columns(e, {"elements", "forward_seconds", "backward_seconds"});
     detail::ObjectReader ops = e.object("ops");
     for (const ElementwiseOpInfo& info : kOps) {
       if (!ops.has(info.name)) continue;
-      for (const auto& row : read_rows(ops, info.name, 3, 1, "elements")) {
+      for (const auto& row : detail::read_number_rows(ops, info.name, 3, 1, "elements")) {
         t->elementwise[static_cast<std::size_t>(info.op)].push_back({row[0], row[1], row[2]});
       }
     }

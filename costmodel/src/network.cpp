@@ -16,7 +16,26 @@ double bus_factor(Collective kind, int n) {
 // Latency steps of a ring: all-reduce is a reduce-scatter then an all-gather.
 double ring_steps(Collective kind, int n) { return kind == Collective::kAllReduce ? 2.0 * (n - 1) : (n - 1); }
 
+// Time of `kind` over `n` ranks inside one node at the measured bus bandwidth for this size (it
+// includes the latency), when the profile has a table for this kind.
+std::optional<double> measured_intra_node_time(const HardwareProfile& hw, Collective kind, double s, int n) {
+  const auto measured = measured_bus_bandwidth(hw, kind, Bytes(s));
+  if (!measured) return std::nullopt;
+  return bus_factor(kind, n) * s / measured->value();
+}
+
 }  // namespace
+
+std::optional<BytesPerSecond> measured_bus_bandwidth(const HardwareProfile& hw, Collective kind, Bytes bytes) {
+  const MeasuredCollectives* m = hw.intra_node.measured.get();
+  if (m == nullptr || bytes.value() <= 0) return std::nullopt;
+  const std::vector<BusBandwidthSample>* rows = kind == Collective::kAllReduce       ? &m->all_reduce
+                                                : kind == Collective::kAllGather     ? &m->all_gather
+                                                : kind == Collective::kReduceScatter ? &m->reduce_scatter
+                                                                                     : nullptr;
+  if (rows == nullptr || rows->empty()) return std::nullopt;
+  return BytesPerSecond(interpolate_bus_bandwidth(*rows, bytes.value()));
+}
 
 Seconds collective_time(const HardwareProfile& hw, Collective kind, Bytes bytes, CollectiveGroup g) {
   const int n = g.size;
@@ -28,6 +47,7 @@ Seconds collective_time(const HardwareProfile& hw, Collective kind, Bytes bytes,
   const double log_steps = 2.0 * std::ceil(std::log2(static_cast<double>(n)));
 
   if (per_node >= n) {  // all ranks in one node
+    if (const auto measured = measured_intra_node_time(hw, kind, s, n)) return Seconds(*measured);
     if (kind == Collective::kAllToAll) return Seconds(bus_factor(kind, n) * s / intra_bw + (n - 1) * intra_lat);
     const double ring = bus_factor(kind, n) * s / intra_bw + ring_steps(kind, n) * intra_lat;
     const double tree = kind == Collective::kAllReduce ? bus_factor(kind, n) * s / intra_bw + log_steps * intra_lat : ring;
@@ -54,7 +74,8 @@ Seconds collective_time(const HardwareProfile& hw, Collective kind, Bytes bytes,
   // rings in parallel (one per NIC), then inside the node again (all-reduce only).
   double hierarchical = ring;
   if (per_node > 1) {
-    const double intra = bus_factor(kind, per_node) * s / intra_bw + ring_steps(kind, per_node) * intra_lat;
+    const double intra = measured_intra_node_time(hw, kind, s, per_node)
+                             .value_or(bus_factor(kind, per_node) * s / intra_bw + ring_steps(kind, per_node) * intra_lat);
     const double inter = bus_factor(kind, nodes) * (s / per_node) / nic_per_gpu + ring_steps(kind, nodes) * inter_lat;
     hierarchical = intra + inter;
   }

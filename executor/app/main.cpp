@@ -1,9 +1,13 @@
-// executor: runs one rank of a training plan (see trainplan/executor/executor.hpp).
+// executor: runs one rank of a training plan, or profiles this machine's device (see
+// trainplan/executor/executor.hpp).
 //   mpirun -n 4 executor --plan plan.json --steps 50                 # CPU ranks over MPI
 //   torchrun --nproc-per-node 8 --no-python executor --plan plan.json # GPU ranks over NCCL
+//   executor --profile cpu.json --device cpu                          # microbenchmarks -> hwprofile
+//   mpirun -n 2 executor --profile cpu2.json --device cpu             # ... and collectives
 // Exit codes: 0 success, 2 bad input (plan, data, checkpoint), 3 the run failed.
 
 #include <iostream>
+#include <set>
 #include <string>
 
 #include <CLI/CLI.hpp>
@@ -13,7 +17,16 @@
 int main(int argc, char** argv) {
   trainplan::executor::RunOptions o;
   CLI::App app{"executor: trains a trainplan plan for real and measures memory and speed"};
-  app.add_option("--plan", o.plan_path, "plan document (trainplan/plan/v1), e.g. from planner --save-plan")->required();
+  trainplan::executor::ProfileOptions profile;
+  CLI::Option* plan_option = app.add_option("--plan", o.plan_path, "plan document (trainplan/plan/v1), e.g. from planner --save-plan");
+  CLI::Option* profile_option =
+      app.add_option("--profile", profile.out_path, "instead of training: measure this device's kernels (and collectives on several ranks) "
+                                                    "and write a trainplan/hwprofile/v1 document here");
+  plan_option->excludes(profile_option);
+  app.add_option("--base", profile.base, "--profile: cluster preset or hwprofile file for what is not measured")->capture_default_str();
+  app.add_option("--name", profile.name, "--profile: name of the new profile (default measured-<device>)");
+  app.add_option("--command", profile.command, "--profile: the command recorded in the profile's source (default this one)");
+  app.add_flag("--quick", profile.quick, "--profile: fewer shapes and repeats");
   app.add_option("--steps", o.steps, "optimizer steps to reach, resumed ones included")->capture_default_str();
   app.add_option("--device", o.device, "auto, cpu or cuda")->capture_default_str();
   app.add_option("--data", o.data, "\"synthetic\" or a flat token file")->capture_default_str();
@@ -44,5 +57,29 @@ int main(int argc, char** argv) {
   }
   std::string command = "executor";
   for (int i = 1; i < argc; ++i) command += std::string(" ") + argv[i];
+  const std::set<std::string> profile_flags = {"--profile", "--device", "--base", "--name", "--command", "--quick", "--threads", "--timeout"};
+  if (profile_option->count() > 0) {
+    for (const CLI::Option* option : app.get_options()) {
+      const std::string flag = option->get_name();
+      if (option->count() > 0 && profile_flags.count(flag) == 0) {
+        std::cerr << "executor: error: " << flag << " is an option of training (--plan), not of --profile\n";
+        return 2;
+      }
+    }
+    profile.device = o.device;
+    profile.threads = o.threads;
+    profile.timeout_seconds = o.timeout_seconds;
+    return trainplan::executor::run_profile(profile, command);
+  }
+  if (plan_option->count() == 0) {
+    std::cerr << "executor: error: give --plan PLAN to train, or --profile OUT.json to profile this device (--help lists the options)\n";
+    return 2;
+  }
+  for (const char* flag : {"--base", "--name", "--command", "--quick"}) {
+    if (app.get_option(flag)->count() > 0) {
+      std::cerr << "executor: error: " << flag << " goes with --profile, not with --plan\n";
+      return 2;
+    }
+  }
   return trainplan::executor::run_executor(o, command);
 }

@@ -18,5 +18,32 @@ void cuda_synchronize();
 [[nodiscard]] double cuda_peak_allocated_bytes();
 [[nodiscard]] double cuda_peak_reserved_bytes();
 void cuda_reset_peak();
+// Returns the caching allocator's unused blocks to the driver (between benchmarks of very
+// different sizes, so that fragmentation does not run a later one out of memory).
+void cuda_empty_cache();
+// Properties of the current device: total memory (bytes), streaming multiprocessors.
+[[nodiscard]] double cuda_total_memory_bytes();
+[[nodiscard]] int cuda_sm_count();
+// "CUDA runtime 13.0, driver 13.0" (the versions this process runs with); "" without CUDA.
+[[nodiscard]] std::string cuda_versions();
+
+// GPU time of the work queued on the current CUDA stream between start() and stop(), measured
+// with CUDA events (not a host clock around asynchronous launches). Without CUDA every call
+// throws std::logic_error.
+class CudaInterval {
+ public:
+  CudaInterval();
+  ~CudaInterval();
+  CudaInterval(const CudaInterval&) = delete;
+  CudaInterval& operator=(const CudaInterval&) = delete;
+  void start();
+  void stop();
+  // Blocks until the stop event has completed. REQUIRES: start() and stop() were called.
+  [[nodiscard]] double seconds();
+
+ private:
+  void* start_ = nullptr;  // cudaEvent_t
+  void* stop_ = nullptr;
+};
 
 }  // namespace trainplan::executor

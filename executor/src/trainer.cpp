@@ -22,6 +22,7 @@
 #include "gpu.hpp"
 #include "parallel_dims.hpp"
 #include "pipeline.hpp"
+#include "world.hpp"
 #include "trainplan/costmodel/schedule.hpp"
 #include "trainplan/costmodel/compute.hpp"
 #include "trainplan/costmodel/estimate.hpp"
@@ -42,18 +43,6 @@ constexpr int kExitRunFailed = 3;
 struct InputError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
-
-std::string env(const char* name) {
-  const char* v = std::getenv(name);
-  return v != nullptr ? std::string(v) : std::string();
-}
-int env_int(std::initializer_list<const char*> names, int fallback) {
-  for (const char* n : names) {
-    const std::string v = env(n);
-    if (!v.empty()) return std::stoi(v);
-  }
-  return fallback;
-}
 
 // Why `dir` does not take a new entry, or "" when it does: a probe folder is made in it and
 // removed at once (permission bits alone do not tell, e.g. for root or under /proc).
@@ -169,52 +158,6 @@ struct StepRecord {
   double peak_memory_bytes = 0, mfu = 0;
   bool skipped = false;
 };
-
-// The ranks of this job, from the launcher's environment.
-struct World {
-  std::unique_ptr<Communicator> bootstrap;  // MPI, when launched by MPI
-  std::unique_ptr<Communicator> comm;       // what the engine uses (MPI, NCCL or self)
-  int local_rank = 0, local_size = 1;
-  at::Device device = at::kCPU;
-  std::string device_name = "cpu";
-};
-
-World make_world(const RunOptions& o) {
-  World w;
-  const CommOptions comm_options{std::chrono::seconds(o.timeout_seconds)};
-  bool want_cuda = o.device == "cuda" || (o.device == "auto" && cuda_present());
-  if (o.device == "cuda" && !cuda_present()) throw InputError("--device cuda: no CUDA device is visible to this process");
-  if (o.device != "auto" && o.device != "cpu" && o.device != "cuda") throw InputError("--device: expected auto, cpu or cuda, got \"" + o.device + "\"");
-
-  int gpu = 0;  // this rank's CUDA device index
-  if (launched_by_mpi()) {
-    w.bootstrap = make_mpi_communicator(comm_options);
-    w.local_rank = env_int({"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"}, 0);
-    w.local_size = env_int({"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"}, 1);
-    if (want_cuda) {
-      gpu = cuda_set_device(w.local_rank);
-      w.comm = w.bootstrap->size() > 1 ? make_nccl_communicator(w.bootstrap->rank(), w.bootstrap->size(), w.bootstrap.get(), comm_options)
-                                       : make_self_communicator();
-    } else {
-      w.comm = std::move(w.bootstrap);
-    }
-  } else {
-    const int size = env_int({"WORLD_SIZE", "SLURM_NTASKS"}, 1);
-    const int rank = env_int({"RANK", "SLURM_PROCID"}, 0);
-    w.local_rank = env_int({"LOCAL_RANK", "SLURM_LOCALID"}, 0);
-    w.local_size = env_int({"LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"}, 1);
-    if (size > 1 && !want_cuda) {
-      throw InputError("WORLD_SIZE=" + std::to_string(size) + " on CPU: CPU ranks communicate through MPI; start them with mpirun (or srun --mpi=pmix)");
-    }
-    if (want_cuda) gpu = cuda_set_device(w.local_rank);
-    w.comm = size > 1 ? make_nccl_communicator(rank, size, nullptr, comm_options) : make_self_communicator();
-  }
-  if (want_cuda) {
-    w.device = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(gpu));
-    w.device_name = cuda_device_name();
-  }
-  return w;
-}
 
 // The pipeline bubble of one step (collective): per rank, the time within the step's compute
 // span (first pass start to last pass end over all ranks) it does not compute, over the time it
@@ -654,7 +597,7 @@ int run_executor(const RunOptions& o, const std::string& command_line) {
 
   World w;
   try {
-    w = make_world(o);
+    w = make_world(o.device, o.timeout_seconds);
   } catch (const std::exception& e) {
     std::cerr << "executor[rank " << env_rank << "]: error: " << e.what() << "\n";
     return kExitBadInput;

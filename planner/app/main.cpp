@@ -1,8 +1,10 @@
 // planner: searches every valid parallel plan for a model on a cluster and recommends one;
 // `evaluate` estimates one fixed plan; `compare` sets an estimate beside a measurement; `launch`
 // prints the SLURM script or torchrun command that runs a plan; `run` runs it here on CPU ranks;
-// `validate` predicts every published table and given measurement, row by row; `models` and
-// `hardware` list the presets.
+// `validate` predicts every published table and given measurement, row by row; `calibrate` fits a
+// profile's efficiencies to measurements; `profile` measures this machine's device with the
+// executor (or imports measured CSVs) into a hardware profile; `models` and `hardware` list the
+// presets.
 // Exit codes: 0 success, 1 no plan fits (for a published configuration too), 2 bad input, 3 the
 // run failed (`run`).
 
@@ -10,6 +12,7 @@
 #include <unistd.h>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -27,6 +30,7 @@
 #include "trainplan/planner/launch.hpp"
 #include "trainplan/planner/local_run.hpp"
 #include "trainplan/planner/profile.hpp"
+#include "trainplan/planner/profile_run.hpp"
 #include "trainplan/planner/report.hpp"
 #include "trainplan/planner/search.hpp"
 #include "trainplan/planner/validate.hpp"
@@ -282,6 +286,60 @@ int calibrate_profile(const std::vector<std::string>& files, const std::string& 
   return 0;
 }
 
+// `planner profile` without --from-csv: runs `executor --profile` on this machine's device (under
+// mpirun for several ranks), then checks the profile it wrote and prints a summary. Without
+// --out the profile goes to standard output (the summary to stderr).
+int measure_profile(pl::ProfileRunOptions options, const pl::ExecutorSearch& search) {
+  auto base = cm::find_hwprofile(options.base);
+  if (!base) return fail("--base: " + base.error().message);
+  const bool to_stdout = options.out.empty();
+  if (to_stdout) options.out = (std::filesystem::temp_directory_path() / ("trainplan-profile-" + std::to_string(::getpid()) + ".json")).string();
+  auto valid = pl::check_profile_run(options, base->gpus_per_node);
+  if (!valid) return fail("profile: " + valid.error().message);
+  auto executor = pl::find_executor(search);
+  if (!executor) {
+    return fail("profile: measuring this machine runs the executor's microbenchmarks: " + executor.error().message +
+                "; build it with `scripts/setup.sh build` (or import measured CSVs with --from-csv FILE)");
+  }
+  options.executor = *executor;
+  options.allow_run_as_root = ::geteuid() == 0;
+  std::error_code ec;
+  const auto written_before = std::filesystem::last_write_time(options.out, ec);
+  const bool existed = !ec;
+
+  const std::vector<std::string> command = pl::profile_command(options);
+  std::cerr << "planner: running:";
+  for (const auto& word : command) std::cerr << " " << pl::shell_quote(word);
+  std::cerr << std::endl;
+  auto run = pl::run_process(command);
+  if (!run) return fail(run.error().message + (options.ranks > 1 ? " (mpirun comes with Open MPI: apt-get install openmpi-bin; or give --mpirun PATH)" : ""));
+  if (!run->success()) {
+    std::cerr << "planner: error: " << command.front() << " " << run->text() << ": the profile run failed (its output is above)\n";
+    if (to_stdout) std::filesystem::remove(options.out, ec);
+    return run->code == kExitBadInput ? kExitBadInput : kExitRunFailed;
+  }
+  const auto written_after = std::filesystem::last_write_time(options.out, ec);
+  if (ec || (existed && written_after == written_before)) {
+    std::cerr << "planner: error: " << options.out << ": the profile run succeeded but did not write this file\n";
+    return kExitRunFailed;
+  }
+  auto text = cm::read_text_file(options.out);
+  if (to_stdout) std::filesystem::remove(options.out, ec);
+  if (!text) return fail(text.error().message);
+  auto profile = cm::parse_hwprofile_text(*text, to_stdout ? "<profile>" : options.out);
+  if (!profile) {
+    std::cerr << "planner: error: the executor wrote a profile that does not read back: " << profile.error().message << "\n";
+    return kExitRunFailed;
+  }
+  if (to_stdout) {
+    std::cout << *text;
+    std::cerr << pl::profile_summary(*profile);
+  } else {
+    std::cout << pl::profile_summary(*profile) << "wrote " << options.out << "\n";
+  }
+  return 0;
+}
+
 std::string environment(const char* name) {
   const char* value = std::getenv(name);
   return value ? value : "";
@@ -372,9 +430,20 @@ int main(int argc, char** argv) {
   run_cmd->add_option("executor_args", local.extra_args, "After --: more arguments for the executor");
   CLI::App* trace_cmd = app.add_subcommand("trace", "Write a measurement's trace as Chrome trace-event JSON (ui.perfetto.dev)");
   trace_cmd->add_option("measurement", measurement_file, "trainplan/measurement/v1 file")->required();
-  CLI::App* profile_cmd = app.add_subcommand("profile", "Write a hardware profile with measured kernel tables (--from-csv imports microbenchmark CSVs)");
+  CLI::App* profile_cmd = app.add_subcommand("profile", "Measure this machine's device with the executor's microbenchmarks and write a hardware "
+                                                          "profile with the measured tables (--from-csv imports microbenchmark CSVs instead)");
   std::vector<std::string> profile_csv;
   std::string profile_base = cm::kDefaultCluster, profile_name, profile_out, profile_source;
+  pl::ProfileRunOptions profile_run;
+  profile_cmd->add_option("--device", profile_run.device, "auto | cpu | cuda: the device measured (auto: cuda when present)")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}))->capture_default_str();
+  profile_cmd->add_option("--ranks", profile_run.ranks, "Ranks on this node; > 1 runs them under mpirun and measures all-reduce, all-gather "
+                                                        "and reduce-scatter bus bandwidth too")->capture_default_str();
+  profile_cmd->add_flag("--quick", profile_run.quick, "The executor's shorter sweep (fewer shapes and repeats)");
+  profile_cmd->add_option("--threads", profile_run.threads, "CPU threads for the kernels (default: every core; 1 gives steadier figures on "
+                                                            "cores shared with other work)");
+  profile_cmd->add_option("--executor", executor, "The executor (default: $TRAINPLAN_EXECUTOR, the one built beside planner, executor on PATH)");
+  profile_cmd->add_option("--mpirun", profile_run.mpirun, "The mpirun to use with --ranks > 1")->capture_default_str();
   profile_cmd->add_option("--from-csv", profile_csv, "Microbenchmark CSV to import (h100_kernels.csv and h100_elementwise.csv formats); repeatable");
   profile_cmd->add_option("--base", profile_base, "Cluster preset or hwprofile file whose tables are replaced")->capture_default_str();
   profile_cmd->add_option("--name", profile_name, "Name of the new profile (default: the base's)");
@@ -421,16 +490,23 @@ int main(int argc, char** argv) {
 
   if (app.got_subcommand("compare")) return compare_files(estimate_file, measurement_file, fmt);
   if (app.got_subcommand("calibrate")) return calibrate_profile(calibrate_files, cluster, calibrate_out, fmt);
-  if (app.got_subcommand("profile")) {
-    if (profile_csv.empty()) {
-      return fail("profile: measuring this machine's device needs the executor's microbenchmarks, which this build does not have yet; "
-                  "import measured tables with --from-csv FILE");
-    }
-    return import_profile(profile_csv, profile_base, profile_name, profile_source, profile_out);
-  }
   if (app.got_subcommand("trace")) return write_chrome_trace(measurement_file);
   if (app.got_subcommand("validate")) return validate(validate_files, fmt);
   const pl::ExecutorSearch executor_search{executor, environment("TRAINPLAN_EXECUTOR"), pl::own_binary_dir(argv[0]), environment("PATH")};
+  if (app.got_subcommand("profile")) {
+    if (!profile_csv.empty()) {
+      for (const char* flag : {"--device", "--ranks", "--quick", "--threads", "--executor", "--mpirun"}) {
+        if (profile_cmd->count(flag) > 0) return fail(std::string("profile: ") + flag + " measures this machine; it does not go with --from-csv");
+      }
+      return import_profile(profile_csv, profile_base, profile_name, profile_source, profile_out);
+    }
+    if (!profile_source.empty()) return fail("profile: --source describes imported CSVs; it goes with --from-csv (a measured profile says its own source)");
+    profile_run.out = profile_out;
+    profile_run.base = profile_base;
+    profile_run.name = profile_name;
+    profile_run.command = ctx.command;
+    return measure_profile(profile_run, executor_search);
+  }
   if (app.got_subcommand("launch")) {
     launch.executor = pl::executor_for_launch(executor_search);
     return launch_plan(plan_file, launch, slurm);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -71,6 +72,17 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+// "4096x1024x2048": the numbers of a shape, whole ones without a fraction.
+std::string shape_text(std::initializer_list<double> values) {
+  std::string out;
+  for (double v : values) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%g", v);
+    out += (out.empty() ? "" : "x") + std::string(text);
+  }
+  return out;
+}
+
 const ElementwiseOpInfo* op_named(const std::string& name) {
   for (const auto& info : elementwise_ops()) {
     if (name == info.name) return &info;
@@ -81,14 +93,9 @@ const ElementwiseOpInfo* op_named(const std::string& name) {
 }  // namespace
 
 Result<KernelImport> import_kernel_csv(const std::vector<std::string>& files, double fallback_latency) {
-  KernelImport out;
-  KernelTables& k = out.tables;
-  std::map<std::tuple<double, double, double>, std::vector<double>> gemm;
-  std::map<std::tuple<double, double, double, double>, std::pair<double, double>> attention;  // forward, forward+backward
-  std::vector<double> adamw, copy;
-  // (op, elements) -> forward, backward seconds; (op, width) -> {tokens: forward seconds} for the latency fit
-  std::map<std::pair<int, double>, std::vector<std::pair<double, double>>> elementwise;
-  std::map<std::pair<std::string, std::string>, std::map<double, double>> by_size;
+  KernelSamples samples;
+  // (batch, seq_len, head_dim, heads) -> forward, forward+backward: the CSV gives them on two rows.
+  std::map<std::tuple<double, double, double, double>, std::pair<double, double>> attention;
 
   for (const std::string& file : files) {
     auto table = read_table(file);
@@ -103,7 +110,7 @@ Result<KernelImport> import_kernel_csv(const std::vector<std::string>& files, do
           for (auto* r : {&m, &n, &kk, &s}) {
             if (!*r) return r->error();
           }
-          gemm[{*m, *n, *kk}].push_back(*s);
+          samples.gemm.push_back({*m, *n, *kk, *s});
         } else if (kind == "sdpa_fwd" || kind == "sdpa_fwdbwd") {
           auto batch = num("m"), seq = num("n"), d = num("k"), s = num("seconds");
           for (auto* r : {&batch, &seq, &d, &s}) {
@@ -113,16 +120,16 @@ Result<KernelImport> import_kernel_csv(const std::vector<std::string>& files, do
           double heads = 0;
           if (extra.rfind("heads", 0) == 0) heads = std::atof(extra.c_str() + 5);
           if (!(heads > 0)) return Error{t.file + ":" + std::to_string(line) + ": column extra: expected headsN (got \"" + extra + "\")"};
-          auto& entry = attention[{*d, *seq, heads, *batch}];
+          auto& entry = attention[{*batch, *seq, *d, heads}];
           (kind == "sdpa_fwd" ? entry.first : entry.second) = *s;
         } else if (kind.rfind("adamw_fused", 0) == 0) {
           auto rate = num("tflops_or_gbps");
           if (!rate) return rate.error();
-          adamw.push_back(*rate);
+          samples.adamw_fused_gb_per_s.push_back(*rate);
         } else if (kind == "copy") {
           auto rate = num("tflops_or_gbps");
           if (!rate) return rate.error();
-          copy.push_back(*rate);
+          samples.copy_gb_per_s.push_back(*rate);
         } else {
           return Error{t.file + ":" + std::to_string(line) + ": unknown kind \"" + kind +
                        "\" (expected gemm_*, sdpa_fwd, sdpa_fwdbwd, adamw_fused_*, copy)"};
@@ -132,8 +139,7 @@ Result<KernelImport> import_kernel_csv(const std::vector<std::string>& files, do
       for (const auto& [line, cells] : t.rows) {
         const std::string name = cells.empty() ? "" : cells[0];
         if (name.rfind("launch", 0) == 0) continue;  // host launch overhead, not a kernel rate
-        const ElementwiseOpInfo* info = op_named(name);
-        if (info == nullptr) return Error{t.file + ":" + std::to_string(line) + ": unknown op \"" + name + "\""};
+        if (op_named(name) == nullptr) return Error{t.file + ":" + std::to_string(line) + ": unknown op \"" + name + "\""};
         auto tokens = positive(t, line, cells, "tokens"), fwd = positive(t, line, cells, "seconds_fwd"), bwd = positive(t, line, cells, "seconds_bwd");
         for (auto* r : {&tokens, &fwd, &bwd}) {
           if (!*r) return r->error();
@@ -144,16 +150,58 @@ Result<KernelImport> import_kernel_csv(const std::vector<std::string>& files, do
         const std::string last = width_text.substr(width_text.find('x') == std::string::npos ? 0 : width_text.find('x') + 1);
         const double width = std::atof(last.c_str());
         if (!(width > 0)) return Error{t.file + ":" + std::to_string(line) + ": column width: expected a number or ROWSxHIDDEN (got \"" + width_text + "\")"};
-        elementwise[{static_cast<int>(info->op), *tokens * width}].push_back({*fwd, *bwd});
-        by_size[{name, width_text}][*tokens] = *fwd;
+        samples.elementwise.push_back({name, *tokens, width, width_text, *fwd, *bwd});
       }
     } else {
       return Error{file + ": unknown CSV header (expected kind,m,n,k,extra,seconds,tflops_or_gbps or op,tokens,width,dtype,seconds_fwd,seconds_bwd)"};
     }
   }
-  if (gemm.empty()) return Error{"no gemm_* rows in the CSV files: a kernel table needs measured GEMMs"};
-  if (attention.empty()) return Error{"no sdpa_fwd / sdpa_fwdbwd rows in the CSV files: a kernel table needs measured attention"};
-  if (copy.empty()) return Error{"no copy row in the CSV files: the copy bandwidth is needed for streaming kernels"};
+  for (const auto& [key, times] : attention) {
+    samples.attention.push_back({std::get<0>(key), std::get<1>(key), std::get<2>(key), std::get<3>(key), times.first, times.second});
+  }
+  if (samples.gemm.empty()) return Error{"no gemm_* rows in the CSV files: a kernel table needs measured GEMMs"};
+  if (samples.attention.empty()) return Error{"no sdpa_fwd / sdpa_fwdbwd rows in the CSV files: a kernel table needs measured attention"};
+  if (samples.copy_gb_per_s.empty()) return Error{"no copy row in the CSV files: the copy bandwidth is needed for streaming kernels"};
+  auto out = build_kernel_tables(samples, fallback_latency);
+  if (!out) return out.error();
+  std::string list;  // file names without their directories: a profile names no machine's paths
+  for (const auto& f : files) list += (list.empty() ? "" : ", ") + f.substr(f.find_last_of('/') == std::string::npos ? 0 : f.find_last_of('/') + 1);
+  KernelImport imported = std::move(out).value();
+  imported.tables.source = "imported by `planner profile --from-csv` from " + list;
+  return imported;
+}
+
+Result<KernelImport> build_kernel_tables(const KernelSamples& samples, double fallback_latency) {
+  if (samples.gemm.empty()) return Error{"no GEMM samples: a kernel table needs measured GEMMs"};
+  if (samples.attention.empty()) return Error{"no attention samples: a kernel table needs measured attention"};
+  if (samples.copy_gb_per_s.empty()) return Error{"no copy sample: the copy bandwidth is needed for streaming kernels"};
+  KernelImport out;
+  KernelTables& k = out.tables;
+  std::map<std::tuple<double, double, double>, std::vector<double>> gemm;
+  std::map<std::tuple<double, double, double, double>, std::vector<std::pair<double, double>>> attention;  // forward, forward+backward
+  // (op, elements) -> forward, backward seconds; (op, shape) -> {tokens: forward seconds} for the latency fit
+  std::map<std::pair<int, double>, std::vector<std::pair<double, double>>> elementwise;
+  std::map<std::pair<std::string, std::string>, std::map<double, double>> by_size;
+
+  for (const auto& g : samples.gemm) {
+    if (!(g.m > 0 && g.n > 0 && g.k > 0 && g.seconds > 0 && std::isfinite(g.seconds))) {
+      return Error{"GEMM sample " + shape_text({g.m, g.n, g.k}) + ": every value must be a finite number > 0"};
+    }
+    gemm[{g.m, g.n, g.k}].push_back(g.seconds);
+  }
+  for (const auto& a : samples.attention) {
+    attention[{a.head_dim, a.seq_len, a.heads, a.batch}].push_back({a.forward_seconds, a.forward_backward_seconds});
+  }
+  for (const auto& e : samples.elementwise) {
+    const ElementwiseOpInfo* info = op_named(e.op);
+    if (info == nullptr) return Error{"element-wise sample: unknown op \"" + e.op + "\""};
+    if (!(e.tokens > 0 && e.width > 0 && e.forward_seconds > 0 && e.backward_seconds > 0 && std::isfinite(e.forward_seconds) &&
+          std::isfinite(e.backward_seconds))) {
+      return Error{"element-wise sample " + e.op + " " + shape_text({e.tokens, e.width}) + ": every value must be a finite number > 0"};
+    }
+    elementwise[{static_cast<int>(info->op), e.tokens * e.width}].push_back({e.forward_seconds, e.backward_seconds});
+    by_size[{e.op, e.shape.empty() ? shape_text({e.width}) : e.shape}][e.tokens] = e.forward_seconds;
+  }
 
   // Kernel latency: intercepts of element-wise ops timed at two sizes, per kernel.
   std::vector<double> intercepts;
@@ -166,11 +214,11 @@ Result<KernelImport> import_kernel_csv(const std::vector<std::string>& files, do
     if (intercept > 0) intercepts.push_back(intercept);
   }
   k.kernel_latency = intercepts.empty() ? fallback_latency : std::round(std::clamp(median(intercepts), 0.5e-6, 20e-6) * 1e8) / 1e8;  // 0.01 us
-  out.notes.push_back(intercepts.empty() ? "kernel latency: not measurable from these files, the base profile's min_kernel_us"
+  out.notes.push_back(intercepts.empty() ? "kernel latency: not measurable from these samples, the fallback (" + shape_text({fallback_latency * 1e6}) + " us)"
                                          : "kernel latency: median intercept of " + std::to_string(intercepts.size()) +
                                                " element-wise ops timed at two sizes");
-  k.copy_bandwidth = median(copy) * 1e9;
-  k.adamw_fused_bandwidth = adamw.empty() ? 0 : median(adamw) * 1e9;
+  k.copy_bandwidth = median(samples.copy_gb_per_s) * 1e9;
+  k.adamw_fused_bandwidth = samples.adamw_fused_gb_per_s.empty() ? 0 : median(samples.adamw_fused_gb_per_s) * 1e9;
   k.gemm_dtype = Dtype::kBf16;
   for (const auto& [shape, seconds] : gemm) {
     double sum = 0;
@@ -179,28 +227,30 @@ Result<KernelImport> import_kernel_csv(const std::vector<std::string>& files, do
     out.merged_duplicates += static_cast<int>(seconds.size()) - 1;
   }
   for (const auto& [key, times] : attention) {
-    const auto [fwd, both] = times;
-    if (!(fwd > 0) || !(both > fwd)) {
-      return Error{"attention head_dim " + std::to_string(std::get<0>(key)) + ", seq_len " + std::to_string(std::get<1>(key)) +
-                   ": needs an sdpa_fwd row and a longer sdpa_fwdbwd row"};
+    double fwd = 0, both = 0;
+    for (const auto& [f, b] : times) {
+      fwd += f / times.size();
+      both += b / times.size();
+    }
+    if (!(fwd > 0) || !(both > fwd) || !std::isfinite(both)) {
+      return Error{"attention head_dim " + shape_text({std::get<0>(key)}) + ", seq_len " + shape_text({std::get<1>(key)}) +
+                   ": needs a forward time and a longer forward+backward time"};
     }
     k.attention.push_back({std::get<0>(key), std::get<1>(key), std::get<2>(key), std::get<3>(key), fwd, both - fwd});
+    out.merged_duplicates += static_cast<int>(times.size()) - 1;
   }
-  for (const auto& [key, samples] : elementwise) {
+  for (const auto& [key, times] : elementwise) {
     double f = 0, b = 0;
-    for (const auto& [fs, bs] : samples) {
+    for (const auto& [fs, bs] : times) {
       f += fs;
       b += bs;
     }
-    k.elementwise[static_cast<std::size_t>(key.first)].push_back({key.second, f / samples.size(), b / samples.size()});
-    out.merged_duplicates += static_cast<int>(samples.size()) - 1;
+    k.elementwise[static_cast<std::size_t>(key.first)].push_back({key.second, f / times.size(), b / times.size()});
+    out.merged_duplicates += static_cast<int>(times.size()) - 1;
     ++out.elementwise_rows;
   }
   out.gemm_rows = static_cast<int>(k.gemm.size());
   out.attention_rows = static_cast<int>(k.attention.size());
-  std::string list;  // file names without their directories: a profile names no machine's paths
-  for (const auto& f : files) list += (list.empty() ? "" : ", ") + f.substr(f.find_last_of('/') == std::string::npos ? 0 : f.find_last_of('/') + 1);
-  k.source = "imported by `planner profile --from-csv` from " + list;
   return out;
 }
 

@@ -7,6 +7,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "trainplan/costmodel/collectives.hpp"
 #include "trainplan/costmodel/kernels.hpp"
 
 #include "trainplan/costmodel/result.hpp"
@@ -60,6 +61,8 @@ struct LinkSpec {
   double efficiency = 0;           // bus bandwidth reached by large NCCL collectives / wire rate
   Seconds latency;                 // per message hop
   std::string source;
+  // Intra-node only: measured bus bandwidths by message size (`measured`); null: not measured.
+  std::shared_ptr<const MeasuredCollectives> measured;
 };
 
 struct HardwareProfile {

@@ -1,7 +1,9 @@
 #pragma once
-// The executor's entry point: trains a `trainplan/plan/v1` plan for real (LibTorch; MPI ranks on
+// The executor's entry points: trains a `trainplan/plan/v1` plan for real (LibTorch; MPI ranks on
 // CPU, NCCL ranks on GPU), prints a line per step on rank 0 and writes a
-// `trainplan/measurement/v1` document in the shape of the cost model's estimate.
+// `trainplan/measurement/v1` document in the shape of the cost model's estimate; or profiles this
+// machine's device (`--profile`) into a `trainplan/hwprofile/v1` document with measured kernel
+// tables, and collective bus bandwidths when started on several ranks.
 // This header is free of LibTorch so apps and tests can include it cheaply.
 
 #include <cstdint>
@@ -41,5 +43,23 @@ struct RunOptions {
 // (plan, data, checkpoint), 3 a failure during the run (dead peer, I/O). Messages go to stderr
 // prefixed with the rank.
 [[nodiscard]] int run_executor(const RunOptions& options, const std::string& command_line);
+
+struct ProfileOptions {
+  std::string out_path;           // REQUIRES: not empty; rank 0 writes the hwprofile document here
+  std::string device = "auto";    // "auto" (cuda when present), "cpu" or "cuda"
+  std::string base = "dgx-h100";  // cluster preset or hwprofile file: the sections not measured, and a GPU's datasheet peaks
+  std::string name;               // the new profile's name; empty: "measured-<device>"
+  std::string command;            // the command recorded in the tables' source; empty: this executor's command line
+  bool quick = false;             // fewer shapes and repeats
+  int threads = 0;                // CPU threads for the kernels; 0 = every core
+  int timeout_seconds = 300;      // a collective waiting longer ends the run
+};
+
+// Runs the microbenchmarks as one rank of the job the environment describes. With several ranks
+// every rank measures all-reduce, all-gather and reduce-scatter bus bandwidth by message size;
+// then rank 0 alone measures the kernels (GEMMs, attention, element-wise ops, AdamW, copy) and
+// writes the profile. A progress bar goes to stderr when it is a terminal. Returns the exit code:
+// 0 success, 2 bad input (device, base profile, output path), 3 a failure during the run.
+[[nodiscard]] int run_profile(const ProfileOptions& options, const std::string& command_line);
 
 }  // namespace trainplan::executor

@@ -1,7 +1,9 @@
 #pragma once
 // Hardware profiles with measured kernel tables: importing microbenchmark CSVs (the format of
 // shared/data/measured/*/h100_kernels.csv and h100_elementwise.csv) into the `gpu.kernels`
-// section of a `trainplan/hwprofile/v1` document (`planner profile --from-csv`).
+// section of a `trainplan/hwprofile/v1` document (`planner profile --from-csv`), building the
+// same tables from samples measured in memory (the executor's `--profile`), and running the
+// executor's microbenchmarks (`planner profile` without --from-csv).
 
 #include <string>
 #include <vector>
@@ -19,7 +21,44 @@ struct KernelImport {
   std::vector<std::string> notes;  // e.g. how the kernel latency was derived
 };
 
-// Reads one or more CSV files; each is recognised by its header:
+// Microbenchmark results as measured, before duplicates are averaged and the kernel latency is
+// fitted: the rows of the CSV files, or what the executor's --profile measured. Seconds per call.
+struct KernelSamples {
+  // C[m,n] = A[m,k] B[k,n] (bf16).
+  struct Gemm {
+    double m = 0, n = 0, k = 0, seconds = 0;
+  };
+  // Causal fused attention over batch x heads sequences of seq_len, head size head_dim.
+  struct Attention {
+    double batch = 0, seq_len = 0, head_dim = 0, heads = 0, forward_seconds = 0, forward_backward_seconds = 0;
+  };
+  // An eager element-wise op (a costmodel::elementwise_ops() name) on tokens x width elements.
+  // `shape` groups samples for the kernel-latency fit, which pairs the samples of one (op, shape)
+  // at tokens t and 2t: the width as text ("2048"), or ROWSxHIDDEN for the embedding; empty: the
+  // width.
+  struct Elementwise {
+    std::string op;
+    double tokens = 0, width = 0;
+    std::string shape;
+    double forward_seconds = 0, backward_seconds = 0;
+  };
+  std::vector<Gemm> gemm;
+  std::vector<Attention> attention;
+  std::vector<Elementwise> elementwise;
+  std::vector<double> adamw_fused_gb_per_s;  // fused AdamW, 32 bytes per fp32 parameter
+  std::vector<double> copy_gb_per_s;         // device copy, read + write counted
+};
+
+// The kernel tables of `samples` (source left empty for the caller): shapes measured more than
+// once are averaged; the kernel latency is the median over the element-wise ops measured at
+// tokens t and 2t of (2 x time(t) - time(2t)) / the op's forward kernels, clamped to
+// [0.5, 20] us, else `fallback_latency`; the copy and AdamW rates are medians. Errors: no GEMM,
+// attention or copy sample, a value that is not a finite number > 0, an unknown op, an
+// attention shape whose forward+backward is not longer than its forward.
+[[nodiscard]] costmodel::Result<KernelImport> build_kernel_tables(const KernelSamples& samples, double fallback_latency);
+
+// Reads one or more CSV files into KernelSamples, then build_kernel_tables; each file is
+// recognised by its header:
 //   kind,m,n,k,extra,seconds,tflops_or_gbps    (GEMMs, SDPA forward and forward+backward, fused
 //                                               AdamW GB/s, device copy GB/s)
 //   op,tokens,width,dtype,seconds_fwd,seconds_bwd,...   (eager element-wise ops)
