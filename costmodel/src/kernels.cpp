@@ -52,8 +52,9 @@ double interpolate_log(const std::vector<double>& xs, const std::vector<double>&
 }
 
 bool aligned(double dim, double operand_bytes) {
-  const double elements = std::max(1.0, 16.0 / operand_bytes);  // 16-byte rows for tensor-core kernels
-  return std::fmod(dim, elements) == 0;
+  const auto elements = static_cast<long long>(std::max(1.0, 16.0 / operand_bytes));  // 16-byte rows for tensor-core kernels
+  const auto whole = static_cast<long long>(dim);
+  return static_cast<double>(whole) == dim && whole % elements == 0;
 }
 
 }  // namespace
