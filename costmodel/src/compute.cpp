@@ -39,15 +39,18 @@ struct Pass {
 
   // y[T, out] = x[T, in] W[out, in]^T. Backward: dX (unless the input needs no gradient) and,
   // unless the weight is frozen, dW = dY^T X (PyTorch's orientation: out x in, contracting T).
+  // The operands' leading dimensions are the features (in and out), never the tokens, so only
+  // they decide whether the GEMMs run at the aligned rate (a 50257-row output layer does not).
   void linear(double tokens, double out, double in, bool frozen, bool input_grad = true) {
-    forward += gemm_rates.gemm(tokens, out, in, 1, operand_bytes);
+    const bool aligned = gemm_aligned(out, operand_bytes) && gemm_aligned(in, operand_bytes);
+    forward += gemm_rates.gemm(tokens, out, in, 1, operand_bytes, aligned);
     kernels += 1;
     if (input_grad) {
-      backward += gemm_rates.gemm(tokens, in, out, 1, operand_bytes);
+      backward += gemm_rates.gemm(tokens, in, out, 1, operand_bytes, aligned);
       kernels += 1;
     }
     if (!frozen) {
-      backward += gemm_rates.gemm(out, in, tokens, 1, operand_bytes);
+      backward += gemm_rates.gemm(out, in, tokens, 1, operand_bytes, aligned);
       kernels += 1;
     }
   }
@@ -301,8 +304,9 @@ LayerCost transformer_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw
         // element-wise op.
         c.activation_bytes = Tn * h * e + T * q_local * e + T * kv_local * e + proj_input + score_bytes + masks +
                              tokens_mlp * ffn_local * e + Tn * h * e + routed_input + adapters;
-        double gemms = gemm_rates.gemm(T, kv_local, h, 1, lin_in) + gemm_rates.gemm(T, h, q_local, 1, lin_in) +
-                       experts_local * gemm_rates.gemm(tokens_per_expert, ffn_local, h, 1, lin_in);
+        const auto ok = [&](double a, double b) { return gemm_aligned(a, lin_in) && gemm_aligned(b, lin_in); };
+        double gemms = gemm_rates.gemm(T, kv_local, h, 1, lin_in, ok(kv_local, h)) + gemm_rates.gemm(T, h, q_local, 1, lin_in, ok(h, q_local)) +
+                       experts_local * gemm_rates.gemm(tokens_per_expert, ffn_local, h, 1, lin_in, ok(ffn_local, h));
         c.recompute = recompute_pointwise + gemms + rotary_forward;
         c.forward_transient_bytes = std::max(c.forward_transient_bytes, T * kv_local * e + Tn * h * e);
       } else {
@@ -432,10 +436,14 @@ EndsCost ends_cost(const ModelSpec& mdl, const HardwareProfile& hw, const LayerS
       p.backward += rates.op(ElementwiseOp::kCrossEntropyFp32, logits, true, e);
       p.kernels += 6;
       loss_saved = 4.0 * logits;
-      c.head_forward_transient_bytes = (e + 4.0) * logits;
       c.head_backward_transient_bytes = 8.0 * logits;
-      c.head_idle_bytes = e * logits;
       c.largest_head_block_bytes = 4.0 * logits;
+      if (e < 4.0) {  // 16-bit logits, their fp32 copy; the 16-bit block is idle at the backward's peak
+        c.head_forward_transient_bytes = (e + 4.0) * logits;
+        c.head_idle_bytes = e * logits;
+      } else {  // fp32 training: .float() is the logits themselves
+        c.head_forward_transient_bytes = 4.0 * logits;
+      }
       break;
     case LossKernel::kFused:
       // Online-softmax kernels over the 16-bit logits: two reads forward, read and write backward.

@@ -230,9 +230,9 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
   const KernelRates rates(hw.gpu, compute_dtype(tr.precision));
   // Gradients this rank keeps between micro-batches: the executor's fp32 buffer; Megatron's fp32
   // main_grad; PyTorch modules' param.grad in the compute dtype (the reduce dtype once sharded).
-  const double stack_grad_width = stack.grads == GradAccumulation::kParamDtype && p.zero_stage < 2
-                                      ? w.gradients
-                                      : (stack.grads == GradAccumulation::kFp32Buffer ? std::max(4.0, w.gradients) : grad_width);
+  const double stack_grad_width = stack.grads == GradAccumulation::kParamDtype && p.zero_stage < 2 ? w.gradients
+                                  : stack.grads == GradAccumulation::kParamDtype                 ? grad_width
+                                                                                                 : std::max(4.0, w.gradients);
   const double tokens = p.micro_batch * static_cast<double>(tr.seq_len) / p.cp;
 
   struct StageState {
@@ -305,7 +305,11 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
     // Communication buffers, and cuBLAS workspaces (PyTorch's default on Hopper, 32 MiB per
     // handle, one for the forward thread and one for the autograd engine's).
     if (p.zero_stage == 3) {
-      const double unit = std::max(static_cast<double>(p.fsdp_wrap_min_params), dense_layer + expert_layer);
+      // The largest units gathered at once: a layer group, or the embedding (first stage) and the
+      // output layer (last stage, untied or a tied copy).
+      const double ends = std::max(first ? pc.embedding / t : 0.0,
+                                   last && (!mdl.tied_embeddings || stages > 1) ? (mdl.tied_embeddings ? pc.embedding : pc.output) / t : 0.0);
+      const double unit = std::max({static_cast<double>(p.fsdp_wrap_min_params), dense_layer + expert_layer, ends});
       x.buffers += (p.prefetch ? 2.0 : 1.0) * unit * w.weights + unit * reduce_bytes;
     } else if (p.dp * p.cp > 1) {
       x.buffers += 2.0 * 25.0 * 1048576.0;  // two 25 MiB gradient buckets in flight
@@ -349,7 +353,8 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
     const double states = x.weights + x.gradients + x.optimizer + x.buffers;
     x.activations = activation_peak;
     x.total = states + std::max(activation_peak, optimizer_temporaries);
-    x.reserved = states + std::max(reserved_activation_peak, optimizer_temporaries) + hw.gpu.calibration.allocator_extra_bytes;
+    // A calibration may lower the reserve (the model over-counted); never below what is allocated.
+    x.reserved = std::max(x.total, states + std::max(reserved_activation_peak, optimizer_temporaries) + hw.gpu.calibration.allocator_extra_bytes);
     x.overhead = hw.gpu.reserved_memory.value();
     x.required = x.reserved + x.overhead;
   }
@@ -363,7 +368,6 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
     stage_sum += st[i].forward + st[i].backward;
   }
   const StageState& W = st[worst];
-  const StageState& S = st[slowest];
   est.trainable_parameters = lora ? mdl.layers * lora_params_per_layer(mdl, tr.lora) : est.parameters;
 
   MemoryBreakdown& mem = est.memory;
@@ -399,17 +403,162 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
   }
   if (p.offload_optimizer == Offload::kCpu || p.offload_params == Offload::kCpu) {
     if (mem.cpu_offload_per_node.value() > 0.9 * hw.cpu_memory.value()) {
+      if (est.tight) {  // it does not fit at all: the reason is the host's memory
+        est.tight = false;
+        est.reasons.clear();
+      }
       est.fits = false;
       est.reasons.push_back("offload needs " + gib_text(mem.cpu_offload_per_node.value()) + " of host memory per node > 90% of " +
                             gib_text(hw.cpu_memory.value()));
     }
   }
 
+  // Per stage: data-parallel traffic (what overlaps and what is exposed) and the optimizer step.
+  // Stages differ (the first holds the embedding, the last the output layer), so the step is set
+  // by the stage whose compute plus these is longest, and the breakdown is that stage's.
+  struct StageTail {
+    double dp_exposed = 0, dp_total = 0, optimizer = 0, offload = 0;
+  };
+  // Overlapped collectives are not free: NCCL kernels take SMs and HBM bandwidth from the
+  // compute they hide behind (ring kernels run on ~8-16 of 108-132 SMs).
+  constexpr double kOverlapSlowdown = 0.1;
+  const auto stage_tail = [&](int i) {
+    const StageState& X = st[i];
+    const int Li = layers[i];
+    StageTail out;
+    const CollectiveGroup dp_group{p.dp * p.cp, share.dp * share.cp};
+    const CollectiveGroup edp_group{std::max(1, p.dp / p.ep) * p.cp, std::max(1, share.dp / p.ep) * share.cp};
+    const double dense_trainable = lora ? X.trainable : X.dense;
+    const double expert_trainable = lora ? 0.0 : X.expert;
+    const double units = std::max(1, Li);
+    double dp_exposed = 0, dp_total = 0;
+    if (p.zero_stage == 3) {
+      // ZeRO-3 / FSDP full shard, unit by unit in the order the schedule runs them: a unit's
+      // parameters are gathered before its forward and again before its backward, its gradients
+      // reduce-scattered after its backward. With prefetch (depth 1) the next unit's gather runs
+      // during this unit's compute, and in backward also the previous unit's reduce-scatter; what
+      // does not fit in that compute is exposed, unit by unit (no slack carries over: a gather
+      // cannot start more than one unit ahead). The first gather and the last reduce-scatter of a
+      // pass are always exposed.
+      const CollectiveGroup shard{p.shard_size() * p.cp, std::min(p.shard_size(), share.dp) * share.cp};
+      const double gather_width = lora ? (tr.mode == TrainingMode::kQlora ? frozen_width : e) : w.weights;
+      struct DpUnit {
+        double gather = 0, reduce = 0, forward = 0, backward = 0;
+      };
+      std::vector<DpUnit> dp_units;
+      const auto add_unit = [&](double params, double trainable, double forward, double backward) {
+        dp_units.push_back({collective_time(hw, Collective::kAllGather, Bytes(params * gather_width), shard).value(),
+                            collective_time(hw, Collective::kReduceScatter, Bytes(trainable * reduce_bytes), shard).value(), forward, backward});
+      };
+      const double layer_params = dense_layer + expert_layer;
+      const double layer_trainable = lora ? lora_layer : layer_params;
+      // FSDP units of at least fsdp_wrap_min_params: whole layers grouped.
+      const int per_unit = std::max(1, static_cast<int>(std::ceil(static_cast<double>(p.fsdp_wrap_min_params) / std::max(1.0, layer_params))));
+      if (i == 0) add_unit(pc.embedding / t, lora ? 0.0 : pc.embedding / t, ec.embedding_forward, ec.embedding_backward);
+      for (int done = 0; done < Li; done += per_unit) {
+        const int n = std::min(per_unit, Li - done);
+        add_unit(n * layer_params, n * layer_trainable, n * lc.forward_total(), n * lc.backward_total());
+      }
+      if (i == stages - 1) {
+        // With tied embeddings on one stage the output layer is the embedding unit's table, still
+        // gathered; on a later stage it is that stage's own copy.
+        const double head = pc.final_norm + (mdl.tied_embeddings ? (stages > 1 ? pc.embedding / t : 0.0) : pc.output / t);
+        add_unit(head, lora ? 0.0 : head, ec.head_forward, ec.head_backward);
+      }
+      double fwd = 0, bwd = 0, ag_total = 0, rs_total = 0;
+      const std::size_t n = dp_units.size();
+      for (std::size_t i = 0; i < n; ++i) {
+        ag_total += dp_units[i].gather;
+        rs_total += dp_units[i].reduce;
+        if (!p.prefetch) continue;
+        // Forward in order: unit i computes while unit i + 1 is gathered.
+        if (i + 1 < n) fwd += std::max(0.0, dp_units[i + 1].gather - dp_units[i].forward);
+        // Backward in reverse: unit i computes while unit i - 1 is gathered and unit i + 1's
+        // gradients are reduce-scattered.
+        const double during = (i > 0 ? dp_units[i - 1].gather : 0.0) + (i + 1 < n ? dp_units[i + 1].reduce : 0.0);
+        bwd += std::max(0.0, during - dp_units[i].backward);
+      }
+      if (p.prefetch) {
+        fwd += dp_units.front().gather;
+        bwd += dp_units.back().gather + dp_units.front().reduce;
+      } else {
+        fwd = ag_total;
+        bwd = ag_total + rs_total;
+      }
+      const double ag = ag_total, rs = rs_total;
+      dp_exposed += m * (fwd + bwd);
+      dp_total += m * (2 * ag + rs);
+      if (p.shard_size() < p.dp) {  // hybrid shard: all-reduce the shards across replicas
+        const int replicas = p.dp / p.shard_size();
+        const CollectiveGroup rg{replicas, std::max(1, share.dp / p.shard_size())};
+        const double ar = collective_time(hw, Collective::kAllReduce, Bytes((dense_trainable + expert_trainable) * reduce_bytes / p.shard_size()), rg).value();
+        dp_exposed += std::max(0.0, ar - X.backward) + ar / units;
+        dp_total += ar;
+      }
+    } else if (p.dp * p.cp > 1) {
+      const Collective reduce = p.zero_stage == 0 ? Collective::kAllReduce : Collective::kReduceScatter;
+      const double red = collective_time(hw, reduce, Bytes(dense_trainable * reduce_bytes), dp_group).value() +
+                         collective_time(hw, reduce, Bytes(expert_trainable * reduce_bytes), edp_group).value();
+      // Overlaps the last micro-batch's backward, except the last bucket.
+      dp_exposed += p.overlap_grad_reduce ? std::max(0.0, red - X.backward) + red / units : red;
+      dp_total += red;
+      if (p.zero_stage >= 1) {  // gather updated parameters after the sharded step
+        const double ag = collective_time(hw, Collective::kAllGather, Bytes(dense_trainable * w.weights), dp_group).value() +
+                          collective_time(hw, Collective::kAllGather, Bytes(expert_trainable * w.weights), edp_group).value();
+        dp_exposed += std::max(0.0, ag - X.forward) + ag / units;  // overlaps the next step's first forward
+        dp_total += ag;
+      }
+    }
+    out.dp_exposed = dp_exposed;
+    out.dp_total = dp_total;
+
+    // Optimizer step (memory-bound), possibly on the host.
+    const double opt_shard = p.zero_stage >= 1 ? static_cast<double>(dense_shard) : 1.0;
+    const double local = (dense_trainable + expert_trainable) / opt_shard;
+    const double touched = 2.0 * w.optimizer + grad_width + 2.0 * w.weights;  // read+write states, read grad, write weights
+    if (p.offload_optimizer == Offload::kNone) {
+      // The stack's update (fused kernel or ATen ops) and the rest of its step (stack.hpp).
+      const double tensors = Li * (mdl.architecture == Architecture::kGpt ? 16.0 : 9.0) + 3.0;
+      const int launches = static_cast<int>(std::lround(tensors * stack.optimizer_kernels_per_tensor));
+      const double update = stack.fused_optimizer ? rates.adamw_fused(local * touched / 32.0, 0)
+                                                  : rates.stream(local * touched * stack.optimizer_update_factor, 0);
+      out.optimizer = update + rates.stream(local * stack.optimizer_overhead_bytes, launches);
+    } else {
+      const double host_bw = 0.5 * hw.cpu_memory_bandwidth.value() / gpn;  // a GPU's share, at 50% efficiency
+      out.optimizer = local * touched / host_bw;
+      double offload = std::max(local * grad_width, local * w.weights) / hw.pcie_bandwidth.value();
+      if (p.offload_optimizer == Offload::kNvme) offload += 2.0 * local * w.optimizer / (hw.nvme_bandwidth.value() / gpn);
+      out.offload = offload;
+    }
+    if (p.offload_params != Offload::kNone) {
+      const double shard_bytes = (X.dense + X.expert) * w.weights / p.shard_size();
+      const double bw = p.offload_params == Offload::kNvme ? hw.nvme_bandwidth.value() / gpn : hw.pcie_bandwidth.value();
+      out.offload += m * 2.0 * shard_bytes / bw;
+    }
+
+    return out;
+  };
+  std::vector<StageTail> tails;
+  int critical = slowest;
+  double critical_time = -1;
+  for (int i = 0; i < stages; ++i) {
+    tails.push_back(stage_tail(i));
+    const StageTail& x = tails.back();
+    const double busy = m * (st[i].forward + st[i].backward) + x.dp_exposed + kOverlapSlowdown * std::max(0.0, x.dp_total - x.dp_exposed) +
+                        x.optimizer + x.offload;
+    if (busy > critical_time + 1e-15) {
+      critical = i;
+      critical_time = busy;
+    }
+  }
+  const StageState& S = st[critical];
+  const StageTail& tail = tails[static_cast<std::size_t>(critical)];
   // --- time per step ---
   TimeBreakdown& tm = est.time;
-  const int L = layers[slowest];
-  tm.compute = Seconds(m * (L * (lc.forward + lc.backward) + (slowest == 0 ? ec.embedding_forward + ec.embedding_backward : 0.0) +
-                            (slowest == stages - 1 ? ec.head_forward + ec.head_backward : 0.0) + S.grad_pass + S.host_wait));
+  const int L = layers[critical];
+  tm.compute = Seconds(m * (L * (lc.forward + lc.backward) + (critical == 0 ? ec.embedding_forward + ec.embedding_backward : 0.0) +
+                            (critical == stages - 1 ? ec.head_forward + ec.head_backward : 0.0) + S.grad_pass + S.host_wait) +
+                       kOverlapSlowdown * std::max(0.0, tail.dp_total - tail.dp_exposed));
   tm.recompute = Seconds(static_cast<double>(m) * L * lc.recompute);
   tm.tp_comm = Seconds(static_cast<double>(m) * L * (lc.tp_comm_forward + lc.tp_comm_backward + lc.tp_comm_recompute));
   tm.cp_comm = Seconds(static_cast<double>(m) * L * lc.cp_comm);
@@ -423,118 +572,10 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
     tm.bubble = Seconds((stages - 1.0) / p.virtual_stages * stage_sum / stages);
   }
 
-  // Data-parallel traffic of the slowest stage.
-  const CollectiveGroup dp_group{p.dp * p.cp, share.dp * share.cp};
-  const CollectiveGroup edp_group{std::max(1, p.dp / p.ep) * p.cp, std::max(1, share.dp / p.ep) * share.cp};
-  const double dense_trainable = lora ? S.trainable : S.dense;
-  const double expert_trainable = lora ? 0.0 : S.expert;
-  const double units = std::max(1, L);
-  double dp_exposed = 0, dp_total = 0;
-  if (p.zero_stage == 3) {
-    // ZeRO-3 / FSDP full shard, unit by unit in the order the schedule runs them: a unit's
-    // parameters are gathered before its forward and again before its backward, its gradients
-    // reduce-scattered after its backward. With prefetch (depth 1) the next unit's gather runs
-    // during this unit's compute, and in backward also the previous unit's reduce-scatter; what
-    // does not fit in that compute is exposed, unit by unit (no slack carries over: a gather
-    // cannot start more than one unit ahead). The first gather and the last reduce-scatter of a
-    // pass are always exposed.
-    const CollectiveGroup shard{p.shard_size() * p.cp, std::min(p.shard_size(), share.dp) * share.cp};
-    const double gather_width = lora ? (tr.mode == TrainingMode::kQlora ? frozen_width : e) : w.weights;
-    struct DpUnit {
-      double gather = 0, reduce = 0, forward = 0, backward = 0;
-    };
-    std::vector<DpUnit> dp_units;
-    const auto add_unit = [&](double params, double trainable, double forward, double backward) {
-      dp_units.push_back({collective_time(hw, Collective::kAllGather, Bytes(params * gather_width), shard).value(),
-                          collective_time(hw, Collective::kReduceScatter, Bytes(trainable * reduce_bytes), shard).value(), forward, backward});
-    };
-    const double layer_params = dense_layer + expert_layer;
-    const double layer_trainable = lora ? lora_layer : layer_params;
-    // FSDP units of at least fsdp_wrap_min_params: whole layers grouped.
-    const int per_unit = std::max(1, static_cast<int>(std::ceil(static_cast<double>(p.fsdp_wrap_min_params) / std::max(1.0, layer_params))));
-    if (slowest == 0) add_unit(pc.embedding / t, lora ? 0.0 : pc.embedding / t, ec.embedding_forward, ec.embedding_backward);
-    for (int done = 0; done < L; done += per_unit) {
-      const int n = std::min(per_unit, L - done);
-      add_unit(n * layer_params, n * layer_trainable, n * lc.forward_total(), n * lc.backward_total());
-    }
-    if (slowest == stages - 1) {
-      const double head = pc.final_norm + (mdl.tied_embeddings ? pc.embedding / t : pc.output / t);
-      add_unit(head, lora ? 0.0 : head, ec.head_forward, ec.head_backward);
-    }
-    double fwd = 0, bwd = 0, ag_total = 0, rs_total = 0;
-    const std::size_t n = dp_units.size();
-    for (std::size_t i = 0; i < n; ++i) {
-      ag_total += dp_units[i].gather;
-      rs_total += dp_units[i].reduce;
-      if (!p.prefetch) continue;
-      // Forward in order: unit i computes while unit i + 1 is gathered.
-      if (i + 1 < n) fwd += std::max(0.0, dp_units[i + 1].gather - dp_units[i].forward);
-      // Backward in reverse: unit i computes while unit i - 1 is gathered and unit i + 1's
-      // gradients are reduce-scattered.
-      const double during = (i > 0 ? dp_units[i - 1].gather : 0.0) + (i + 1 < n ? dp_units[i + 1].reduce : 0.0);
-      bwd += std::max(0.0, during - dp_units[i].backward);
-    }
-    if (p.prefetch) {
-      fwd += dp_units.front().gather;
-      bwd += dp_units.back().gather + dp_units.front().reduce;
-    } else {
-      fwd = ag_total;
-      bwd = ag_total + rs_total;
-    }
-    const double ag = ag_total, rs = rs_total;
-    dp_exposed += m * (fwd + bwd);
-    dp_total += m * (2 * ag + rs);
-    if (p.shard_size() < p.dp) {  // hybrid shard: all-reduce the shards across replicas
-      const int replicas = p.dp / p.shard_size();
-      const CollectiveGroup rg{replicas, std::max(1, share.dp / p.shard_size())};
-      const double ar = collective_time(hw, Collective::kAllReduce, Bytes((dense_trainable + expert_trainable) * reduce_bytes / p.shard_size()), rg).value();
-      dp_exposed += std::max(0.0, ar - S.backward) + ar / units;
-      dp_total += ar;
-    }
-  } else if (p.dp * p.cp > 1) {
-    const Collective reduce = p.zero_stage == 0 ? Collective::kAllReduce : Collective::kReduceScatter;
-    const double red = collective_time(hw, reduce, Bytes(dense_trainable * reduce_bytes), dp_group).value() +
-                       collective_time(hw, reduce, Bytes(expert_trainable * reduce_bytes), edp_group).value();
-    // Overlaps the last micro-batch's backward, except the last bucket.
-    dp_exposed += p.overlap_grad_reduce ? std::max(0.0, red - S.backward) + red / units : red;
-    dp_total += red;
-    if (p.zero_stage >= 1) {  // gather updated parameters after the sharded step
-      const double ag = collective_time(hw, Collective::kAllGather, Bytes(dense_trainable * w.weights), dp_group).value() +
-                        collective_time(hw, Collective::kAllGather, Bytes(expert_trainable * w.weights), edp_group).value();
-      dp_exposed += std::max(0.0, ag - S.forward) + ag / units;  // overlaps the next step's first forward
-      dp_total += ag;
-    }
-  }
-  tm.dp_comm_exposed = Seconds(dp_exposed);
-  // Overlapped collectives are not free: NCCL kernels take SMs and HBM bandwidth from the
-  // compute they hide behind (ring kernels run on ~8-16 of 108-132 SMs).
-  constexpr double kOverlapSlowdown = 0.1;
-  tm.compute += Seconds(kOverlapSlowdown * std::max(0.0, dp_total - dp_exposed));
-  tm.dp_comm_total = Seconds(dp_total);
-
-  // Optimizer step (memory-bound), possibly on the host.
-  const double opt_shard = p.zero_stage >= 1 ? static_cast<double>(dense_shard) : 1.0;
-  const double local = (dense_trainable + expert_trainable) / opt_shard;
-  const double touched = 2.0 * w.optimizer + grad_width + 2.0 * w.weights;  // read+write states, read grad, write weights
-  if (p.offload_optimizer == Offload::kNone) {
-    // The stack's update (fused kernel or ATen ops) and the rest of its step (stack.hpp).
-    const double tensors = L * (mdl.architecture == Architecture::kGpt ? 16.0 : 9.0) + 3.0;
-    const int launches = static_cast<int>(std::lround(tensors * stack.optimizer_kernels_per_tensor));
-    const double update = stack.fused_optimizer ? rates.adamw_fused(local * touched / 32.0, 0)
-                                                : rates.stream(local * touched * stack.optimizer_update_factor, 0);
-    tm.optimizer = Seconds(update + rates.stream(local * stack.optimizer_overhead_bytes, launches));
-  } else {
-    const double host_bw = 0.5 * hw.cpu_memory_bandwidth.value() / gpn;  // a GPU's share, at 50% efficiency
-    tm.optimizer = Seconds(local * touched / host_bw);
-    double offload = std::max(local * grad_width, local * w.weights) / hw.pcie_bandwidth.value();
-    if (p.offload_optimizer == Offload::kNvme) offload += 2.0 * local * w.optimizer / (hw.nvme_bandwidth.value() / gpn);
-    tm.offload = Seconds(offload);
-  }
-  if (p.offload_params != Offload::kNone) {
-    const double shard_bytes = (S.dense + S.expert) * w.weights / p.shard_size();
-    const double bw = p.offload_params == Offload::kNvme ? hw.nvme_bandwidth.value() / gpn : hw.pcie_bandwidth.value();
-    tm.offload += Seconds(m * 2.0 * shard_bytes / bw);
-  }
+  tm.dp_comm_exposed = Seconds(tail.dp_exposed);
+  tm.dp_comm_total = Seconds(tail.dp_total);
+  tm.optimizer = Seconds(tail.optimizer);
+  tm.offload = Seconds(tail.offload);
 
   tm.step = tm.compute + tm.recompute + tm.tp_comm + tm.cp_comm + tm.ep_comm + tm.pp_comm + tm.bubble +
             tm.dp_comm_exposed + tm.optimizer + tm.offload;

@@ -51,7 +51,7 @@ double interpolate_log(const std::vector<double>& xs, const std::vector<double>&
   return ys[lo] + f * (ys[hi] - ys[lo]);
 }
 
-bool aligned(double dim, double operand_bytes) {
+bool aligned_dim(double dim, double operand_bytes) {
   const auto elements = static_cast<long long>(std::max(1.0, 16.0 / operand_bytes));  // 16-byte rows for tensor-core kernels
   const auto whole = static_cast<long long>(dim);
   return static_cast<double>(whole) == dim && whole % elements == 0;
@@ -61,8 +61,9 @@ bool aligned(double dim, double operand_bytes) {
 
 const std::array<ElementwiseOpInfo, kElementwiseOpCount>& elementwise_ops() { return kOps; }
 const ElementwiseOpInfo& elementwise_op_info(ElementwiseOp op) { return kOps[static_cast<std::size_t>(op)]; }
+bool gemm_aligned(double dim, double operand_bytes) { return aligned_dim(dim, operand_bytes); }
 
-KernelTables::KernelTables() : gemm_dtype(Dtype::kBf16) {}
+KernelTables::KernelTables() : gemm_dtype(Dtype::kBf16), attention_dtype(Dtype::kBf16) {}
 
 namespace {
 
@@ -146,7 +147,7 @@ void KernelTables::prepare(int sm_count) {
   const double operand = dtype_bytes(gemm_dtype);
   std::vector<const GemmSample*> unaligned;
   for (const GemmSample& g : gemm) {
-    if (!(aligned(g.m, operand) && aligned(g.n, operand) && aligned(g.k, operand))) {
+    if (!(aligned_dim(g.m, operand) && aligned_dim(g.n, operand) && aligned_dim(g.k, operand))) {
       unaligned.push_back(&g);
       continue;
     }
@@ -210,7 +211,7 @@ std::shared_ptr<const KernelTables> read_kernel_tables(const nlohmann::json& jso
   }
   {
     detail::ObjectReader a = r.object("attention");
-    a.one_of("dtype", {"fp32", "bf16", "fp16", "fp8"});
+    t->attention_dtype = dtype_from(a.one_of("dtype", {"fp32", "bf16", "fp16", "fp8"}));
     t->attention_causal = a.boolean("causal");
     detail::expect_columns(a, {"head_dim", "seq_len", "heads", "batch", "forward_seconds", "backward_seconds"});
     for (const auto& row : detail::read_number_rows(a, "rows", 6, 4, "head_dim, seq_len, heads, batch")) {
@@ -255,7 +256,7 @@ nlohmann::json kernel_tables_to_json(const KernelTables& t) {
       {"copy_gb_per_s", t.copy_bandwidth / 1e9},
       {"gemm", {{"dtype", dtype_name(t.gemm_dtype)}, {"columns", {"m", "n", "k", "seconds"}}, {"rows", gemm_rows}}},
       {"attention",
-       {{"dtype", dtype_name(t.gemm_dtype)},
+       {{"dtype", dtype_name(t.attention_dtype)},
         {"causal", t.attention_causal},
         {"columns", {"head_dim", "seq_len", "heads", "batch", "forward_seconds", "backward_seconds"}},
         {"rows", attention_rows}}},
@@ -269,6 +270,8 @@ KernelRates::KernelRates(const GpuSpec& gpu, Dtype compute_dtype) : gpu_(gpu), t
   if (tables_ != nullptr) {
     const double table_peak = gpu.peak_for(tables_->gemm_dtype).value();
     table_scale_ = table_peak > 0 && peak_ > 0 ? peak_ / table_peak : 1.0;
+    const double attention_peak = gpu.peak_for(tables_->attention_dtype).value();
+    attention_table_scale_ = attention_peak > 0 && peak_ > 0 ? peak_ / attention_peak : 1.0;
     latency_ = tables_->kernel_latency;
     copy_ = tables_->copy_bandwidth;
   } else {
@@ -289,14 +292,15 @@ double KernelRates::gemm_analytic(double m, double n, double k, double batch, do
   return flops_over_shape / (peak_ * gpu_.gemm_efficiency);
 }
 
-double KernelRates::gemm(double m, double n, double k, double batch, double operand_bytes) const {
+double KernelRates::gemm(double m, double n, double k, double batch, double operand_bytes, bool aligned) const {
   if (m <= 0 || n <= 0 || k <= 0 || batch <= 0 || peak_ <= 0) return 0.0;
   const double bytes = batch * ((m * k + k * n) * operand_bytes + m * n * 2.0);
   double work;
   if (tables_ != nullptr && !tables_->prepared.gemm_points.empty()) {
     const auto& p = tables_->prepared;
-    work = batch * gemm_shape_work(m, n, k, 1, p.sm_count) / cached_correction(p, m, n, k) / table_scale_;
-    if (!(aligned(m, operand_bytes) && aligned(n, operand_bytes) && aligned(k, operand_bytes))) work *= p.unaligned_factor;
+    // The batch's tiles share the waves; the correction is the one of a single product's shape.
+    work = gemm_shape_work(m, n, k, batch, p.sm_count) / cached_correction(p, m, n, k) / table_scale_;
+    if (!aligned) work *= p.unaligned_factor;
   } else {
     work = gemm_analytic(m, n, k, batch, operand_bytes);
   }
@@ -321,7 +325,7 @@ double KernelRates::attention_rate(double s, double d, bool backward) const {
     const double f = std::log(d / dims[hi - 1]) / std::log(dims[hi] / dims[hi - 1]);
     rate = rate_at(hi - 1) + f * (rate_at(hi) - rate_at(hi - 1));
   }
-  return rate * table_scale_;
+  return rate * attention_table_scale_;
 }
 
 double KernelRates::attention_forward(double batch_heads, double s_q, double s_k, double d, bool causal) const {

@@ -230,6 +230,11 @@ nlohmann::json measurement_json(const cm::Plan& plan, const World& w, const Rank
   // What ran is this executor's own stack, whatever stack the plan was estimated for.
   nlohmann::json training = cm::training_to_json(plan.training);
   training["stack"] = cm::stack_name(cm::Stack::kTrainplan);
+  // A model or cluster that is no preset (inline in the plan, or a file) travels as a document,
+  // so that the plan can be rebuilt from the measurement (planner validate, calibrate).
+  const auto is_preset = [](const std::string& ref) {
+    return !ref.empty() && ref != "inline" && ref.find('/') == std::string::npos && ref.find(".json") == std::string::npos;
+  };
   nlohmann::json step_list = nlohmann::json::array();
   for (const auto& s : steps) {
     nlohmann::json j = {{"step", s.step}, {"loss", s.loss}, {"seconds", s.seconds}, {"tokens_per_second", s.tokens_per_second},
@@ -240,7 +245,7 @@ nlohmann::json measurement_json(const cm::Plan& plan, const World& w, const Rank
     }
     step_list.push_back(j);
   }
-  return {
+  nlohmann::json document = {
       {"schema", "trainplan/measurement/v1"},
       {"name", plan.name},
       {"source", "trainplan executor: " + command_line},
@@ -262,6 +267,9 @@ nlohmann::json measurement_json(const cm::Plan& plan, const World& w, const Rank
       {"losses", losses},
       {"trace", trace},
   };
+  if (!is_preset(plan.model_ref)) document["model_document"] = cm::model_to_json(plan.model);
+  if (!is_preset(plan.cluster_ref)) document["cluster_document"] = cm::hwprofile_to_json(plan.cluster);
+  return document;
 }
 
 void write_json_atomically(const std::string& path, const nlohmann::json& j) {

@@ -183,9 +183,15 @@ int import_profile(const std::vector<std::string>& csv_files, const std::string&
                    const std::string& source, const std::string& out) {
   auto base = cm::find_hwprofile(base_name);
   if (!base) return fail("--base: " + base.error().message);
-  auto result = pl::import_kernel_csv(csv_files, base->gpu.min_kernel_time.value());
+  // What the CSVs do not measure stays the base's: its measured kernel latency, its element-wise tables.
+  const cm::KernelTables* base_tables = base->gpu.kernels.get();
+  auto result = pl::import_kernel_csv(csv_files, base_tables ? base_tables->kernel_latency : base->gpu.min_kernel_time.value());
   if (!result) return fail(result.error().message);
   pl::KernelImport imported = std::move(result).value();
+  if (base_tables != nullptr && imported.elementwise_rows == 0) {
+    imported.tables.elementwise = base_tables->elementwise;
+    imported.notes.push_back("element-wise tables kept from the base profile");
+  }
   if (!source.empty()) imported.tables.source = source + " (" + imported.tables.source + ")";
   const cm::HardwareProfile profile = pl::with_kernel_tables(std::move(base).value(), imported, name);
   const std::string text = cm::readable_json(cm::hwprofile_to_json(profile));
@@ -229,7 +235,7 @@ int validate(const std::vector<std::string>& measurement_files, pl::Format forma
 int calibrate_profile(const std::vector<std::string>& files, const std::string& base_name, const std::string& out, pl::Format format) {
   std::vector<pl::MeasuredRun> runs;
   for (const auto& file : files) {
-    auto run = pl::load_measured_run(file);
+    auto run = pl::load_measured_run(file, base_name);
     if (!run) return fail(run.error().message);
     runs.push_back(std::move(run).value());
   }
@@ -280,8 +286,10 @@ int calibrate_profile(const std::vector<std::string>& files, const std::string& 
     std::printf("\n(no --out: the calibrated profile was not written)\n");
     return 0;
   }
+  const std::string text = cm::readable_json(cm::hwprofile_to_json(result->profile));
+  if (auto back = cm::parse_hwprofile_text(text, out); !back) return fail("the calibrated profile does not read back: " + back.error().message);
   std::string error;
-  if (!write_file(out, cm::readable_json(cm::hwprofile_to_json(result->profile)), error)) return fail(error);
+  if (!write_file(out, text, error)) return fail(error);
   std::printf("\nwrote %s (use it with --cluster %s)\n", out.c_str(), out.c_str());
   return 0;
 }

@@ -23,11 +23,15 @@ constexpr int kParameters = 4;  // gemm, attention, memory, latency scales
 constexpr const char* kNames[kParameters] = {"GEMM time", "attention time", "memory-bound time", "kernel latency"};
 
 // Parameters in log space, so that scales stay positive and the prior is symmetric in ratio.
+// The bounds a profile accepts for a time scale (hardware.cpp): 0.1 (exclusive) to 10.
+constexpr double kLowestScale = 0.1 * (1 + 1e-9), kHighestScale = 10.0;
+
 costmodel::Calibration with_scales(costmodel::Calibration c, const Eigen::Vector4d& log_scales) {
-  c.gemm_time_scale = std::exp(log_scales(0));
-  c.attention_time_scale = std::exp(log_scales(1));
-  c.memory_time_scale = std::exp(log_scales(2));
-  c.latency_scale = std::exp(log_scales(3));
+  const auto scale = [](double x) { return std::clamp(std::exp(x), kLowestScale, kHighestScale); };
+  c.gemm_time_scale = scale(log_scales(0));
+  c.attention_time_scale = scale(log_scales(1));
+  c.memory_time_scale = scale(log_scales(2));
+  c.latency_scale = scale(log_scales(3));
   return c;
 }
 
@@ -51,20 +55,31 @@ Eigen::VectorXd residuals(const std::vector<MeasuredRun>& runs, costmodel::Hardw
 
 }  // namespace
 
-Result<MeasuredRun> load_measured_run(const std::string& path) {
+Result<MeasuredRun> load_measured_run(const std::string& path, const std::string& cluster_override) {
   auto text = costmodel::read_text_file(path);
   if (!text) return text.error();
   auto json = costmodel::parse_json_text(*text, path);
   if (!json) return json.error();
   const nlohmann::json& m = *json;
-  if (!m.is_object() || m.value("schema", "") != "trainplan/measurement/v1") {
+  const auto text_at = [&](const char* key) -> std::string {
+    const auto it = m.find(key);
+    return it != m.end() && it->is_string() ? it->get<std::string>() : std::string();
+  };
+  if (!m.is_object() || text_at("schema") != "trainplan/measurement/v1") {
     return Error{path + ": /schema: must be \"trainplan/measurement/v1\" (a measurement the executor wrote)"};
   }
-  nlohmann::json plan = {{"schema", "trainplan/plan/v1"}, {"name", m.value("name", std::filesystem::path(path).stem().string())}};
+  const std::string name = text_at("name");
+  nlohmann::json plan = {{"schema", "trainplan/plan/v1"}, {"name", name.empty() ? std::filesystem::path(path).stem().string() : name}};
   for (const char* key : {"model", "cluster", "gpus", "training", "parallel"}) {
     if (!m.contains(key)) return Error{path + ": /" + key + ": missing (the plan the run was made for)"};
     plan[key] = m.at(key);
   }
+  // A model or cluster that is no preset travels as a document beside its name.
+  for (const char* key : {"model", "cluster"}) {
+    const auto document = m.find(std::string(key) + "_document");
+    if (document != m.end() && document->is_object()) plan[key] = *document;
+  }
+  if (!cluster_override.empty()) plan["cluster"] = cluster_override;
   auto request = costmodel::parse_plan(plan, path);
   if (!request) return request.error();
   auto fixed = costmodel::plan_with_defaults(*request);
@@ -133,7 +148,10 @@ Result<CalibrationResult> calibrate(const costmodel::HardwareProfile& base, cons
         lambda *= 10;
       }
     }
-    if (!improved) break;
+    if (!improved) {  // no step lowers the error: a minimum
+      converged = true;
+      break;
+    }
   }
 
   CalibrationResult result;
@@ -154,7 +172,14 @@ Result<CalibrationResult> calibrate(const costmodel::HardwareProfile& base, cons
   for (int k = 0; k < kParameters; ++k) {
     const double sensitivity = J.col(k).head(static_cast<Eigen::Index>(runs.size())).norm();
     if (sensitivity < 1e-3) result.notes.push_back(std::string(kNames[k]) + ": the measurements do not depend on it; kept at the prior");
+    const double value = std::exp(x(k));
+    if (value <= kLowestScale * 1.0001 || value >= kHighestScale * 0.9999) {
+      result.notes.push_back(std::string(kNames[k]) + " x " + std::to_string(value) +
+                             " is at the bound of what a profile accepts (0.1 to 10): the measurements are far from this profile; "
+                             "is it the device they ran on?");
+    }
   }
+  if (!converged) result.notes.push_back("the fit stopped after " + std::to_string(iterations) + " iterations without converging");
   std::string names;
   for (const auto& run : runs) names += (names.empty() ? "" : ", ") + run.name;
   char date[32];

@@ -94,8 +94,9 @@ const ElementwiseOpInfo* op_named(const std::string& name) {
 
 Result<KernelImport> import_kernel_csv(const std::vector<std::string>& files, double fallback_latency) {
   KernelSamples samples;
-  // (batch, seq_len, head_dim, heads) -> forward, forward+backward: the CSV gives them on two rows.
-  std::map<std::tuple<double, double, double, double>, std::pair<double, double>> attention;
+  // (batch, seq_len, head_dim, heads) -> forward, forward+backward times: the CSV gives them on
+  // rows of their own, each possibly more than once (averaged).
+  std::map<std::tuple<double, double, double, double>, std::pair<std::vector<double>, std::vector<double>>> attention;
 
   for (const std::string& file : files) {
     auto table = read_table(file);
@@ -121,7 +122,7 @@ Result<KernelImport> import_kernel_csv(const std::vector<std::string>& files, do
           if (extra.rfind("heads", 0) == 0) heads = std::atof(extra.c_str() + 5);
           if (!(heads > 0)) return Error{t.file + ":" + std::to_string(line) + ": column extra: expected headsN (got \"" + extra + "\")"};
           auto& entry = attention[{*batch, *seq, *d, heads}];
-          (kind == "sdpa_fwd" ? entry.first : entry.second) = *s;
+          (kind == "sdpa_fwd" ? entry.first : entry.second).push_back(*s);
         } else if (kind.rfind("adamw_fused", 0) == 0) {
           auto rate = num("tflops_or_gbps");
           if (!rate) return rate.error();
@@ -156,8 +157,15 @@ Result<KernelImport> import_kernel_csv(const std::vector<std::string>& files, do
       return Error{file + ": unknown CSV header (expected kind,m,n,k,extra,seconds,tflops_or_gbps or op,tokens,width,dtype,seconds_fwd,seconds_bwd)"};
     }
   }
+  const auto mean = [](const std::vector<double>& v) {
+    double sum = 0;
+    for (double x : v) sum += x;
+    return v.empty() ? 0.0 : sum / static_cast<double>(v.size());
+  };
+  int repeated = 0;
   for (const auto& [key, times] : attention) {
-    samples.attention.push_back({std::get<0>(key), std::get<1>(key), std::get<2>(key), std::get<3>(key), times.first, times.second});
+    repeated += static_cast<int>(std::max(times.first.size(), std::size_t{1}) + std::max(times.second.size(), std::size_t{1})) - 2;
+    samples.attention.push_back({std::get<0>(key), std::get<1>(key), std::get<2>(key), std::get<3>(key), mean(times.first), mean(times.second)});
   }
   if (samples.gemm.empty()) return Error{"no gemm_* rows in the CSV files: a kernel table needs measured GEMMs"};
   if (samples.attention.empty()) return Error{"no sdpa_fwd / sdpa_fwdbwd rows in the CSV files: a kernel table needs measured attention"};
@@ -167,6 +175,7 @@ Result<KernelImport> import_kernel_csv(const std::vector<std::string>& files, do
   std::string list;  // file names without their directories: a profile names no machine's paths
   for (const auto& f : files) list += (list.empty() ? "" : ", ") + f.substr(f.find_last_of('/') == std::string::npos ? 0 : f.find_last_of('/') + 1);
   KernelImport imported = std::move(out).value();
+  imported.merged_duplicates += repeated;
   imported.tables.source = "imported by `planner profile --from-csv` from " + list;
   return imported;
 }

@@ -257,7 +257,7 @@ std::string render_search(const PlanRequest& req, const SearchResult& result, co
     for (const auto& c : result.ranked) j["ranked"].push_back(estimate_to_json(c.plan, c.estimate));
     j["alternatives"] = nlohmann::json::array();
     for (const auto& a : result.alternatives) {
-      j["alternatives"].push_back({{"shape", a.shape}, {"fits", a.candidate.estimate.fits}, {"reason", a.reason},
+      j["alternatives"].push_back({{"shape", a.shape}, {"fits", a.candidate.estimate.fits}, {"tight", a.candidate.estimate.tight}, {"reason", a.reason},
                                    {"parallel", parallel_to_json(a.candidate.plan.parallel)}});
     }
     if (best) j["executor_command"] = executor_command(best->plan, ctx.plan_path.empty() ? "plan.json" : ctx.plan_path);

@@ -36,6 +36,11 @@ nlohmann::json plan_document(const nlohmann::json& measurement, const std::strin
     const auto it = measurement.find(key);
     if (it != measurement.end() && !it->is_null()) plan[key] = *it;
   }
+  // A model or cluster that is no preset travels as a document beside its name.
+  for (const char* key : {"model", "cluster"}) {
+    const auto document = measurement.find(std::string(key) + "_document");
+    if (document != measurement.end() && document->is_object()) plan[key] = *document;
+  }
   const auto world_size = measurement.find("world_size");
   if (!plan.contains("gpus") && world_size != measurement.end()) plan["gpus"] = *world_size;
   return plan;

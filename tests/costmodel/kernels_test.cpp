@@ -50,8 +50,32 @@ TEST(KernelRates, UnalignedVocabularyRunsAtTheMeasuredSlowdown) {
   // 650-750: N not a multiple of 8 elements. One slowdown (the geometric mean over the three
   // unaligned samples) reproduces each within a few percent, and an unmeasured odd vocabulary
   // is several times slower than its padded neighbour.
-  EXPECT_NEAR(rates.gemm(8192, 50257, 4096), 2.409012e-02, 0.03 * 2.409012e-02);
-  EXPECT_GT(rates.gemm(8192, 50257, 3072), 3.0 * rates.gemm(8192, 50304, 3072));
+  EXPECT_NEAR(rates.gemm(8192, 50257, 4096, 1, 2, /*aligned=*/false), 2.409012e-02, 0.03 * 2.409012e-02);
+  EXPECT_FALSE(gemm_aligned(50257, 2));
+  EXPECT_TRUE(gemm_aligned(50304, 2));
+  EXPECT_GT(rates.gemm(8192, 50257, 3072, 1, 2, false), 3.0 * rates.gemm(8192, 50304, 3072));
+}
+
+// The token count is never a GEMM's leading dimension: a sequence of 2047 tokens runs at the
+// rate of 2048, and only an odd vocabulary (the output layer's features) is slow.
+TEST(KernelRates, OddTokenCountsRunAtTheAlignedRate) {
+  auto plan_with_seq = [](std::int64_t seq, std::int64_t vocab) {
+    Plan p = testing::make_plan("llama3.2-1b", "dgx-h100", 1, seq, 32);
+    p.model.vocab = vocab;
+    return testing::checked_estimate(p).time.step.value();
+  };
+  const double even = plan_with_seq(2048, 128256), odd = plan_with_seq(2047, 128256);
+  EXPECT_NEAR(odd / even, 2047.0 / 2048.0, 0.02);
+  EXPECT_GT(plan_with_seq(2048, 128257), 1.2 * even) << "an unaligned vocabulary slows the output layer's GEMMs";
+}
+
+TEST(KernelRates, BatchedGemmsShareTheWavesOfTheSMs) {
+  const KernelRates rates(h100().gpu, Dtype::kBf16);
+  // 32 small products (standard attention's QK^T of 32 heads) run in the waves of one launch,
+  // nearly as fast per FLOP as one product of 32 times the rows.
+  const double batched = rates.gemm(512, 512, 128, 32) - rates.latency();
+  const double stacked = rates.gemm(512 * 32, 512, 128) - rates.latency();
+  EXPECT_LT(batched, 1.5 * stacked);
 }
 
 TEST(KernelRates, AttentionAndElementwiseSamplesComeOutExactly) {

@@ -72,9 +72,10 @@ TEST(StateWidths, MatchOptimizerAndPrecisionAccounting) {
 // the estimate's model states are exactly ZeRO's accounting for Psi = 8,030,261,248.
 TEST(EstimateMemory, ModelStatesFollowZeroAccountingAtDp8) {
   Plan plan = make_plan("llama3-8b", "dgx-h100", 8, 4096, 64);
-  // The ZeRO paper's accounting (16-bit gradients) is DeepSpeed's and Megatron's with a bf16
-  // reduction; the trainplan executor keeps fp32 gradients whatever the reduction dtype.
-  plan.training.stack = Stack::kMegatronTe;
+  // The ZeRO paper's accounting (16-bit gradients) is DeepSpeed's, and PyTorch's with a bf16
+  // reduction (gradients in the parameters' dtype); Megatron keeps an fp32 main_grad and the
+  // trainplan executor fp32 gradients whatever the reduction dtype.
+  plan.training.stack = Stack::kPytorchEager;
   plan.parallel.reduce_dtype = Dtype::kBf16;
   plan.parallel.recompute = Recompute::kSelective;
   const double psi = 8030261248.0;

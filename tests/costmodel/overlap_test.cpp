@@ -43,6 +43,18 @@ TEST(Zero3Overlap, PrefetchHidesOnlyWhatTheUnitsComputeCanHide) {
   EXPECT_GT(e.time.dp_comm_exposed.value(), 10 * hidden.time.dp_comm_exposed.value());
 }
 
+TEST(Zero3Overlap, ATiedOutputLayerOnOneStageIsNotGatheredTwice) {
+  // Llama 3.2 1B ties its output layer to the embedding: on one stage that is one unit. Untied,
+  // the output layer is a unit of its own (263 M more parameters to gather and reduce).
+  Plan tied = testing::make_plan("llama3.2-1b", "dgx-h100", 8, 2048, 64);
+  tied.parallel.dp = 8;
+  tied.parallel.zero_stage = 3;
+  Plan untied = tied;
+  untied.model.tied_embeddings = false;
+  const Estimate a = testing::checked_estimate(tied), b = testing::checked_estimate(untied);
+  EXPECT_LT(a.time.dp_comm_total.value(), 0.9 * b.time.dp_comm_total.value());
+}
+
 TEST(Zero3Overlap, ThroughputPerGpuFallsWithMoreGpusAtAFixedGlobalBatch) {
   // 256 sequences of 4096 tokens on 8 .. 256 GPUs: fewer micro-batches per GPU hide the same
   // per-pass exposed gathers behind less compute, and the groups span more nodes.

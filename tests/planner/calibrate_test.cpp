@@ -2,6 +2,8 @@
 // lowers the error of the real H100 runs without touching datasheet figures or tables.
 
 #include <cmath>
+#include <cstdio>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -94,6 +96,56 @@ TEST(Calibrate, LowersTheErrorOfTheH100RunsAndTheProfileReadsBack) {
   EXPECT_NE(back->gpu.calibration.source.find("4 measurement(s)"), std::string::npos);
 }
 
+TEST(Calibrate, MeasurementsFarFromTheProfileSaturateAScaleSaySoAndStillReadBack) {
+  // A device 20 times slower than the profile (another GPU, a CPU run): the GEMM scale meets the
+  // profile's bound of 10, the fit says so, and the profile it writes is still a valid one.
+  auto loaded = planner::load_measured_run(measurement_path(kRuns[2]));
+  ASSERT_TRUE(loaded.ok()) << loaded.error().message;
+  planner::MeasuredRun run = *loaded;
+  run.step_seconds *= 20;
+  auto result = planner::calibrate(testing::cluster("dgx-h100"), {run});
+  ASSERT_TRUE(result.ok()) << result.error().message;
+  bool noted = false;
+  for (const auto& note : result->notes) noted |= note.find("at the bound") != std::string::npos;
+  EXPECT_TRUE(noted);
+  auto back = parse_hwprofile_text(readable_json(hwprofile_to_json(result->profile)), "far.json");
+  EXPECT_TRUE(back.ok()) << back.error().message;
+  // A reserve the model over-counts lowers the allocator's bytes, never below what is allocated.
+  planner::MeasuredRun lower = *loaded;
+  lower.reserved_bytes = *lower.reserved_bytes - 20.0 * 1073741824.0;
+  auto fit = planner::calibrate(testing::cluster("dgx-h100"), {lower});
+  ASSERT_TRUE(fit.ok());
+  EXPECT_LT(fit->profile.gpu.calibration.allocator_extra_bytes, 0);
+  Plan plan = lower.plan;
+  plan.cluster = fit->profile;
+  const Estimate e = estimate(plan);
+  EXPECT_GE(e.memory.reserved.value(), e.memory.total.value());
+}
+
+TEST(Calibrate, AMeasurementOfAModelThatIsNoPresetCarriesItsDocument) {
+  nlohmann::json m = nlohmann::json::parse(R"({"schema": "trainplan/measurement/v1", "name": "custom", "model": "tiny-llama-8l-h256",
+    "cluster": "my-cluster", "gpus": 1, "training": {"seq_len": 64, "global_batch": 8}, "parallel": {"tp": 1, "pp": 1, "dp": 1,
+    "zero_stage": 0, "micro_batch": 1}, "memory": {}, "time": {"step_seconds": 0.5}, "throughput": {}})");
+  m["model_document"] = nlohmann::json::parse(R"({"schema": "trainplan/model/v1", "name": "tiny-llama-8l-h256", "source": "test",
+    "architecture": "llama", "layers": 8, "hidden": 256, "heads": 4, "kv_heads": 2, "ffn_hidden": 688, "vocab": 512,
+    "tied_embeddings": false, "max_seq_len": 512})");
+  const std::string path = "/tmp/trainplan_calibrate_custom.measurement.json";
+  {
+    std::ofstream out(path);
+    out << m.dump();
+  }
+  // "my-cluster" is no preset: without an override the cluster cannot be found, with one it can.
+  auto plain = planner::load_measured_run(path);
+  ASSERT_FALSE(plain.ok());
+  EXPECT_NE(plain.error().message.find("my-cluster"), std::string::npos) << plain.error().message;
+  auto run = planner::load_measured_run(path, "dgx-h100");
+  ASSERT_TRUE(run.ok()) << run.error().message;
+  EXPECT_EQ(run->plan.model.name, "tiny-llama-8l-h256");
+  EXPECT_EQ(run->plan.model.hidden, 256);
+  EXPECT_EQ(run->plan.cluster.name, "dgx-h100");
+  std::remove(path.c_str());
+}
+
 TEST(Calibrate, NoMeasurementsIsAnError) {
   auto result = planner::calibrate(testing::cluster("dgx-h100"), {});
   ASSERT_FALSE(result.ok());
@@ -113,6 +165,9 @@ TEST_F(CalibrateCli, WritesAProfileThatThePlannerReads) {
   const auto e = run("--model llama3.2-1b --gpus 8 --cluster " + testing::quote(out) + " --quiet --top 1");
   EXPECT_EQ(e.exit_code, 0) << e.all();
   testing::expect_bad_input(run("calibrate " + testing::quote(testing::data_path("megatron2021_table1.csv"))), "megatron2021_table1.csv");
+  // A schema that is not text is bad input, not a crash.
+  const auto bad = write("bad.measurement.json", R"({"schema": 5, "name": 7})");
+  testing::expect_bad_input(run("calibrate " + testing::quote(bad.string())), "/schema");
 }
 
 }  // namespace

@@ -53,6 +53,10 @@ struct ElementwiseOpInfo {
 [[nodiscard]] const ElementwiseOpInfo& elementwise_op_info(ElementwiseOp op);
 [[nodiscard]] const std::array<ElementwiseOpInfo, kElementwiseOpCount>& elementwise_ops();
 
+// A GEMM dimension that is a whole multiple of 16 bytes of `operand_bytes`-byte elements (what
+// cuBLAS's tensor-core kernels need of a leading dimension).
+[[nodiscard]] bool gemm_aligned(double dim, double operand_bytes);
+
 // One measured GEMM: C[m,n] = A[m,k] B[k,n] in the table's dtype.
 struct GemmSample {
   double m = 0, n = 0, k = 0, seconds = 0;
@@ -72,7 +76,8 @@ struct KernelTables {
   double kernel_latency = 0;        // seconds one kernel takes beyond its work (launch, fill, tail)
   double copy_bandwidth = 0;        // bytes/s of a device-to-device copy, read + write counted
   double adamw_fused_bandwidth = 0; // bytes/s of fused AdamW counting 32 bytes per fp32 parameter; 0 = not measured
-  Dtype gemm_dtype;                 // dtype of the GEMM and attention samples
+  Dtype gemm_dtype;                 // dtype of the GEMM samples
+  Dtype attention_dtype;            // dtype of the attention samples
   std::vector<GemmSample> gemm;     // increasing (m, n, k)
   bool attention_causal = true;     // the attention samples ran with a causal mask
   std::vector<AttentionSample> attention;  // increasing (head_dim, seq_len, heads, batch)
@@ -116,9 +121,11 @@ class KernelRates {
   // C[m,n] = A[m,k] B[k,n], `batch` independent products. With a GEMM table: the analytic time
   // (wave quantisation over the SMs, short-k fill, HBM bound) corrected by the measured/analytic
   // ratio of the nearest measured shapes (inverse-distance weights in log m, log n, log k), so
-  // measured shapes come out exactly; a dim that is not a multiple of 8 elements (16 bytes) runs
-  // at the table's measured unaligned/aligned ratio. Always + one kernel latency.
-  [[nodiscard]] double gemm(double m, double n, double k, double batch = 1, double operand_bytes = 2) const;
+  // measured shapes come out exactly. `aligned`: the operands' leading dimensions are multiples
+  // of 16 bytes (for a linear layer, its input and output features; the token count is never a
+  // leading dimension); false runs at the table's measured unaligned/aligned ratio (gemm_aligned
+  // tells for one dimension). Always + one kernel latency.
+  [[nodiscard]] double gemm(double m, double n, double k, double batch = 1, double operand_bytes = 2, bool aligned = true) const;
   // Fused (flash) attention over `batch_heads` heads, `s_q` queries attending `s_k` keys, head
   // size d; `causal` computes half the score blocks when s_q == s_k.
   [[nodiscard]] double attention_forward(double batch_heads, double s_q, double s_k, double d, bool causal) const;
@@ -144,7 +151,8 @@ class KernelRates {
   const KernelTables* tables_ = nullptr;  // owned by gpu_
   double gemm_scale_ = 1, attention_scale_ = 1, memory_scale_ = 1;  // gpu_.calibration
   double peak_ = 0;       // FLOP/s of the compute dtype
-  double table_scale_ = 1;  // peak of the compute dtype over the table's (fp8 runs twice the bf16 table)
+  double table_scale_ = 1;  // peak of the compute dtype over the GEMM table's (fp8 runs twice the bf16 table)
+  double attention_table_scale_ = 1;  // likewise for the attention table
   double latency_ = 0;
   double copy_ = 0;
 };

@@ -23,9 +23,11 @@ struct MeasuredRun {
   std::optional<double> reserved_bytes;  // peak reserved memory (GPU runs)
 };
 
-// Reads a `trainplan/measurement/v1` file the executor wrote and the plan its header describes.
-// Errors name the file (and the JSON pointer).
-[[nodiscard]] costmodel::Result<MeasuredRun> load_measured_run(const std::string& path);
+// Reads a `trainplan/measurement/v1` file the executor wrote and the plan its header describes
+// (a model or cluster that is no preset from `model_document` / `cluster_document`);
+// `cluster_override` (a preset or path), when not empty, replaces the cluster. Errors name the
+// file (and the JSON pointer).
+[[nodiscard]] costmodel::Result<MeasuredRun> load_measured_run(const std::string& path, const std::string& cluster_override = "");
 
 struct CalibrationRunReport {
   std::string name;
