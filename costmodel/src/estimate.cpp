@@ -78,10 +78,17 @@ double lora_params_per_layer(const ModelSpec& m, const LoraConfig& lora) {
   return total;
 }
 
+// "%.1f GiB" without printf: the search formats a reason for each of thousands of plans that do
+// not fit, and snprintf of doubles was a tenth of its time.
 std::string gib_text(double bytes) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.1f GiB", bytes / 1073741824.0);
-  return buf;
+  const double gib = bytes / 1073741824.0;
+  if (!std::isfinite(gib) || std::fabs(gib) >= 1e15) {
+    char buf[48];
+    std::snprintf(buf, sizeof buf, "%.1f GiB", gib);
+    return buf;
+  }
+  const long long tenths = std::llround(std::fabs(gib) * 10.0);
+  return std::string(gib < 0 && tenths > 0 ? "-" : "") + std::to_string(tenths / 10) + "." + std::to_string(tenths % 10) + " GiB";
 }
 
 // Daly 2006: optimal checkpoint interval for a checkpoint cost delta and mean time between failures M.
@@ -542,7 +549,12 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
   int critical = slowest;
   double critical_time = -1;
   for (int i = 0; i < stages; ++i) {
-    tails.push_back(stage_tail(i));
+    // Middle stages with as many layers hold the same units: computed once.
+    int same = -1;
+    for (int j = 0; j < i && same < 0; ++j) {
+      if (layers[j] == layers[i] && j != 0 && i != stages - 1) same = j;
+    }
+    tails.push_back(same >= 0 ? tails[static_cast<std::size_t>(same)] : stage_tail(i));
     const StageTail& x = tails.back();
     const double busy = m * (st[i].forward + st[i].backward) + x.dp_exposed + kOverlapSlowdown * std::max(0.0, x.dp_total - x.dp_exposed) +
                         x.optimizer + x.offload;
