@@ -286,8 +286,8 @@ KernelRates::KernelRates(const GpuSpec& gpu, Dtype compute_dtype) : gpu_(gpu), t
   copy_ /= memory_scale_;
 }
 
-double KernelRates::gemm_analytic(double m, double n, double k, double batch, double operand_bytes) const {
-  (void)operand_bytes;  // no measured penalty for unaligned shapes without a table
+// Without a table there is no measured penalty for unaligned shapes.
+double KernelRates::gemm_analytic(double m, double n, double k, double batch) const {
   const double flops_over_shape = gemm_shape_work(m, n, k, batch, gpu_.sm_count) * 1e15;  // FLOPs over the shape's efficiency
   return flops_over_shape / (peak_ * gpu_.gemm_efficiency);
 }
@@ -302,7 +302,7 @@ double KernelRates::gemm(double m, double n, double k, double batch, double oper
     work = gemm_shape_work(m, n, k, batch, p.sm_count) / cached_correction(p, m, n, k) / table_scale_;
     if (!aligned) work *= p.unaligned_factor;
   } else {
-    work = gemm_analytic(m, n, k, batch, operand_bytes);
+    work = gemm_analytic(m, n, k, batch);
   }
   return latency_ + std::max(work * gemm_scale_, bytes / copy_);
 }

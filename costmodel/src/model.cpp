@@ -113,4 +113,19 @@ nlohmann::json model_to_json(const ModelSpec& m) {
   return j;
 }
 
+ModelSpec gpt_model(const std::string& name, int layers, std::int64_t hidden, int heads, std::int64_t seq, std::int64_t vocab) {
+  ModelSpec m;
+  m.name = name;
+  m.architecture = Architecture::kGpt;
+  m.layers = layers;
+  m.hidden = hidden;
+  m.heads = heads;
+  m.kv_heads = heads;
+  m.ffn_hidden = 4 * hidden;
+  m.vocab = vocab;
+  m.tied_embeddings = true;
+  m.max_seq_len = seq;
+  return m;
+}
+
 }  // namespace trainplan::costmodel

@@ -11,6 +11,7 @@
 
 #include "trainplan/costmodel/estimate.hpp"
 #include "trainplan/costmodel/presets.hpp"
+#include "trainplan/planner/measurement.hpp"
 
 namespace trainplan::planner {
 
@@ -68,17 +69,10 @@ Result<MeasuredRun> load_measured_run(const std::string& path, const std::string
   if (!m.is_object() || text_at("schema") != "trainplan/measurement/v1") {
     return Error{path + ": /schema: must be \"trainplan/measurement/v1\" (a measurement the executor wrote)"};
   }
-  const std::string name = text_at("name");
-  nlohmann::json plan = {{"schema", "trainplan/plan/v1"}, {"name", name.empty() ? std::filesystem::path(path).stem().string() : name}};
   for (const char* key : {"model", "cluster", "gpus", "training", "parallel"}) {
     if (!m.contains(key)) return Error{path + ": /" + key + ": missing (the plan the run was made for)"};
-    plan[key] = m.at(key);
   }
-  // A model or cluster that is no preset travels as a document beside its name.
-  for (const char* key : {"model", "cluster"}) {
-    const auto document = m.find(std::string(key) + "_document");
-    if (document != m.end() && document->is_object()) plan[key] = *document;
-  }
+  nlohmann::json plan = measurement_plan_document(m, path);
   if (!cluster_override.empty()) plan["cluster"] = cluster_override;
   auto request = costmodel::parse_plan(plan, path);
   if (!request) return request.error();

@@ -309,4 +309,23 @@ Result<PerformanceDocument> load_prediction_file(const std::string& path) {
   return Error{path + ": /schema: must be \"" + std::string(kEstimateSchema) + "\" or \"trainplan/plan/v1\" (got " + got + ")"};
 }
 
+nlohmann::json measurement_plan_document(const nlohmann::json& measurement, const std::string& file) {
+  nlohmann::json plan = {{"schema", "trainplan/plan/v1"}};
+  const std::string stem = std::filesystem::path(file).stem().string();
+  const auto name = measurement.find("name");
+  plan["name"] = name != measurement.end() && name->is_string() ? name->get<std::string>() : stem;
+  for (const char* key : {"model", "cluster", "gpus", "training", "parallel"}) {
+    const auto it = measurement.find(key);
+    if (it != measurement.end() && !it->is_null()) plan[key] = *it;
+  }
+  // A model or cluster that is no preset travels as a document beside its name.
+  for (const char* key : {"model", "cluster"}) {
+    const auto document = measurement.find(std::string(key) + "_document");
+    if (document != measurement.end() && document->is_object()) plan[key] = *document;
+  }
+  const auto world_size = measurement.find("world_size");
+  if (!plan.contains("gpus") && world_size != measurement.end()) plan["gpus"] = *world_size;
+  return plan;
+}
+
 }  // namespace trainplan::planner

@@ -24,28 +24,6 @@ namespace {
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
-// The `trainplan/plan/v1` document of a measurement's header: its model, cluster, GPU count
-// (`gpus`, else `world_size`), training and parallel settings, as they are (a `kernels` key in
-// `training` included).
-nlohmann::json plan_document(const nlohmann::json& measurement, const std::string& file) {
-  nlohmann::json plan = {{"schema", "trainplan/plan/v1"}};
-  const std::string stem = std::filesystem::path(file).stem().string();
-  const auto name = measurement.find("name");
-  plan["name"] = name != measurement.end() && name->is_string() ? name->get<std::string>() : stem;
-  for (const char* key : {"model", "cluster", "gpus", "training", "parallel"}) {
-    const auto it = measurement.find(key);
-    if (it != measurement.end() && !it->is_null()) plan[key] = *it;
-  }
-  // A model or cluster that is no preset travels as a document beside its name.
-  for (const char* key : {"model", "cluster"}) {
-    const auto document = measurement.find(std::string(key) + "_document");
-    if (document != measurement.end() && document->is_object()) plan[key] = *document;
-  }
-  const auto world_size = measurement.find("world_size");
-  if (!plan.contains("gpus") && world_size != measurement.end()) plan["gpus"] = *world_size;
-  return plan;
-}
-
 // `memory.reserved_bytes` when measured: a number >= 0, else an error naming the pointer.
 Result<std::optional<double>> reserved_bytes(const nlohmann::json& measurement, const std::string& file) {
   const auto memory = measurement.find("memory");
@@ -71,7 +49,7 @@ Result<ValidationTable> validate_measurement(const nlohmann::json& document, con
   if (!measured) return measured.error();
   auto reserved = reserved_bytes(document, file);
   if (!reserved) return reserved.error();
-  auto request = costmodel::parse_plan(plan_document(document, file), file);
+  auto request = costmodel::parse_plan(measurement_plan_document(document, file), file);
   if (!request) return request.error();
   auto plan = costmodel::plan_with_defaults(*request);
   if (!plan) return Error{file + ": " + plan.error().message};

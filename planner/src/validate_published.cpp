@@ -84,25 +84,10 @@ Result<ValidationTable> reproduce(Fill fill) {
   }
 }
 
-// A GPT-style model as in Megatron-LM's experiments (ffn 4h, tied embeddings).
-costmodel::ModelSpec gpt_model(const std::string& name, int layers, long long hidden, int heads, long long seq, long long vocab) {
-  costmodel::ModelSpec m;
-  m.name = name;
-  m.architecture = costmodel::Architecture::kGpt;
-  m.layers = layers;
-  m.hidden = hidden;
-  m.heads = heads;
-  m.kv_heads = heads;
-  m.ffn_hidden = 4 * hidden;
-  m.vocab = vocab;
-  m.tied_embeddings = true;
-  m.max_seq_len = seq;
-  return m;
-}
-
+// The GPT model of a table row (costmodel::gpt_model: ffn 4h, tied embeddings).
 costmodel::ModelSpec gpt_model(const PublishedTable& t, const CsvRow& row, const std::string& name) {
-  return gpt_model(name, t.integer(row, "layers"), static_cast<long long>(t.number(row, "hidden")), t.integer(row, "heads"),
-                   static_cast<long long>(t.number(row, "seq")), static_cast<long long>(t.number(row, "vocab")));
+  const auto whole = [&](const char* column) { return static_cast<std::int64_t>(t.number(row, column)); };
+  return costmodel::gpt_model(name, t.integer(row, "layers"), whole("hidden"), t.integer(row, "heads"), whole("seq"), whole("vocab"));
 }
 
 // The best plan the search finds, or, when none fits, the one that needs the least memory.

@@ -41,21 +41,7 @@ inline std::vector<std::map<std::string, std::string>> read_csv(const std::strin
   return rows;
 }
 
-// A GPT-style model as in Megatron-LM's experiments (ffn 4h, tied embeddings, vocab 51200).
-inline costmodel::ModelSpec gpt_model(const std::string& name, int layers, long long hidden, int heads, long long seq, long long vocab = 51200) {
-  costmodel::ModelSpec m;
-  m.name = name;
-  m.architecture = costmodel::Architecture::kGpt;
-  m.layers = layers;
-  m.hidden = hidden;
-  m.heads = heads;
-  m.kv_heads = heads;
-  m.ffn_hidden = 4 * hidden;
-  m.vocab = vocab;
-  m.tied_embeddings = true;
-  m.max_seq_len = seq;
-  return m;
-}
+using costmodel::gpt_model;
 
 inline costmodel::HardwareProfile cluster(const std::string& name) {
   auto hw = costmodel::find_hwprofile(name);

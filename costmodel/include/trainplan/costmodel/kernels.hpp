@@ -144,7 +144,7 @@ class KernelRates {
   [[nodiscard]] bool measured() const { return tables_ != nullptr; }
 
  private:
-  [[nodiscard]] double gemm_analytic(double m, double n, double k, double batch, double operand_bytes) const;
+  [[nodiscard]] double gemm_analytic(double m, double n, double k, double batch) const;
   [[nodiscard]] double attention_rate(double s, double d, bool backward) const;
 
   const GpuSpec& gpu_;

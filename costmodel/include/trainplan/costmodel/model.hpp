@@ -68,6 +68,11 @@ struct ParameterCounts {
 // (non-causal convention, Korthikanti 2022 §6 / PaLM App. B).
 [[nodiscard]] double model_flops_per_token(const ModelSpec& model, std::int64_t seq_len);
 
+// A GPT-style model as in Megatron-LM's experiments (Narayanan 2021, Korthikanti 2022): multi-head
+// attention (kv_heads = heads), ffn 4h, tied embeddings, vocabulary 51200 unless given.
+[[nodiscard]] ModelSpec gpt_model(const std::string& name, int layers, std::int64_t hidden, int heads, std::int64_t seq,
+                                  std::int64_t vocab = 51200);
+
 // Parses a `trainplan/model/v1` document. `file` names the source in error messages.
 [[nodiscard]] Result<ModelSpec> parse_model(const nlohmann::json& json, const std::string& file,
                                             const std::string& pointer = "");

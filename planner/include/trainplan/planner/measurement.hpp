@@ -110,6 +110,12 @@ struct PerformanceDocument {
 // under `otherData`.
 [[nodiscard]] nlohmann::json chrome_trace(const Trace& trace);
 
+// The `trainplan/plan/v1` document of a measurement's header: its model, cluster, GPU count
+// (`gpus`, else `world_size`), training and parallel settings, as they are (a `kernels` key in
+// `training` included); a model or cluster that is no preset comes from its `*_document`. Named
+// by the measurement's `name`, else by the stem of `file`. The plan is not checked here.
+[[nodiscard]] nlohmann::json measurement_plan_document(const nlohmann::json& measurement, const std::string& file);
+
 // The cost model's estimate of a plan as a performance document. REQUIRES: validate_plan(plan) is ok.
 [[nodiscard]] PerformanceDocument predict(const costmodel::Plan& plan, const std::string& file);
 
