@@ -18,8 +18,9 @@ build_dir="${BUILD_DIR:-$here/build}"
 jobs="${JOBS:-$(nproc)}"
 action="${1:-demo}"
 
-# Debian packages the costmodel, planner and tests need (see README.md, "Dependencies").
-packages=(g++ cmake ninja-build libcli11-dev nlohmann-json3-dev libeigen3-dev libgtest-dev libgmock-dev)
+# Debian packages the costmodel, planner and tests need (see README.md, "Dependencies"); dpkg-dev
+# gives dpkg-shlibdeps, which the Debian package (cpack -G DEB) takes its dependencies from.
+packages=(g++ cmake ninja-build dpkg-dev libcli11-dev nlohmann-json3-dev libeigen3-dev libgtest-dev libgmock-dev)
 # ... and the Qt planning app (gui/, trainplan-gui; its tests run on Qt's offscreen platform):
 # Qt 6 Widgets, Charts and Svg; Qt6Charts' CMake package needs the Qt OpenGL one, which
 # qt6-base-dev only recommends; fonts so that offscreen text renders; xvfb for a virtual display.
