@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
-# The executor against the same model in PyTorch eager Python, on one device, in one run: the
-# executor trains the plan (executor --plan), bench/eager_reference.py trains the same model on
-# batches of the same shape the same way, and the cost model estimates the plan (planner
-# evaluate). Prints step time, tokens/s, MFU and peak memory of all three and writes them to one
-# JSON document.
+# The executor against the same model in PyTorch, on one device, in one run: the executor trains
+# the plan (executor --plan); bench/eager_reference.py trains the same model on batches of the same
+# shape the same way, eager and under torch.compile, and so does Hugging Face transformers'
+# LlamaForCausalLM of the same shape (the peers); the cost model estimates the plan (planner
+# evaluate). Prints step time, tokens/s, MFU and peak memory (allocated and reserved) of each and
+# writes them to one JSON document. A peer whose package is missing (transformers) or that fails
+# (torch.compile without a working compiler) is skipped with the reason; the others still run.
 #
 #   bench/eager_bench.sh [BUILD_DIR] [DEVICE] [MODEL] [SEQ] [MICRO] [GLOBAL] [STEPS] [OUT_JSON]
 #   defaults: build cpu (a 6.4 M-parameter Llama-style model) 256 4 8 6 (no JSON)
-#   GPU (issue 3's target, an H200): bench/eager_bench.sh build cuda samples/models/llama3.2-1b.json 2048 4 32 12 bench/gpu/llama3.2-1b-h200.json
+#   GPU (issue 12's plan, an H100): CLUSTER=dgx-h100 bench/eager_bench.sh build cuda samples/models/llama3.2-1b.json 2048 4 32 12 bench/gpu/llama3.2-1b-h100.json
 # Environment: PRECISION (bf16 or fp32, default bf16), CLUSTER (default dgx-h200: the peak used
-# for MFU), THREADS (CPU threads for both, default the cores), PYTHON (default .venv/bin/python).
+# for MFU), THREADS (CPU threads for all, default the cores), PYTHON (default .venv/bin/python),
+# PEERS (comma-separated, default eager,compile,hf,hf-compile).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${1:-$here/build}"
@@ -24,6 +27,7 @@ precision="${PRECISION:-bf16}"
 cluster="${CLUSTER:-dgx-h200}"
 threads="${THREADS:-$(nproc)}"
 python="${PYTHON:-$here/.venv/bin/python}"
+peers="${PEERS:-eager,compile,hf,hf-compile}"
 exe="$build/executor/executor"
 planner="$build/planner/planner"
 [ -x "$exe" ] || { echo "eager_bench: $exe not built (scripts/setup.sh build)" >&2; exit 2; }
@@ -51,37 +55,67 @@ echo "eager_bench: $(basename "$model") seq $seq, micro-batch $micro, global bat
 "$planner" evaluate "$work/plan.json" --format json > "$work/estimate.json"
 echo "eager_bench: executor ..."
 "$exe" --plan "$work/plan.json" --device "$device" --steps "$steps" --threads "$threads" --measurement "$work/executor.json" | tail -3
-echo "eager_bench: PyTorch eager ..."
-"$python" "$here/bench/eager_reference.py" --model "$model" --seq-len "$seq" --micro-batch "$micro" --global-batch "$global" \
-  --precision "$precision" --steps "$steps" --device "$device" --threads "$threads" --out "$work/eager.json" | tail -2
+ran=()
+for peer in ${peers//,/ }; do
+  case "$peer" in
+    eager) flags=() ;;
+    compile) flags=(--compile) ;;
+    hf) flags=(--impl hf) ;;
+    hf-compile) flags=(--impl hf --compile) ;;
+    *) echo "eager_bench: PEERS: unknown peer \"$peer\" (eager, compile, hf, hf-compile)" >&2; exit 2 ;;
+  esac
+  if [[ "$peer" == hf* ]] && ! "$python" -c "import transformers" 2>/dev/null; then
+    echo "eager_bench: $peer skipped: $python cannot import transformers (pip install transformers)"
+    continue
+  fi
+  echo "eager_bench: $peer ..."
+  if "$python" "$here/bench/eager_reference.py" --model "$model" --seq-len "$seq" --micro-batch "$micro" --global-batch "$global" \
+       --precision "$precision" --steps "$steps" --device "$device" --threads "$threads" --out "$work/$peer.json" "${flags[@]}" \
+       > "$work/$peer.log" 2>&1; then
+    tail -1 "$work/$peer.log"
+    ran+=("$peer")
+  else
+    echo "eager_bench: $peer skipped: it failed; the end of its output:"
+    tail -5 "$work/$peer.log" | sed 's/^/  /'
+  fi
+done
 
-"$python" - "$work" "$out" "$*" <<'PY'
+"$python" - "$work" "$out" "$*" "${ran[@]}" <<'PY'
 import json, os, platform, subprocess, sys
-work, out, args = sys.argv[1], sys.argv[2], sys.argv[3]
-est = json.load(open(f"{work}/estimate.json")); ex = json.load(open(f"{work}/executor.json")); eg = json.load(open(f"{work}/eager.json"))
+work, out, args, ran = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
+est = json.load(open(f"{work}/estimate.json")); ex = json.load(open(f"{work}/executor.json"))
+peers = {name: json.load(open(f"{work}/{name}.json")) for name in ran}
+labels = {"eager": "pytorch eager", "compile": "pytorch compiled", "hf": "hf transformers eager", "hf-compile": "hf transformers compiled"}
 gib = lambda b: "-" if not b else f"{b / 2**30:.2f}"
 pct = lambda x: "-" if x is None else f"{100 * x:.1f}%"
 ex_tps = ex["throughput"]["tokens_per_second"]
 ex_mfu = ex["throughput"].get("mfu")
-# Same model, same FLOPs per token: the eager run's MFU scales with its tokens/s.
-eg_mfu = None if ex_mfu is None else ex_mfu * eg["tokens_per_second"] / ex_tps
-rows = [(f"cost model ({est['cluster']})", est["time"]["step_seconds"], est["throughput"]["tokens_per_second"], est["throughput"]["mfu"], est["memory"]["total_bytes"]),
-        ("executor", ex["time"]["step_seconds"], ex_tps, ex_mfu, ex["memory"].get("total_bytes")),
-        ("pytorch eager", eg["step_seconds"], eg["tokens_per_second"], eg_mfu, eg["peak_memory_bytes"])]
-print(f"{'':<22} {'step (s)':>10} {'tokens/s':>12} {'MFU':>7} {'peak (GiB)':>11}")
-for name, s, tps, mfu, peak in rows:
-    print(f"{name:<22} {s:10.4f} {tps:12.0f} {pct(mfu):>7} {gib(peak):>11}")
-print(f"executor / eager speed: {ex_tps / eg['tokens_per_second']:.3f}x; parameters: executor {ex['parameters']:.0f}, eager {eg['parameters']:.0f}")
+mem = ex["memory"]
+rows = [(f"cost model ({est['cluster']})", est["time"]["step_seconds"], est["throughput"]["tokens_per_second"], est["throughput"]["mfu"],
+         est["memory"]["total_bytes"], est["memory"].get("reserved_bytes")),
+        ("executor", ex["time"]["step_seconds"], ex_tps, ex_mfu, mem.get("total_bytes"), mem.get("reserved_bytes"))]
+for name, p in peers.items():
+    # Same model, same FLOPs per token: a peer's MFU scales with its tokens/s.
+    mfu = None if ex_mfu is None else ex_mfu * p["tokens_per_second"] / ex_tps
+    rows.append((labels[name], p["step_seconds"], p["tokens_per_second"], mfu, p["peak_memory_bytes"], p.get("peak_reserved_bytes")))
+print(f"{'':<26} {'step (s)':>10} {'tokens/s':>12} {'MFU':>7} {'allocated (GiB)':>16} {'reserved (GiB)':>15}")
+for name, s, tps, mfu, peak, reserved in rows:
+    print(f"{name:<26} {s:10.4f} {tps:12.0f} {pct(mfu):>7} {gib(peak):>16} {gib(reserved):>15}")
+for name, p in peers.items():
+    print(f"executor / {name} speed: {ex_tps / p['tokens_per_second']:.3f}x; parameters: executor {ex['parameters']:.0f}, {name} {p['parameters']:.0f}")
+if peers:
+    best = max(peers, key=lambda n: peers[n]["tokens_per_second"])
+    print(f"fastest peer: {labels[best]}; executor / fastest: {ex_tps / peers[best]['tokens_per_second']:.3f}x")
 if out:
     gpu = ""
     try:
         gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True).stdout.strip()
     except OSError:
         pass
-    doc = {"schema": "trainplan/bench/eager/v1", "command": "bench/eager_bench.sh " + args,
+    doc = {"schema": "trainplan/bench/eager/v2", "command": "bench/eager_bench.sh " + args,
            "machine": {"host": platform.node(), "cpus": os.cpu_count(), "gpu": gpu or None},
-           "estimate": est, "executor": ex, "eager": eg,
-           "executor_over_eager": ex_tps / eg["tokens_per_second"]}
+           "estimate": est, "executor": ex, "peers": peers,
+           "executor_over_peer": {n: ex_tps / p["tokens_per_second"] for n, p in peers.items()}}
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     json.dump(doc, open(out, "w"), indent=1)
     print(f"written: {out}")

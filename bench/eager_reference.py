@@ -13,10 +13,15 @@ on the same plan and compares them.
 
   eager_reference.py --model MODEL.json --seq-len S --micro-batch B --global-batch G
                      --precision fp32|bf16 --steps N --device cpu|cuda [--threads T] --out FILE.json
+                     [--compile] [--impl trainplan|hf]
 
-Writes {"tokens_per_second", "step_seconds" (median of steps 2..N), "peak_memory_bytes" (CUDA
-allocator peak; null on CPU), "parameters", "losses"} to --out. Numbers, not a test: the executor
-must be at least this fast (issue 3).
+--compile wraps the model in torch.compile (Inductor: fused element-wise kernels around the same
+GEMMs and attention). --impl hf trains Hugging Face transformers' LlamaForCausalLM built from the
+same document instead of the model below (Llama-architecture documents only; needs transformers),
+the peer most users start from. Writes {"tokens_per_second", "step_seconds" (median of steps
+2..N), "peak_memory_bytes" (CUDA allocator peak allocated; null on CPU), "peak_reserved_bytes"
+(the allocator's peak reserved), "parameters", "losses"} to --out. Numbers, not a test: the
+executor must be at least as fast as the best of these (issues 3 and 12).
 """
 import argparse
 import json
@@ -101,6 +106,31 @@ class Decoder(nn.Module):
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
 
 
+def hf_llama(m, seq_len):
+    """transformers' LlamaForCausalLM with the document's shape and the executor's rotary base and
+    norm epsilon; no biases, as executor/src/model.cpp."""
+    from transformers import LlamaConfig, LlamaForCausalLM  # ImportError: the caller skips this peer
+
+    config = LlamaConfig(vocab_size=m["vocab"], hidden_size=m["hidden"], intermediate_size=m["ffn_hidden"],
+                         num_hidden_layers=m["layers"], num_attention_heads=m["heads"],
+                         num_key_value_heads=m.get("kv_heads", m["heads"]), max_position_embeddings=max(seq_len, m.get("max_seq_len", seq_len)),
+                         rms_norm_eps=NORM_EPS, rope_theta=ROPE_THETA, tie_word_embeddings=m.get("tied_embeddings", False),
+                         attention_bias=False, mlp_bias=False, use_cache=False)
+    config._attn_implementation = "sdpa"
+    inner = LlamaForCausalLM(config)
+
+    class HfDecoder(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, tokens, targets):
+            logits = self.inner(input_ids=tokens, use_cache=False).logits
+            return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
+
+    return HfDecoder()
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", required=True, help="trainplan/model/v1 document")
@@ -113,17 +143,22 @@ def main():
     p.add_argument("--threads", type=int, default=0, help="CPU threads (0: torch's default)")
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--out", required=True)
+    p.add_argument("--compile", action="store_true", help="torch.compile the model (Inductor)")
+    p.add_argument("--impl", choices=["trainplan", "hf"], default="trainplan",
+                   help="trainplan: the model below; hf: transformers' LlamaForCausalLM of the same shape")
     a = p.parse_args()
     if a.global_batch % a.micro_batch != 0 or a.steps < 2:
         sys.exit("eager_reference: --global-batch must be a multiple of --micro-batch and --steps at least 2")
     with open(a.model) as f:
         m = json.load(f)
+    if a.impl == "hf" and m["architecture"] != "llama":
+        sys.exit("eager_reference: --impl hf builds LlamaForCausalLM; the model is " + m["architecture"])
     if a.threads > 0:
         torch.set_num_threads(a.threads)
     device = torch.device(a.device)
     torch.manual_seed(1234)
     dtype = torch.bfloat16 if a.precision == "bf16" else torch.float32
-    model = Decoder(m, a.seq_len).to(device)
+    model = (hf_llama(m, a.seq_len) if a.impl == "hf" else Decoder(m, a.seq_len)).to(device)
     for name, w in model.named_parameters():  # the executor's init: N(0, 0.02), norms 1, biases 0
         if w.dim() > 1:
             nn.init.normal_(w, std=0.02)
@@ -134,6 +169,7 @@ def main():
     optimizer = torch.optim.AdamW(masters if dtype != torch.float32 else params, lr=a.lr, weight_decay=0.1, fused=fused)
     if dtype == torch.float32:
         masters = params
+    step_model = torch.compile(model) if a.compile else model
     micro_batches = a.global_batch // a.micro_batch
     gen = torch.Generator(device=device).manual_seed(1)
 
@@ -148,7 +184,7 @@ def main():
         total = 0.0
         for _ in range(micro_batches):
             tokens = torch.randint(0, m["vocab"], (a.micro_batch, a.seq_len + 1), device=device, generator=gen)
-            loss = model(tokens[:, :-1], tokens[:, 1:]) / micro_batches
+            loss = step_model(tokens[:, :-1], tokens[:, 1:]) / micro_batches
             loss.backward()
             total += loss.detach()
         if dtype != torch.float32:
@@ -172,11 +208,14 @@ def main():
         print(f"eager step {step:5d}/{a.steps} | loss {losses[-1]:9.5f} | {a.global_batch * a.seq_len / times[-1]:12.0f} tok/s | {times[-1]:8.3f} s",
               flush=True)
     step_seconds = statistics.median(times[1:])
+    kind = ("transformers LlamaForCausalLM" if a.impl == "hf" else "the executor's model") + (", torch.compile" if a.compile else ", eager")
     out = {
-        "source": "bench/eager_reference.py (PyTorch " + torch.__version__ + " eager)",
+        "source": f"bench/eager_reference.py ({kind}; PyTorch {torch.__version__})",
+        "impl": a.impl, "compile": a.compile,
         "device": a.device, "precision": a.precision, "parameters": sum(w.numel() for w in params),
         "step_seconds": step_seconds, "tokens_per_second": a.global_batch * a.seq_len / step_seconds,
         "peak_memory_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
+        "peak_reserved_bytes": torch.cuda.max_memory_reserved(device) if device.type == "cuda" else None,
         "losses": losses,
     }
     with open(a.out, "w") as f:
