@@ -1,6 +1,7 @@
 // planner: searches every valid parallel plan for a model on a cluster and recommends one;
 // `evaluate` estimates one fixed plan; `compare` sets an estimate beside a measurement; `launch`
-// prints the SLURM script or torchrun command that runs a plan; `run` runs it here on CPU ranks;
+// prints the SLURM script or torchrun command that runs a plan; `export` writes what Megatron-LM,
+// torchtitan, DeepSpeed or Accelerate needs to run it; `run` runs it here on CPU ranks;
 // `validate` predicts every published table and given measurement, row by row; `calibrate` fits a
 // profile's efficiencies to measurements; `profile` measures this machine's device with the
 // executor (or imports measured CSVs) into a hardware profile; `models` and `hardware` list the
@@ -26,6 +27,7 @@
 #include "trainplan/costmodel/presets.hpp"
 #include "trainplan/planner/calibrate.hpp"
 #include "trainplan/planner/compare.hpp"
+#include "trainplan/planner/export.hpp"
 #include "trainplan/planner/inputs.hpp"
 #include "trainplan/planner/launch.hpp"
 #include "trainplan/planner/local_run.hpp"
@@ -147,6 +149,25 @@ int launch_plan(const std::string& plan_file, const pl::LaunchOptions& options, 
   auto text = slurm ? pl::slurm_script(*plan, plan_file, options) : pl::torchrun_commands(*plan, plan_file, options);
   if (!text) return fail(plan_file + ": " + text.error().message);
   std::cout << *text;
+  return 0;
+}
+
+// Writes the target stack's file for a fixed plan to stdout or (through a temporary file) `out`;
+// the notes go to stderr. A plan the stack cannot express is bad input: nothing is written.
+int export_plan(const std::string& plan_file, const std::string& target_name, const std::string& out) {
+  auto target = pl::parse_export_target(target_name);
+  if (!target) return fail(target.error().message);
+  auto plan = pl::load_fixed_plan(plan_file);
+  if (!plan) return fail(plan.error().message);
+  auto exported = pl::export_plan(*plan, *target);
+  if (!exported) return fail(plan_file + ": " + exported.error().message);
+  if (out.empty()) {
+    std::cout << exported->text;
+  } else {
+    std::string error;
+    if (!write_file(out, exported->text, error)) return fail(error);
+  }
+  for (const auto& note : exported->notes) std::cerr << "planner: note: " << note << "\n";
   return 0;
 }
 
@@ -426,6 +447,12 @@ int main(int argc, char** argv) {
   launch_cmd->add_option("--job-name", launch.job_name, "SLURM job name");
   launch_cmd->add_option("--extra", launch.extra_args, "More executor arguments, as shell words, e.g. --extra \"--seed 1\"");
 
+  CLI::App* export_cmd = app.add_subcommand("export", "Write what Megatron-LM, torchtitan, DeepSpeed or Accelerate needs to run a fixed plan");
+  std::string export_target, export_out;
+  export_cmd->add_option("plan", plan_file, "Fixed plan file (planner --save-plan writes one)")->required();
+  export_cmd->add_option("--to", export_target, "megatron (a torchrun script), torchtitan (TOML), deepspeed (JSON) or accelerate (YAML)")->required();
+  export_cmd->add_option("--out", export_out, "Write the file here instead of to stdout");
+
   CLI::App* run_cmd = app.add_subcommand("run", "Run a fixed plan on this machine's CPUs under MPI with the executor, then compare");
   pl::LocalRunOptions local;
   run_cmd->add_option("plan", plan_file, "Fixed plan file (planner --save-plan writes one)")->required();
@@ -519,6 +546,7 @@ int main(int argc, char** argv) {
     launch.executor = pl::executor_for_launch(executor_search);
     return launch_plan(plan_file, launch, slurm);
   }
+  if (app.got_subcommand("export")) return export_plan(plan_file, export_target, export_out);
   if (app.got_subcommand("run")) return run_plan(plan_file, local, executor_search, measurement_file, fmt);
 
   if (app.got_subcommand("evaluate")) {

@@ -1,0 +1,37 @@
+#pragma once
+// Exporting a fixed plan to another training stack: the files Megatron-LM, torchtitan, DeepSpeed
+// and Hugging Face Accelerate read to run it (`planner export PLAN --to TARGET`), or the reasons a
+// stack cannot express the plan. The texts are returned, not written.
+
+#include <string>
+#include <vector>
+
+#include "trainplan/costmodel/plan.hpp"
+#include "trainplan/costmodel/result.hpp"
+
+namespace trainplan::planner {
+
+enum class ExportTarget { kMegatron, kTorchtitan, kDeepspeed, kAccelerate };
+
+// Every target, in the order the CLI and the GUI list them.
+[[nodiscard]] const std::vector<ExportTarget>& export_targets();
+// "megatron", "torchtitan", "deepspeed", "accelerate": the names `--to` takes.
+[[nodiscard]] const char* export_target_name(ExportTarget target);
+// The target a name stands for; the error lists the names.
+[[nodiscard]] costmodel::Result<ExportTarget> parse_export_target(const std::string& name);
+
+struct PlanExport {
+  std::string text;       // the file's contents
+  std::string file_name;  // a suggested name: "<plan>-megatron.sh", "-torchtitan.toml", "-deepspeed.json", "-accelerate.yaml"
+  // What the file leaves to the training script or to the user, one line each (the DeepSpeed
+  // JSON cannot carry comments); the other targets write these as comments in the file as well.
+  std::vector<std::string> notes;
+};
+
+// The target's file for `plan`. REQUIRES: validate_plan(plan) holds. An error when the target
+// cannot express the plan: every reason, "; "-separated, each naming the plan field and the stack,
+// e.g. "deepspeed: pp=4: DeepSpeed's pipeline engine needs a PipelineModule in the training
+// script; a JSON config cannot express it"; or when the GPUs are not a whole number of nodes.
+[[nodiscard]] costmodel::Result<PlanExport> export_plan(const costmodel::Plan& plan, ExportTarget target);
+
+}  // namespace trainplan::planner

@@ -1,0 +1,122 @@
+#include "trainplan/planner/export.hpp"
+
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+
+#include "export_writers.hpp"
+
+namespace trainplan::planner {
+
+using costmodel::Error;
+using costmodel::Plan;
+using costmodel::Result;
+
+namespace {
+
+struct TargetName {
+  ExportTarget target;
+  const char* name;
+  const char* extension;
+};
+
+constexpr TargetName kTargets[] = {
+    {ExportTarget::kMegatron, "megatron", "sh"},
+    {ExportTarget::kTorchtitan, "torchtitan", "toml"},
+    {ExportTarget::kDeepspeed, "deepspeed", "json"},
+    {ExportTarget::kAccelerate, "accelerate", "yaml"},
+};
+
+const TargetName& entry(ExportTarget target) {
+  for (const auto& t : kTargets) {
+    if (t.target == target) return t;
+  }
+  std::fprintf(stderr, "%s:%d: unknown export target\n", __FILE__, __LINE__);
+  std::abort();
+}
+
+}  // namespace
+
+const std::vector<ExportTarget>& export_targets() {
+  static const std::vector<ExportTarget> targets = {ExportTarget::kMegatron, ExportTarget::kTorchtitan, ExportTarget::kDeepspeed,
+                                                    ExportTarget::kAccelerate};
+  return targets;
+}
+
+const char* export_target_name(ExportTarget target) { return entry(target).name; }
+
+Result<ExportTarget> parse_export_target(const std::string& name) {
+  std::string names;
+  for (const auto& t : kTargets) {
+    if (name == t.name) return t.target;
+    names += (names.empty() ? "" : ", ") + std::string(t.name);
+  }
+  return Error{"--to: unknown stack \"" + name + "\" (one of: " + names + ")"};
+}
+
+namespace export_detail {
+
+std::string plural(long long n, const char* word) { return std::to_string(n) + " " + word + (n == 1 ? "" : "s"); }
+
+std::string tokens_text(double tokens) {
+  char buffer[32];
+  std::snprintf(buffer, sizeof buffer, "%g", tokens);
+  return buffer;
+}
+
+std::string lora_note(const Plan& plan) {
+  const auto& t = plan.training;
+  std::string targets;
+  for (const auto& s : t.lora.targets) targets += (targets.empty() ? "" : ", ") + s;
+  return std::string("mode=") + costmodel::mode_name(t.mode) + ": add the rank-" + std::to_string(t.lora.rank) + " adapters (" + targets +
+         ") in the training script (e.g. with PEFT); the config carries no LoRA";
+}
+
+Result<Derived> derive(const Plan& plan) {
+  Derived d;
+  const auto& p = plan.parallel;
+  d.per_node = std::min(plan.gpus, plan.cluster.gpus_per_node);
+  if (d.per_node < 1 || plan.gpus % d.per_node != 0) {
+    return Error{"gpus(" + std::to_string(plan.gpus) + ") is not a whole number of nodes of " +
+                 std::to_string(plan.cluster.gpus_per_node) + " GPUs (" + plan.cluster.name + ")"};
+  }
+  d.nodes = plan.gpus / d.per_node;
+  d.micro_batches = plan.training.global_batch / (static_cast<long long>(p.dp) * p.micro_batch);
+  const double tokens_per_step = static_cast<double>(plan.training.global_batch) * static_cast<double>(plan.training.seq_len);
+  d.steps = static_cast<long long>(std::ceil(plan.training.train_tokens / tokens_per_step));
+  d.nodes_text = std::to_string(plan.gpus) + " GPUs = " + plural(d.nodes, "node") + " x " + std::to_string(d.per_node);
+  return d;
+}
+
+std::string refusal_error(ExportTarget target, const std::vector<std::string>& reasons) {
+  std::string message;
+  for (const auto& r : reasons) message += (message.empty() ? "" : "; ") + std::string(export_target_name(target)) + ": " + r;
+  return message;
+}
+
+}  // namespace export_detail
+
+Result<PlanExport> export_plan(const Plan& plan, ExportTarget target) {
+  using namespace export_detail;
+  auto derived = derive(plan);
+  if (!derived) return derived.error();
+  std::vector<std::string> reasons;
+  PlanExport out;
+  switch (target) {
+    case ExportTarget::kMegatron: reasons = megatron_refusals(plan); break;
+    case ExportTarget::kTorchtitan: reasons = torchtitan_refusals(plan); break;
+    case ExportTarget::kDeepspeed: reasons = deepspeed_refusals(plan); break;
+    case ExportTarget::kAccelerate: reasons = accelerate_refusals(plan); break;
+  }
+  if (!reasons.empty()) return Error{refusal_error(target, reasons)};
+  switch (target) {
+    case ExportTarget::kMegatron: out = megatron_export(plan, *derived); break;
+    case ExportTarget::kTorchtitan: out = torchtitan_export(plan, *derived); break;
+    case ExportTarget::kDeepspeed: out = deepspeed_export(plan, *derived); break;
+    case ExportTarget::kAccelerate: out = accelerate_export(plan, *derived); break;
+  }
+  out.file_name = (plan.name.empty() ? std::string("plan") : plan.name) + "-" + entry(target).name + "." + entry(target).extension;
+  return out;
+}
+
+}  // namespace trainplan::planner

@@ -1,0 +1,134 @@
+// Hugging Face Accelerate: an `accelerate launch --config_file` YAML. Keys from huggingface/accelerate
+// at 16cb6eb80dd9aa8b4df1a63ef57863e455d53b83 (2026-07-24): src/accelerate/commands/config/cluster.py
+// (what `accelerate config` writes: distributed_type, fsdp_config.fsdp_version,
+// fsdp_reshard_after_forward (FSDP2's FULL_SHARD / SHARD_GRAD_OP), fsdp_offload_params,
+// fsdp_auto_wrap_policy, fsdp_transformer_layer_cls_to_wrap, fsdp_state_dict_type,
+// fsdp_activation_checkpointing, parallelism_config.parallelism_config_dp_replicate_size /
+// _dp_shard_size / _tp_size / _cp_size / _cp_comm_strategy, mixed_precision, num_machines,
+// num_processes (all machines), machine_rank, main_training_function, rdzv_backend, same_network),
+// src/accelerate/commands/config/config_args.py (ClusterConfig), src/accelerate/commands/launch.py
+// (parallelism_config needs fsdp_version 2) and docs/source/usage_guides/fsdp.md.
+
+#include <sstream>
+
+#include "export_writers.hpp"
+
+namespace trainplan::planner::export_detail {
+
+namespace cm = costmodel;
+using cm::Plan;
+
+namespace {
+
+const char* layer_class(const cm::ModelSpec& m) {
+  if (m.architecture == cm::Architecture::kGpt) return "GPT2Block";
+  return m.moe ? "MixtralDecoderLayer" : "LlamaDecoderLayer";
+}
+
+// ZeRO stage as Accelerate sees it: with one data-parallel rank nothing is sharded.
+int effective_zero(const cm::ParallelConfig& p) { return p.dp > 1 ? p.zero_stage : 0; }
+
+}  // namespace
+
+std::vector<std::string> accelerate_refusals(const Plan& plan) {
+  const auto& p = plan.parallel;
+  const auto& t = plan.training;
+  const auto n = [](long long x) { return std::to_string(x); };
+  std::vector<std::string> r;
+  if (p.pp > 1) r.push_back("pp=" + n(p.pp) + ": Accelerate has no pipeline parallelism for FSDP training");
+  if (p.tp > 1) {
+    r.push_back("tp=" + n(p.tp) + ": Accelerate's parallelism_config_tp_size applies the Transformers model's own tp_plan, "
+                "which this export cannot match to the plan's tensor and sequence parallelism");
+  }
+  if (p.ep > 1) r.push_back("ep=" + n(p.ep) + ": Accelerate's config has no expert parallelism");
+  if (effective_zero(p) == 1) {
+    r.push_back("zero_stage=1: FSDP has no optimizer-only sharding (Accelerate does it through DeepSpeed: --to deepspeed)");
+  }
+  if (p.cp > 1 && effective_zero(p) == 0) r.push_back("cp=" + n(p.cp) + " with zero_stage=0: Accelerate's context parallelism needs FSDP2 (zero_stage 2 or 3)");
+  if (p.recompute == cm::Recompute::kSelective) {
+    r.push_back("recompute=selective: fsdp_activation_checkpointing recomputes whole transformer layers");
+  }
+  if (p.recompute == cm::Recompute::kFull && p.recompute_layers > 0) {
+    r.push_back("recompute_layers=" + n(p.recompute_layers) + ": fsdp_activation_checkpointing recomputes every layer");
+  }
+  const bool both_cpu = p.offload_params == cm::Offload::kCpu && p.offload_optimizer == cm::Offload::kCpu;
+  if ((p.offload_params != cm::Offload::kNone || p.offload_optimizer != cm::Offload::kNone) && !both_cpu) {
+    r.push_back(std::string("offload_optimizer=") + cm::offload_name(p.offload_optimizer) + ", offload_params=" + cm::offload_name(p.offload_params) +
+                ": fsdp_offload_params moves parameters, gradients and the optimizer step to the CPU together (--to deepspeed offloads them apart)");
+  }
+  if (both_cpu && effective_zero(p) < 2) r.push_back("offload_params=cpu: Accelerate's CPU offload is FSDP's; it needs zero_stage 2 or 3");
+  if (t.precision == cm::Precision::kFp8) r.push_back("precision=fp8: Accelerate's fp8 needs a backend config (Transformer Engine, MS-AMP or torchao) this export does not write");
+  if (p.reduce_dtype != cm::Dtype::kFp32) r.push_back("reduce_dtype: FSDP2's reduce dtype is set in the training script (MixedPrecisionPolicy), not in the config");
+  return r;
+}
+
+PlanExport accelerate_export(const Plan& plan, const Derived& d) {
+  const auto& p = plan.parallel;
+  const auto& t = plan.training;
+  const int zero = effective_zero(p);
+  const int shard = p.shard_size();
+  const int replicate = p.dp / shard;
+  PlanExport e;
+  if (t.mode == cm::TrainingMode::kLora || t.mode == cm::TrainingMode::kQlora) e.notes.push_back(lora_note(plan));
+  std::ostringstream o;
+  o << "# Accelerate config for the trainplan plan \"" << plan.name << "\":\n";
+  o << "#   " << plan.model.name << " on " << plan.cluster.name << ", " << d.nodes_text << "; " << (p.cp > 1 ? "cp " + std::to_string(p.cp) + ", " : "")
+    << "dp " << p.dp;
+  if (zero == 0) {
+    o << " (DDP)";
+  } else {
+    o << " (ZeRO-" << zero << (shard < p.dp ? ", sharded over groups of " + std::to_string(shard) : std::string()) << ")";
+  }
+  o << "\n";
+  o << "# Written by `planner export --to accelerate`. Keys of huggingface/accelerate 16cb6eb80dd9:\n";
+  o << "# src/accelerate/commands/config/cluster.py and config_args.py, docs/source/usage_guides/fsdp.md.\n";
+  o << "# The batch is the training script's: micro-batch " << p.micro_batch << " per GPU and " << d.micro_batches
+    << " gradient accumulation steps\n";
+  o << "# (Accelerator(gradient_accumulation_steps=" << d.micro_batches << ")) give " << t.global_batch << " sequences of " << t.seq_len
+    << " tokens per step.\n";
+  for (const auto& note : e.notes) o << "# " << note << ".\n";
+  if (d.nodes == 1) {
+    o << "# Run: accelerate launch --config_file THIS_FILE your_training_script.py\n";
+  } else {
+    o << "# Run on each of the " << d.nodes << " nodes: accelerate launch --config_file THIS_FILE --machine_rank NODE_RANK\n";
+    o << "#   --main_process_ip FIRST_NODE --main_process_port 29500 your_training_script.py\n";
+  }
+  o << "compute_environment: LOCAL_MACHINE\ndebug: false\n";
+  o << "distributed_type: " << (zero == 0 ? "MULTI_GPU" : "FSDP") << "\n";
+  o << "downcast_bf16: 'no'\n";
+  if (zero >= 2) {
+    o << "fsdp_config:\n  fsdp_version: 2\n";
+    o << (zero == 3 ? "  # ZeRO-3: parameters resharded after forward (FULL_SHARD)\n  fsdp_reshard_after_forward: true\n"
+                    : "  # ZeRO-2: parameters kept gathered from forward to backward (SHARD_GRAD_OP)\n  fsdp_reshard_after_forward: false\n");
+    if (p.offload_params == cm::Offload::kCpu) {
+      o << "  # Parameters, gradients and the optimizer step on the CPU\n  fsdp_offload_params: true\n";
+    } else {
+      o << "  fsdp_offload_params: false\n";
+    }
+    o << "  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n";
+    o << "  fsdp_transformer_layer_cls_to_wrap: " << layer_class(plan.model) << "\n";
+    o << "  fsdp_state_dict_type: SHARDED_STATE_DICT\n";
+    o << "  fsdp_activation_checkpointing: " << (p.recompute == cm::Recompute::kFull ? "true" : "false") << "\n";
+    if (replicate > 1 || p.cp > 1) {
+      o << "parallelism_config:\n";
+      if (replicate > 1) o << "  # Hybrid sharding (HSDP): " << replicate << " replicas of " << shard << "-way shards\n";
+      o << "  parallelism_config_dp_replicate_size: " << replicate << "\n";
+      o << "  parallelism_config_dp_shard_size: " << shard << "\n";
+      o << "  parallelism_config_tp_size: 1\n";
+      if (p.cp > 1) o << "  # Context parallelism: ring attention, key/value shards passed round the " << p.cp << " ranks\n";
+      o << "  parallelism_config_cp_size: " << p.cp << "\n";
+      if (p.cp > 1) o << "  parallelism_config_cp_comm_strategy: alltoall\n";
+    }
+  } else if (p.recompute == cm::Recompute::kFull) {
+    e.notes.push_back("accelerate: recompute=full: without FSDP, turn on activation checkpointing in the training script "
+                      "(model.gradient_checkpointing_enable())");
+  }
+  o << "machine_rank: 0\nmain_training_function: main\n";
+  o << "mixed_precision: " << (t.precision == cm::Precision::kBf16 ? "bf16" : t.precision == cm::Precision::kFp16 ? "fp16" : "'no'") << "\n";
+  o << "num_machines: " << d.nodes << "\nnum_processes: " << plan.gpus << "\n";
+  o << "rdzv_backend: static\nsame_network: true\nuse_cpu: false\n";
+  e.text = o.str();
+  return e;
+}
+
+}  // namespace trainplan::planner::export_detail

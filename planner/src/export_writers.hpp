@@ -1,0 +1,38 @@
+#pragma once
+// Internal to planner/src/export*.cpp: the numbers every export derives from a plan, and each
+// stack's refusals (plan fields it cannot express, one reason each) and writer.
+
+#include <string>
+#include <vector>
+
+#include "trainplan/costmodel/plan.hpp"
+#include "trainplan/costmodel/result.hpp"
+#include "trainplan/planner/export.hpp"
+
+namespace trainplan::planner::export_detail {
+
+struct Derived {
+  int nodes = 0;               // gpus / GPUs per node
+  int per_node = 0;            // GPUs (ranks) per node: the cluster's, or all GPUs when fewer
+  long long micro_batches = 0; // per step and replica: global_batch / (dp * micro_batch)
+  long long steps = 0;         // optimizer steps: train_tokens / (global_batch * seq_len), rounded up
+  std::string nodes_text;      // "64 GPUs = 8 nodes x 8"
+};
+
+[[nodiscard]] costmodel::Result<Derived> derive(const costmodel::Plan& plan);
+[[nodiscard]] std::string plural(long long n, const char* word);
+[[nodiscard]] std::string tokens_text(double tokens);  // "1e+12"
+[[nodiscard]] std::string lora_note(const costmodel::Plan& plan);
+[[nodiscard]] std::string refusal_error(ExportTarget target, const std::vector<std::string>& reasons);
+
+// REQUIRES (writers): the refusals are empty.
+[[nodiscard]] std::vector<std::string> megatron_refusals(const costmodel::Plan& plan);
+[[nodiscard]] PlanExport megatron_export(const costmodel::Plan& plan, const Derived& d);
+[[nodiscard]] std::vector<std::string> torchtitan_refusals(const costmodel::Plan& plan);
+[[nodiscard]] PlanExport torchtitan_export(const costmodel::Plan& plan, const Derived& d);
+[[nodiscard]] std::vector<std::string> deepspeed_refusals(const costmodel::Plan& plan);
+[[nodiscard]] PlanExport deepspeed_export(const costmodel::Plan& plan, const Derived& d);
+[[nodiscard]] std::vector<std::string> accelerate_refusals(const costmodel::Plan& plan);
+[[nodiscard]] PlanExport accelerate_export(const costmodel::Plan& plan, const Derived& d);
+
+}  // namespace trainplan::planner::export_detail

@@ -1,0 +1,235 @@
+// Exporting fixed plans to other stacks (`planner export --to megatron|torchtitan|deepspeed|accelerate`):
+// each target's file for three plans, byte for byte against expected files written by hand from
+// the plans' numbers (tests/data/export/), the refusals that name the plan field a stack cannot
+// express, and the command line (exit codes, --out).
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "cli_support.hpp"
+#include "test_support.hpp"
+#include "trainplan/planner/export.hpp"
+#include "trainplan/planner/search.hpp"
+
+namespace trainplan {
+namespace {
+
+namespace fs = std::filesystem;
+using planner::ExportTarget;
+using testing::quote;
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+costmodel::Plan load(const std::string& path) {
+  auto plan = planner::load_fixed_plan(path);
+  if (!plan) throw std::runtime_error(plan.error().message);
+  return *plan;
+}
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+struct Golden {
+  std::string plan;      // relative to the source tree
+  ExportTarget target;
+  std::string expected;  // in tests/data/export/
+};
+
+const Golden kGoldens[] = {
+    {"samples/plans/gpt3-175b-1024xa100.json", ExportTarget::kMegatron, "gpt3-175b-1024xa100.megatron.sh"},
+    {"tests/data/export/llama3-70b-tp8-pp2-cp2.plan.json", ExportTarget::kMegatron, "llama3-70b-tp8-pp2-cp2.megatron.sh"},
+    {"tests/data/export/mixtral-8x7b-ep8-fp8.plan.json", ExportTarget::kMegatron, "mixtral-8x7b-ep8-fp8.megatron.sh"},
+    {"tests/data/export/llama3-8b-fsdp8.plan.json", ExportTarget::kTorchtitan, "llama3-8b-fsdp8.torchtitan.toml"},
+    {"tests/data/export/llama3-70b-hsdp-tp8.plan.json", ExportTarget::kTorchtitan, "llama3-70b-hsdp-tp8.torchtitan.toml"},
+    {"samples/plans/tiny-llama-pp4.json", ExportTarget::kTorchtitan, "tiny-llama-pp4.torchtitan.toml"},
+    {"tests/data/export/llama3-8b-fsdp8.plan.json", ExportTarget::kDeepspeed, "llama3-8b-fsdp8.deepspeed.json"},
+    {"tests/data/export/llama3-8b-zero2-offload.plan.json", ExportTarget::kDeepspeed, "llama3-8b-zero2-offload.deepspeed.json"},
+    {"samples/plans/llama3-8b-lora-8xh100.json", ExportTarget::kDeepspeed, "llama3-8b-lora-8xh100.deepspeed.json"},
+    {"tests/data/export/llama3-8b-fsdp8.plan.json", ExportTarget::kAccelerate, "llama3-8b-fsdp8.accelerate.yaml"},
+    {"tests/data/export/llama3-8b-hsdp16-offload.plan.json", ExportTarget::kAccelerate, "llama3-8b-hsdp16-offload.accelerate.yaml"},
+    {"tests/data/export/llama3.2-1b-zero2-cp2.plan.json", ExportTarget::kAccelerate, "llama3.2-1b-zero2-cp2.accelerate.yaml"},
+};
+
+TEST(ExportPlan, EachTargetWritesTheHandWrittenFileForThreePlans) {
+  for (const Golden& g : kGoldens) {
+    SCOPED_TRACE(g.plan + " --to " + planner::export_target_name(g.target));
+    const costmodel::Plan plan = load(testing::source_path(g.plan));
+    auto exported = planner::export_plan(plan, g.target);
+    ASSERT_TRUE(exported.ok()) << exported.error().message;
+    EXPECT_EQ(exported->text, read_text(testing::data_path("export/" + g.expected)));
+    EXPECT_EQ(exported->file_name, plan.name + "-" + planner::export_target_name(g.target) +
+                                       g.expected.substr(g.expected.rfind('.')));
+  }
+}
+
+// The expected files parse as what they claim to be, where Python has the parser (skips otherwise).
+TEST(ExportPlan, ExpectedFilesParseAsTomlJsonAndYaml) {
+  const std::string dir = testing::data_path("export");
+  const struct {
+    const char* module;
+    const char* extension;
+    const char* load;
+  } parsers[] = {{"tomllib", ".toml", "tomllib.load(open(f, 'rb'))"},
+                 {"json", ".json", "json.load(open(f))"},
+                 {"yaml", ".yaml", "yaml.safe_load(open(f))"}};
+  int checked = 0;
+  for (const auto& p : parsers) {
+    if (std::system(("python3 -c 'import " + std::string(p.module) + "' >/dev/null 2>&1").c_str()) != 0) continue;
+    for (const auto& entry : fs::directory_iterator(dir)) {
+      const std::string f = entry.path().string();
+      if (entry.path().extension() != p.extension || contains(f, ".plan.json")) continue;
+      const std::string command = "python3 -c \"import " + std::string(p.module) + "; f = '" + f + "'; " + p.load + "\" >/dev/null 2>&1";
+      EXPECT_EQ(std::system(command.c_str()), 0) << f << " does not parse with " << p.module;
+      ++checked;
+    }
+  }
+  if (checked == 0) GTEST_SKIP() << "no python3 with tomllib, json or yaml";
+}
+
+TEST(ExportPlan, NotesSayWhatTheFileLeavesToTheTrainingScript) {
+  auto lora = planner::export_plan(load(testing::source_path("samples/plans/llama3-8b-lora-8xh100.json")), ExportTarget::kDeepspeed);
+  ASSERT_TRUE(lora.ok()) << lora.error().message;
+  std::string notes;
+  for (const auto& n : lora->notes) notes += n + "\n";
+  EXPECT_TRUE(contains(notes, "deepspeed: mode=lora: add the rank-16 adapters (q, k, v, o) in the training script")) << notes;
+  EXPECT_TRUE(contains(notes, "deepspeed: recompute=selective:")) << notes;
+  EXPECT_TRUE(contains(notes, "deepspeed --num_nodes 1 --num_gpus 8")) << notes;
+}
+
+struct Refusal {
+  std::string plan;
+  ExportTarget target;
+  std::vector<std::string> fragments;  // each in the error, in this order
+};
+
+TEST(ExportPlan, RefusesWhatAStackCannotExpressNamingTheField) {
+  const std::string d = "tests/data/export/";
+  const Refusal refusals[] = {
+      {d + "llama3-70b-tp8-pp2-cp2.plan.json", ExportTarget::kDeepspeed,
+       {"deepspeed: pp=2: DeepSpeed's pipeline engine needs a PipelineModule in the training script; a JSON config cannot express it",
+        "; deepspeed: tp=8 with sequence_parallel=true:", "; deepspeed: cp=2:"}},
+      {d + "llama3-70b-tp8-pp2-cp2.plan.json", ExportTarget::kTorchtitan, {"torchtitan: zero_stage=1:", "; torchtitan: recompute=selective:"}},
+      {d + "llama3-70b-tp8-pp2-cp2.plan.json", ExportTarget::kAccelerate,
+       {"accelerate: pp=2:", "; accelerate: tp=8:", "; accelerate: zero_stage=1:", "; accelerate: recompute=selective:"}},
+      {"samples/plans/gpt3-175b-1024xa100.json", ExportTarget::kTorchtitan, {"torchtitan: architecture=gpt:"}},
+      {d + "mixtral-8x7b-ep8-fp8.plan.json", ExportTarget::kTorchtitan, {"torchtitan: moe (8 experts):", "; torchtitan: precision=fp8:"}},
+      {d + "mixtral-8x7b-ep8-fp8.plan.json", ExportTarget::kDeepspeed, {"deepspeed: tp=2 with sequence_parallel=true:", "; deepspeed: ep=8:",
+                                                                        "; deepspeed: precision=fp8:"}},
+      {"samples/plans/llama3-8b-lora-8xh100.json", ExportTarget::kMegatron, {"megatron: mode=lora: pretrain_gpt.py trains every weight"}},
+      {"samples/plans/llama3-8b-lora-8xh100.json", ExportTarget::kTorchtitan, {"torchtitan: mode=lora:", "; torchtitan: recompute=selective:"}},
+      {d + "llama3-8b-hsdp16-offload.plan.json", ExportTarget::kMegatron, {"megatron: shard_group=8:", "; megatron: offload_params=cpu:"}},
+      {d + "llama3-8b-hsdp16-offload.plan.json", ExportTarget::kDeepspeed, {"deepspeed: shard_group=8: hybrid sharding is DeepSpeed's MiCS"}},
+      {d + "llama3-8b-zero2-offload.plan.json", ExportTarget::kAccelerate, {"accelerate: offload_optimizer=cpu, offload_params=none:"}},
+      {d + "llama3-8b-zero2-offload.plan.json", ExportTarget::kTorchtitan, {"torchtitan: offload_optimizer=cpu, offload_params=none:"}},
+      {d + "llama3.2-1b-zero2-cp2.plan.json", ExportTarget::kTorchtitan, {"torchtitan: tied_embeddings=true:", "; torchtitan: precision=fp16:"}},
+  };
+  for (const Refusal& r : refusals) {
+    SCOPED_TRACE(r.plan + " --to " + planner::export_target_name(r.target));
+    auto exported = planner::export_plan(load(testing::source_path(r.plan)), r.target);
+    ASSERT_FALSE(exported.ok()) << exported->text;
+    const std::string& message = exported.error().message;
+    EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+    std::size_t at = 0;
+    for (const auto& fragment : r.fragments) {
+      const std::size_t found = message.find(fragment, at);
+      EXPECT_NE(found, std::string::npos) << "no \"" << fragment << "\" (in order) in: " << message;
+      if (found != std::string::npos) at = found + fragment.size();
+    }
+  }
+}
+
+TEST(ExportPlan, ScheduleAndLayoutChoicesFollowThePlan) {
+  costmodel::Plan plan = load(testing::source_path("samples/plans/tiny-llama-pp4.json"));
+  plan.parallel.schedule = costmodel::Schedule::kGpipe;
+  auto megatron = planner::export_plan(plan, ExportTarget::kMegatron);
+  ASSERT_FALSE(megatron.ok());
+  EXPECT_TRUE(contains(megatron.error().message, "megatron: schedule=gpipe: Megatron-LM runs 1F1B and interleaved 1F1B pipelines only"));
+  auto titan = planner::export_plan(plan, ExportTarget::kTorchtitan);
+  ASSERT_TRUE(titan.ok()) << titan.error().message;
+  EXPECT_TRUE(contains(titan->text, "pipeline_parallel_schedule = \"GPipe\"\n")) << titan->text;
+  // ZeRO-3 in Megatron is Megatron FSDP sharding everything; ZeRO-2 in torchtitan keeps parameters gathered.
+  costmodel::Plan fsdp = load(testing::data_path("export/llama3-8b-fsdp8.plan.json"));
+  auto m3 = planner::export_plan(fsdp, ExportTarget::kMegatron);
+  ASSERT_TRUE(m3.ok()) << m3.error().message;
+  EXPECT_TRUE(contains(m3->text, "  --use-megatron-fsdp\n  --data-parallel-sharding-strategy optim_grads_params\n")) << m3->text;
+  fsdp.parallel.zero_stage = 2;
+  auto t2 = planner::export_plan(fsdp, ExportTarget::kTorchtitan);
+  ASSERT_TRUE(t2.ok()) << t2.error().message;
+  EXPECT_TRUE(contains(t2->text, "data_parallel_shard_degree = 8\n# ZeRO-2: parameters kept gathered from forward to backward\n"
+                                 "fsdp_reshard_after_forward = \"never\"\n")) << t2->text;
+  // Plain data parallelism is a MULTI_GPU (DDP) Accelerate config without fsdp_config.
+  fsdp.parallel.zero_stage = 0;
+  auto ddp = planner::export_plan(fsdp, ExportTarget::kAccelerate);
+  ASSERT_TRUE(ddp.ok()) << ddp.error().message;
+  EXPECT_TRUE(contains(ddp->text, "distributed_type: MULTI_GPU\n")) << ddp->text;
+  EXPECT_FALSE(contains(ddp->text, "fsdp_config")) << ddp->text;
+}
+
+TEST(ExportPlan, GpusThatAreNotWholeNodesAreAnError) {
+  costmodel::Plan plan = load(testing::data_path("export/llama3-8b-hsdp16-offload.plan.json"));
+  plan.gpus = 12;
+  plan.parallel.dp = 12;
+  plan.parallel.shard_group = 0;
+  auto exported = planner::export_plan(plan, ExportTarget::kDeepspeed);
+  ASSERT_FALSE(exported.ok());
+  EXPECT_EQ(exported.error().message, "gpus(12) is not a whole number of nodes of 8 GPUs (dgx-h100)");
+}
+
+TEST(ExportTargetName, ParsesTheFourNamesAndListsThemOtherwise) {
+  for (ExportTarget t : planner::export_targets()) {
+    auto parsed = planner::parse_export_target(planner::export_target_name(t));
+    ASSERT_TRUE(parsed.ok());
+    EXPECT_EQ(*parsed, t);
+  }
+  auto bad = planner::parse_export_target("nemo");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.error().message, "--to: unknown stack \"nemo\" (one of: megatron, torchtitan, deepspeed, accelerate)");
+}
+
+class ExportCli : public testing::PlannerCliTest {};
+
+TEST_F(ExportCli, PrintsTheFileAndItsNotesOnStderr) {
+  const std::string plan = testing::data_path("export/llama3-8b-fsdp8.plan.json");
+  const auto r = run("export " + quote(plan) + " --to deepspeed");
+  ASSERT_EQ(r.exit_code, 0) << r.all();
+  EXPECT_EQ(r.out, read_text(testing::data_path("export/llama3-8b-fsdp8.deepspeed.json")));
+  EXPECT_EQ(r.err.rfind("planner: note: deepspeed: run 8 GPUs = 1 node x 8:", 0), 0u) << r.err;
+}
+
+TEST_F(ExportCli, OutWritesTheFileAndNothingElse) {
+  const std::string plan = testing::source_path("samples/plans/gpt3-175b-1024xa100.json");
+  const fs::path out = dir_ / "gpt3.sh";
+  const auto r = run("export " + quote(plan) + " --to megatron --out " + quote(out.string()));
+  ASSERT_EQ(r.exit_code, 0) << r.all();
+  EXPECT_TRUE(r.out.empty()) << r.out;
+  EXPECT_EQ(read_text(out.string()), read_text(testing::data_path("export/gpt3-175b-1024xa100.megatron.sh")));
+  EXPECT_FALSE(fs::exists(out.string() + ".tmp"));
+}
+
+TEST_F(ExportCli, BadInputAndPlansAStackCannotExpressExitTwoWritingNothing) {
+  const std::string tiny = testing::source_path("samples/plans/tiny-llama-pp4.json");
+  const std::string request = testing::source_path("samples/plans/llama3-70b-64xh100-auto.json");
+  const fs::path out = dir_ / "never.json";
+  expect_bad_inputs({
+      {"unknown stack", "export " + quote(tiny) + " --to nemo", "--to: unknown stack \"nemo\" (one of: megatron, torchtitan, deepspeed, accelerate)"},
+      {"a plan request", "export " + quote(request) + " --to megatron", request + ": /parallel: tp, pp, dp"},
+      {"missing plan", "export " + quote((dir_ / "nope.json").string()) + " --to megatron", "cannot open file"},
+      {"a pipeline for DeepSpeed", "export " + quote(tiny) + " --to deepspeed --out " + quote(out.string()),
+       tiny + ": deepspeed: pp=4: DeepSpeed's pipeline engine needs a PipelineModule in the training script"},
+  });
+  EXPECT_FALSE(fs::exists(out));
+  const auto no_target = run("export " + quote(tiny));
+  EXPECT_EQ(no_target.exit_code, 2) << no_target.all();
+}
+
+}  // namespace
+}  // namespace trainplan
