@@ -3,14 +3,13 @@
 #include <QApplication>
 #include <QCheckBox>
 #include <QFileDialog>
-#include <QFontDatabase>
+#include <QFileInfo>
 #include <QLocale>
 #include <QGridLayout>
 #include <QHeaderView>
 #include <QLabel>
 #include <QMenuBar>
 #include <QMessageBox>
-#include <QPlainTextEdit>
 #include <QProgressBar>
 #include <QScrollArea>
 #include <QSplitter>
@@ -24,6 +23,7 @@
 
 #include "trainplan/costmodel/presets.hpp"
 #include "trainplan/gui/export.hpp"
+#include "trainplan/gui/launch_panel.hpp"
 #include "trainplan/planner/launch.hpp"
 
 namespace trainplan::gui {
@@ -254,11 +254,10 @@ QWidget* MainWindow::build_views() {
   compare->setRowStretch(3, 2);
   tabs_->addTab(compare_page_, tr("Measured vs predicted"));
 
-  launch_view_ = new QPlainTextEdit();
-  launch_view_->setObjectName(QStringLiteral("launchView"));
-  launch_view_->setReadOnly(true);
-  launch_view_->setFont(QFontDatabase::systemFont(QFontDatabase::FixedFont));
-  tabs_->addTab(launch_view_, tr("Launch and CLI"));
+  launch_panel_ = new LaunchPanel();
+  launch_panel_->setObjectName(QStringLiteral("launchPanel"));
+  connect(launch_panel_, &LaunchPanel::saveRequested, this, &MainWindow::choose_and_save_launch_choice);
+  tabs_->addTab(launch_panel_, tr("Launch and CLI"));
   return tabs_;
 }
 
@@ -278,6 +277,10 @@ void MainWindow::build_menus() {
   file->addAction(tr("Export &SLURM script…"), this, [this] {
     choose_and_export(tr("Export SLURM script"), tr("SLURM batch script (*.sbatch *.sh)"), [this](const QString& p) { return export_launch(p, true); });
   });
+  QMenu* stacks = file->addMenu(tr("Export for another s&tack"));
+  for (pl::ExportTarget target : pl::export_targets()) {
+    stacks->addAction(stack_label(target) + QStringLiteral("…"), this, [this, target] { choose_and_export_stack(target); });
+  }
   file->addAction(tr("Export report (Markdown)…"), this, [this] {
     choose_and_export(tr("Export report"), tr("Markdown (*.md)"), [this](const QString& p) { return export_report(p, pl::Format::kMarkdown); });
   });
@@ -409,13 +412,14 @@ void MainWindow::on_selection() {
                         .arg(QLocale(QLocale::English).toString(e.run.gpu_hours, 'f', 0))
                         .arg(QLocale(QLocale::English).toString(e.run.cost_usd, 'f', 0)));
 
-  QString launch;
+  LaunchPanel::ExecutorTexts executor;
+  QString& launch = executor.overview;
   QString error;
-  const QString torchrun = launch_text(false, &error);
+  executor.torchrun = launch_text(false, &error);
   launch += tr("# Run the selected plan: export it first (File > Export plan JSON, here %1)\n\n").arg(plan_path_);
-  launch += torchrun.isEmpty() ? tr("# no launch command: %1\n").arg(error) : torchrun;
-  const QString slurm = launch_text(true, &error);
-  if (!slurm.isEmpty()) launch += tr("\n# As a SLURM batch script:\n\n") + slurm;
+  launch += executor.torchrun.isEmpty() ? tr("# no launch command: %1\n").arg(error) : executor.torchrun;
+  executor.slurm = launch_text(true, &executor.slurm_error);
+  if (!executor.slurm.isEmpty()) launch += tr("\n# As a SLURM batch script:\n\n") + executor.slurm;
   if (session_->request()) {
     const int nodes = std::max(1, selected->plan.gpus / std::max(1, selected->plan.cluster.gpus_per_node));
     launch += tr("\n# The same from the command line:\n#   %1 --save-plan %2\n#   planner evaluate %2 --format html > report.html\n"
@@ -423,7 +427,7 @@ void MainWindow::on_selection() {
                   .arg(QString::fromStdString(planner_command(*session_->request(), objective_key(session_->objective()), session_->memory_headroom())), plan_path_)
                   .arg(nodes);
   }
-  launch_view_->setPlainText(launch);
+  launch_panel_->set_plan(selected->plan, executor);
   select_table_row_of_selection();
   emit viewsUpdated();
 }
@@ -537,6 +541,24 @@ bool MainWindow::export_launch(const QString& path, bool slurm) {
   return true;
 }
 
+bool MainWindow::export_stack(pl::ExportTarget target, const QString& path) {
+  if (!session_->selected()) {
+    show_error(tr("No plan selected to export"));
+    return false;
+  }
+  auto exported = pl::export_plan(session_->selected()->plan, target);
+  if (!exported) {
+    show_error(refusal_text(target, exported.error().message));
+    return false;
+  }
+  QString error;
+  if (!save_text_file(path, QString::fromStdString(exported->text), &error)) {
+    show_error(error);
+    return false;
+  }
+  return true;
+}
+
 QString MainWindow::report_text(pl::Format format) const {
   if (!session_->request() || !session_->result()) return {};
   const cm::PlanRequest& request = *session_->request();
@@ -607,8 +629,36 @@ void MainWindow::choose_and_load_measurement() {
   if (!path.isEmpty()) load_measurement(path);
 }
 
-void MainWindow::choose_and_export(const QString& title, const QString& filter, const std::function<bool(const QString&)>& action) {
-  const QString path = QFileDialog::getSaveFileName(this, title, QString(), filter);
+void MainWindow::choose_and_export_stack(pl::ExportTarget target) {
+  if (!session_->selected()) {
+    show_error(tr("No plan selected to export"));
+    return;
+  }
+  auto exported = pl::export_plan(session_->selected()->plan, target);
+  if (!exported) {  // before the dialog: there is nothing to save
+    show_error(refusal_text(target, exported.error().message));
+    return;
+  }
+  const QString name = QString::fromStdString(exported->file_name);
+  const QString suffix = QFileInfo(name).suffix();
+  choose_and_export(tr("Export for %1").arg(stack_label(target)), tr("%1 file (*.%2);;All files (*)").arg(stack_label(target), suffix),
+                    [this, target](const QString& p) { return export_stack(target, p); }, name);
+}
+
+void MainWindow::choose_and_save_launch_choice() {
+  const LaunchChoice& choice = launch_panel_->choice();
+  if (choice.stack) {
+    choose_and_export_stack(*choice.stack);
+    return;
+  }
+  const bool slurm = choice.slurm;
+  choose_and_export(slurm ? tr("Export SLURM script") : tr("Export launch command"), launch_panel_->file_filter(),
+                    [this, slurm](const QString& p) { return export_launch(p, slurm); }, launch_panel_->suggested_file_name());
+}
+
+void MainWindow::choose_and_export(const QString& title, const QString& filter, const std::function<bool(const QString&)>& action,
+                                   const QString& suggested_name) {
+  const QString path = QFileDialog::getSaveFileName(this, title, suggested_name, filter);
   if (!path.isEmpty() && action(path)) statusBar()->showMessage(tr("Wrote %1").arg(path), 8000);
 }
 

@@ -1,6 +1,7 @@
 // The main window end to end (offscreen): selecting a plan updates every view, a knob re-estimates
 // to the cost model's value, bad input and bad files leave the last good result and say why, the
-// measurement overlays the prediction, and the exports are files the planner reads back.
+// measurement overlays the prediction, the exports are files the planner reads back, and the
+// Launch and CLI tab shows the planner's export of the selected plan for each stack.
 
 #include <cmath>
 #include <fstream>
@@ -11,6 +12,8 @@
 #include <QImage>
 #include <QLabel>
 #include <QMessageBox>
+#include <QPlainTextEdit>
+#include <QPushButton>
 #include <QSignalSpy>
 #include <QSpinBox>
 #include <QTableView>
@@ -19,7 +22,9 @@
 
 #include "gui_test_support.hpp"
 #include "trainplan/costmodel/estimate.hpp"
+#include "trainplan/gui/launch_panel.hpp"
 #include "trainplan/gui/main_window.hpp"
+#include "trainplan/planner/export.hpp"
 #include "trainplan/planner/search.hpp"
 
 namespace trainplan {
@@ -46,6 +51,13 @@ class MainWindowTest : public ::testing::Test {
     ASSERT_TRUE(window_.session()->wait_idle(kTimeoutMs));
   }
   const planner::Candidate& selected() const { return *window_.session()->selected(); }
+  // Opens a plan file and waits for its search; the file's layout ends up selected.
+  void open(const std::string& path) {
+    QSignalSpy results(window_.session(), &PlanningSession::resultsChanged);
+    ASSERT_TRUE(window_.open_plan(QString::fromStdString(path))) << window_.last_error().toStdString();
+    ASSERT_TRUE(results.wait(kTimeoutMs));
+    ASSERT_TRUE(window_.session()->wait_idle(kTimeoutMs));
+  }
   MainWindow window_;
 };
 
@@ -308,6 +320,140 @@ TEST_F(MainWindowTest, ExportsAreFilesThePlannerReadsBack) {
   EXPECT_FALSE(window_.export_chart(gui::ChartKind::kMemory, dir.filePath(QStringLiteral("chart.gif"))));
   EXPECT_TRUE(window_.last_error().contains(QStringLiteral("unknown image type")));
   EXPECT_FALSE(window_.export_chart(gui::ChartKind::kMeasuredPipeline, dir.filePath(QStringLiteral("m.png")))) << "no measurement loaded";
+}
+
+// The Launch and CLI tab: a chooser of what runs the selected plan, the text, its notes and Save.
+struct LaunchTab {
+  explicit LaunchTab(MainWindow& window)
+      : chooser(window.findChild<QComboBox*>(QStringLiteral("exportTarget"))),
+        view(window.findChild<QPlainTextEdit*>(QStringLiteral("launchView"))),
+        save(window.findChild<QPushButton*>(QStringLiteral("saveExport"))),
+        notes(window.findChild<QLabel*>(QStringLiteral("exportNotes"))) {}
+  bool choose(const QString& label) {
+    const int index = chooser->findText(label);
+    if (index < 0) return false;
+    chooser->setCurrentIndex(index);
+    return true;
+  }
+  QComboBox* chooser;
+  QPlainTextEdit* view;
+  QPushButton* save;
+  QLabel* notes;
+};
+
+TEST_F(MainWindowTest, TheLaunchTabListsTheExecutorThenEveryStack) {
+  LaunchTab tab(window_);
+  ASSERT_NE(tab.chooser, nullptr);
+  ASSERT_NE(tab.view, nullptr);
+  ASSERT_NE(tab.save, nullptr);
+  ASSERT_NE(tab.notes, nullptr);
+  QStringList labels;
+  for (int i = 0; i < tab.chooser->count(); ++i) labels << tab.chooser->itemText(i);
+  EXPECT_EQ(labels, (QStringList{QStringLiteral("trainplan executor (torchrun)"), QStringLiteral("trainplan executor (SLURM)"), QStringLiteral("Megatron-LM"),
+                                 QStringLiteral("torchtitan"), QStringLiteral("DeepSpeed"), QStringLiteral("Accelerate")}));
+  EXPECT_EQ(tab.chooser->currentIndex(), 0) << "torchrun first, as before";
+}
+
+// tests/data/export/llama3-8b-fsdp8.plan.json: a plan every stack expresses (tests/planner/export_test.cpp).
+TEST_F(MainWindowTest, EachStackShowsThePlannersExportOfTheSelectedPlan) {
+  open(testing::gui_data_path("export/llama3-8b-fsdp8.plan.json"));
+  ASSERT_EQ(selected().plan.parallel.zero_stage, 3);
+  LaunchTab tab(window_);
+  window_.show_tab(MainWindow::kLaunchTab);
+  const struct {
+    QString label;
+    planner::ExportTarget target;
+    QString marker;
+  } stacks[] = {
+      {QStringLiteral("Megatron-LM"), planner::ExportTarget::kMegatron, QStringLiteral("--tensor-model-parallel-size")},
+      {QStringLiteral("torchtitan"), planner::ExportTarget::kTorchtitan, QStringLiteral("[parallelism]")},
+      {QStringLiteral("DeepSpeed"), planner::ExportTarget::kDeepspeed, QStringLiteral("\"zero_optimization\"")},
+      {QStringLiteral("Accelerate"), planner::ExportTarget::kAccelerate, QStringLiteral("distributed_type:")},
+  };
+  QTemporaryDir dir;
+  ASSERT_TRUE(dir.isValid());
+  for (const auto& s : stacks) {
+    SCOPED_TRACE(s.label.toStdString());
+    ASSERT_TRUE(tab.choose(s.label));
+    auto expected = planner::export_plan(selected().plan, s.target);
+    ASSERT_TRUE(expected.ok()) << expected.error().message;
+    EXPECT_TRUE(tab.view->toPlainText().contains(s.marker)) << tab.view->toPlainText().toStdString();
+    EXPECT_EQ(tab.view->toPlainText().toStdString(), expected->text);
+    EXPECT_TRUE(tab.save->isEnabled());
+    EXPECT_EQ(window_.launch_panel()->suggested_file_name().toStdString(), expected->file_name);
+    EXPECT_EQ(tab.notes->isVisibleTo(&window_), !expected->notes.empty());
+    for (const auto& note : expected->notes) EXPECT_TRUE(tab.notes->text().contains(QString::fromStdString(note))) << note;
+    // What Save writes (through the File menu's method) is the text shown.
+    const QString path = dir.filePath(QString::fromStdString(expected->file_name));
+    ASSERT_TRUE(window_.export_stack(s.target, path)) << window_.last_error().toStdString();
+    QFile file(path);
+    ASSERT_TRUE(file.open(QIODevice::ReadOnly));
+    EXPECT_EQ(QString::fromUtf8(file.readAll()), tab.view->toPlainText());
+  }
+
+  // Another plan selected (a knob): the chosen stack's text follows it.
+  ASSERT_TRUE(tab.choose(QStringLiteral("Megatron-LM")));
+  ASSERT_TRUE(window_.what_if_panel()->set_knob(QStringLiteral("tp"), QStringLiteral("2")));
+  ASSERT_EQ(selected().plan.parallel.tp, 2);
+  auto megatron = planner::export_plan(selected().plan, planner::ExportTarget::kMegatron);
+  ASSERT_TRUE(megatron.ok()) << megatron.error().message;
+  EXPECT_EQ(tab.view->toPlainText().toStdString(), megatron->text);
+  EXPECT_TRUE(tab.view->toPlainText().contains(QStringLiteral("--tensor-model-parallel-size 2")));
+}
+
+// tests/data/gui-pp4.plan.json has pp=4: DeepSpeed's JSON and Accelerate cannot express it.
+TEST_F(MainWindowTest, AStackThatCannotExpressThePlanSaysWhyAndOffersNothingToSave) {
+  open(testing::gui_data_path("gui-pp4.plan.json"));
+  ASSERT_EQ(selected().plan.parallel.pp, 4);
+  LaunchTab tab(window_);
+  const struct {
+    QString label;
+    planner::ExportTarget target;
+  } refusing[] = {{QStringLiteral("DeepSpeed"), planner::ExportTarget::kDeepspeed}, {QStringLiteral("Accelerate"), planner::ExportTarget::kAccelerate}};
+  for (const auto& s : refusing) {
+    SCOPED_TRACE(s.label.toStdString());
+    auto refused = planner::export_plan(selected().plan, s.target);
+    ASSERT_FALSE(refused.ok());
+    ASSERT_TRUE(tab.choose(s.label));
+    const QString shown = tab.view->toPlainText();
+    EXPECT_TRUE(shown.startsWith(s.label + QStringLiteral(" cannot run this plan as it stands:"))) << shown.toStdString();
+    EXPECT_TRUE(shown.contains(QStringLiteral("  - pp=4: "))) << shown.toStdString();
+    EXPECT_EQ(shown, gui::refusal_text(s.target, refused.error().message));
+    EXPECT_FALSE(tab.save->isEnabled());
+    EXPECT_TRUE(window_.launch_panel()->suggested_file_name().isEmpty());
+    EXPECT_FALSE(tab.notes->isVisibleTo(&window_));
+    EXPECT_FALSE(window_.error_dialog()->isVisible()) << "a refusal is shown in the tab, not as an error";
+    // The File menu's method refuses as well, with the same words.
+    QTemporaryDir dir;
+    EXPECT_FALSE(window_.export_stack(s.target, dir.filePath(QStringLiteral("x"))));
+    EXPECT_TRUE(window_.last_error().contains(QStringLiteral("pp=4"))) << window_.last_error().toStdString();
+    EXPECT_FALSE(QFile::exists(dir.filePath(QStringLiteral("x"))));
+    window_.error_dialog()->hide();
+  }
+  // A stack that can: Save comes back.
+  ASSERT_TRUE(tab.choose(QStringLiteral("Megatron-LM")));
+  EXPECT_TRUE(tab.save->isEnabled());
+  EXPECT_TRUE(tab.view->toPlainText().contains(QStringLiteral("--pipeline-model-parallel-size 4")));
+}
+
+TEST_F(MainWindowTest, TheExecutorEntriesKeepTheLaunchTextAndTheSlurmScript) {
+  search({{QStringLiteral("model"), QStringLiteral("llama3-8b")}, {QStringLiteral("gpus"), QStringLiteral("16")}});
+  LaunchTab tab(window_);
+  ASSERT_TRUE(tab.choose(QStringLiteral("trainplan executor (torchrun)")));
+  const QString overview = tab.view->toPlainText();
+  EXPECT_TRUE(overview.startsWith(QStringLiteral("# Run the selected plan: export it first (File > Export plan JSON, here plan.json)"))) << overview.toStdString();
+  EXPECT_TRUE(overview.contains(window_.launch_text(false))) << "the torchrun commands";
+  EXPECT_TRUE(overview.contains(QStringLiteral("# As a SLURM batch script:\n\n") + window_.launch_text(true)));
+  EXPECT_TRUE(overview.contains(QStringLiteral("# The same from the command line:")));
+  EXPECT_TRUE(tab.save->isEnabled());
+  EXPECT_TRUE(window_.launch_panel()->suggested_file_name().endsWith(QStringLiteral("-torchrun.sh")));
+  EXPECT_FALSE(tab.notes->isVisibleTo(&window_));
+
+  ASSERT_TRUE(tab.choose(QStringLiteral("trainplan executor (SLURM)")));
+  EXPECT_EQ(tab.view->toPlainText(), window_.launch_text(true));
+  EXPECT_TRUE(tab.view->toPlainText().contains(QStringLiteral("#SBATCH --nodes=2")));
+  EXPECT_TRUE(tab.save->isEnabled());
+  EXPECT_TRUE(window_.launch_panel()->suggested_file_name().endsWith(QStringLiteral("-slurm.sbatch")));
 }
 
 }  // namespace

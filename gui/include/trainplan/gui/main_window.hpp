@@ -2,7 +2,8 @@
 // MainWindow: the planning app. Inputs on the left; on the right the ranked, sortable plan table
 // (fits-only filter, search progress) above the what-if knobs and the views of the selected plan:
 // memory and step-time breakdowns, pipeline schedule, scaling, measured against predicted, and
-// the launch command. Every change of an input starts a search in the background (the newest
+// the launch command or the file another stack (Megatron-LM, torchtitan, DeepSpeed, Accelerate)
+// reads. Every change of an input starts a search in the background (the newest
 // input wins); selecting a row or editing a knob re-estimates at once.
 //
 // Errors never stop the app: a wrong input is marked at its field and the last good result stays;
@@ -17,17 +18,18 @@
 
 #include "trainplan/gui/charts.hpp"
 #include "trainplan/gui/input_panel.hpp"
+#include "trainplan/gui/launch_panel.hpp"
 #include "trainplan/gui/planning_session.hpp"
 #include "trainplan/gui/schedule_view.hpp"
 #include "trainplan/gui/table_models.hpp"
 #include "trainplan/gui/what_if_panel.hpp"
+#include "trainplan/planner/export.hpp"
 #include "trainplan/planner/report.hpp"
 
 QT_BEGIN_NAMESPACE
 class QCheckBox;
 class QLabel;
 class QMessageBox;
-class QPlainTextEdit;
 class QProgressBar;
 class QTabWidget;
 class QTableView;
@@ -55,6 +57,9 @@ class MainWindow : public QMainWindow {
   bool load_measurement(const QString& path);  // an executor measurement to overlay
   bool export_plan_json(const QString& path);  // the selected plan (trainplan/plan/v1)
   bool export_launch(const QString& path, bool slurm);  // torchrun command or SLURM script
+  // The file `target` reads to run the selected plan (planner::export_plan); a stack that cannot
+  // express the plan is an error naming the plan fields.
+  bool export_stack(planner::ExportTarget target, const QString& path);
   bool export_report(const QString& path, planner::Format format);  // kMarkdown or kHtml
   bool export_chart(ChartKind kind, const QString& path);             // .png or .svg
   void show_tab(Tab tab);
@@ -84,6 +89,7 @@ class MainWindow : public QMainWindow {
   [[nodiscard]] PipelineScheduleView* measured_schedule_view() const { return measured_view_; }
   [[nodiscard]] QLabel* summary_label() const { return summary_; }
   [[nodiscard]] QLabel* status_label() const { return status_; }
+  [[nodiscard]] LaunchPanel* launch_panel() const { return launch_panel_; }
 
  signals:
   // Every view shows the selected plan (after a search result, a row selection or a knob).
@@ -107,7 +113,10 @@ class MainWindow : public QMainWindow {
   void choose_and_open_plan();
   void choose_and_load_model();
   void choose_and_load_measurement();
-  void choose_and_export(const QString& title, const QString& filter, const std::function<bool(const QString&)>& action);
+  void choose_and_export(const QString& title, const QString& filter, const std::function<bool(const QString&)>& action,
+                         const QString& suggested_name = QString());
+  void choose_and_export_stack(planner::ExportTarget target);
+  void choose_and_save_launch_choice();  // Save on the Launch and CLI tab
 
   PlanningSession* session_ = nullptr;
   InputPanel* input_ = nullptr;
@@ -136,7 +145,7 @@ class MainWindow : public QMainWindow {
   PipelineScheduleView* compare_measured_view_ = nullptr;
   QWidget* compare_page_ = nullptr;
   QLabel* compare_note_ = nullptr;
-  QPlainTextEdit* launch_view_ = nullptr;
+  LaunchPanel* launch_panel_ = nullptr;
   QMessageBox* error_box_ = nullptr;
   QString last_error_;
   QString plan_path_ = QStringLiteral("plan.json");  // where the plan was last exported
