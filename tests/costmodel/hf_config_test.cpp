@@ -16,6 +16,7 @@
 #include "trainplan/costmodel/estimate.hpp"
 #include "trainplan/costmodel/hf_config.hpp"
 #include "trainplan/costmodel/model.hpp"
+#include "trainplan/costmodel/plan.hpp"
 #include "trainplan/costmodel/presets.hpp"
 
 namespace trainplan {
@@ -276,6 +277,19 @@ TEST(HfConfig, FindModelReadsConfigsAndCheckpointFolders) {
       "hidden": 64, "heads": 4, "vocab": 100, "model_type": "llama"})", "x.json");
   ASSERT_FALSE(strict);
   EXPECT_NE(strict.error().message.find("model_type"), std::string::npos) << strict.error().message;
+}
+
+// A plan file's model reference may name an HF config (resolved like --model).
+TEST(HfConfig, PlanFilesReferToConfigs) {
+  const nlohmann::json plan = {{"schema", "trainplan/plan/v1"}, {"model", hf_path("qwen3-8b")}, {"cluster", "dgx-h100"}, {"gpus", 8}};
+  auto request = parse_plan(plan, "plan.json");
+  ASSERT_TRUE(request) << request.error().message;
+  EXPECT_EQ(request->model.name, "qwen3-8b");
+  EXPECT_DOUBLE_EQ(count_parameters(request->model).total(36), 8190726144.0);
+  const nlohmann::json bad = {{"schema", "trainplan/plan/v1"}, {"model", testing::data_path("hf/README.md")}, {"cluster", "dgx-h100"}, {"gpus", 8}};
+  auto refused = parse_plan(bad, "plan.json");
+  ASSERT_FALSE(refused);
+  EXPECT_NE(refused.error().message.find("plan.json: /model: "), std::string::npos) << refused.error().message;
 }
 
 // Each HF model written as a trainplan/model/v1 document reads back as the same model (the
