@@ -22,7 +22,9 @@ std::string model_name(const std::string& file, const nlohmann::json& json) {
   const std::filesystem::path path(file);
   std::string name = path.stem().string();
   if (name == "config") {
-    const std::string folder = std::filesystem::absolute(path).parent_path().filename().string();
+    std::error_code ec;  // no exception leaves the library; without a working directory, the path as given
+    const std::filesystem::path full = std::filesystem::absolute(path, ec);
+    const std::string folder = (ec ? path : full).parent_path().filename().string();
     if (!folder.empty()) name = folder;
   }
   if (name.empty() || name == "config") {
@@ -53,11 +55,11 @@ std::optional<std::int64_t> optional_dim(ObjectReader& r, const std::string& key
 // Qwen2/Qwen3 families: sliding windows only with use_sliding_window, and then only on layers
 // from max_window_layers on. Only the all-layers case is modelled; a window on some layers is
 // ignored, which counts full attention there (an over-estimate of those layers' attention).
-std::int64_t qwen_sliding_window(ObjectReader& r, int layers) {
+std::int64_t qwen_sliding_window(ObjectReader& r) {
   if (!r.optional_boolean("use_sliding_window").value_or(false)) return 0;
   const std::int64_t window = optional_dim(r, "sliding_window", 4096).value_or(0);
   const std::int64_t from = r.optional_integer("max_window_layers", 0, 10000).value_or(28);
-  return from == 0 || layers <= 0 ? window : 0;
+  return from == 0 ? window : 0;
 }
 
 // Llama and the families that share its block: RMSNorm, rotary positions, gated MLP,
@@ -113,7 +115,7 @@ ModelSpec read_llama_like(ObjectReader& r, const std::string& type) {
   if (type == "mistral") m.sliding_window = optional_dim(r, "sliding_window", 4096).value_or(0);
   if (type == "mixtral" || type == "phi3") m.sliding_window = optional_dim(r, "sliding_window", std::nullopt).value_or(0);
   if (type == "qwen2" || type == "qwen3" || type == "qwen2_moe" || type == "qwen3_moe") {
-    m.sliding_window = qwen_sliding_window(r, m.layers);
+    m.sliding_window = qwen_sliding_window(r);
   }
 
   if (type == "mixtral") {
