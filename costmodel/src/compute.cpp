@@ -95,9 +95,43 @@ struct Pass {
 
 }  // namespace
 
+namespace {
+
+// The local width of one attention projection under tensor parallelism.
+double local_out(const LinearShape& l, double t) { return l.split == TpSplit::kColumn ? l.out / t : l.out; }
+double local_in(const LinearShape& l, double t) { return l.split == TpSplit::kRow ? l.in / t : l.in; }
+
+// Attention matmul weights one rank multiplies with: the split projections' share plus the
+// replicated ones (MLA's down projections) whole.
+double local_attention_matmul(const ModelSpec& mdl, double t) {
+  double split = 0, replicated = 0;
+  for (const LinearShape& l : attention_linears(mdl)) (l.split == TpSplit::kReplicated ? replicated : split) += l.in * l.out;
+  return split / t + replicated;
+}
+
+LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, const LayerSetting& s);
+
+}  // namespace
+
 LayerCost transformer_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, const LayerSetting& s) {
+  if (mdl.moe && mdl.moe->dense_layers > 0) {
+    // Leading dense layers (DeepSeek's first_k_dense_replace): the average of a dense and a
+    // mixture-of-experts layer, weighted by their counts; memory extremes from the worse.
+    ModelSpec dense = mdl;
+    dense.moe.reset();
+    ModelSpec sparse = mdl;
+    sparse.moe->dense_layers = 0;
+    return blend(uniform_layer_cost(dense, hw, s), uniform_layer_cost(sparse, hw, s),
+                 static_cast<double>(mdl.moe_layers()) / mdl.layers);
+  }
+  return uniform_layer_cost(mdl, hw, s);
+}
+
+namespace {
+
+LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, const LayerSetting& s) {
   const StackSpec& stack = stack_spec(s.stack);
-  const bool gpt = mdl.architecture == Architecture::kGpt;
+  const ModelFeatures feat = mdl.features();
   const bool fp8 = s.precision == Precision::kFp8;
   const Dtype act_dtype = activation_dtype(s.precision);
   const KernelRates rates(hw.gpu, act_dtype);
@@ -107,14 +141,23 @@ LayerCost transformer_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw
   const double e = dtype_bytes(act_dtype);  // bytes per activation element
   const double lin_in = fp8 ? 1.0 : e;      // bytes per stored linear-layer input
   const double s_q = s.seq_len / s.cp;      // local query length
-  const double s_k = s.seq_len;             // keys attended to (ring attention visits all chunks)
+  const double s_k = mdl.attended_keys(s.seq_len);  // keys attended to (ring attention visits all chunks; a sliding window caps them)
   const double T = s.micro_batch * s_q;     // local tokens
   const double Tn = s.sequence_parallel ? T / t : T;  // tokens seen by norms/dropout/residual
   const double h = static_cast<double>(mdl.hidden);
   const double d = static_cast<double>(mdl.head_dim());
   const double a_local = mdl.heads / t;
-  const double q_local = h / t;
   const double kv_local = mdl.kv_heads >= s.tp ? static_cast<double>(mdl.kv_dim()) / t : d;  // replicated kv heads
+  // Per-head sizes of Q and K, and of V; the local widths of Q, K and V and of the output
+  // projection's input. MLA: heads*(nope+rope) for Q and K, heads*v_head_dim for V.
+  const MlaSpec* mla = mdl.mla ? &*mdl.mla : nullptr;
+  const double d_qk = mla ? static_cast<double>(mla->qk_head_dim()) : d;
+  const double d_v = mla ? static_cast<double>(mla->v_head_dim) : d;
+  const double q_local = mla ? a_local * d_qk : static_cast<double>(mdl.q_dim()) / t;
+  const double k_local = mla ? a_local * d_qk : kv_local;
+  const double v_local = mla ? a_local * d_v : kv_local;
+  const double o_in_local = mla ? a_local * d_v : q_local;
+  const double mlp_matrices = feat.gated_mlp ? 3.0 : 2.0;
   const bool lora = s.mode == TrainingMode::kLora || s.mode == TrainingMode::kQlora;
   const bool frozen = lora;
   const double r = s.lora.rank;
@@ -128,11 +171,28 @@ LayerCost transformer_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw
     run();
     return p.forward - before;
   };
-  const ElementwiseOp norm_op = gpt ? ElementwiseOp::kLayerNorm : ElementwiseOp::kRmsNorm;
+  const ElementwiseOp norm_op = feat.layer_norm ? ElementwiseOp::kLayerNorm : ElementwiseOp::kRmsNorm;
 
   // --- attention block ---
   recompute_pointwise += timed([&] { p.elementwise(norm_op, Tn * h, 2 * e, 3 * e); });  // norm 1
-  if (stack.fused_qkv) {
+  double mla_latents = 0;  // MLA: widths of the low-rank latents (inputs of q_b and kv_b), per token
+  if (mla) {
+    // Down projections (replicated under TP), their RMSNorms, then the up projections.
+    const double q_rank = static_cast<double>(mla->q_lora_rank);
+    const double kv_rank = static_cast<double>(mla->kv_lora_rank);
+    if (q_rank > 0) {
+      p.linear(T, q_rank, h, frozen);
+      p.elementwise(ElementwiseOp::kRmsNorm, T * q_rank, 2 * e, 3 * e);
+      p.linear(T, q_local, q_rank, frozen);
+    } else {
+      p.linear(T, q_local, h, frozen);
+    }
+    p.linear(T, kv_rank + static_cast<double>(mla->qk_rope_head_dim), h, frozen);
+    p.elementwise(ElementwiseOp::kRmsNorm, T * kv_rank, 2 * e, 3 * e);
+    p.linear(T, a_local * static_cast<double>(mla->qk_nope_head_dim + mla->v_head_dim), kv_rank, frozen);
+    p.gradient_sum(T * h);  // the Q and KV paths' input gradients summed
+    mla_latents = q_rank + kv_rank + static_cast<double>(mla->qk_rope_head_dim);
+  } else if (stack.fused_qkv) {
     p.linear(T, q_local + 2.0 * kv_local, h, frozen);
   } else {
     p.linear(T, q_local, h, frozen);
@@ -140,14 +200,24 @@ LayerCost transformer_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw
     p.linear(T, kv_local, h, frozen);
     p.gradient_sum(2.0 * T * h);  // three input gradients summed
   }
-  if (gpt) p.backward += rates.stream(e * T * (q_local + 2.0 * kv_local));  // bias gradients (a reduction over tokens)
-  if (lora) {
+  if (feat.qkv_bias) p.backward += rates.stream(e * T * (q_local + (k_local + v_local)));  // bias gradients (a reduction over tokens)
+  if (lora && mla) {
+    for (const LinearShape& l : attention_linears(mdl)) {
+      if (std::string(l.name) != "o" && has_target(s.lora, lora_target_of(l.name))) p.adapter(T, local_in(l, t), local_out(l, t), r);
+    }
+  } else if (lora) {
     if (has_target(s.lora, "q")) p.adapter(T, h, q_local, r);
     if (has_target(s.lora, "k")) p.adapter(T, h, kv_local, r);
     if (has_target(s.lora, "v")) p.adapter(T, h, kv_local, r);
   }
   double rotary_forward = 0;  // for op-level selective recompute
-  if (!gpt) {
+  if (mla) {
+    // Rotary on the rope part of Q's heads and on the key's shared rope part.
+    rotary_forward = timed([&] {
+      p.elementwise(ElementwiseOp::kRotaryEager, T * a_local * static_cast<double>(mla->qk_rope_head_dim), 2 * e, 2 * e);
+      p.elementwise(ElementwiseOp::kRotaryEager, T * static_cast<double>(mla->qk_rope_head_dim), 2 * e, 2 * e);
+    });
+  } else if (!feat.learned_positions) {
     // Rotary embedding on q and k; eager: rotate-half (5 kernels each) plus the cos/sin casts.
     rotary_forward = timed([&] {
       p.elementwise(ElementwiseOp::kRotaryEager, T * q_local, 2 * e, 2 * e);
@@ -163,17 +233,18 @@ LayerCost transformer_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw
   double core_backward = 0;
   if (s.attention == AttentionKernel::kFlash) {
     const double batch_heads = s.micro_batch * a_local;
-    core_forward = rates.attention_forward(batch_heads, s_q, s_k, d, true);
-    core_backward = rates.attention_backward(batch_heads, s_q, s_k, d, true);
+    const double d_mean = (d_qk + d_v) / 2.0;  // MLA's Q.K and P.V head sizes differ; the FLOPs are those of their mean
+    core_forward = rates.attention_forward(batch_heads, s_q, s_k, d_mean, true);
+    core_backward = rates.attention_backward(batch_heads, s_q, s_k, d_mean, true);
     p.kernels += 3;
   } else {
     const double batch = s.micro_batch * a_local;
-    core_forward += rates.gemm(s_q, s_k, d, batch);                 // Q K^T
+    core_forward += rates.gemm(s_q, s_k, d_qk, batch);              // Q K^T
     core_forward += rates.stream(scores * 2.0 * e);                 // scale, mask, softmax (fused)
     if (s.dropout) core_forward += rates.stream(scores * (2.0 * e + 1.0));
-    core_forward += rates.gemm(s_q, d, s_k, batch);                 // P V
-    core_backward += rates.gemm(s_q, s_k, d, batch) + rates.gemm(s_k, d, s_q, batch);  // dP, dV
-    core_backward += rates.gemm(s_q, d, s_k, batch) + rates.gemm(s_k, d, s_q, batch);  // dQ, dK
+    core_forward += rates.gemm(s_q, d_v, s_k, batch);               // P V
+    core_backward += rates.gemm(s_q, s_k, d_v, batch) + rates.gemm(s_k, d_v, s_q, batch);  // dP, dV
+    core_backward += rates.gemm(s_q, d_qk, s_k, batch) + rates.gemm(s_k, d_qk, s_q, batch);  // dQ, dK
     core_backward += rates.stream(scores * 3.0 * e);
     if (s.dropout) core_backward += rates.stream(scores * (2.0 * e + 1.0));
     p.kernels += s.dropout ? 10 : 8;
@@ -181,8 +252,8 @@ LayerCost transformer_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw
   p.forward += core_forward;
   p.backward += core_backward;
 
-  p.linear(T, h, q_local, frozen);  // output projection
-  if (lora && has_target(s.lora, "o")) p.adapter(T, q_local, h, r);
+  p.linear(T, h, o_in_local, frozen);  // output projection
+  if (lora && has_target(s.lora, "o")) p.adapter(T, o_in_local, h, r);
   if (s.dropout) p.elementwise(ElementwiseOp::kDropout, Tn * h, 0, 2 * e + 1);
   p.elementwise(ElementwiseOp::kResidualAdd, Tn * h, 3 * e + (s.dropout ? 1.0 : 0.0), 0, false);  // (bias,) dropout, residual add
   p.gradient_sum(Tn * h);  // the residual stream feeds norm 1 and the add
@@ -198,34 +269,41 @@ LayerCost transformer_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw
     ffn_local = static_cast<double>(mdl.moe->expert_ffn_hidden) / t;
     experts_local = static_cast<double>(mdl.moe->experts) / s.ep;
   }
+  // Shared experts (DeepSeek, Qwen2-MoE): one dense MLP every token passes through.
+  const double shared_local = mdl.moe ? static_cast<double>(mdl.moe->shared_ffn_hidden) / t : 0.0;
   const double tokens_per_expert = tokens_mlp / experts_local;
-  for (double i = 0; i < experts_local; i += 1) {
-    if (gpt || stack.fused_gate_up) {
-      p.linear(tokens_per_expert, gpt ? ffn_local : 2.0 * ffn_local, h, frozen);
+  const auto mlp_linears = [&](double tokens, double width) {
+    if (!feat.gated_mlp || stack.fused_gate_up) {
+      p.linear(tokens, feat.gated_mlp ? 2.0 * width : width, h, frozen);
     } else {
-      p.linear(tokens_per_expert, ffn_local, h, frozen);  // gate
-      p.linear(tokens_per_expert, ffn_local, h, frozen);  // up
-      p.gradient_sum(tokens_per_expert * h);
+      p.linear(tokens, width, h, frozen);  // gate
+      p.linear(tokens, width, h, frozen);  // up
+      p.gradient_sum(tokens * h);
     }
-    p.linear(tokens_per_expert, h, ffn_local, frozen);
+    p.linear(tokens, h, width, frozen);
+  };
+  for (double i = 0; i < experts_local; i += 1) mlp_linears(tokens_per_expert, ffn_local);
+  if (shared_local > 0) {
+    mlp_linears(T, shared_local);
+    p.gradient_sum(T * h);  // the routed and the shared experts' input gradients summed
   }
-  if (gpt) p.backward += rates.stream(e * T * (ffn_local + h));  // bias gradients
+  if (feat.mlp_bias) p.backward += rates.stream(e * T * (ffn_local + h));  // bias gradients
   if (lora) {
-    if (!gpt && has_target(s.lora, "gate")) p.adapter(tokens_mlp, h, ffn_local, r);
+    if (feat.gated_mlp && has_target(s.lora, "gate")) p.adapter(tokens_mlp, h, ffn_local, r);
     if (has_target(s.lora, "up")) p.adapter(tokens_mlp, h, ffn_local, r);
     if (has_target(s.lora, "down")) p.adapter(tokens_mlp, ffn_local, h, r);
   }
+  const double mlp_width_elements = tokens_mlp * ffn_local + T * shared_local;  // activation-function elements
   recompute_pointwise += timed([&] {
-    if (gpt) p.elementwise(ElementwiseOp::kGelu, tokens_mlp * ffn_local, 2 * e, 3 * e);
-    else p.elementwise(ElementwiseOp::kSwiglu, tokens_mlp * ffn_local, 3 * e, 5 * e);
+    if (!feat.gated_mlp) p.elementwise(ElementwiseOp::kGelu, mlp_width_elements, 2 * e, 3 * e);
+    else p.elementwise(ElementwiseOp::kSwiglu, mlp_width_elements, 3 * e, 5 * e);
   });
   if (s.dropout) p.elementwise(ElementwiseOp::kDropout, Tn * h, 0, 2 * e + 1);
   p.elementwise(ElementwiseOp::kResidualAdd, Tn * h, 3 * e + (s.dropout ? 1.0 : 0.0), 0, false);
   p.gradient_sum(Tn * h);
   if (s.mode == TrainingMode::kQlora) {
     // Frozen weights are dequantized to bf16 for the forward and again for the backward.
-    const double weights = (2 * h * h + 2 * h * static_cast<double>(mdl.kv_dim())) / t +
-                           (gpt ? 2.0 : 3.0) * h * ffn_local * experts_local;
+    const double weights = local_attention_matmul(mdl, t) + mlp_matrices * h * (ffn_local * experts_local + shared_local);
     const double q_bytes = s.lora.base_format == QuantFormat::kNf4 ? 0.5 : 1.0;
     p.forward += rates.stream(weights * (q_bytes + 2.0));
     p.backward += rates.stream(weights * (q_bytes + 2.0));
@@ -246,7 +324,7 @@ LayerCost transformer_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw
   }
   if (s.cp > 1) {
     const bool across = s.cp_group.per_node < s.cp_group.size;
-    const double kv_chunk = 2.0 * T * kv_local * e;
+    const double kv_chunk = T * (k_local + v_local) * e;
     const double step_fwd = send_recv_time(hw, Bytes(kv_chunk), across).value();
     const double step_bwd = send_recv_time(hw, Bytes(2.0 * kv_chunk), across).value();
     c.cp_comm = (s.cp - 1) * (std::max(0.0, step_fwd - core_forward / s.cp) + std::max(0.0, step_bwd - core_backward / s.cp));
@@ -261,16 +339,16 @@ LayerCost transformer_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw
   // --- activations kept for backward (bytes) ---
   const double norm_inputs = 2.0 * Tn * h * e;
   const double norm_outputs = 2.0 * Tn * h * lin_in;  // QKV input and MLP input
-  const double qkv = T * (q_local + 2.0 * kv_local) * e;
+  const double qkv = T * (q_local + (k_local + v_local)) * e + 2.0 * T * mla_latents * e;  // MLA: latents and their norms' inputs
   const double score_bytes = s.attention == AttentionKernel::kStandard ? scores * (e + (s.dropout ? 1.0 + e : 0.0))
                                                                         : 4.0 * s.micro_batch * a_local * s_q;  // softmax stats
-  const double proj_input = T * q_local * lin_in;
+  const double proj_input = T * o_in_local * lin_in;
   const double masks = s.dropout ? 2.0 * Tn * h : 0.0;
   // GELU: fc1 output and the GELU output (fc2's input). SwiGLU: the stack's count (stack.hpp),
   // one of which is the down projection's input.
-  const double mlp_width_saved = gpt ? 2.0 : stack.swiglu_saved;
-  const double mlp_saved = tokens_mlp * ffn_local * (mlp_width_saved - 1.0) * e;
-  const double mlp_act_out = tokens_mlp * ffn_local * lin_in;  // input of fc2 / down
+  const double mlp_width_saved = feat.gated_mlp ? stack.swiglu_saved : 2.0;
+  const double mlp_saved = mlp_width_elements * (mlp_width_saved - 1.0) * e;
+  const double mlp_act_out = mlp_width_elements * lin_in;  // input of fc2 / down
   const double routed_input = mdl.moe ? tokens_mlp * h * lin_in : 0.0;
   double adapters = 0;
   if (lora) adapters = static_cast<double>(s.lora.targets.size()) * T * r * e;
@@ -278,10 +356,12 @@ LayerCost transformer_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw
                             mlp_act_out + routed_input + adapters;
   // Temporaries of one forward: eager rotate-half holds q, the rotated copy, x*cos, rotated*sin
   // and the negated half (4.5 x q); fused rotary the unrotated q; GPT the projection output.
-  c.forward_transient_bytes = gpt ? T * h * e : (stack.fused_elementwise ? 1.0 : 4.5) * T * q_local * e;
-  c.backward_transient_bytes = (gpt ? 2.0 : 3.0) * tokens_mlp * ffn_local * e +
-                               ((2 * h * h + 2 * h * static_cast<double>(mdl.kv_dim())) / t + (gpt ? 2.0 : 3.0) * h * ffn_local) * e;
-  c.smallest_saved_tensor_bytes = std::min(T * kv_local * e, Tn * h * e);
+  c.forward_transient_bytes = feat.learned_positions && !mla ? T * h * e : (stack.fused_elementwise ? 1.0 : 4.5) * T * q_local * e;
+  c.backward_transient_bytes = mlp_matrices * std::max(tokens_mlp * ffn_local, T * shared_local) * e +
+                               (local_attention_matmul(mdl, t) + mlp_matrices * h * std::max(ffn_local, shared_local)) * e;
+  c.smallest_saved_tensor_bytes = std::min(T * k_local * e, Tn * h * e);
+  // torchtitan's op-level selective checkpointing policy, for Llama-shaped blocks (wk, wo, w3).
+  const bool torchtitan_policy = feat.gated_mlp && !mla && (s.stack == Stack::kPytorchEager || s.stack == Stack::kTorchCompile);
   switch (s.recompute) {
     case Recompute::kNone:
       c.activation_bytes = c.full_activation_bytes;
@@ -296,17 +376,18 @@ LayerCost transformer_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw
         // softmax statistics are saved and the core runs twice.
         c.activation_bytes = c.full_activation_bytes - score_bytes;
         c.recompute = core_forward;
-      } else if (!gpt && (s.stack == Stack::kPytorchEager || s.stack == Stack::kTorchCompile)) {
+      } else if (torchtitan_policy) {
         // PyTorch's op-level selective checkpointing (torchtitan's policy, torch.utils.checkpoint
         // with create_selective_checkpoint_contexts): the outputs of SDPA and of every other
         // matmul of the block are saved (wq, wv, w1, w2 of wq, wk, wv, wo, w1, w3, w2), the rest
         // recomputed in backward from the block's input: the wk, wo and w3 GEMMs and every
         // element-wise op.
         c.activation_bytes = Tn * h * e + T * q_local * e + T * kv_local * e + proj_input + score_bytes + masks +
-                             tokens_mlp * ffn_local * e + Tn * h * e + routed_input + adapters;
+                             mlp_width_elements * e + Tn * h * e + routed_input + adapters;
         const auto ok = [&](double a, double b) { return gemm_aligned(a, lin_in) && gemm_aligned(b, lin_in); };
         double gemms = gemm_rates.gemm(T, kv_local, h, 1, lin_in, ok(kv_local, h)) + gemm_rates.gemm(T, h, q_local, 1, lin_in, ok(h, q_local)) +
                        experts_local * gemm_rates.gemm(tokens_per_expert, ffn_local, h, 1, lin_in, ok(ffn_local, h));
+        if (shared_local > 0) gemms += gemm_rates.gemm(T, shared_local, h, 1, lin_in, ok(shared_local, h));
         c.recompute = recompute_pointwise + gemms + rotary_forward;
         c.forward_transient_bytes = std::max(c.forward_transient_bytes, T * kv_local * e + Tn * h * e);
       } else {
@@ -330,16 +411,22 @@ LayerCost transformer_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw
   c.kernels = p.kernels;
 
   // --- FLOPs (per GPU) ---
-  const double attn_matmul = (2 * h * h + 2 * h * static_cast<double>(mdl.kv_dim())) / t;
-  const double mlp_matmul = (gpt ? 2.0 : 3.0) * h * (mdl.moe ? static_cast<double>(mdl.moe->expert_ffn_hidden) * mdl.moe->top_k
-                                                             : static_cast<double>(mdl.ffn_hidden)) / t;
-  const double attention_flops_fwd = 4.0 * s_k * h / t * T;  // QK^T and PV, non-causal convention
+  const double attn_matmul = local_attention_matmul(mdl, t);
+  const double ffn_active = mdl.moe ? static_cast<double>(mdl.moe->expert_ffn_hidden) * mdl.moe->top_k + static_cast<double>(mdl.moe->shared_ffn_hidden)
+                                    : static_cast<double>(mdl.ffn_hidden);
+  const double mlp_matmul = mlp_matrices * h * ffn_active / t;
+  const double attention_width = mdl.heads * (d_qk + d_v) / 2.0;  // h for multi-head attention with head_dim = h / heads
+  const double attention_flops_fwd = 4.0 * s_k * attention_width / t * T;  // QK^T and PV, non-causal convention
   double adapter_params = 0;
   if (lora) {
     for (const auto& name : s.lora.targets) {
-      if (name == "q" || name == "o") adapter_params += r * (h + q_local);
+      if (mla && name != "o" && (name == "q" || name == "k" || name == "v")) {
+        for (const LinearShape& l : attention_linears(mdl)) {
+          if (name == lora_target_of(l.name)) adapter_params += r * (local_in(l, t) + local_out(l, t));
+        }
+      } else if (name == "q" || name == "o") adapter_params += r * (h + (name == "o" ? o_in_local : q_local));
       else if (name == "k" || name == "v") adapter_params += r * (h + kv_local);
-      else if (name == "gate" && !gpt) adapter_params += r * (h + ffn_local) * mdl.moe.value_or(MoeSpec{1, 1, 0}).top_k;
+      else if (name == "gate" && feat.gated_mlp) adapter_params += r * (h + ffn_local) * mdl.moe.value_or(MoeSpec{1, 1, 0}).top_k;
       else if (name == "up" || name == "down") adapter_params += r * (h + ffn_local) * mdl.moe.value_or(MoeSpec{1, 1, 0}).top_k;
     }
   }
@@ -350,14 +437,15 @@ LayerCost transformer_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw
     c.hardware_flops += 2.0 * (attn_matmul + mlp_matmul + adapter_params) * T + attention_flops_fwd;
   } else if (s.recompute == Recompute::kSelective && (s.attention == AttentionKernel::kStandard || s.stack == Stack::kTrainplan)) {
     c.hardware_flops += attention_flops_fwd;
-  } else if (s.recompute == Recompute::kSelective && !gpt && (s.stack == Stack::kPytorchEager || s.stack == Stack::kTorchCompile)) {
+  } else if (s.recompute == Recompute::kSelective && torchtitan_policy) {
     // The recomputed wk, wo and w3 GEMMs.
-    const double recomputed = (h * static_cast<double>(mdl.kv_dim()) + h * h) / t +
-                              h * (mdl.moe ? static_cast<double>(mdl.moe->expert_ffn_hidden) * mdl.moe->top_k : static_cast<double>(mdl.ffn_hidden)) / t;
+    const double recomputed = (h * static_cast<double>(mdl.kv_dim()) + h * static_cast<double>(mdl.q_dim())) / t + h * ffn_active / t;
     c.hardware_flops += 2.0 * recomputed * T;
   }
   return c;
 }
+
+}  // namespace
 
 LayerCost blend(const LayerCost& a, const LayerCost& b, double f) {
   const auto mix = [f](double x, double y) { return (1 - f) * x + f * y; };
@@ -398,7 +486,7 @@ EndsCost ends_cost(const ModelSpec& mdl, const HardwareProfile& hw, const LayerS
   const double v_local = vocab / t;
   const double logits = T * v_local;  // elements of this rank's logits
   const bool frozen = s.mode == TrainingMode::kLora || s.mode == TrainingMode::kQlora;
-  const bool gpt = mdl.architecture == Architecture::kGpt;
+  const ModelFeatures feat = mdl.features();
 
   EndsCost c;
   c.padded_vocab = vocab;
@@ -414,7 +502,7 @@ EndsCost ends_cost(const ModelSpec& mdl, const HardwareProfile& hw, const LayerS
     emb.backward += rates.stream(v_local * h * e) + rates.stream(2.0 * e * T * h);
     emb.kernels += 2;
   }
-  if (gpt) emb.elementwise(ElementwiseOp::kResidualAdd, Tn * h, 3 * e, 0, false);  // learned positions
+  if (feat.learned_positions) emb.elementwise(ElementwiseOp::kResidualAdd, Tn * h, 3 * e, 0, false);  // learned positions
   if (mdl.tied_embeddings && !frozen) {  // the output layer's and the embedding's gradients summed
     emb.backward += rates.stream(3.0 * v_local * h * e);
     emb.kernels += 1;
@@ -425,7 +513,7 @@ EndsCost ends_cost(const ModelSpec& mdl, const HardwareProfile& hw, const LayerS
   c.embedding_activation_bytes = s.dropout ? Tn * h : 0.0;
 
   Pass p{gemm_rates, rates, stack, lin_in, e};
-  p.elementwise(gpt ? ElementwiseOp::kLayerNorm : ElementwiseOp::kRmsNorm, Tn * h, 2 * e, 3 * e);  // final norm
+  p.elementwise(feat.layer_norm ? ElementwiseOp::kLayerNorm : ElementwiseOp::kRmsNorm, Tn * h, 2 * e, 3 * e);  // final norm
   p.linear(T, v_local, h, frozen);  // output projection (vocab-parallel)
   double loss_saved = 0;
   switch (stack.loss) {

@@ -65,14 +65,16 @@ NodeShare node_share(const ParallelConfig& p, int gpus_per_node) {
 
 double lora_params_per_layer(const ModelSpec& m, const LoraConfig& lora) {
   const double h = static_cast<double>(m.hidden);
-  const double kv = static_cast<double>(m.kv_dim());
   const double f = m.moe ? static_cast<double>(m.moe->expert_ffn_hidden) : static_cast<double>(m.ffn_hidden);
   const double copies = m.moe ? m.moe->experts : 1.0;
+  const std::vector<LinearShape> attention = attention_linears(m);
   double total = 0;
   for (const auto& t : lora.targets) {
-    if (t == "q" || t == "o") total += lora.rank * (h + h);
-    else if (t == "k" || t == "v") total += lora.rank * (h + kv);
-    else if (t == "gate" && m.architecture == Architecture::kLlama) total += copies * lora.rank * (h + f);
+    if (t == "q" || t == "k" || t == "v" || t == "o") {
+      for (const LinearShape& l : attention) {
+        if (t == lora_target_of(l.name)) total += lora.rank * (l.in + l.out);
+      }
+    } else if (t == "gate" && m.features().gated_mlp) total += copies * lora.rank * (h + f);
     else if (t == "up" || t == "down") total += copies * lora.rank * (h + f);
   }
   return total;
@@ -219,9 +221,11 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
   for (std::size_t c = 0; c < chunk_layers.size(); ++c) layers[c % stages] += chunk_layers[c];
   const double t = p.tp;
   const double h = static_cast<double>(mdl.hidden);
-  const double router = mdl.moe ? h * mdl.moe->experts : 0.0;
-  const double dense_layer = (pc.attention + pc.norms + (mdl.moe ? router : pc.mlp)) / t;
-  const double expert_layer = mdl.moe ? (pc.mlp - router) / (t * p.ep) : 0.0;
+  // Per layer: what tensor parallelism splits (everything but the routed experts: attention,
+  // norms, router, shared experts, dense layers' MLPs) and what expert parallelism splits too.
+  // MLA's replicated down projections are counted as split, a small under-count under TP.
+  const double dense_layer = (pc.attention + pc.norms + (pc.mlp - pc.routed_experts)) / t;
+  const double expert_layer = mdl.moe ? pc.routed_experts / (t * p.ep) : 0.0;
   const double lora_layer = lora ? lora_params_per_layer(mdl, tr.lora) / t : 0.0;
 
   const StateWidths w = state_widths(tr.precision, tr.optimizer);

@@ -32,6 +32,8 @@ class ObjectReader {
   ObjectReader(const nlohmann::json& json, std::string file, std::string pointer);
 
   [[nodiscard]] bool has(const std::string& key) const;
+  // True when the key is present with the value null (has() is false for it too).
+  [[nodiscard]] bool is_null(const std::string& key) const { return json_.contains(key) && json_.at(key).is_null(); }
   [[nodiscard]] std::string pointer(const std::string& key) const { return pointer_ + "/" + key; }
   [[nodiscard]] const std::string& file() const { return file_; }
   [[nodiscard]] const std::string& base_pointer() const { return pointer_; }

@@ -291,7 +291,7 @@ std::string training_error(const ModelSpec& m, const TrainingConfig& t) {
                   t.train_tokens, static_cast<long long>(t.global_batch), static_cast<long long>(t.seq_len), step_tokens);
     return buf;
   }
-  if (m.architecture == Architecture::kGpt && t.seq_len > m.max_seq_len) {
+  if (m.features().learned_positions && t.seq_len > m.max_seq_len) {
     return "/training/seq_len: " + std::to_string(t.seq_len) + " exceeds max_seq_len (" + std::to_string(m.max_seq_len) +
            ") of a model with learned positions";
   }

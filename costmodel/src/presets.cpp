@@ -1,5 +1,6 @@
 #include "trainplan/costmodel/presets.hpp"
 
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -7,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "json_reader.hpp"
+#include "trainplan/costmodel/hf_config.hpp"
 
 namespace trainplan::costmodel {
 
@@ -19,7 +21,9 @@ std::vector<std::string> names_of(const std::vector<EmbeddedDocument>& docs) {
 }
 
 bool looks_like_path(const std::string& s) {
-  return s.find('/') != std::string::npos || (s.size() > 5 && s.substr(s.size() - 5) == ".json");
+  std::error_code ec;
+  return s.find('/') != std::string::npos || (s.size() > 5 && s.substr(s.size() - 5) == ".json") ||
+         std::filesystem::is_directory(s, ec);
 }
 
 template <typename T, typename Parse>
@@ -29,14 +33,16 @@ Result<T> find_document(const std::string& name, const std::vector<EmbeddedDocum
     if (name == d.name) return parse(d.text, std::string(d.name) + ".json (built-in)");
   }
   if (looks_like_path(name)) {
-    auto text = read_text_file(name);
+    std::error_code ec;  // a folder (a Hugging Face checkpoint) is read through its config.json
+    const std::string file = std::filesystem::is_directory(name, ec) ? (std::filesystem::path(name) / "config.json").string() : name;
+    auto text = read_text_file(file);
     if (!text) return text.error();
-    return parse(*text, name);
+    return parse(*text, file);
   }
   std::string list;
   for (const auto& d : docs) list += (list.empty() ? "" : ", ") + std::string(d.name);
   return Error{std::string("unknown ") + kind + " \"" + name + "\" (presets: " + list +
-               "; or give a path to a .json file)"};
+               "; or give a path to a .json file" + (std::string(kind) == "model" ? ", a Hugging Face config.json or its folder" : "") + ")"};
 }
 
 }  // namespace
@@ -57,7 +63,7 @@ std::string resolve_model_alias(const std::string& name) {
 Result<ModelSpec> find_model(const std::string& name_or_path) {
   return find_document<ModelSpec>(resolve_model_alias(name_or_path), embedded_models(), "model",
                                   [](const std::string& text, const std::string& file) {
-                                    return parse_model_text(text, file);
+                                    return parse_model_or_hf_config_text(text, file);
                                   });
 }
 

@@ -133,7 +133,7 @@ InputPanel::InputPanel(QWidget* parent) : QWidget(parent) {
     model_->addItem(QStringLiteral("%1  (%2 parameters)").arg(QString::fromStdString(name), params), QString::fromStdString(name));
   }
   row(tr("Preset"), QStringLiteral("model"), model_);
-  auto* load_model = new QPushButton(tr("Load model JSON…"), this);
+  auto* load_model = new QPushButton(tr("Load model (trainplan JSON or Hugging Face config.json)…"), this);
   load_model->setObjectName(QStringLiteral("loadModel"));
   connect(load_model, &QPushButton::clicked, this, &InputPanel::loadModelRequested);
   rows->addRow(QString(), load_model);

@@ -21,6 +21,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "trainplan/costmodel/hf_config.hpp"
 #include "trainplan/costmodel/presets.hpp"
 #include "trainplan/gui/export.hpp"
 #include "trainplan/gui/launch_panel.hpp"
@@ -264,7 +265,7 @@ QWidget* MainWindow::build_views() {
 void MainWindow::build_menus() {
   QMenu* file = menuBar()->addMenu(tr("&File"));
   file->addAction(tr("&Open plan…"), this, &MainWindow::choose_and_open_plan);
-  file->addAction(tr("Load &model JSON…"), this, &MainWindow::choose_and_load_model);
+  file->addAction(tr("Load &model (trainplan JSON or Hugging Face config.json)…"), this, &MainWindow::choose_and_load_model);
   file->addAction(tr("Load &measurement…"), this, &MainWindow::choose_and_load_measurement);
   file->addAction(tr("Clear measurement"), session_, &PlanningSession::clear_measurement);
   file->addSeparator();
@@ -471,7 +472,7 @@ bool MainWindow::load_model_file(const QString& path) {
     show_error(tr("Cannot load the model: %1").arg(QString::fromStdString(text.error().message)));
     return false;
   }
-  auto model = cm::parse_model_text(*text, path.toStdString());
+  auto model = cm::parse_model_or_hf_config_text(*text, path.toStdString());  // trainplan/model/v1 or HF config.json
   if (!model) {
     show_error(tr("Cannot load the model: %1").arg(QString::fromStdString(model.error().message)));
     return false;
@@ -620,7 +621,8 @@ void MainWindow::choose_and_open_plan() {
 }
 
 void MainWindow::choose_and_load_model() {
-  const QString path = QFileDialog::getOpenFileName(this, tr("Load model"), QString(), tr("Model (*.json);;All files (*)"));
+  const QString path = QFileDialog::getOpenFileName(this, tr("Load model (trainplan JSON or Hugging Face config.json)"), QString(),
+                                                    tr("Model or Hugging Face config (*.json);;All files (*)"));
   if (!path.isEmpty()) load_model_file(path);
 }
 

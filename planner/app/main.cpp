@@ -24,6 +24,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "trainplan/costmodel/hf_config.hpp"
 #include "trainplan/costmodel/presets.hpp"
 #include "trainplan/planner/calibrate.hpp"
 #include "trainplan/planner/compare.hpp"
@@ -102,7 +103,9 @@ int list_models() {
                 cm::architecture_name(x.architecture), x.layers, static_cast<long long>(x.hidden), x.kv_heads,
                 static_cast<long long>(x.vocab), static_cast<long long>(x.max_seq_len), it == aliases.end() ? "" : it->second.c_str());
   }
-  std::printf("\nAny model can also be given as a trainplan/model/v1 JSON file: --model path/to/model.json\n");
+  std::printf("\nAny model can also be given as a trainplan/model/v1 JSON file or a Hugging Face config.json (or the folder\n"
+              "holding it): --model path/to/config.json. Its model_type decides the family (%s).\n",
+              cm::hf_model_types());
   return 0;
 }
 
@@ -387,7 +390,7 @@ int main(int argc, char** argv) {
   long long global_batch = 0;
   bool dropout = false, quiet = false;
   std::vector<std::string> fixes;
-  app.add_option("--model", model, "Model preset, alias (70b, 405b, 8b, 175b) or model JSON file")->capture_default_str();
+  app.add_option("--model", model, "Model preset, alias (70b, 405b, 8b, 175b), model JSON file, or Hugging Face config.json")->capture_default_str();
   app.add_option("--gpus", gpus, "Number of GPUs");
   app.add_option("--cluster", cluster, std::string("Cluster preset or hwprofile JSON file (default ") + cm::kDefaultCluster + ")");
   app.add_option("--seq-len", seq_len_text, "Tokens per sequence (default: the model's context length)");

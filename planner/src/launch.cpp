@@ -122,6 +122,30 @@ std::vector<std::string> executor_limitations(const Plan& plan, bool gpu) {
     problems.push_back("sequence parallelism: tp(" + std::to_string(p.tp) + ") must divide seq_len (" + std::to_string(t.seq_len) + ")");
   }
   if (plan.model.moe) problems.push_back("mixture-of-experts models are not supported by the executor");
+  const cm::ModelSpec& m = plan.model;
+  if (m.mla) problems.push_back("multi-head latent attention (MLA) is not supported by the executor (it builds Q, K, V and O projections)");
+  if (!m.mla && m.q_dim() != m.hidden) {
+    problems.push_back("heads(" + std::to_string(m.heads) + ") * head_dim(" + std::to_string(m.head_dim()) + ") != hidden(" + std::to_string(m.hidden) +
+                       "): the executor's attention has head_dim = hidden / heads");
+  }
+  const cm::ModelFeatures f = m.features();
+  const cm::ModelFeatures built = cm::architecture_features(m.architecture);
+  if (f != built) {
+    std::string what;
+    const auto add = [&](bool differs, const std::string& s) { if (differs) what += (what.empty() ? "" : ", ") + s; };
+    add(f.layer_norm != built.layer_norm, f.layer_norm ? "LayerNorm" : "RMSNorm");
+    add(f.gated_mlp != built.gated_mlp, f.gated_mlp ? "a gated MLP" : "a plain GELU MLP");
+    add(f.learned_positions != built.learned_positions, f.learned_positions ? "learned positions" : "rotary positions");
+    add(f.qkv_bias != built.qkv_bias, f.qkv_bias ? "Q/K/V biases" : "no Q/K/V biases");
+    add(f.o_bias != built.o_bias, f.o_bias ? "an output-projection bias" : "no output-projection bias");
+    add(f.mlp_bias != built.mlp_bias, f.mlp_bias ? "MLP biases" : "no MLP biases");
+    problems.push_back(std::string("the executor builds ") + cm::architecture_name(m.architecture) + " blocks exactly; this " +
+                       cm::architecture_name(m.architecture) + "-style model has " + what);
+  }
+  if (m.sliding_window > 0 && m.sliding_window < t.seq_len) {
+    problems.push_back("sliding-window attention (window " + std::to_string(m.sliding_window) + " < seq_len " + std::to_string(t.seq_len) +
+                       ") is not supported by the executor");
+  }
   if (t.mode == cm::TrainingMode::kLora || t.mode == cm::TrainingMode::kQlora) problems.push_back("LoRA/QLoRA fine-tuning is not supported by the executor");
   if (t.precision == cm::Precision::kFp8) problems.push_back("fp8 training is not supported by the executor (use bf16)");
   if (t.optimizer != cm::OptimizerKind::kAdamW) problems.push_back(std::string("optimizer ") + cm::optimizer_name(t.optimizer) + " is not supported (adamw only)");

@@ -55,10 +55,21 @@ std::string model_line(const ModelSpec& m) {
   const double params = count_parameters(m).total(m.layers);
   std::string s = fmt("%s: %s parameters (%s; %d layers, hidden %lld, %d heads", m.name.c_str(), si(params).c_str(),
                       architecture_name(m.architecture), m.layers, static_cast<long long>(m.hidden), m.heads);
-  if (m.kv_heads != m.heads) s += fmt(" / %d kv", m.kv_heads);
+  if (m.mla) {
+    s += fmt(" with MLA (kv rank %lld", static_cast<long long>(m.mla->kv_lora_rank));
+    if (m.mla->q_lora_rank > 0) s += fmt(", q rank %lld", static_cast<long long>(m.mla->q_lora_rank));
+    s += ")";
+  } else if (m.kv_heads != m.heads) {
+    s += fmt(" / %d kv", m.kv_heads);
+  }
+  if (m.head_size > 0) s += fmt(" of %lld", static_cast<long long>(m.head_size));
+  if (m.sliding_window > 0) s += fmt(", window %lld", static_cast<long long>(m.sliding_window));
   s += fmt(", ffn %lld, vocab %lld", static_cast<long long>(m.ffn_hidden), static_cast<long long>(m.vocab));
   if (m.moe) {
-    s += fmt(", %d experts top-%d, %s active", m.moe->experts, m.moe->top_k, si(count_parameters(m).active(m.layers)).c_str());
+    s += fmt(", %d experts top-%d", m.moe->experts, m.moe->top_k);
+    if (m.moe->shared_ffn_hidden > 0) s += fmt(" + shared %lld", static_cast<long long>(m.moe->shared_ffn_hidden));
+    if (m.moe->dense_layers > 0) s += fmt(" after %d dense layers", m.moe->dense_layers);
+    s += fmt(", %s active", si(count_parameters(m).active(m.layers)).c_str());
   }
   return s + ")";
 }

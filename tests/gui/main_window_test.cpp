@@ -22,6 +22,7 @@
 
 #include "gui_test_support.hpp"
 #include "trainplan/costmodel/estimate.hpp"
+#include "trainplan/costmodel/presets.hpp"
 #include "trainplan/gui/launch_panel.hpp"
 #include "trainplan/gui/main_window.hpp"
 #include "trainplan/planner/export.hpp"
@@ -193,6 +194,37 @@ TEST_F(MainWindowTest, InvalidInputIsMarkedAtItsFieldAndTheLastResultStays) {
     ASSERT_TRUE(again.wait(kTimeoutMs));
     EXPECT_TRUE(window_.input_panel()->error_text(c.field).isEmpty()) << c.field.toStdString();
   }
+}
+
+// Issue 14: Load model takes a Hugging Face config.json as well (tests/data/hf/README.md cites it);
+// Gemma 7B's head_dim 256 (16 x 256 != hidden 3072) reaches the search, and an unsupported
+// model_type is a message naming it, the last result kept.
+TEST_F(MainWindowTest, LoadModelAcceptsAHuggingFaceConfig) {
+  search({{QStringLiteral("model"), QStringLiteral("llama3-8b")}, {QStringLiteral("gpus"), QStringLiteral("16")}});
+  const std::string path = std::string(TRAINPLAN_TEST_DATA_DIR) + "/hf/gemma-7b.json";
+  QSignalSpy results(window_.session(), &PlanningSession::resultsChanged);
+  ASSERT_TRUE(window_.load_model_file(QString::fromStdString(path))) << window_.last_error().toStdString();
+  ASSERT_TRUE(results.wait(kTimeoutMs));
+  ASSERT_TRUE(window_.session()->wait_idle(kTimeoutMs));
+  ASSERT_TRUE(window_.session()->request().has_value());
+  const costmodel::ModelSpec& m = window_.session()->request()->model;
+  EXPECT_EQ(m.name, "gemma-7b");
+  EXPECT_EQ(m.head_dim(), 256);
+  auto expected = costmodel::find_model(path);
+  ASSERT_TRUE(expected) << expected.error().message;
+  EXPECT_DOUBLE_EQ(costmodel::count_parameters(m).total(m.layers), costmodel::count_parameters(*expected).total(expected->layers));
+  EXPECT_GT(window_.plan_model()->rowCount(), 0);
+
+  QTemporaryDir dir;
+  const QString bert = dir.filePath(QStringLiteral("bert.json"));
+  {
+    std::ofstream out(bert.toStdString());
+    out << R"({"model_type": "bert", "hidden_size": 768})";
+  }
+  const int rows = window_.plan_model()->rowCount();
+  EXPECT_FALSE(window_.load_model_file(bert));
+  EXPECT_TRUE(window_.last_error().contains(QStringLiteral("/model_type: \"bert\" is not supported"))) << window_.last_error().toStdString();
+  EXPECT_EQ(window_.plan_model()->rowCount(), rows);
 }
 
 TEST_F(MainWindowTest, AMalformedJsonFileShowsAnErrorMessageNotACrash) {

@@ -62,6 +62,37 @@ TEST_F(PlannerCli, ModelsListsThePresets) {
   for (const char* name : {"llama3-405b", "llama3-70b", "gpt3-175b", "mixtral-8x7b"}) EXPECT_NE(r.out.find(name), std::string::npos) << name;
 }
 
+// Issue 14: a Hugging Face config.json is a model (tests/data/hf, README there cites each).
+TEST_F(PlannerCli, PlansAHuggingFaceConfigAndNamesTheModel) {
+  const Outcome r = run("--model " + quote(testing::data_path("hf/llama-3.1-8b.json")) + " --gpus 8");
+  ASSERT_EQ(r.exit_code, 0) << r.all();
+  EXPECT_NE(r.out.find("llama-3.1-8b: 8.03 B parameters (llama; 32 layers, hidden 4096, 32 heads / 8 kv"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("Recommended"), std::string::npos) << r.out;
+}
+
+TEST_F(PlannerCli, AHuggingFaceMlaModelIsPlannedAndRefusedForTheExecutor) {
+  const Outcome r = run("--model " + quote(testing::data_path("hf/deepseek-v2-lite.json")) + " --gpus 16 --seq-len 4096");
+  ASSERT_EQ(r.exit_code, 0) << r.all();
+  EXPECT_NE(r.out.find("deepseek-v2-lite: 15.7 B parameters (llama; 27 layers, hidden 2048, 16 heads with MLA (kv rank 512)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("64 experts top-6 + shared 2816 after 1 dense layers"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("multi-head latent attention (MLA) is not supported by the executor"), std::string::npos) << r.out;
+}
+
+TEST_F(PlannerCli, AnUnknownModelTypeIsAOneLineError) {
+  const fs::path file = write("bert.json", R"({"model_type": "bert", "hidden_size": 768})");
+  const Outcome r = run("--model " + quote(file.string()) + " --gpus 8");
+  EXPECT_EQ(r.exit_code, 2) << r.all();
+  EXPECT_NE(r.err.find("bert.json: /model_type: \"bert\" is not supported (supported: llama, "), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find('\n'), r.err.size() - 1) << r.err;
+}
+
+TEST_F(PlannerCli, ModelsSaysAHuggingFaceConfigIsAccepted) {
+  const Outcome r = run("models");
+  ASSERT_EQ(r.exit_code, 0) << r.all();
+  EXPECT_NE(r.out.find("Hugging Face config.json"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("deepseek_v3"), std::string::npos) << r.out;
+}
+
 TEST_F(PlannerCli, HardwareListsTheClusters) {
   const Outcome r = run("hardware");
   EXPECT_EQ(r.exit_code, 0) << r.all();

@@ -54,6 +54,30 @@ TEST(SlurmScript, For70bOn64GpusAsksEightNodesOfEightTasks) {
   EXPECT_LT(s.rfind("#SBATCH"), s.find("set -euo pipefail")) << s;
 }
 
+// Models from Hugging Face configs the executor's GPT and Llama blocks cannot build are refused
+// for execution, each with its reason; a Llama 3.1 config (a Llama block exactly) is not.
+TEST(ExecutorLimitations, HuggingFaceModelsTheExecutorCannotBuildAreRefused) {
+  const auto limits = [](const std::string& file, long long seq_len) {
+    costmodel::Plan plan = testing::make_plan(testing::model(testing::data_path("hf/" + file + ".json")), "dgx-h100", 8, seq_len, 64);
+    return planner::executor_limitations(plan, true);
+  };
+  const auto has = [](const std::vector<std::string>& problems, const std::string& part) {
+    for (const auto& p : problems) if (contains(p, part)) return true;
+    return false;
+  };
+  EXPECT_TRUE(limits("llama-3.1-8b", 8192).empty());
+  EXPECT_TRUE(limits("mistral-7b-v0.1", 4096).empty());  // the window covers the whole sequence
+  EXPECT_TRUE(has(limits("mistral-7b-v0.1", 8192), "sliding-window attention (window 4096 < seq_len 8192)"));
+  EXPECT_TRUE(has(limits("gemma-7b", 8192), "heads(16) * head_dim(256) != hidden(3072)"));
+  EXPECT_TRUE(has(limits("qwen2-7b", 8192), "this llama-style model has Q/K/V biases"));
+  EXPECT_TRUE(has(limits("falcon-7b", 2048), "this gpt-style model has rotary positions, no Q/K/V biases"));
+  EXPECT_TRUE(has(limits("gpt-neox-20b", 2048), "this gpt-style model has rotary positions"));
+  EXPECT_TRUE(limits("gpt2-xl", 1024).empty());
+  const auto v3 = limits("deepseek-v3", 4096);
+  EXPECT_TRUE(has(v3, "multi-head latent attention (MLA)"));
+  EXPECT_TRUE(has(v3, "mixture-of-experts models are not supported"));
+}
+
 TEST(ExecutorLimitations, PipelinePlansRunOnCpuRanksOnlyAndContextParallelismNowhere) {
   costmodel::Plan plan = llama70b_on_64();
   EXPECT_TRUE(planner::executor_limitations(plan, true).empty());
