@@ -11,9 +11,83 @@ void fail_at(const std::string& file, const std::string& pointer, const std::str
   throw DocumentError(file + ": " + (pointer.empty() ? "/" : pointer) + ": " + rule);
 }
 
+namespace {
+
+// "~" and "/" escaped as a JSON pointer's reference token needs (RFC 6901).
+std::string pointer_token(const std::string& key) {
+  std::string out;
+  for (char c : key) {
+    if (c == '~') out += "~0";
+    else if (c == '/') out += "~1";
+    else out += c;
+  }
+  return out;
+}
+
+// Follows nlohmann's parse events to know the JSON pointer of every key, and refuses a key an
+// object already has: nlohmann would keep the last one silently, so "tp": 8 ... "tp": 1 would
+// read as 1 with nothing said.
+class DuplicateKeyCheck {
+ public:
+  explicit DuplicateKeyCheck(std::string file) : file_(std::move(file)) {}
+
+  bool operator()(int /*depth*/, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+    using Event = nlohmann::json::parse_event_t;
+    switch (event) {
+      case Event::object_start:
+      case Event::array_start:
+        enter_element();
+        frames_.push_back(Frame{event == Event::object_start, {}, {}, 0});
+        break;
+      case Event::key: {
+        Frame& object = frames_.back();
+        std::string key = parsed.get<std::string>();
+        if (!object.keys.insert(key).second) {
+          fail_at(file_, pointer() + "/" + pointer_token(key), "duplicate key \"" + key + "\" (each key may appear once in an object)");
+        }
+        object.current = pointer_token(key);
+        break;
+      }
+      case Event::value:
+        enter_element();
+        break;
+      case Event::object_end:
+      case Event::array_end:
+        frames_.pop_back();
+        break;
+    }
+    return true;
+  }
+
+ private:
+  struct Frame {
+    bool object = false;
+    std::set<std::string> keys;  // objects: the keys seen so far
+    std::string current;         // the reference token of the element being read
+    std::size_t next_index = 0;  // arrays: the index of the next element
+  };
+
+  // A value or container starts: inside an array it is the next element.
+  void enter_element() {
+    if (!frames_.empty() && !frames_.back().object) frames_.back().current = std::to_string(frames_.back().next_index++);
+  }
+
+  // The pointer of the innermost open container.
+  std::string pointer() const {
+    std::string out;
+    for (std::size_t i = 0; i + 1 < frames_.size(); ++i) out += "/" + frames_[i].current;
+    return out;
+  }
+
+  std::string file_;
+  std::vector<Frame> frames_;
+};
+
+}  // namespace
+
 nlohmann::json parse_json(const std::string& text, const std::string& file) {
   try {
-    return nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/true, /*ignore_comments=*/false);
+    return nlohmann::json::parse(text, DuplicateKeyCheck(file), /*allow_exceptions=*/true, /*ignore_comments=*/false);
   } catch (const nlohmann::json::parse_error& e) {
     // Report the line and column of the byte offset nlohmann gives.
     std::size_t line = 1, column = 1;

@@ -23,7 +23,8 @@ class DocumentError : public std::runtime_error {
 // "file: /pointer: rule"
 [[noreturn]] void fail_at(const std::string& file, const std::string& pointer, const std::string& rule);
 
-// Parses text as JSON; syntax errors name the file, line and column.
+// Parses text as JSON; syntax errors name the file, line and column, and a key repeated in one
+// object is refused naming the key's JSON pointer ("f.json: /parallel/tp: duplicate key \"tp\" ...").
 nlohmann::json parse_json(const std::string& text, const std::string& file);
 
 class ObjectReader {

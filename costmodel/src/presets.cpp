@@ -1,5 +1,7 @@
 #include "trainplan/costmodel/presets.hpp"
 
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -75,8 +77,11 @@ Result<HardwareProfile> find_hwprofile(const std::string& name_or_path) {
 }
 
 Result<std::string> read_text_file(const std::string& path) {
+  std::error_code ec;
+  // An ifstream opens a directory on Linux and then fails to read it: say what it is instead.
+  if (std::filesystem::is_directory(path, ec)) return Error{path + ": is a directory, not a file"};
   std::ifstream in(path, std::ios::binary);
-  if (!in) return Error{path + ": cannot open file"};
+  if (!in) return Error{path + ": cannot open file (" + std::strerror(errno) + ")"};
   std::ostringstream out;
   out << in.rdbuf();
   if (in.bad()) return Error{path + ": read error"};

@@ -62,7 +62,7 @@ int main(int argc, char** argv) {
     for (const CLI::Option* option : app.get_options()) {
       const std::string flag = option->get_name();
       if (option->count() > 0 && profile_flags.count(flag) == 0) {
-        std::cerr << "executor: error: " << flag << " is an option of training (--plan), not of --profile\n";
+        trainplan::executor::print_rank_message("executor: error: " + flag + " is an option of training (--plan), not of --profile");
         return 2;
       }
     }
@@ -72,12 +72,12 @@ int main(int argc, char** argv) {
     return trainplan::executor::run_profile(profile, command);
   }
   if (plan_option->count() == 0) {
-    std::cerr << "executor: error: give --plan PLAN to train, or --profile OUT.json to profile this device (--help lists the options)\n";
+    trainplan::executor::print_rank_message("executor: error: give --plan PLAN to train, or --profile OUT.json to profile this device (--help lists the options)");
     return 2;
   }
   for (const char* flag : {"--base", "--name", "--command", "--quick"}) {
     if (app.get_option(flag)->count() > 0) {
-      std::cerr << "executor: error: " << flag << " goes with --profile, not with --plan\n";
+      trainplan::executor::print_rank_message(std::string("executor: error: ") + flag + " goes with --profile, not with --plan");
       return 2;
     }
   }

@@ -9,11 +9,14 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <algorithm>
 #include <filesystem>
 #include <map>
 #include <fstream>
 #include <regex>
 #include <sstream>
+
+#include "trainplan/costmodel/presets.hpp"
 
 namespace trainplan::executor {
 
@@ -110,6 +113,24 @@ std::pair<uint64_t, unsigned long> file_digest(const std::string& path) {
   return {size, crc};
 }
 
+// The key of the manifest's own CRC-32: of the manifest's compact dump without this key.
+constexpr char kManifestCrcKey[] = "manifest_crc32";
+
+unsigned long text_crc(const std::string& text) {
+  return crc32_z(crc32(0L, Z_NULL, 0), reinterpret_cast<const Bytef*>(text.data()), text.size());
+}
+
+// The parsed manifest of `step_dir` (duplicate keys refused like every JSON input); throws
+// CheckpointError saying why it cannot be read.
+nlohmann::json read_manifest(const std::string& step_dir) {
+  const std::string path = (fs::path(step_dir) / "manifest.json").string();
+  auto text = costmodel::read_text_file(path);
+  if (!text) throw CheckpointError(path + ": missing or unreadable");
+  auto json = costmodel::parse_json_text(*text, path);
+  if (!json) throw CheckpointError("corrupt manifest: " + json.error().message);
+  return std::move(json).value();
+}
+
 // Rank 0 runs `check`; every rank then throws its message, so no rank goes on alone.
 void agree(Communicator& world, const std::function<std::string()>& check) {
   std::string error;
@@ -178,13 +199,14 @@ std::string save_checkpoint(const std::string& dir, DataParallelEngine& engine, 
     for (const std::string& r : reports) {
       if (r != "null" && !r.empty()) files.push_back(nlohmann::json::parse(r));
     }
-    const nlohmann::json manifest = {
+    nlohmann::json manifest = {
         {"schema", "trainplan/checkpoint/v1"},
         {"step", state.step},
         {"layout", layout},
         {"files", files},
         {"trainer", {{"step", state.step}, {"loss_scale", state.loss_scale}, {"good_steps", state.good_steps}, {"losses", state.losses}}},
     };
+    manifest[kManifestCrcKey] = text_crc(manifest.dump());
     write_text_atomically((fs::path(partial) / "manifest.json").string(), manifest.dump(2) + "\n");
     fsync_path(partial);
     std::error_code ec;
@@ -198,59 +220,84 @@ std::string save_checkpoint(const std::string& dir, DataParallelEngine& engine, 
 }
 
 std::optional<std::string> latest_checkpoint(const std::string& dir) {
+  for (const std::string& step_dir : checkpoint_directories(dir)) {
+    std::error_code ec;
+    if (fs::exists(fs::path(step_dir) / "manifest.json", ec)) return step_dir;
+  }
+  return std::nullopt;
+}
+
+std::vector<std::string> checkpoint_directories(const std::string& dir) {
   std::error_code ec;
-  if (!fs::is_directory(dir, ec)) return std::nullopt;
+  if (!fs::is_directory(dir, ec)) return {};
   const std::regex pattern("step_([0-9]+)");
-  long long best = -1;
-  std::string found;
+  std::vector<std::pair<long long, std::string>> found;
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
     std::smatch m;
     const std::string name = entry.path().filename().string();
-    if (!std::regex_match(name, m, pattern) || !fs::exists(entry.path() / "manifest.json")) continue;
-    const long long step = std::stoll(m[1].str());
-    if (step > best) {
-      best = step;
-      found = entry.path().string();
-    }
+    if (!std::regex_match(name, m, pattern) || !entry.is_directory(ec)) continue;
+    found.emplace_back(std::stoll(m[1].str()), entry.path().string());
   }
-  if (best < 0) return std::nullopt;
-  return found;
+  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::vector<std::string> out;
+  for (auto& [step, path] : found) out.push_back(std::move(path));
+  return out;
 }
 
-TrainerState load_checkpoint(const std::string& step_dir, DataParallelEngine& engine, Communicator& world,
-                             const nlohmann::json& layout) {
+std::string checkpoint_damage(const std::string& step_dir, const nlohmann::json& layout) {
   const std::string manifest_path = (fs::path(step_dir) / "manifest.json").string();
   nlohmann::json manifest;
-  agree(world, [&] {
-    std::ifstream in(manifest_path);
-    if (!in) return manifest_path + ": missing or unreadable";
-    try {
-      manifest = nlohmann::json::parse(in);
-    } catch (const nlohmann::json::exception& e) {
-      return manifest_path + ": corrupt manifest: " + e.what();
+  try {
+    manifest = read_manifest(step_dir);
+    if (!manifest.is_object() || manifest.value("schema", "") != "trainplan/checkpoint/v1") {
+      return manifest_path + ": /schema: expected \"trainplan/checkpoint/v1\"";
     }
-    if (manifest.value("schema", "") != "trainplan/checkpoint/v1") return manifest_path + ": /schema: expected \"trainplan/checkpoint/v1\"";
-    if (manifest["layout"] != layout) {
-      return manifest_path + ": written under layout " + manifest["layout"].dump() + ", but this run has " + layout.dump() +
-             "; resume with the same plan (dp, ZeRO stage, shard group, precision, model)";
+    // Checkpoints written before the manifest carried its own checksum have only the files'.
+    if (manifest.contains(kManifestCrcKey)) {
+      nlohmann::json body = manifest;
+      body.erase(kManifestCrcKey);
+      if (text_crc(body.dump()) != manifest[kManifestCrcKey].get<unsigned long>()) return manifest_path + ": CRC-32 mismatch (corrupt manifest)";
     }
+    if (!manifest.contains("layout") || !manifest.contains("files") || !manifest.contains("trainer")) {
+      return manifest_path + ": corrupt manifest (no layout, files or trainer)";
+    }
+  } catch (const CheckpointError& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    return manifest_path + ": corrupt manifest: " + e.what();
+  }
+  if (manifest["layout"] != layout) {
+    throw CheckpointError(manifest_path + ": written under layout " + manifest["layout"].dump() + ", but this run has " + layout.dump() +
+                          "; resume with the same plan (dp, ZeRO stage, shard group, precision, model)");
+  }
+  try {
     for (const auto& f : manifest["files"]) {
-      const std::string path = (fs::path(step_dir) / f["file"].get<std::string>()).string();
+      const std::string path = (fs::path(step_dir) / f.at("file").get<std::string>()).string();
       const auto [size, crc] = file_digest(path);
-      if (size != f["bytes"].get<uint64_t>()) {
+      if (size != f.at("bytes").get<uint64_t>()) {
         return path + ": " + std::to_string(size) + " bytes, the manifest says " + std::to_string(f["bytes"].get<uint64_t>()) +
                " (truncated or overwritten shard)";
       }
-      if (crc != f["crc32"].get<unsigned long>()) return path + ": CRC-32 mismatch (corrupt shard)";
+      if (crc != f.at("crc32").get<unsigned long>()) return path + ": CRC-32 mismatch (corrupt shard)";
     }
-    return std::string();
-  });
-  // Every rank parses the manifest itself (same file, already verified by rank 0).
-  if (world.rank() != 0) {
-    std::ifstream in(manifest_path);
-    manifest = nlohmann::json::parse(in);
+    const auto& t = manifest["trainer"];
+    (void)t.at("step").get<int64_t>();
+    (void)t.at("loss_scale").get<double>();
+    (void)t.at("good_steps").get<int64_t>();
+    (void)t.at("losses").get<std::vector<double>>();
+  } catch (const CheckpointError& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    return manifest_path + ": corrupt manifest: " + e.what();
   }
+  return "";
+}
 
+namespace {
+
+// Every rank: this rank's shard and the trainer state of a checkpoint rank 0 has verified.
+TrainerState load_verified(const std::string& step_dir, DataParallelEngine& engine) {
+  const nlohmann::json manifest = read_manifest(step_dir);
   const std::string path = (fs::path(step_dir) / shard_file(engine.config().shard_prefix, engine.shard_rank())).string();
   std::ifstream in(path, std::ios::binary);
   char magic[sizeof(kMagic)] = {};
@@ -264,15 +311,57 @@ TrainerState load_checkpoint(const std::string& step_dir, DataParallelEngine& en
       t->variable_data().copy_(host);
     }
   }
+  if (in.peek() != std::char_traits<char>::eof()) throw CheckpointError(path + ": longer than this rank's state (another plan's shard?)");
   engine.load_masters_done();
 
   TrainerState state;
-  const auto& t = manifest["trainer"];
-  state.step = t["step"].get<int64_t>();
-  state.loss_scale = t["loss_scale"].get<double>();
-  state.good_steps = t["good_steps"].get<int64_t>();
-  state.losses = t["losses"].get<std::vector<double>>();
+  const auto& t = manifest.at("trainer");
+  state.step = t.at("step").get<int64_t>();
+  state.loss_scale = t.at("loss_scale").get<double>();
+  state.good_steps = t.at("good_steps").get<int64_t>();
+  state.losses = t.at("losses").get<std::vector<double>>();
   return state;
+}
+
+}  // namespace
+
+TrainerState load_checkpoint(const std::string& step_dir, DataParallelEngine& engine, Communicator& world,
+                             const nlohmann::json& layout) {
+  agree(world, [&] { return checkpoint_damage(step_dir, layout); });
+  return load_verified(step_dir, engine);
+}
+
+Resumed resume_newest_intact(const std::string& dir, DataParallelEngine& engine, Communicator& world, const nlohmann::json& layout) {
+  // Rank 0 chooses; every rank learns its choice (or its error) and loads the same checkpoint.
+  std::string choice;
+  if (world.rank() == 0) {
+    nlohmann::json c = {{"skipped", nlohmann::json::array()}};
+    try {
+      const std::vector<std::string> dirs = checkpoint_directories(dir);
+      std::string damages;
+      for (const std::string& step_dir : dirs) {
+        const std::string why = checkpoint_damage(step_dir, layout);
+        if (why.empty()) {
+          c["dir"] = step_dir;
+          break;
+        }
+        c["skipped"].push_back(step_dir + ": " + why);
+        damages += (damages.empty() ? "" : "; ") + step_dir + ": " + why;
+      }
+      if (dirs.empty()) c["error"] = dir + ": no complete checkpoint (step_NNNNNN with manifest.json) found";
+      else if (!c.contains("dir")) c["error"] = dir + ": no intact checkpoint to resume from: " + damages;
+    } catch (const std::exception& e) {
+      c["error"] = e.what();
+    }
+    choice = c.dump();
+  }
+  const nlohmann::json c = nlohmann::json::parse(world.all_gather_strings(choice)[0]);  // rank 0's own text
+  if (c.contains("error")) throw CheckpointError(c["error"].get<std::string>());
+  Resumed resumed;
+  resumed.step_dir = c["dir"].get<std::string>();
+  resumed.skipped = c["skipped"].get<std::vector<std::string>>();
+  resumed.state = load_verified(resumed.step_dir, engine);
+  return resumed;
 }
 
 void export_safetensors(const std::string& dir, DataParallelEngine& engine, Communicator& world, int64_t step,

@@ -4,7 +4,8 @@
 // each file's size and CRC-32, and the trainer state. Files are written to a temporary name,
 // fsynced and renamed; the whole step directory appears under its final name
 // (`step_000010`) only once complete, so a crash mid-write never leaves a checkpoint that looks
-// complete. `--export` writes one consolidated safetensors file plus the model document.
+// complete; the manifest carries the CRC-32 of its own text too, and a resume skips a damaged
+// newest checkpoint for the newest intact one. `--export` writes one consolidated safetensors file plus the model document.
 
 #include <cstdint>
 #include <functional>
@@ -44,9 +45,33 @@ std::string save_checkpoint(const std::string& dir, DataParallelEngine& engine, 
 // The newest complete step directory under `dir` (one with a manifest), if any.
 [[nodiscard]] std::optional<std::string> latest_checkpoint(const std::string& dir);
 
-// Collective. Verifies every file's size and CRC-32 against the manifest and the layout against
-// `layout`, then loads this rank's shard. Throws CheckpointError naming the directory and file.
+// Every step directory under `dir` (step_NNNNNN, with a manifest or not), newest first.
+[[nodiscard]] std::vector<std::string> checkpoint_directories(const std::string& dir);
+
+// What is wrong with the checkpoint in `step_dir`, read on this rank alone: "" when intact, else
+// why not (a missing, unparsable or self-inconsistent manifest, whose CRC-32 covers its own
+// text, or a file of another size or CRC-32 than the manifest gives: "shard_00001.bin: 512
+// bytes, the manifest says 1024 (truncated or overwritten shard)"). Throws CheckpointError when
+// the checkpoint is intact but written under another layout than `layout` (a different plan:
+// no older checkpoint of the same directory would do either).
+[[nodiscard]] std::string checkpoint_damage(const std::string& step_dir, const nlohmann::json& layout);
+
+// Collective. Verifies the checkpoint (checkpoint_damage, on rank 0), then loads this rank's
+// shard. Throws CheckpointError naming the directory and file.
 [[nodiscard]] TrainerState load_checkpoint(const std::string& step_dir, DataParallelEngine& engine, Communicator& world,
+                                           const nlohmann::json& layout);
+
+struct Resumed {
+  TrainerState state;
+  std::string step_dir;              // the checkpoint loaded
+  std::vector<std::string> skipped;  // newer damaged ones, "DIR: why", newest first
+};
+
+// Collective. Loads the newest intact checkpoint under `dir`: a damaged newer one (a truncated
+// or corrupt shard, a torn manifest) is skipped and reported in `skipped`, never loaded. Throws
+// CheckpointError when there is none (listing every checkpoint's damage), or as
+// checkpoint_damage for another layout.
+[[nodiscard]] Resumed resume_newest_intact(const std::string& dir, DataParallelEngine& engine, Communicator& world,
                                            const nlohmann::json& layout);
 
 // Where the pieces of every parameter live, for consolidating them (the trainer knows the layout).

@@ -23,6 +23,7 @@
 #include "trainplan/costmodel/presets.hpp"
 #include "trainplan/executor/executor.hpp"
 #include "trainplan/planner/profile.hpp"
+#include "rank_output.hpp"
 #include "world.hpp"
 
 namespace trainplan::executor {
@@ -217,18 +218,18 @@ cm::HardwareProfile build_profile(const ProfileOptions& o, const cm::HardwarePro
   if (cuda) {
     const double peak = base.gpu.peak_for(cm::Dtype::kBf16).value();
     if (best_gemm > peak) {
-      std::cerr << "executor: warning: a measured bf16 GEMM ran at " << number(best_gemm / 1e12) << " TFLOP/s, above the base profile's peak of "
-                << number(peak / 1e12) << " TFLOP/s (" << base.gpu.name << "): give --base a profile of this GPU\n";
+      print_for_rank(0, "executor: warning: a measured bf16 GEMM ran at " + number(best_gemm / 1e12) + " TFLOP/s, above the base profile's peak of " +
+                            number(peak / 1e12) + " TFLOP/s (" + base.gpu.name + "): give --base a profile of this GPU");
     }
     const double hbm = base.gpu.hbm_bandwidth.value(), capacity = base.gpu.hbm_capacity.value();
     if (k.copy_bandwidth > hbm) {
-      std::cerr << "executor: warning: the measured copy ran at " << number(k.copy_bandwidth / 1e9) << " GB/s, above the base profile's HBM bandwidth of "
-                << number(hbm / 1e9) << " GB/s (" << base.gpu.name << "): give --base a profile of this GPU\n";
+      print_for_rank(0, "executor: warning: the measured copy ran at " + number(k.copy_bandwidth / 1e9) + " GB/s, above the base profile's HBM bandwidth of " +
+                            number(hbm / 1e9) + " GB/s (" + base.gpu.name + "): give --base a profile of this GPU");
     }
     if (std::abs(p.gpu.hbm_capacity.value() - capacity) > 0.1 * capacity) {
-      std::cerr << "executor: warning: this GPU has " << number(p.gpu.hbm_capacity.in_gib()) << " GiB, the base profile's " << base.gpu.name << " "
-                << number(base.gpu.hbm_capacity.in_gib()) << " GiB: its peaks and HBM bandwidth are probably another GPU's; give --base a "
-                << "profile of this GPU\n";
+      print_for_rank(0, "executor: warning: this GPU has " + number(p.gpu.hbm_capacity.in_gib()) + " GiB, the base profile's " + base.gpu.name + " " +
+                            number(base.gpu.hbm_capacity.in_gib()) + " GiB: its peaks and HBM bandwidth are probably another GPU's; give --base a "
+                            "profile of this GPU");
     }
     p.gpu.gemm_efficiency = std::min(1.0, best_gemm / peak);
     p.gpu.attention_efficiency = std::min(1.0, best_attention / peak);
@@ -325,8 +326,8 @@ int profile(const ProfileOptions& o, const std::string& command, World& w, const
     const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
     if (m.load_before > 0.5 * cores) {
       bar.clear_line();
-      std::cerr << "executor: warning: load average " << number(m.load_before, "%.2f") << " on " << cores
-                << " cores: other processes share the CPU, so its kernels time slower and less steadily than on an idle machine\n";
+      print_for_rank(0, "executor: warning: load average " + number(m.load_before, "%.2f") + " on " + std::to_string(cores) +
+                            " cores: other processes share the CPU, so its kernels time slower and less steadily than on an idle machine");
     }
   }
   run_tasks(kernels, bar, done, cuda);
@@ -360,24 +361,25 @@ int run_profile(const ProfileOptions& o, const std::string& command_line) {
   try {
     base = check_inputs(o);
   } catch (const std::exception& e) {
-    if (env_rank == 0) std::cerr << "executor: error: " << e.what() << "\n";
+    if (env_rank == 0) print_for_rank(env_rank, std::string("executor: error: ") + e.what());
     return kExitBadInput;
   }
   World w;
   try {
     w = make_world(o.device, o.timeout_seconds);
   } catch (const std::exception& e) {
-    std::cerr << "executor[rank " << env_rank << "]: error: " << e.what() << "\n";
+    print_for_rank(env_rank, std::string("executor: error: ") + e.what());
     return kExitBadInput;
   }
   int code = 0;
   try {
     code = profile(o, command_line, w, base);
   } catch (const InputError& e) {
-    if (env_rank == 0) std::cerr << "executor: error: " << e.what() << "\n";
+    if (env_rank == 0) print_for_rank(env_rank, std::string("executor: error: ") + e.what());
     code = kExitBadInput;
   } catch (const std::exception& e) {
-    std::cerr << "\nexecutor[rank " << env_rank << "]: profile failed: " << e.what() << "\n";
+    if (env_rank == 0) std::cerr << "\n";  // ends the progress line
+    print_for_rank(env_rank, std::string("executor: profile failed: ") + e.what());
     code = kExitRunFailed;
   }
   if (code != 0 && w.comm && w.comm->size() > 1) w.comm->abort(code);  // no rank is left waiting for this one

@@ -22,6 +22,7 @@
 #include "gpu.hpp"
 #include "parallel_dims.hpp"
 #include "pipeline.hpp"
+#include "rank_output.hpp"
 #include "world.hpp"
 #include "trainplan/costmodel/schedule.hpp"
 #include "trainplan/costmodel/compute.hpp"
@@ -361,10 +362,19 @@ int train(const RunOptions& o, const std::string& command_line, World& w, const 
   TrainerState state;
   state.loss_scale = t.precision == cm::Precision::kFp16 ? 65536.0 : 1.0;
   if (!o.resume.empty()) {
-    const auto latest = latest_checkpoint(o.resume);
-    if (!latest) throw CheckpointError(o.resume + ": no complete checkpoint (step_NNNNNN with manifest.json) found");
-    state = load_checkpoint(*latest, engine, comm, layout);
-    if (talk) std::cout << "resumed from " << *latest << " at step " << state.step << "\n";
+    const Resumed resumed = resume_newest_intact(o.resume, engine, comm, layout);
+    state = resumed.state;
+    if (talk) {
+      for (const std::string& why : resumed.skipped) {
+        print_for_rank(rank, "executor: warning: --resume: skipping a damaged checkpoint, " + why);
+      }
+      std::cout << "resumed from " << resumed.step_dir << " at step " << state.step;
+      if (!resumed.skipped.empty()) {
+        std::cout << " (fell back to the newest intact checkpoint: " << resumed.skipped.size() << " newer one" << (resumed.skipped.size() == 1 ? " is" : "s are")
+                  << " damaged, see above)";
+      }
+      std::cout << std::endl;
+    }
     if (state.step >= o.steps) {
       throw InputError("--resume " + o.resume + ": the checkpoint is at step " + std::to_string(state.step) + ", --steps " +
                        std::to_string(o.steps) + " leaves nothing to run (--steps counts resumed steps too; give more)");
@@ -402,7 +412,7 @@ int train(const RunOptions& o, const std::string& command_line, World& w, const 
   while (state.step < o.steps) {
     const int64_t step = state.step + 1;
     if (o.fail_at_step == step && o.fail_rank == rank) {
-      std::cerr << "executor[rank " << rank << "]: --fail-at-step " << step << ": killing this rank (fault injection)\n";
+      print_for_rank(rank, "executor: --fail-at-step " + std::to_string(step) + ": killing this rank (fault injection)");
       std::raise(SIGKILL);
     }
     if (w.device.is_cuda()) cuda_reset_peak();
@@ -591,6 +601,10 @@ int train(const RunOptions& o, const std::string& command_line, World& w, const 
 
 }  // namespace
 
+void print_rank_message(const std::string& text) {
+  print_for_rank(env_int({"OMPI_COMM_WORLD_RANK", "PMI_RANK", "RANK", "SLURM_PROCID"}, 0), text);
+}
+
 int run_executor(const RunOptions& o, const std::string& command_line) {
   const int env_rank = env_int({"OMPI_COMM_WORLD_RANK", "PMI_RANK", "RANK", "SLURM_PROCID"}, 0);
   cm::Plan plan;
@@ -599,7 +613,7 @@ int run_executor(const RunOptions& o, const std::string& command_line) {
     check_supported(plan, /*gpu=*/false);
     check_options(o);
   } catch (const std::exception& e) {
-    if (env_rank == 0) std::cerr << "executor: error: " << e.what() << "\n";
+    if (env_rank == 0) print_for_rank(env_rank, std::string("executor: error: ") + e.what());
     return kExitBadInput;
   }
 
@@ -607,23 +621,23 @@ int run_executor(const RunOptions& o, const std::string& command_line) {
   try {
     w = make_world(o.device, o.timeout_seconds);
   } catch (const std::exception& e) {
-    std::cerr << "executor[rank " << env_rank << "]: error: " << e.what() << "\n";
+    print_for_rank(env_rank, std::string("executor: error: ") + e.what());
     return kExitBadInput;
   }
   int code = 0;
   try {
     code = train(o, command_line, w, plan);
   } catch (const InputError& e) {
-    std::cerr << "executor[rank " << w.comm->rank() << "]: error: " << e.what() << "\n";
+    print_for_rank(w.comm->rank(), std::string("executor: error: ") + e.what());
     code = kExitBadInput;
   } catch (const DataError& e) {
-    std::cerr << "executor[rank " << w.comm->rank() << "]: data error: " << e.what() << "\n";
+    print_for_rank(w.comm->rank(), std::string("executor: data error: ") + e.what());
     code = kExitBadInput;
   } catch (const CheckpointError& e) {
-    std::cerr << "executor[rank " << w.comm->rank() << "]: checkpoint error: " << e.what() << "\n";
+    print_for_rank(w.comm->rank(), std::string("executor: checkpoint error: ") + e.what());
     code = kExitBadInput;
   } catch (const std::exception& e) {
-    std::cerr << "executor[rank " << w.comm->rank() << "]: run failed: " << e.what() << "\n";
+    print_for_rank(w.comm->rank(), std::string("executor: run failed: ") + e.what());
     code = kExitRunFailed;
   }
   if (code != 0 && w.comm->size() > 1) w.comm->abort(code);  // no rank is left waiting for this one

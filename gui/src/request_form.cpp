@@ -27,11 +27,8 @@ std::string trim(const std::string& s) {
 // The text of a field as a JSON value: a number, true/false, or else the text as a string.
 nlohmann::json typed_value(const std::string& text) {
   const std::string t = trim(text);
-  try {
-    nlohmann::json v = nlohmann::json::parse(t);
-    if (v.is_number() || v.is_boolean()) return v;
-  } catch (const std::exception&) {
-  }
+  auto v = cm::parse_json_text(t, kDocumentName);  // the one JSON reader (duplicate keys refused)
+  if (v && (v->is_number() || v->is_boolean())) return *v;
   return t;
 }
 

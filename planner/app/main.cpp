@@ -9,9 +9,11 @@
 // Exit codes: 0 success, 1 no plan fits (for a published configuration too), 2 bad input, 3 the
 // run failed (`run`).
 
+#include <cerrno>
 #include <cmath>
 #include <unistd.h>
 #include <cstdio>
+#include <cstring>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -60,15 +62,29 @@ pl::Format parse_format(const std::string& s) {
   return pl::Format::kText;
 }
 
+// Writes `text` to `path` through `path`.tmp and a rename, so a reader never sees half a file;
+// on any failure the temporary file is removed and `error` says why.
 bool write_file(const std::string& path, const std::string& text, std::string& error) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) { error = path + ": is a directory, not a file"; return false; }
   const std::string tmp = path + ".tmp";
+  const auto give_up = [&](const std::string& why) {
+    error = path + ": " + why;
+    std::error_code ignored;
+    std::filesystem::remove(tmp, ignored);
+    return false;
+  };
   {
     std::ofstream out(tmp, std::ios::binary);
-    if (!out) { error = path + ": cannot write"; return false; }
+    if (!out) {
+      error = path + ": cannot write (" + std::strerror(errno) + ")";
+      return false;
+    }
     out << text;
-    if (!out) { error = path + ": write failed"; return false; }
+    out.close();
+    if (!out) return give_up("write failed");
   }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) { error = path + ": cannot rename temporary file"; return false; }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) return give_up(std::string("cannot rename the temporary file into place (") + std::strerror(errno) + ")");
   return true;
 }
 
@@ -78,6 +94,30 @@ std::string apply_fix(const std::string& fix, cm::ParallelConstraints& c) {
   if (eq == std::string::npos) return "--fix " + fix + ": expected key=value (e.g. tp=8)";
   auto applied = pl::apply_constraint(fix.substr(0, eq), fix.substr(eq + 1), c);
   return applied ? "" : "--fix " + fix + ": " + applied.error().message;
+}
+
+// The one name of a --fix key that has two ("zero" and "zero_stage" are one setting).
+std::string canonical_fix_key(const std::string& key) {
+  static const std::map<std::string, std::string> aliases = {{"zero_stage", "zero"}, {"micro_batch", "mb"}, {"virtual_stages", "v"},
+                                                             {"sequence_parallel", "sp"}, {"offload_optimizer", "offload"}};
+  const auto it = aliases.find(key);
+  return it == aliases.end() ? key : it->second;
+}
+
+// Whether two --fix values of one key set the same value ("sp=on" and "sp=true" do).
+bool same_fix(const std::string& a, const std::string& b) {
+  const auto fixed = [](const std::string& fix) {
+    cm::ParallelConstraints c;
+    (void)apply_fix(fix, c);
+    std::string text;
+    for (const auto& v : {c.tp, c.pp, c.dp, c.cp, c.ep, c.zero_stage, c.shard_group, c.micro_batch, c.virtual_stages}) text += v ? std::to_string(*v) + "," : "-,";
+    text += c.sequence_parallel ? (*c.sequence_parallel ? "on," : "off,") : "-,";
+    text += c.schedule ? std::string(cm::schedule_name(*c.schedule)) + "," : "-,";
+    text += c.recompute ? std::string(cm::recompute_name(*c.recompute)) + "," : "-,";
+    text += c.offload_optimizer ? std::string(cm::offload_name(*c.offload_optimizer)) : "-";
+    return text;
+  };
+  return fixed(a) == fixed(b);
 }
 
 std::string join_args(int argc, char** argv) {
@@ -396,7 +436,7 @@ int main(int argc, char** argv) {
   app.add_option("--seq-len", seq_len_text, "Tokens per sequence (default: the model's context length)");
   app.add_option("--global-batch", global_batch, "Sequences per optimizer step");
   app.add_option("--global-batch-tokens", batch_tokens_text, "Tokens per optimizer step; K/M/G suffixes are binary here (16M = 16*2^20)");
-  app.add_option("--train-tokens", train_tokens_text, "Tokens to train; K/M/B/T suffixes are decimal (15T = 15e12). Default: 20 per parameter");
+  app.add_option("--train-tokens", train_tokens_text, "Tokens to train; suffixes K, M, G or B, T, P are decimal (15T = 15e12), Ki, Mi, Gi, Ti, Pi binary. Default: 20 per parameter");
   app.add_option("--precision", precision, "fp32 | bf16 | fp16 | fp8")->check(CLI::IsMember({"fp32", "bf16", "fp16", "fp8"}))->capture_default_str();
   app.add_option("--optimizer", optimizer, "adamw | sgd | adafactor | adam8bit")->check(CLI::IsMember({"adamw", "sgd", "adafactor", "adam8bit"}))->capture_default_str();
   app.add_option("--mode", mode, "pretrain | full | lora | qlora")->check(CLI::IsMember({"pretrain", "full", "lora", "qlora"}))->capture_default_str();
@@ -442,13 +482,19 @@ int main(int argc, char** argv) {
   launch_cmd->add_flag("--slurm", slurm, "Print a SLURM batch script for sbatch instead of the torchrun command");
   launch_cmd->add_option("--steps", launch.steps, "Optimizer steps to run")->capture_default_str();
   launch_cmd->add_option("--executor", executor, "The executor on the nodes (default: $TRAINPLAN_EXECUTOR, the one built beside planner, else executor)");
-  launch_cmd->add_option("--gpus-per-node", launch.gpus_per_node, "Ranks (GPUs) per node (default: the plan cluster's)");
+  int launch_gpus_per_node = 0;
+  launch_cmd->add_option("--gpus-per-node", launch_gpus_per_node, "Ranks (GPUs) per node, >= 1 (default: the plan cluster's)");
   launch_cmd->add_option("--cpus-per-task", launch.cpus_per_task, "CPU cores per rank (SLURM)")->capture_default_str();
   launch_cmd->add_option("--partition", launch.partition, "SLURM partition");
   launch_cmd->add_option("--account", launch.account, "SLURM account");
   launch_cmd->add_option("--time", launch.time_limit, "SLURM time limit (HH:MM:SS)");
   launch_cmd->add_option("--job-name", launch.job_name, "SLURM job name");
-  launch_cmd->add_option("--extra", launch.extra_args, "More executor arguments, as shell words, e.g. --extra \"--seed 1\"");
+  std::vector<std::string> launch_extra;
+  launch_cmd->add_option("--extra", launch_extra,
+                         "More executor arguments, e.g. --extra \"--seed 1\"; repeatable. The text is split into words by the shell's "
+                         "quoting rules ('...', \"...\", backslash) with no expansion ($, ;, backticks are plain characters; an unclosed "
+                         "quote is an error), and each word reaches the executor as one argument")
+      ->allow_extra_args(false);
 
   CLI::App* export_cmd = app.add_subcommand("export", "Write what Megatron-LM, torchtitan, DeepSpeed or Accelerate needs to run a fixed plan");
   std::string export_target, export_out;
@@ -547,6 +593,12 @@ int main(int argc, char** argv) {
   }
   if (app.got_subcommand("launch")) {
     launch.executor = pl::executor_for_launch(executor_search);
+    if (launch_cmd->count("--gpus-per-node") > 0) launch.gpus_per_node = launch_gpus_per_node;
+    for (const std::string& text : launch_extra) {
+      auto words = pl::split_shell_words(text);
+      if (!words) return fail("--extra " + words.error().message);
+      launch.extra_args.insert(launch.extra_args.end(), words->begin(), words->end());
+    }
     return launch_plan(plan_file, launch, slurm);
   }
   if (app.got_subcommand("export")) return export_plan(plan_file, export_target, export_out);
@@ -629,9 +681,18 @@ int main(int argc, char** argv) {
       ctx.train_tokens_note = t.mode == cm::TrainingMode::kPretrain ? "20 per parameter or one step, the default; set --train-tokens" : "default; set --train-tokens";
     }
     cm::resolve_training_defaults(req.model, t);
+    std::map<std::string, std::string> fixed_by;  // canonical key -> the --fix that set it
     for (const auto& f : fixes) {
       const std::string error = apply_fix(f, req.parallel);
       if (!error.empty()) return fail(error);
+      const std::string key = canonical_fix_key(f.substr(0, f.find('=')));
+      const auto [it, first] = fixed_by.emplace(key, f);
+      if (!first && !same_fix(it->second, f)) return fail("--fix " + it->second + " and --fix " + f + " contradict each other: " + key + " can be fixed once");
+    }
+    if (const std::vector<std::string> conflicts = pl::constraint_conflicts(req, "--fix "); !conflicts.empty()) {
+      std::string text;
+      for (const auto& why : conflicts) text += (text.empty() ? "" : "; ") + why;
+      return fail("no plan can satisfy the fixed values: " + text);
     }
     auto valid = cm::validate_request(req);
     if (!valid) return fail(valid.error().message);

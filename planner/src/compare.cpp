@@ -208,9 +208,9 @@ std::string numbers(const std::vector<double>& xs) {
 std::string pipeline_table(const Trace& t, bool markdown) {
   const double closed = (t.stages - 1.0) / (static_cast<double>(t.virtual_stages) * t.micro_batches);
   std::ostringstream out;
-  const std::string title = fmt("Pipeline: %s, %d stages", t.schedule.c_str(), t.stages) +
-                            (t.virtual_stages > 1 ? fmt(" x %d chunks", t.virtual_stages) : std::string()) +
-                            fmt(", %d micro-batches; closed-form bubble (p-1)/(v m) = %.3f", t.micro_batches, closed);
+  const std::string title = "Pipeline: " + t.schedule + ", " + count_text(t.stages, "stage", "stages") +
+                            (t.virtual_stages > 1 ? fmt(" x %d chunks", t.virtual_stages) : std::string()) + ", " +
+                            count_text(t.micro_batches, "micro-batch", "micro-batches") + fmt("; closed-form bubble (p-1)/(v m) = %.3f", closed);
   const std::string predicted_bubble = t.predicted_bubble_fraction ? fmt("%.3f", *t.predicted_bubble_fraction) : "-";
   const std::vector<std::array<std::string, 3>> rows = {
       {"bubble (idle / compute)", predicted_bubble, fmt("%.3f", t.bubble_fraction)},

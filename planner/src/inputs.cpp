@@ -22,8 +22,10 @@ Result<double> parse_count(const std::string& text, bool binary, const std::stri
   const bool force_binary = suffix.size() == 2 && suffix[1] == 'i';
   const char unit = suffix.empty() ? ' ' : static_cast<char>(std::toupper(static_cast<unsigned char>(suffix[0])));
   const int power = unit == 'K' ? 1 : unit == 'M' ? 2 : unit == 'G' || unit == 'B' ? 3 : unit == 'T' ? 4 : unit == 'P' ? 5 : 0;
-  if (!suffix.empty() && (power == 0 || suffix.size() > (force_binary ? 2u : 1u))) {
-    return Error{what + ": unknown suffix \"" + suffix + "\" in \"" + text + "\" (use K, M, G, T or Ki, Mi, Gi, Ti)"};
+  // "B" is a decimal word (billion), so "Bi" means nothing.
+  if (!suffix.empty() && (power == 0 || suffix.size() > (force_binary ? 2u : 1u) || (force_binary && unit == 'B'))) {
+    return Error{what + ": unknown suffix \"" + suffix + "\" in \"" + text + "\" (accepted, in either case: K, M, G or B, T, P = powers of " +
+                 (binary ? "1024" : "1000") + " here; Ki, Mi, Gi, Ti, Pi = powers of 1024; or no suffix)"};
   }
   value *= std::pow((binary || force_binary) ? 1024.0 : 1000.0, power);
   if (!std::isfinite(value) || value <= 0) return Error{what + ": must be a positive number (got \"" + text + "\")"};

@@ -24,10 +24,56 @@ std::string shell_quote(const std::string& word) {
   return quoted + "'";
 }
 
+Result<std::vector<std::string>> split_shell_words(const std::string& text) {
+  std::vector<std::string> words;
+  std::string word;
+  bool in_word = false;  // a word has begun (a quoted empty string is a word too)
+  const auto end_word = [&] {
+    if (in_word) words.push_back(word);
+    word.clear();
+    in_word = false;
+  };
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (c == ' ' || c == '\t' || c == '\n') {
+      end_word();
+    } else if (c == '\\') {
+      if (i + 1 == text.size()) return Error{"\"" + text + "\": ends with a backslash (escape it as \\\\ or quote it)"};
+      if (text[++i] != '\n') {
+        word += text[i];
+        in_word = true;
+      }
+    } else if (c == '\'') {
+      const std::size_t close = text.find('\'', i + 1);
+      if (close == std::string::npos) return Error{"\"" + text + "\": unbalanced single quote (the ' at character " + std::to_string(i + 1) + " is never closed)"};
+      word += text.substr(i + 1, close - i - 1);
+      in_word = true;
+      i = close;
+    } else if (c == '"') {
+      const std::size_t open = i;
+      for (++i;; ++i) {
+        if (i >= text.size()) return Error{"\"" + text + "\": unbalanced double quote (the \" at character " + std::to_string(open + 1) + " is never closed)"};
+        if (text[i] == '"') break;
+        if (text[i] == '\\' && i + 1 < text.size() && std::string("\"\\$`\n").find(text[i + 1]) != std::string::npos) {
+          if (text[++i] != '\n') word += text[i];
+        } else {
+          word += text[i];
+        }
+      }
+      in_word = true;
+    } else {
+      word += c;
+      in_word = true;
+    }
+  }
+  end_word();
+  return words;
+}
+
 namespace {
 
 int gpus_per_node(const Plan& plan, const LaunchOptions& options) {
-  return options.gpus_per_node > 0 ? options.gpus_per_node : plan.cluster.gpus_per_node;
+  return options.gpus_per_node.value_or(plan.cluster.gpus_per_node);
 }
 
 std::string plural(int n, const char* word) { return std::to_string(n) + " " + word + (n == 1 ? "" : "s"); }
@@ -38,12 +84,12 @@ std::string plan_summary(const Plan& plan) {
          ParallelLayout::of(plan.parallel).text() + ")";
 }
 
-// The executor's command line after the launcher: EXECUTOR --plan ABS --steps S --measurement FILE [extra].
-// `measurement` is inserted as written (it may hold a shell variable).
+// The executor's command line after the launcher: EXECUTOR --plan ABS --steps S --measurement FILE [extra],
+// every word quoted but `measurement`, which is inserted as written (it may hold a shell variable).
 std::string executor_line(const std::string& plan_path, const LaunchOptions& options, const std::string& measurement) {
   std::string line = shell_quote(options.executor) + " --plan " + shell_quote(std::filesystem::absolute(plan_path).string()) +
                      " --steps " + std::to_string(options.steps) + " --measurement " + measurement;
-  if (!options.extra_args.empty()) line += " " + options.extra_args;
+  for (const std::string& word : options.extra_args) line += " " + shell_quote(word);
   return line;
 }
 
@@ -80,7 +126,10 @@ std::string network_hints(const std::string& kind) {
 Result<bool> check_launch(const Plan& plan, const LaunchOptions& options) {
   const int per_node = gpus_per_node(plan, options);
   if (options.nodes < 1) return Error{"--nodes: must be >= 1 (got " + std::to_string(options.nodes) + ")"};
-  if (per_node < 1) return Error{"--gpus-per-node: must be >= 1 (got " + std::to_string(per_node) + ")"};
+  if (per_node < 1) {
+    return Error{options.gpus_per_node ? "--gpus-per-node: must be >= 1 (got " + std::to_string(per_node) + ")"
+                                       : "the plan's cluster has gpus_per_node " + std::to_string(per_node) + "; give --gpus-per-node"};
+  }
   if (options.steps < 1) return Error{"--steps: must be >= 1 (got " + std::to_string(options.steps) + ")"};
   if (options.cpus_per_task < 1) return Error{"--cpus-per-task: must be >= 1 (got " + std::to_string(options.cpus_per_task) + ")"};
   const long long given = static_cast<long long>(options.nodes) * per_node;
@@ -90,8 +139,11 @@ Result<bool> check_launch(const Plan& plan, const LaunchOptions& options) {
       return Error{"plan needs " + std::to_string(plan.gpus) + " GPUs = " + plural(plan.gpus / per_node, "node") + " x " +
                    std::to_string(per_node) + " GPUs; " + gives};
     }
+    const std::string source = options.gpus_per_node ? "--gpus-per-node " + std::to_string(per_node)
+                                                     : "the cluster's " + std::to_string(per_node) + " GPUs per node";
     return Error{"plan needs " + std::to_string(plan.gpus) + " GPUs, not a whole number of nodes of " + std::to_string(per_node) +
-                 " GPUs; " + gives + " (choose --nodes and --gpus-per-node with nodes x GPUs per node = " + std::to_string(plan.gpus) + ")"};
+                 " GPUs (" + source + " does not divide " + std::to_string(plan.gpus) + "); " + gives +
+                 " (choose --nodes and --gpus-per-node with nodes x GPUs per node = " + std::to_string(plan.gpus) + ")"};
   }
   const std::pair<const char*, const std::string&> sbatch_values[] = {
       {"--partition", options.partition}, {"--account", options.account}, {"--job-name", options.job_name}, {"--time", options.time_limit}};

@@ -1,8 +1,10 @@
 #include "trainplan/planner/report.hpp"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -25,7 +27,7 @@ std::string duration_text(double seconds) {
   if (seconds < 120) return fmt("%.0f s", seconds);
   if (seconds < 7200) return fmt("%.0f min", seconds / 60);
   if (seconds < 172800) return fmt("%.1f h", seconds / 3600);
-  return fmt("%.1f days", seconds / 86400);
+  return bounded_number(seconds / 86400, 1) + " days";
 }
 
 std::string plan_line(const ParallelConfig& p) {
@@ -106,9 +108,9 @@ Row ranked_row(int rank, const Candidate& c) {
               std::to_string(p.ep), std::to_string(p.zero_stage) + (p.shard_group ? fmt("/h%d", p.shard_group) : ""),
               std::to_string(p.micro_batch), std::to_string(e.micro_batches), recompute_name(p.recompute),
               p.pp == 1 ? "-" : (p.virtual_stages > 1 ? fmt("int.v%d", p.virtual_stages) : schedule_name(p.schedule)),
-              fmt("%.1f / %.0f%s", gib(e.memory.required), gib(e.memory.capacity), e.tight ? " tight" : ""), fmt("%.2f", e.time.step.value()),
-              si(e.throughput.tokens_per_second), fmt("%.1f%%", 100 * e.throughput.mfu),
-              fmt("%.1f", e.run.wall_time.in_days()), si(e.run.gpu_hours)}};
+              bounded_number(gib(e.memory.required), 1) + " / " + bounded_number(gib(e.memory.capacity), 0) + (e.tight ? " tight" : ""),
+              bounded_number(e.time.step.value(), 2), si(e.throughput.tokens_per_second), fmt("%.1f%%", 100 * e.throughput.mfu),
+              bounded_number(e.run.wall_time.in_days(), 1), si(e.run.gpu_hours)}};
 }
 
 const std::vector<std::string> kRankedHeader = {"#", "TP", "PP", "DP", "CP", "EP", "ZeRO", "MB", "GA", "recompute", "schedule",
@@ -119,13 +121,13 @@ std::string memory_table(const Estimate& e, bool md) {
   const auto& m = e.memory;
   std::vector<Row> rows;
   const auto add = [&](const char* name, Bytes b, const std::string& note) {
-    rows.push_back(Row{{name, fmt("%.2f", gib(b)), fmt("%.0f%%", 100 * b.value() / m.capacity.value()), note}});
+    rows.push_back(Row{{name, bounded_number(gib(b), 2), bounded_number(100 * b.value() / m.capacity.value(), 0) + "%", note}});
   };
   const char* verdict = !e.fits ? "DOES NOT FIT" : e.tight ? "fits, but tight (within the memory headroom)" : "fits";
   add("weights", m.weights, "");
   add("gradients", m.gradients, "");
   add("optimizer states", m.optimizer, "incl. fp32 master weights");
-  add("activations", m.activations, fmt("peak; %.2g micro-batches in flight, logits and gradients included", m.micro_batches_in_flight));
+  add("activations", m.activations, "peak; " + count_text(m.micro_batches_in_flight, "micro-batch", "micro-batches") + " in flight, logits and gradients included");
   add("comm buffers, workspaces", m.buffers, "");
   add("= allocated", m.total, "peak of the tensors alive at once");
   add("allocator cache", m.reserved - m.total, "freed blocks PyTorch's caching allocator keeps");
@@ -142,16 +144,16 @@ std::string time_table(const Estimate& e, bool md) {
   std::vector<Row> rows;
   const auto add = [&](const char* name, Seconds s, const std::string& note) {
     if (s.value() <= 0 && std::string(name) != "step") return;
-    rows.push_back(Row{{name, fmt("%.3f", s.value()), fmt("%.1f%%", 100 * s.value() / t.step.value()), note}});
+    rows.push_back(Row{{name, bounded_number(s.value(), 3), bounded_number(100 * s.value() / t.step.value(), 1) + "%", note}});
   };
-  add("compute", t.compute, fmt("%d micro-batches", e.micro_batches));
+  add("compute", t.compute, count_text(e.micro_batches, "micro-batch", "micro-batches"));
   add("recompute", t.recompute, "");
   add("tensor-parallel comm", t.tp_comm, "exposed");
   add("context-parallel comm", t.cp_comm, "exposed part of the ring");
   add("expert-parallel comm", t.ep_comm, "all-to-all");
   add("pipeline p2p", t.pp_comm, "");
   add("pipeline bubble", t.bubble, "");
-  add("data-parallel comm", t.dp_comm_exposed, fmt("exposed, of %.3f s total", t.dp_comm_total.value()));
+  add("data-parallel comm", t.dp_comm_exposed, "exposed, of " + bounded_number(t.dp_comm_total.value(), 3) + " s total");
   add("optimizer step", t.optimizer, "");
   add("offload transfers", t.offload, "");
   add("step", t.step, "");
@@ -161,8 +163,8 @@ std::string time_table(const Estimate& e, bool md) {
 std::string run_lines(const Plan& plan, const Estimate& e) {
   const auto& r = e.run;
   std::ostringstream out;
-  out << fmt("  Checkpoint %s GB, written in %s at %.0f GB/s; optimal interval %s (Young/Daly) for a job MTBF of %s.\n",
-             si(r.checkpoint_bytes.value() / 1e9).c_str(), duration_text(r.checkpoint_write_time.value()).c_str(),
+  out << fmt("  Checkpoint %s, written in %s at %.0f GB/s; optimal interval %s (Young/Daly) for a job MTBF of %s.\n",
+             decimal_bytes_text(r.checkpoint_bytes.value()).c_str(), duration_text(r.checkpoint_write_time.value()).c_str(),
              plan.cluster.checkpoint_write_bandwidth.in_gb_per_s(), duration_text(r.checkpoint_interval.value()).c_str(),
              duration_text(r.job_mtbf.value()).c_str());
   out << fmt("  Training %s tokens: %s of compute, %s with checkpoints and failures (goodput %.1f%%), %s GPU-hours, $%s at $%.2f per GPU-hour.\n",
@@ -193,9 +195,37 @@ std::string si(double x, int precision) {
   int i = 0;
   double v = x;
   while (std::fabs(v) >= 1000 && i < 6) { v /= 1000; ++i; }
+  if (std::fabs(v) >= 1000 || !std::isfinite(v)) return fmt("%.*g", precision, x);  // past E: scientific
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.*g%s", precision, v, suffix[i]);
+  // "%g" switches to an exponent when rounding reaches 10^precision ("1e+03"): one unit up instead.
+  if (std::strchr(buf, 'e') != nullptr && i < 6) std::snprintf(buf, sizeof buf, "%.*g%s", precision, v / 1000, suffix[i + 1]);
   return buf;
+}
+
+std::string decimal_bytes_text(double bytes) {
+  const char* unit[] = {"bytes", "kB", "MB", "GB", "TB", "PB", "EB"};
+  int i = 0;
+  double v = bytes;
+  while (std::fabs(v) >= 999.5 && i < 6) { v /= 1000; ++i; }
+  if (std::fabs(v) >= 999.5 || !std::isfinite(v)) return fmt("%.3g bytes", bytes);
+  return fmt("%.3g %s", v, unit[i]);
+}
+
+std::string bounded_number(double x, int decimals, std::size_t max_width) {
+  const std::string fixed = fmt("%.*f", decimals, x);
+  return fixed.size() <= max_width && std::isfinite(x) ? fixed : fmt("%.3g", x);
+}
+
+std::string count_text(double count, const std::string& noun, const std::string& plural_noun) {
+  const std::string number = count == std::floor(count) && std::fabs(count) < 1e15 ? fmt("%.0f", count) : fmt("%.3g", count);
+  return number + " " + (count == 1 ? noun : plural_noun);
+}
+
+std::string full_precision(double x) {
+  char buf[64];
+  const auto result = std::to_chars(buf, buf + sizeof buf, x);
+  return std::string(buf, result.ptr);
 }
 
 std::string executor_command(const Plan& plan, const std::string& plan_path) {
@@ -218,10 +248,13 @@ std::string render_evaluation(const Candidate& c, const ReportContext& ctx, Form
     const auto& p = plan.parallel;
     out << stack_name(plan.training.stack) << "," << (e.fits ? "true" : "false") << "," << (e.tight ? "true" : "false") << "," << p.tp << "," << p.pp << "," << p.dp << "," << p.cp << "," << p.ep << "," << p.zero_stage
         << "," << p.micro_batch << "," << e.micro_batches << "," << recompute_name(p.recompute) << "," << schedule_name(p.schedule) << ","
-        << p.virtual_stages << "," << e.memory.total.value() << "," << e.memory.reserved.value() << "," << e.memory.required.value() << ","
-        << e.memory.capacity.value() << "," << e.time.step.value() << ","
-        << e.throughput.tokens_per_second << "," << e.throughput.mfu << "," << e.throughput.hfu << "," << e.run.wall_time.in_days() << ","
-        << e.run.gpu_hours << "," << e.run.cost_usd << "\n";
+        << p.virtual_stages;
+    // Machine-read: every number in full precision (a stream's default 6 digits lose bytes and seconds).
+    for (double x : {e.memory.total.value(), e.memory.reserved.value(), e.memory.required.value(), e.memory.capacity.value(), e.time.step.value(),
+                     e.throughput.tokens_per_second, e.throughput.mfu, e.throughput.hfu, e.run.wall_time.in_days(), e.run.gpu_hours, e.run.cost_usd}) {
+      out << "," << full_precision(x);
+    }
+    out << "\n";
     return out.str();
   }
   const bool md = format == Format::kMarkdown;
@@ -283,10 +316,13 @@ std::string render_search(const PlanRequest& req, const SearchResult& result, co
       const auto& e = c.estimate;
       out << rank++ << "," << stack_name(c.plan.training.stack) << "," << (e.tight ? "true" : "false") << "," << p.tp << "," << p.pp << "," << p.dp << "," << p.cp << "," << p.ep << "," << p.zero_stage << "," << p.shard_group
           << "," << p.micro_batch << "," << e.micro_batches << "," << recompute_name(p.recompute) << "," << schedule_name(p.schedule) << ","
-          << p.virtual_stages << "," << e.memory.total.value() << "," << e.memory.reserved.value() << "," << e.memory.required.value() << ","
-          << e.memory.capacity.value() << "," << e.time.step.value() << ","
-          << e.throughput.tokens_per_second << "," << e.throughput.tokens_per_second_per_gpu << "," << e.throughput.mfu << ","
-          << e.throughput.hfu << "," << e.run.wall_time.in_days() << "," << e.run.gpu_hours << "," << e.run.cost_usd << "\n";
+          << p.virtual_stages;
+      for (double x : {e.memory.total.value(), e.memory.reserved.value(), e.memory.required.value(), e.memory.capacity.value(), e.time.step.value(),
+                       e.throughput.tokens_per_second, e.throughput.tokens_per_second_per_gpu, e.throughput.mfu, e.throughput.hfu,
+                       e.run.wall_time.in_days(), e.run.gpu_hours, e.run.cost_usd}) {
+        out << "," << full_precision(x);
+      }
+      out << "\n";
     }
     return out.str();
   }

@@ -10,6 +10,9 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <optional>
+#include <string>
+#include <vector>
 #include <utility>
 
 namespace trainplan::planner {
@@ -128,10 +131,104 @@ std::string slower_reason(const Estimate& e, const Estimate& best) {
 
 }  // namespace
 
+std::vector<std::string> constraint_conflicts(const PlanRequest& req, const std::string& prefix) {
+  const ParallelConstraints& c = req.parallel;
+  const ModelSpec& m = req.model;
+  const std::int64_t gb = req.training.global_batch;
+  const auto n = [](long long x) { return std::to_string(x); };
+  const auto name = [&](const char* key, long long value) { return prefix + key + "=" + n(value); };
+  std::vector<std::string> out;
+
+  // The mesh axes: each alone, then the product of those fixed, against the GPUs.
+  const std::pair<const char*, std::optional<int>> axes[] = {{"tp", c.tp}, {"cp", c.cp}, {"pp", c.pp}, {"dp", c.dp}};
+  long long product = 1;
+  int fixed_axes = 0;
+  std::string factors;
+  for (const auto& [axis, value] : axes) {
+    if (!value) continue;
+    product *= *value;
+    ++fixed_axes;
+    factors += (factors.empty() ? "" : " x ") + name(axis, *value);
+  }
+  const std::string gpus = n(req.gpus) + " GPUs";
+  if (fixed_axes == 4 && product != req.gpus) {
+    out.push_back(factors + " = " + n(product) + " != " + gpus + " (all of tp, cp, pp and dp are fixed; their product must be the GPU count)");
+  } else if (product > req.gpus) {
+    out.push_back(factors + " = " + n(product) + " > " + gpus);
+  } else if (req.gpus % product != 0) {
+    out.push_back(factors + " = " + n(product) + ", which does not divide " + gpus);
+  }
+
+  if (c.tp) {
+    const int tp = *c.tp;
+    if (m.heads % tp != 0) out.push_back(name("tp", tp) + ": tp must divide the model's attention heads (" + n(m.heads) + ")");
+    else if (m.kv_heads % tp != 0 && tp % m.kv_heads != 0) out.push_back(name("tp", tp) + ": tp and the model's kv_heads (" + n(m.kv_heads) + ") must divide one another");
+    if (m.ffn_hidden % tp != 0) out.push_back(name("tp", tp) + ": tp must divide the model's ffn_hidden (" + n(m.ffn_hidden) + ")");
+  }
+  if (c.pp && *c.pp > m.layers) out.push_back(name("pp", *c.pp) + ": more pipeline stages than the model's " + n(m.layers) + " layers");
+  if (c.virtual_stages && *c.virtual_stages > 1) {
+    const int v = *c.virtual_stages;
+    if (c.pp && *c.pp == 1) out.push_back(name("v", v) + " (interleaved chunks per stage) needs pp > 1, but " + name("pp", 1));
+    if (c.pp && static_cast<long long>(*c.pp) * v > m.layers) {
+      out.push_back(name("pp", *c.pp) + " x " + name("v", v) + " = " + n(static_cast<long long>(*c.pp) * v) + " model chunks > the model's " + n(m.layers) + " layers");
+    } else if (2LL * v > m.layers) {
+      out.push_back(name("v", v) + ": at least 2 stages x " + n(v) + " chunks > the model's " + n(m.layers) + " layers");
+    }
+    if (c.schedule && *c.schedule != Schedule::kInterleaved) {
+      out.push_back(name("v", v) + " needs schedule=interleaved, but " + prefix + "schedule=" + schedule_name(*c.schedule));
+    }
+  }
+  if (c.schedule && *c.schedule == Schedule::kInterleaved && c.pp && *c.pp == 1) {
+    out.push_back(prefix + "schedule=interleaved needs pp > 1, but " + name("pp", 1));
+  }
+  if (c.cp && req.training.seq_len % *c.cp != 0) out.push_back(name("cp", *c.cp) + ": cp must divide seq_len (" + n(req.training.seq_len) + ")");
+  if (c.dp && gb % *c.dp != 0) out.push_back(name("dp", *c.dp) + ": dp must divide the global batch (" + n(gb) + " sequences)");
+  if (c.micro_batch) {
+    const int mb = *c.micro_batch;
+    if (gb % mb != 0) {
+      out.push_back(name("mb", mb) + ": the micro-batch must divide the global batch (" + n(gb) + " sequences)");
+    } else if (c.dp && gb % *c.dp == 0 && gb % (static_cast<long long>(*c.dp) * mb) != 0) {
+      out.push_back(name("dp", *c.dp) + " x " + name("mb", mb) + " = " + n(static_cast<long long>(*c.dp) * mb) + " sequences, which does not divide the global batch (" + n(gb) + ")");
+    }
+  }
+  if (c.ep && *c.ep > 1) {
+    if (!m.moe) out.push_back(name("ep", *c.ep) + ": expert parallelism needs a mixture-of-experts model (" + m.name + " has no experts)");
+    else if (m.moe->experts % *c.ep != 0) out.push_back(name("ep", *c.ep) + ": ep must divide the model's experts (" + n(m.moe->experts) + ")");
+    if (c.dp && *c.dp % *c.ep != 0) out.push_back(name("ep", *c.ep) + " must divide " + name("dp", *c.dp));
+  }
+  if (c.shard_group && *c.shard_group > 0) {
+    if (c.zero_stage && *c.zero_stage != 3) out.push_back(name("shard_group", *c.shard_group) + " (hybrid sharding) needs zero=3, but " + name("zero", *c.zero_stage));
+    if (c.dp && *c.dp % *c.shard_group != 0) out.push_back(name("shard_group", *c.shard_group) + " must divide " + name("dp", *c.dp));
+  }
+  return out;
+}
+
+namespace {
+
+// "tp=8, mb=3", the fixed values of the layout, for a message.
+std::string fixed_values_text(const ParallelConstraints& c) {
+  std::string out;
+  const std::pair<const char*, std::optional<int>> values[] = {{"tp", c.tp}, {"pp", c.pp}, {"dp", c.dp}, {"cp", c.cp}, {"ep", c.ep},
+                                                              {"zero", c.zero_stage}, {"shard_group", c.shard_group}, {"mb", c.micro_batch},
+                                                              {"v", c.virtual_stages}};
+  for (const auto& [key, value] : values) {
+    if (value) out += (out.empty() ? "" : ", ") + std::string(key) + "=" + std::to_string(*value);
+  }
+  if (c.schedule) out += (out.empty() ? "" : ", ") + std::string("schedule=") + schedule_name(*c.schedule);
+  return out.empty() ? "none" : out;
+}
+
+}  // namespace
+
 Result<SearchResult> search(const PlanRequest& req, const SearchOptions& options) {
   const auto started = std::chrono::steady_clock::now();
   auto valid = validate_request(req);
   if (!valid) return valid.error();
+  if (const std::vector<std::string> conflicts = constraint_conflicts(req, ""); !conflicts.empty()) {
+    std::string text;
+    for (const auto& why : conflicts) text += (text.empty() ? "" : "; ") + why;
+    return Error{"no valid plan: the fixed values conflict: " + text};
+  }
 
   const ModelSpec& m = req.model;
   const ParallelConstraints& c = req.parallel;
@@ -248,8 +345,9 @@ Result<SearchResult> search(const PlanRequest& req, const SearchOptions& options
               if (in_node > 1 && in_node < dp && dp % in_node == 0) groups.push_back(in_node);
             }
             for (int group : fixed_or(c.shard_group, groups)) {
-              for (int mb : divisors(gb / dp, 64)) {
-                if (c.micro_batch && mb != *c.micro_batch) continue;
+              // Unfixed micro-batches up to 64 sequences; a fixed one as given.
+              for (int mb : c.micro_batch ? std::vector<int>{*c.micro_batch} : divisors(gb / dp, 64)) {
+                if ((gb / dp) % mb != 0) continue;
                 const int micro_batches = static_cast<int>(gb / (dp * static_cast<std::int64_t>(mb)));
                 std::vector<std::pair<Schedule, int>> schedules;
                 if (c.schedule || c.virtual_stages) {
@@ -326,7 +424,7 @@ Result<SearchResult> search(const PlanRequest& req, const SearchOptions& options
   for (auto& shapes : shapes_by_unit) best_by_shape.merge(shapes);
   if (result.evaluated == 0) {
     return Error{"no valid plan: no combination of tp, cp, pp and dp fits " + std::to_string(gpus) +
-                 " GPUs with the fixed values, heads (" + std::to_string(m.heads) + ") and global batch (" +
+                 " GPUs with the fixed values (" + fixed_values_text(c) + "), heads (" + std::to_string(m.heads) + ") and global batch (" +
                  std::to_string(gb) + " sequences)"};
   }
 

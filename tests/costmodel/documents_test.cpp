@@ -386,5 +386,54 @@ TEST(BadInput, NumberBeyondDoubleRangeIsAnError) {
   EXPECT_NE(message.find("bad.json"), std::string::npos) << message;
 }
 
+// nlohmann keeps the last of two equal keys silently; every document reader refuses them,
+// naming the key's JSON pointer (RFC 6901: "~" as ~0, "/" as ~1).
+TEST(BadInput, DuplicateKeysAreRefusedNamingTheirPointer) {
+  struct Case {
+    const char* text;
+    const char* message;  // "" when the text is valid
+  };
+  const Case cases[] = {
+      {R"({"a": 1, "a": 2})", "d.json: /a: duplicate key \"a\""},
+      {R"({"x": {"b": 1, "c": 2, "b": 3}})", "d.json: /x/b: duplicate key \"b\""},
+      {R"({"x": [{"k": 1}, {"k": 1, "k": 2}]})", "d.json: /x/1/k: duplicate key \"k\""},
+      {R"([[1, 2], [3, {"z": [], "y": 0, "z": {}}]])", "d.json: /1/1/z: duplicate key \"z\""},
+      {R"({"x": [1, [2, 3], {"q": 1}], "y": {"q": {"q": 1, "w/~": 1, "w/~": 2}}})", "d.json: /y/q/w~1~0: duplicate key \"w/~\""},
+      {R"({"a": {"k": 1}, "b": {"k": 2}, "c": [{"k": 1}, {"k": 2}]})", ""},  // equal keys in different objects
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.text);
+    auto parsed = parse_json_text(c.text, "d.json");
+    if (*c.message == '\0') {
+      EXPECT_TRUE(parsed.ok()) << parsed.error().message;
+      continue;
+    }
+    ASSERT_FALSE(parsed.ok());
+    EXPECT_EQ(parsed.error().message.rfind(c.message, 0), 0u) << parsed.error().message;
+  }
+}
+
+TEST(BadInput, ADuplicateKeyInAPlanOrModelFileIsAnErrorNotTheLastValue) {
+  std::string text = good_model().dump();
+  const std::string key = "\"hidden\":4096";
+  const auto pos = text.find(key);
+  ASSERT_NE(pos, std::string::npos);
+  text.replace(pos, key.size(), key + ",\"hidden\":8192");
+  const std::string message = error_of(Kind::kModel, text);
+  EXPECT_NE(message.find("bad.json: /hidden: duplicate key \"hidden\""), std::string::npos) << message;
+}
+
+TEST(ReadTextFile, ADirectoryIsNamedAsOne) {
+  const fs::path dir = fs::temp_directory_path() / ("trainplan_read_dir_" + std::to_string(::getpid()) + ".json");
+  fs::create_directories(dir);
+  auto text = read_text_file(dir.string());
+  auto plan = load_plan_file(dir.string());
+  fs::remove_all(dir);
+  ASSERT_FALSE(text.ok());
+  EXPECT_EQ(text.error().message, dir.string() + ": is a directory, not a file");
+  ASSERT_FALSE(plan.ok());
+  EXPECT_EQ(plan.error().message, dir.string() + ": is a directory, not a file");
+}
+
 }  // namespace
 }  // namespace trainplan

@@ -4,6 +4,9 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -70,6 +73,66 @@ TEST(Resume, AFlippedByteFailsTheChecksum) {
   const Outcome o = run_executor(2, common_args(plan) + "--resume " + dir + "/ckpt");
   EXPECT_EQ(o.exit_code, 2) << o.output;
   EXPECT_NE(o.output.find("shard_00000.bin: CRC-32 mismatch"), std::string::npos) << o.output;
+}
+
+// A damaged newest checkpoint (a shard cut short, as by a full disk or a copy that stopped) is
+// skipped for the newest intact one, with a warning naming it, and the run continues exactly as
+// the uninterrupted one: nothing of the damaged checkpoint is loaded.
+TEST(Resume, ADamagedNewestCheckpointFallsBackToThePreviousOneAndSaysSo) {
+  const std::string dir = scratch_dir("fallback");
+  const std::string plan = two_rank_plan(dir, 2, 2);
+  ASSERT_EQ(run_executor(2, common_args(plan) + "--measurement " + dir + "/full.json").exit_code, 0);
+  const Outcome first = run_executor(2, common_args(plan) + "--stop-after 6 --checkpoint-every 3 --checkpoint-dir " + dir + "/ckpt");
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  const std::string shard = dir + "/ckpt/step_000006/shard_00001.bin";
+  ASSERT_TRUE(fs::exists(shard));
+  fs::resize_file(shard, fs::file_size(shard) / 2);
+
+  const Outcome resumed = run_executor(2, common_args(plan) + "--resume " + dir + "/ckpt --measurement " + dir + "/resumed.json");
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("[rank 0] executor: warning: --resume: skipping a damaged checkpoint, " + dir + "/ckpt/step_000006: " + shard),
+            std::string::npos) << resumed.output;
+  EXPECT_NE(resumed.output.find("(truncated or overwritten shard)"), std::string::npos) << resumed.output;
+  EXPECT_NE(resumed.output.find("resumed from " + dir + "/ckpt/step_000003 at step 3 (fell back to the newest intact checkpoint"),
+            std::string::npos) << resumed.output;
+  const auto full = read_json(dir + "/full.json").at("losses").get<std::vector<double>>();
+  const auto losses = read_json(dir + "/resumed.json").at("losses").get<std::vector<double>>();
+  ASSERT_EQ(losses.size(), 20u);
+  for (std::size_t i = 0; i < 20; ++i) EXPECT_DOUBLE_EQ(losses[i], full[i]) << "step " << i + 1;
+}
+
+// The manifest carries the CRC-32 of its own text: an edit that leaves it valid JSON (here the
+// trainer's step) is damage, not data to load.
+TEST(Resume, AnEditedManifestFailsItsOwnChecksum) {
+  const std::string dir = scratch_dir("manifest");
+  const std::string plan = two_rank_plan(dir, 1, 4);
+  ASSERT_EQ(run_executor(2, common_args(plan) + "--stop-after 2 --checkpoint-dir " + dir + "/ckpt").exit_code, 0);
+  const std::string manifest = dir + "/ckpt/step_000002/manifest.json";
+  nlohmann::json m = read_json(manifest);
+  ASSERT_TRUE(m.contains("manifest_crc32")) << m.dump();
+  m["trainer"]["step"] = 1;
+  std::ofstream(manifest) << m.dump(2);
+  const Outcome o = run_executor(2, common_args(plan) + "--resume " + dir + "/ckpt");
+  EXPECT_EQ(o.exit_code, 2) << o.output;
+  EXPECT_NE(o.output.find("no intact checkpoint to resume from: " + dir + "/ckpt/step_000002: " + manifest + ": CRC-32 mismatch (corrupt manifest)"),
+            std::string::npos) << o.output;
+}
+
+// Two ranks failing at once (a token file neither can open): each line they print starts with
+// its rank, so the lines cannot run into each other and say whose they are.
+TEST(Failure, RanksFailingAtOncePrefixEveryLineWithTheirRank) {
+  const std::string dir = scratch_dir("prefix");
+  const std::string plan = two_rank_plan(dir, 1, 4);
+  const Outcome o = run_executor(2, common_args(plan) + "--data " + dir + "/no-such-tokens.bin");
+  EXPECT_EQ(o.exit_code, 2) << o.output;
+  std::istringstream lines(o.output);
+  int reported = 0;
+  for (std::string line; std::getline(lines, line);) {
+    if (line.find("executor: ") == std::string::npos) continue;  // mpirun's own lines
+    EXPECT_TRUE(line.rfind("[rank 0] executor: ", 0) == 0 || line.rfind("[rank 1] executor: ", 0) == 0) << line << "\nin:\n" << o.output;
+    if (line.find("no-such-tokens.bin: cannot open token file") != std::string::npos) ++reported;
+  }
+  EXPECT_GE(reported, 1) << o.output;
 }
 
 TEST(Failure, AKilledRankEndsTheRunWithinSixtySecondsAndKeepsCheckpoints) {

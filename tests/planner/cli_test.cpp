@@ -3,8 +3,13 @@
 // (TRAINPLAN_PLANNER_BIN, TRAINPLAN_SOURCE_DIR, a temporary folder), so no test depends on the
 // working directory.
 
+#include <algorithm>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -139,7 +144,7 @@ TEST_F(PlannerCli, BadInputExitsTwoWithOneLineMessage) {
       {"unknown stack", "--model 8b --gpus 8 --stack jax", "--stack: must be one of trainplan | pytorch-eager | torch-compile | megatron-te (got \"jax\")"},
       {"headroom past half of HBM", "--model 8b --gpus 8 --memory-headroom 60", "--memory-headroom"},
       {"negative headroom", "--model 8b --gpus 8 --memory-headroom -1", "--memory-headroom"},
-      {"heads not divisible by tp", "--model 70b --gpus 64 --fix tp=3", "tp(3) must divide heads (64)"},
+      {"heads not divisible by tp", "--model 70b --gpus 64 --fix tp=3", "--fix tp=3: tp must divide the model's attention heads (64)"},
       {"unknown cluster", "--model 8b --gpus 8 --cluster dgx-z900", "unknown cluster \"dgx-z900\""},
       {"bad --fix key", "--model 8b --gpus 8 --fix tensor=2", "unknown key"},
   });
@@ -201,6 +206,123 @@ TEST_F(PlannerCli, SavedPlanIsAcceptedByEvaluate) {
   EXPECT_EQ(evaluated.at("parallel"), recommended.at("parallel"));
   EXPECT_EQ(evaluated.at("fits"), true);
   EXPECT_DOUBLE_EQ(evaluated.at("time").at("step_seconds").get<double>(), recommended.at("time").at("step_seconds").get<double>());
+}
+
+// Issue 14's reliability items, each as a user meets it.
+
+TEST_F(PlannerCli, DuplicateJsonKeysAreBadInputNamingTheKeyAndPointer) {
+  const fs::path plan = dir_ / "plan.json";
+  ASSERT_EQ(run("--model 8b --gpus 8 --quiet --save-plan " + quote(plan.string())).exit_code, 0);
+  std::ifstream in(plan);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const auto at = text.find("\"parallel\": {");
+  ASSERT_NE(at, std::string::npos) << text;
+  text.insert(at + 13, "\"zero_stage\": 3, ");
+  const fs::path duplicate = write("duplicate.json", text);
+  for (const std::string command : {"evaluate ", "search ", "launch --nodes 1 "}) {
+    SCOPED_TRACE(command);
+    testing::expect_bad_input(run(command + quote(duplicate.string())),
+                              duplicate.string() + ": /parallel/zero_stage: duplicate key \"zero_stage\"");
+  }
+}
+
+TEST_F(PlannerCli, ADirectoryGivenAsAJsonFileSaysSo) {
+  fs::create_directories(dir_ / "model.json");
+  expect_bad_inputs({
+      {"plan", "evaluate " + quote(dir_.string()), dir_.string() + ": is a directory, not a file"},
+      {"model", "--model " + quote((dir_ / "model.json").string()) + " --gpus 8", (dir_ / "model.json").string() + ": is a directory, not a file"},
+      {"cluster", "--model 8b --gpus 8 --cluster " + quote((dir_ / "model.json").string()), ": is a directory, not a file"},
+      {"missing file", "evaluate " + quote((dir_ / "nope.json").string()), (dir_ / "nope.json").string() + ": cannot open file (No such file or directory)"},
+  });
+}
+
+TEST_F(PlannerCli, AFailedSavePlanLeavesNoTemporaryFile) {
+  fs::create_directories(dir_ / "taken");
+  testing::expect_bad_input(run("--model 8b --gpus 8 --quiet --save-plan " + quote((dir_ / "taken").string())),
+                            (dir_ / "taken").string() + ": is a directory, not a file");
+  testing::expect_bad_input(run("--model 8b --gpus 8 --quiet --save-plan " + quote((dir_ / "no-dir" / "p.json").string())),
+                            (dir_ / "no-dir" / "p.json").string() + ": cannot write");
+  std::vector<std::string> left;
+  for (const auto& entry : fs::directory_iterator(dir_)) left.push_back(entry.path().filename().string());
+  std::sort(left.begin(), left.end());
+  EXPECT_EQ(left, (std::vector<std::string>{"stderr.txt", "taken"}));
+}
+
+TEST_F(PlannerCli, ContradictoryFixValuesNameTheConstraints) {
+  expect_bad_inputs({
+      {"axes beyond the GPUs", "--model 8b --gpus 32 --fix tp=8 --fix pp=8", "no plan can satisfy the fixed values: --fix tp=8 x --fix pp=8 = 64 > 32 GPUs"},
+      {"one key twice", "--model 8b --gpus 32 --fix tp=2 --fix tp=4", "--fix tp=2 and --fix tp=4 contradict each other: tp can be fixed once"},
+      {"aliases of one key", "--model 8b --gpus 32 --fix zero=1 --fix zero_stage=3", "--fix zero=1 and --fix zero_stage=3 contradict each other"},
+      {"interleaved without a pipeline", "--model 8b --gpus 32 --fix schedule=interleaved --fix pp=1",
+       "--fix schedule=interleaved needs pp > 1, but --fix pp=1"},
+      {"micro-batch", "--model 8b --gpus 32 --fix mb=3", "--fix mb=3: the micro-batch must divide the global batch (512 sequences)"},
+      {"hybrid shard", "--model 8b --gpus 32 --fix zero=1 --fix shard_group=2", "--fix shard_group=2 (hybrid sharding) needs zero=3, but --fix zero=1"},
+  });
+  // The same value twice is no contradiction.
+  EXPECT_EQ(run("--model 8b --gpus 8 --quiet --fix sp=on --fix sequence_parallel=true --fix tp=2").exit_code, 0);
+}
+
+TEST_F(PlannerCli, TrainTokensErrorListsEverySuffix) {
+  testing::expect_bad_input(run("--model 8b --gpus 8 --train-tokens 15X"),
+                            "--train-tokens: unknown suffix \"X\" in \"15X\" (accepted, in either case: K, M, G or B, T, P = powers of 1000 here; "
+                            "Ki, Mi, Gi, Ti, Pi = powers of 1024; or no suffix)");
+  // Every suffix the message lists is accepted.
+  for (const char* count : {"1e7K", "1e4M", "10G", "10B", "1T", "0.001P", "1e7Ki", "1e4Mi", "10Gi", "1Ti", "0.001Pi", "1e7k", "1t"}) {
+    SCOPED_TRACE(count);
+    const Outcome r = run("--model 8b --gpus 8 --quiet --format json --top 1 --train-tokens " + std::string(count));
+    EXPECT_EQ(r.exit_code, 0) << r.all();
+  }
+}
+
+TEST_F(PlannerCli, CsvKeepsFullPrecision) {
+  const Outcome csv = run("--model 8b --gpus 8 --quiet --format csv --top 1");
+  const Outcome json = run("--model 8b --gpus 8 --quiet --format json --top 1");
+  ASSERT_EQ(csv.exit_code, 0) << csv.all();
+  ASSERT_EQ(json.exit_code, 0) << json.all();
+  const auto header_end = csv.out.find('\n');
+  std::vector<std::string> names, values;
+  std::string cell;
+  for (std::istringstream in(csv.out.substr(0, header_end)); std::getline(in, cell, ',');) names.push_back(cell);
+  for (std::istringstream in(csv.out.substr(header_end + 1, csv.out.find('\n', header_end + 1) - header_end - 1)); std::getline(in, cell, ',');) values.push_back(cell);
+  ASSERT_EQ(names.size(), values.size()) << csv.out;
+  const auto value_of = [&](const std::string& name) {
+    const auto it = std::find(names.begin(), names.end(), name);
+    return it == names.end() ? std::string() : values[static_cast<std::size_t>(it - names.begin())];
+  };
+  const nlohmann::json best = nlohmann::json::parse(json.out).at("recommended");
+  // Each number reads back as exactly the double the estimate holds.
+  EXPECT_EQ(std::stod(value_of("step_seconds")), best.at("time").at("step_seconds").get<double>()) << value_of("step_seconds");
+  EXPECT_EQ(std::stod(value_of("memory_total_bytes")), best.at("memory").at("total_bytes").get<double>()) << value_of("memory_total_bytes");
+  EXPECT_EQ(std::stod(value_of("tokens_per_second")), best.at("throughput").at("tokens_per_second").get<double>()) << value_of("tokens_per_second");
+}
+
+TEST_F(PlannerCli, ReportTextUsesUnitsSingularsAndBoundedCells) {
+  const Outcome big = run("--model 405b --gpus 1024 --quiet");
+  ASSERT_EQ(big.exit_code, 0) << big.all();
+  EXPECT_NE(big.out.find(" TB, written in"), std::string::npos) << big.out;  // 405B's states: terabytes
+  EXPECT_EQ(big.out.find(" K GB"), std::string::npos) << big.out;
+
+  const fs::path plan = dir_ / "one.json";
+  ASSERT_EQ(run("--model 8b --gpus 8 --global-batch 8 --fix tp=1 --fix pp=1 --fix dp=8 --fix mb=1 --quiet --save-plan " + quote(plan.string())).exit_code, 0);
+  const Outcome one = run("evaluate " + quote(plan.string()));
+  ASSERT_EQ(one.exit_code, 0) << one.all();
+  EXPECT_NE(one.out.find(" 1 micro-batch "), std::string::npos) << one.out;
+  EXPECT_EQ(one.out.find(" 1 micro-batches"), std::string::npos) << one.out;
+
+  // 1e18 tokens on one GPU: ~2e8 days, which "%.1f" printed as 11 characters and more.
+  const Outcome huge = run("--model 1.1b --gpus 1 --train-tokens 1e18 --quiet");
+  ASSERT_EQ(huge.exit_code, 0) << huge.all();
+  const auto top = huge.out.find("Top plans\n");
+  ASSERT_NE(top, std::string::npos) << huge.out;
+  std::istringstream table(huge.out.substr(top + 10, huge.out.find("\n\n", top) - top - 10));
+  std::size_t width = 0;
+  for (std::string line; std::getline(table, line);) {
+    if (width == 0) width = line.size();
+    EXPECT_EQ(line.size(), width) << line;
+    std::istringstream cells(line);
+    for (std::string c; cells >> c;) EXPECT_LE(c.size(), 10u) << c << " in " << line;
+  }
+  EXPECT_NE(huge.out.find("e+08 days"), std::string::npos) << huge.out;
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 // Inputs as people type them (shared by the CLI and the GUI) and the HTML form of the reports.
 
+#include <cmath>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -44,6 +45,23 @@ TEST(ParseCount, RejectsWordsUnknownSuffixesAndNonPositiveValues) {
     EXPECT_EQ(v.error().message.rfind("--seq-len: ", 0), 0u) << v.error().message;
     EXPECT_NE(v.error().message.find(c.fragment), std::string::npos) << v.error().message;
   }
+}
+
+TEST(ParseCount, TheUnknownSuffixErrorListsEveryAcceptedSuffix) {
+  auto decimal = parse_count("15X", false, "--train-tokens");
+  ASSERT_FALSE(decimal.ok());
+  EXPECT_EQ(decimal.error().message, "--train-tokens: unknown suffix \"X\" in \"15X\" (accepted, in either case: K, M, G or B, T, P = powers of "
+                                     "1000 here; Ki, Mi, Gi, Ti, Pi = powers of 1024; or no suffix)");
+  auto binary = parse_count("4Q", true, "--global-batch-tokens");
+  ASSERT_FALSE(binary.ok());
+  EXPECT_NE(binary.error().message.find("K, M, G or B, T, P = powers of 1024 here"), std::string::npos) << binary.error().message;
+  // Each listed suffix is accepted; "Bi" (billion is decimal) is not.
+  for (const char* s : {"1K", "1M", "1G", "1B", "1T", "1P", "1Ki", "1Mi", "1Gi", "1Ti", "1Pi", "1k", "1p", "1pi"}) {
+    EXPECT_TRUE(parse_count(s, false, "--train-tokens").ok()) << s;
+  }
+  EXPECT_FALSE(parse_count("1Bi", false, "--train-tokens").ok());
+  EXPECT_DOUBLE_EQ(*parse_count("2Pi", false, "x"), 2 * std::pow(1024.0, 5));
+  EXPECT_DOUBLE_EQ(*parse_count("2P", false, "x"), 2e15);
 }
 
 TEST(ApplyConstraint, FixesEachKeyAndNamesTheRuleOnBadValues) {

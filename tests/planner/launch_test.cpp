@@ -2,7 +2,10 @@
 // prints, the check of nodes x GPUs per node against the plan's world size, and the command line.
 
 #include <filesystem>
+#include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -108,7 +111,7 @@ TEST(SlurmScript, NamesPartitionAccountTimeJobNameAndExtraArguments) {
   o.job_name = "llama70b";
   o.steps = 20;
   o.cpus_per_task = 12;
-  o.extra_args = "--seed 7";
+  o.extra_args = {"--seed", "7"};
   auto script = planner::slurm_script(llama70b_on_64(), "/plans/70b.json", o);
   ASSERT_TRUE(script.ok()) << script.error().message;
   for (const char* line : {"#SBATCH --partition=h100\n", "#SBATCH --account=llm-team\n", "#SBATCH --time=2-00:00:00\n",
@@ -158,21 +161,25 @@ TEST(TorchrunCommands, GpusPerNodeDefaultsToTheClustersAndMayBeGiven) {
 
 TEST(LaunchCheck, NodesTimesGpusPerNodeMustEqualThePlansGpus) {
   struct Case {
-    int nodes, gpus_per_node;
-    std::string message;  // empty: accepted
+    int nodes;
+    std::optional<int> gpus_per_node;  // none: the cluster's 8
+    std::string message;               // empty: accepted
   };
   const Case cases[] = {
-      {8, 0, ""},
+      {8, std::nullopt, ""},
       {16, 4, ""},
-      {4, 0, "plan needs 64 GPUs = 8 nodes x 8 GPUs; --nodes 4 gives 32"},
-      {9, 0, "plan needs 64 GPUs = 8 nodes x 8 GPUs; --nodes 9 gives 72"},
-      {1, 0, "plan needs 64 GPUs = 8 nodes x 8 GPUs; --nodes 1 gives 8"},
-      {3, 7, "plan needs 64 GPUs, not a whole number of nodes of 7 GPUs; --nodes 3 gives 21 (choose --nodes and --gpus-per-node "
-             "with nodes x GPUs per node = 64)"},
-      {0, 0, "--nodes: must be >= 1 (got 0)"},
+      {4, std::nullopt, "plan needs 64 GPUs = 8 nodes x 8 GPUs; --nodes 4 gives 32"},
+      {9, std::nullopt, "plan needs 64 GPUs = 8 nodes x 8 GPUs; --nodes 9 gives 72"},
+      {1, std::nullopt, "plan needs 64 GPUs = 8 nodes x 8 GPUs; --nodes 1 gives 8"},
+      {3, 7, "plan needs 64 GPUs, not a whole number of nodes of 7 GPUs (--gpus-per-node 7 does not divide 64); --nodes 3 gives 21 "
+             "(choose --nodes and --gpus-per-node with nodes x GPUs per node = 64)"},
+      {0, std::nullopt, "--nodes: must be >= 1 (got 0)"},
+      // 0 given is refused, not taken for "the cluster's" (8 nodes x 8 would have passed).
+      {8, 0, "--gpus-per-node: must be >= 1 (got 0)"},
+      {8, -2, "--gpus-per-node: must be >= 1 (got -2)"},
   };
   for (const Case& c : cases) {
-    SCOPED_TRACE("nodes " + std::to_string(c.nodes) + ", gpus per node " + std::to_string(c.gpus_per_node));
+    SCOPED_TRACE("nodes " + std::to_string(c.nodes) + ", gpus per node " + (c.gpus_per_node ? std::to_string(*c.gpus_per_node) : "default"));
     planner::LaunchOptions o = options_for(c.nodes);
     o.gpus_per_node = c.gpus_per_node;
     auto ok = planner::check_launch(llama70b_on_64(), o);
@@ -204,6 +211,67 @@ TEST(ShellQuote, LeavesSafeWordsAndSingleQuotesTheRest) {
   EXPECT_EQ(planner::shell_quote("$HOME;rm"), "'$HOME;rm'");
   EXPECT_EQ(planner::shell_quote("it's"), "'it'\\''s'");
   EXPECT_EQ(planner::shell_quote(""), "''");
+}
+
+TEST(LaunchCheck, AClusterWhoseNodesDoNotDivideThePlanSaysSo) {
+  costmodel::Plan plan = llama70b_on_64();
+  plan.cluster.gpus_per_node = 6;
+  auto ok = planner::check_launch(plan, options_for(10));
+  ASSERT_FALSE(ok.ok());
+  EXPECT_EQ(ok.error().message,
+            "plan needs 64 GPUs, not a whole number of nodes of 6 GPUs (the cluster's 6 GPUs per node does not divide 64); --nodes 10 gives 60 "
+            "(choose --nodes and --gpus-per-node with nodes x GPUs per node = 64)");
+}
+
+TEST(SplitShellWords, FollowsTheShellsQuotingWithoutExpansion) {
+  struct Case {
+    std::string text;
+    std::vector<std::string> words;
+  };
+  const Case cases[] = {
+      {"--seed 7", {"--seed", "7"}},
+      {"  a\t b\n\nc  ", {"a", "b", "c"}},
+      {"", {}},
+      {"a;b $(touch pwned) `id` $HOME *", {"a;b", "$(touch", "pwned)", "`id`", "$HOME", "*"}},
+      {"'$(touch pwned)'", {"$(touch pwned)"}},
+      {"\"it's \\\"quoted\\\"\"", {"it's \"quoted\""}},
+      {"'line one\nline two'", {"line one\nline two"}},
+      {"x\\ y a\\'b", {"x y", "a'b"}},
+      {"\"a\\$b\\`c\\\\d\\e\"", {"a$b`c\\d\\e"}},  // in "...", a backslash escapes only " \ $ ` and newline
+      {"'' \"\" x''y", {"", "", "xy"}},
+      {"a\\\nb", {"ab"}},  // backslash-newline joins lines
+      {"--name='a b'c", {"--name=a bc"}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.text);
+    auto words = planner::split_shell_words(c.text);
+    ASSERT_TRUE(words.ok()) << words.error().message;
+    EXPECT_EQ(*words, c.words);
+  }
+}
+
+TEST(SplitShellWords, UnclosedQuotesAndATrailingBackslashAreErrors) {
+  const std::pair<std::string, std::string> cases[] = {
+      {"--note 'oops", "unbalanced single quote (the ' at character 8 is never closed)"},
+      {"\"oops", "unbalanced double quote (the \" at character 1 is never closed)"},
+      {"\"a\\\"", "unbalanced double quote"},
+      {"a\\", "ends with a backslash"},
+  };
+  for (const auto& [text, fragment] : cases) {
+    auto words = planner::split_shell_words(text);
+    ASSERT_FALSE(words.ok()) << text;
+    EXPECT_TRUE(contains(words.error().message, fragment)) << words.error().message;
+  }
+}
+
+TEST(SlurmScript, QuotesEveryExtraArgumentSoTheShellPassesItLiterally) {
+  planner::LaunchOptions o = options_for(8);
+  o.extra_args = {"a;b", "$(touch pwned)", "it's \"quoted\"", "line one\nline two", "--seed"};
+  auto script = planner::slurm_script(llama70b_on_64(), "/plans/70b.json", o);
+  ASSERT_TRUE(script.ok()) << script.error().message;
+  EXPECT_TRUE(contains(*script, "--measurement \"measurement-${SLURM_JOB_ID}.json\" 'a;b' '$(touch pwned)' 'it'\\''s \"quoted\"' "
+                                "'line one\nline two' --seed\n"))
+      << *script;
 }
 
 class LaunchCli : public testing::PlannerCliTest {
@@ -259,7 +327,19 @@ TEST_F(LaunchCli, BadInputExitsTwoNamingThePlan) {
       {"malformed plan", "launch " + quote(malformed.string()) + " --nodes 8", malformed.string() + ": line 1"},
       {"white space in --account", "launch " + quote(plan.string()) + " --nodes 8 --slurm --account 'a b'",
        plan.string() + ": --account: \"a b\" must not contain white space"},
+      {"zero GPUs per node", "launch " + quote(plan.string()) + " --nodes 8 --gpus-per-node 0", plan.string() + ": --gpus-per-node: must be >= 1 (got 0)"},
+      {"GPUs per node that do not divide the plan's", "launch " + quote(plan.string()) + " --nodes 9 --gpus-per-node 7",
+       "(--gpus-per-node 7 does not divide 64)"},
+      {"an unclosed quote in --extra", "launch " + quote(plan.string()) + " --nodes 8 --extra \"--note 'oops\"",
+       "--extra \"--note 'oops\": unbalanced single quote"},
   });
+}
+
+TEST_F(LaunchCli, ExtraMayBeRepeatedAndEachWordIsQuoted) {
+  const fs::path plan = saved_plan();
+  const auto r = run("launch " + quote(plan.string()) + " --nodes 8 --executor /x/executor --extra '--seed 7' --extra " + quote("'a;b' \"$(id)\""));
+  ASSERT_EQ(r.exit_code, 0) << r.all();
+  EXPECT_TRUE(contains(r.out, " --seed 7 'a;b' '$(id)'\n")) << r.out;
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -12,6 +13,7 @@
 
 #include "test_support.hpp"
 #include "trainplan/costmodel/estimate.hpp"
+#include "trainplan/planner/inputs.hpp"
 #include "trainplan/planner/search.hpp"
 
 namespace trainplan {
@@ -130,6 +132,68 @@ TEST(Search, FixedAxesThatDoNotDivideTheGpusAreAnError) {
   auto s = planner::search(r);
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.error().message.find("gpus(64)"), std::string::npos) << s.error().message;
+}
+
+// Fixed values that cannot hold together: the error names each value involved and the rule, not
+// "no combination fits".
+TEST(ConstraintConflicts, NameTheFixedValuesAndTheRuleTheyBreak) {
+  struct Case {
+    const char* what;
+    std::string model;
+    int gpus;
+    std::vector<std::pair<const char*, const char*>> fixes;
+    std::string conflict;  // expected among the conflicts; "" for none
+  };
+  const Case cases[] = {
+      {"axes beyond the GPUs", "llama3-8b", 32, {{"tp", "8"}, {"pp", "8"}}, "--fix tp=8 x --fix pp=8 = 64 > 32 GPUs"},
+      {"axes not dividing the GPUs", "llama3-8b", 48, {{"tp", "8"}, {"pp", "4"}}, "--fix tp=8 x --fix pp=4 = 32, which does not divide 48 GPUs"},
+      {"all axes fixed, product short", "llama3-8b", 32, {{"tp", "2"}, {"pp", "2"}, {"dp", "2"}, {"cp", "1"}},
+       "--fix tp=2 x --fix cp=1 x --fix pp=2 x --fix dp=2 = 8 != 32 GPUs (all of tp, cp, pp and dp are fixed; their product must be the GPU count)"},
+      {"tp not dividing heads", "llama3-8b", 32, {{"tp", "3"}}, "--fix tp=3: tp must divide the model's attention heads (32)"},
+      {"pp beyond layers", "llama3-8b", 64, {{"pp", "64"}}, "--fix pp=64: more pipeline stages than the model's 32 layers"},
+      {"chunks beyond layers", "llama3-8b", 32, {{"pp", "16"}, {"v", "4"}}, "--fix pp=16 x --fix v=4 = 64 model chunks > the model's 32 layers"},
+      {"interleaved without a pipeline", "llama3-8b", 32, {{"schedule", "interleaved"}, {"pp", "1"}},
+       "--fix schedule=interleaved needs pp > 1, but --fix pp=1"},
+      {"chunks under 1f1b", "llama3-8b", 32, {{"v", "2"}, {"schedule", "1f1b"}}, "--fix v=2 needs schedule=interleaved, but --fix schedule=1f1b"},
+      {"micro-batch not dividing the batch", "llama3-8b", 32, {{"mb", "3"}},
+       "--fix mb=3: the micro-batch must divide the global batch (512 sequences)"},
+      {"dp x micro-batch beyond the batch", "llama3-8b", 32, {{"dp", "32"}, {"mb", "32"}},
+       "--fix dp=32 x --fix mb=32 = 1024 sequences, which does not divide the global batch (512)"},
+      {"hybrid shard under ZeRO-1", "llama3-8b", 32, {{"zero", "1"}, {"shard_group", "2"}}, "--fix shard_group=2 (hybrid sharding) needs zero=3, but --fix zero=1"},
+      {"experts on a dense model", "llama3-8b", 32, {{"ep", "2"}}, "--fix ep=2: expert parallelism needs a mixture-of-experts model (llama3-8b has no experts)"},
+      {"values that fit", "llama3-8b", 32, {{"tp", "8"}, {"pp", "4"}, {"mb", "1"}}, ""},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    PlanRequest r = request(c.model, "dgx-h100", c.gpus);
+    for (const auto& [key, value] : c.fixes) ASSERT_TRUE(planner::apply_constraint(key, value, r.parallel).ok()) << key;
+    const std::vector<std::string> conflicts = planner::constraint_conflicts(r, "--fix ");
+    if (c.conflict.empty()) {
+      EXPECT_TRUE(conflicts.empty()) << conflicts.front();
+    } else {
+      EXPECT_NE(std::find(conflicts.begin(), conflicts.end(), c.conflict), conflicts.end())
+          << "no \"" << c.conflict << "\" among: " << (conflicts.empty() ? std::string("(none)") : conflicts.front());
+    }
+  }
+}
+
+TEST(Search, ConflictingFixedValuesFailNamingThemNotNoCombinationFits) {
+  PlanRequest r = request("llama3-8b", "dgx-h100", 32);
+  r.parallel.schedule = Schedule::kInterleaved;
+  r.parallel.pp = 1;
+  auto s = planner::search(r);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.error().message, "no valid plan: the fixed values conflict: schedule=interleaved needs pp > 1, but pp=1");
+}
+
+TEST(Search, AFixedMicroBatchAbove64IsSearched) {
+  PlanRequest r = request("llama3-8b", "dgx-h100", 8);
+  r.parallel.micro_batch = 128;
+  r.parallel.tp = 8;
+  r.training.seq_len = 512;
+  const SearchResult s = run_search(r);
+  EXPECT_GT(s.evaluated, 0);
+  for (const auto& c : s.ranked) EXPECT_EQ(c.plan.parallel.micro_batch, 128);
 }
 
 // Llama 3 405B needs ~811 GB just for 16-bit weights; 8 A100 40GB hold 344 GB in all.

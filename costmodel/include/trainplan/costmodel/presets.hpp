@@ -38,11 +38,14 @@ inline constexpr const char* kDefaultCluster = "dgx-h100";
 [[nodiscard]] Result<ModelSpec> find_model(const std::string& name_or_path);
 [[nodiscard]] Result<HardwareProfile> find_hwprofile(const std::string& name_or_path);
 
-// Reads a whole file; the error names the path.
+// Reads a whole file; the error names the path ("x.json: cannot open file", "dir: is a
+// directory, not a file").
 [[nodiscard]] Result<std::string> read_text_file(const std::string& path);
 
 // Parses JSON text; a syntax error names `file`, the line and the column
-// ("m.json: line 3, column 7: malformed JSON (...)"). For documents read outside costmodel.
+// ("m.json: line 3, column 7: malformed JSON (...)"), and a key repeated in one object is an
+// error naming its JSON pointer ("m.json: /parallel/tp: duplicate key \"tp\" ..."). Every JSON
+// document trainplan reads (planner, executor, GUI) goes through this or the costmodel loaders.
 [[nodiscard]] Result<nlohmann::json> parse_json_text(const std::string& text, const std::string& file);
 
 }  // namespace trainplan::costmodel

@@ -38,6 +38,11 @@ struct RunOptions {
   int64_t trace_step = 0;              // step whose timeline goes into the measurement's `trace`; 0 = the last
 };
 
+// Prints `text` on standard error as this process's rank of the job (from the launcher's
+// environment, 0 for a single process): every line prefixed "[rank N] ", the whole message in
+// one write, so ranks failing at once never mix their lines.
+void print_rank_message(const std::string& text);
+
 // Runs the plan in this process as one rank of the job the environment describes (MPI launcher,
 // torchrun/SLURM variables, or a single process). Returns the exit code: 0 success, 2 bad input
 // (plan, data, checkpoint), 3 a failure during the run (dead peer, I/O). Messages go to stderr

@@ -10,10 +10,12 @@
 
 namespace trainplan::planner {
 
-// A positive count: a number with an optional suffix K, M, G (or B), T, P. The suffixes are powers
-// of 1024 when `binary` (a "4M-token batch" = 4 * 2^20) and of 1000 otherwise ("15T tokens" =
-// 15e12); Ki, Mi, Gi, Ti are always binary. `what` names the input in the error, e.g.
-// "--seq-len: unknown suffix "X" in "8X" (use K, M, G, T or Ki, Mi, Gi, Ti)".
+// A positive count: a number with an optional suffix K, M, G (or B), T, P, in either case. The
+// suffixes are powers of 1024 when `binary` (a "4M-token batch" = 4 * 2^20) and of 1000 otherwise
+// ("15T tokens" = 15e12); Ki, Mi, Gi, Ti, Pi are always binary. `what` names the input in the
+// error, which lists every accepted suffix: "--seq-len: unknown suffix "X" in "8X" (accepted, in
+// either case: K, M, G or B, T, P = powers of 1024 here; Ki, Mi, Gi, Ti, Pi = powers of 1024; or
+// no suffix)".
 [[nodiscard]] costmodel::Result<double> parse_count(const std::string& text, bool binary, const std::string& what);
 
 // Fixes one parallel setting in `constraints`. Keys: tp, pp, dp, cp, ep, zero (zero_stage),

@@ -3,6 +3,7 @@
 // every node, that starts the executor on exactly the plan's world size (one process per GPU).
 // The texts are returned, not run.
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -16,8 +17,9 @@ inline constexpr int kDefaultMasterPort = 29500;
 struct LaunchOptions {
   // Nodes to run on. REQUIRES: nodes * gpus per node == the plan's gpus (checked).
   int nodes = 0;
-  // GPUs (executor processes) per node. Default 0: the plan cluster's gpus_per_node.
-  int gpus_per_node = 0;
+  // GPUs (executor processes) per node. Default (none): the plan cluster's gpus_per_node.
+  // REQUIRES: >= 1 when given (checked; 0 is refused, not read as "the default").
+  std::optional<int> gpus_per_node;
   // Optimizer steps the executor runs. REQUIRES: >= 1.
   int steps = 50;
   // The executor as the nodes see it: a path, or a name on their PATH.
@@ -27,8 +29,10 @@ struct LaunchOptions {
   // SLURM only, each written as an #SBATCH line when not empty. REQUIRES: no white space;
   // time_limit in SLURM's forms (digits, ':' and '-', e.g. 12:00:00 or 2-00:00:00).
   std::string partition, account, time_limit, job_name;
-  // Appended to the executor's command line as written (shell words, not quoted).
-  std::string extra_args;
+  // More executor arguments, one word each (split_shell_words splits `--extra` text into them);
+  // each is shell-quoted onto the executor's command line, so it reaches the executor as one
+  // literal argument whatever it holds (;, $(...), quotes, newlines).
+  std::vector<std::string> extra_args;
   int master_port = kDefaultMasterPort;
 };
 
@@ -55,6 +59,14 @@ struct LaunchOptions {
 // $MASTER_ADDR:port) to start on each node. Errors as check_launch.
 [[nodiscard]] costmodel::Result<std::string> torchrun_commands(const costmodel::Plan& plan, const std::string& plan_path,
                                                                const LaunchOptions& options);
+
+// Splits `text` into words by the POSIX shell's quoting rules, without any expansion: blanks
+// (space, tab, newline) separate words; '...' keeps everything literally; "..." keeps everything
+// but lets a backslash escape " \ $ ` and newline; a backslash outside quotes keeps the next
+// character (backslash-newline joins lines). $, `, ;, |, &, *, # and the like are ordinary
+// characters. An unclosed quote or a trailing backslash is an error naming it.
+// split_shell_words("--note 'a b' x\\ y") == {"--note", "a b", "x y"}.
+[[nodiscard]] costmodel::Result<std::vector<std::string>> split_shell_words(const std::string& text);
 
 // `word` as one POSIX shell word: unchanged when it is made of safe characters
 // (letters, digits, and _ @ % + = : , . / -), else single-quoted.

@@ -68,6 +68,15 @@ struct SearchResult {
 // a search whose plans all run out of memory returns an empty `ranked` and the alternatives.
 [[nodiscard]] costmodel::Result<SearchResult> search(const costmodel::PlanRequest& request, const SearchOptions& options = {});
 
+// Why the fixed values of `request.parallel` cannot all hold, one sentence per broken rule, each
+// naming the values involved as `prefix` + "key=value" (prefix "--fix " for the CLI) and the
+// rule: "--fix tp=8 x --fix pp=8 = 64 > 32 GPUs", "--fix tp=3: tp must divide the model's
+// attention heads (32)", "--fix schedule=interleaved needs pp > 1, but --fix pp=1". Checks the
+// values against each other, the GPU count, the model (heads, kv_heads, ffn_hidden, layers,
+// experts), seq_len and the global batch. Empty: no such conflict (the search may still find no
+// plan, e.g. when none fits in memory).
+[[nodiscard]] std::vector<std::string> constraint_conflicts(const costmodel::PlanRequest& request, const std::string& prefix);
+
 // Estimates one fixed plan, after validate_plan.
 [[nodiscard]] costmodel::Result<Candidate> evaluate(const costmodel::Plan& plan, const costmodel::EstimateOptions& options = {});
 
