@@ -28,15 +28,23 @@ bool looks_like_path(const std::string& s) {
          std::filesystem::is_directory(s, ec);
 }
 
+// `folder_file`: a folder given as the document is read through this file in it (a Hugging Face
+// checkpoint folder through its config.json); empty: a folder is an error.
 template <typename T, typename Parse>
 Result<T> find_document(const std::string& name, const std::vector<EmbeddedDocument>& docs, const char* kind,
-                        Parse parse) {
+                        Parse parse, const char* folder_file = "") {
   for (const auto& d : docs) {
     if (name == d.name) return parse(d.text, std::string(d.name) + ".json (built-in)");
   }
   if (looks_like_path(name)) {
-    std::error_code ec;  // a folder (a Hugging Face checkpoint) is read through its config.json
-    const std::string file = std::filesystem::is_directory(name, ec) ? (std::filesystem::path(name) / "config.json").string() : name;
+    std::error_code ec;
+    std::string file = name;
+    if (*folder_file != '\0' && std::filesystem::is_directory(name, ec)) {
+      file = (std::filesystem::path(name) / folder_file).string();
+      if (!std::filesystem::exists(file, ec)) {
+        return Error{name + ": is a directory, not a file (nor a checkpoint folder: it has no " + folder_file + ")"};
+      }
+    }
     auto text = read_text_file(file);
     if (!text) return text.error();
     return parse(*text, file);
@@ -66,7 +74,8 @@ Result<ModelSpec> find_model(const std::string& name_or_path) {
   return find_document<ModelSpec>(resolve_model_alias(name_or_path), embedded_models(), "model",
                                   [](const std::string& text, const std::string& file) {
                                     return parse_model_or_hf_config_text(text, file);
-                                  });
+                                  },
+                                  "config.json");
 }
 
 Result<HardwareProfile> find_hwprofile(const std::string& name_or_path) {
