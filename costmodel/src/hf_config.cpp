@@ -107,6 +107,15 @@ ModelSpec read_llama_like(ObjectReader& r, const std::string& type) {
     // LlamaAttention / Qwen3Attention / GemmaAttention: attention_bias on q, k, v and o.
     f.qkv_bias = f.o_bias = r.optional_boolean("attention_bias").value_or(false);
   }
+  // The gate's activation: Gemma's hidden_activation (when set) or hidden_act; SiLU elsewhere
+  // (transformers' defaults: gelu_pytorch_tanh for gemma, silu for the others).
+  const char* act_key = r.has("hidden_activation") ? "hidden_activation" : "hidden_act";
+  const std::string act = r.optional_string(act_key).value_or(type == "gemma" ? "gelu_pytorch_tanh" : "silu");
+  if (act.rfind("gelu", 0) == 0) {
+    f.gelu_gate = true;
+  } else if (act != "silu" && act != "swish") {
+    r.fail(act_key, "\"" + act + "\" is not supported for a gated MLP (silu or gelu)");
+  }
   if (type == "llama") f.mlp_bias = r.optional_boolean("mlp_bias").value_or(false);
   if (type == "qwen2") f.qkv_bias = true;  // Qwen2Attention: bias on q, k, v (not o), always
   if (type == "qwen2_moe") f.qkv_bias = r.optional_boolean("qkv_bias").value_or(true);

@@ -156,7 +156,10 @@ Result<ModelSpec> parse_model(const nlohmann::json& json, const std::string& fil
     // Features that differ from the architecture's.
     ModelFeatures f = architecture_features(m.architecture);
     if (auto norm = r.optional_one_of("norm", {"layernorm", "rmsnorm"})) f.layer_norm = *norm == "layernorm";
-    if (auto mlp = r.optional_one_of("mlp", {"gated", "plain"})) f.gated_mlp = *mlp == "gated";
+    if (auto mlp = r.optional_one_of("mlp", {"gated", "geglu", "plain"})) {
+      f.gated_mlp = *mlp != "plain";
+      f.gelu_gate = *mlp == "geglu";
+    }
     if (auto pos = r.optional_one_of("positions", {"learned", "rotary"})) f.learned_positions = *pos == "learned";
     f.qkv_bias = r.optional_boolean("qkv_bias").value_or(f.qkv_bias);
     f.o_bias = r.optional_boolean("o_bias").value_or(f.o_bias);
@@ -223,7 +226,7 @@ nlohmann::json model_to_json(const ModelSpec& m) {
   const ModelFeatures f = m.features();
   const ModelFeatures d = architecture_features(m.architecture);
   if (f.layer_norm != d.layer_norm) j["norm"] = f.layer_norm ? "layernorm" : "rmsnorm";
-  if (f.gated_mlp != d.gated_mlp) j["mlp"] = f.gated_mlp ? "gated" : "plain";
+  if (f.gated_mlp != d.gated_mlp || f.gelu_gate != d.gelu_gate) j["mlp"] = !f.gated_mlp ? "plain" : f.gelu_gate ? "geglu" : "gated";
   if (f.learned_positions != d.learned_positions) j["positions"] = f.learned_positions ? "learned" : "rotary";
   if (f.qkv_bias != d.qkv_bias) j["qkv_bias"] = f.qkv_bias;
   if (f.o_bias != d.o_bias) j["o_bias"] = f.o_bias;

@@ -94,6 +94,37 @@ std::string refusal_error(ExportTarget target, const std::vector<std::string>& r
   return message;
 }
 
+std::vector<std::string> model_shape_refusals(const costmodel::ModelSpec& m, const char* stack, bool head_size, bool qkv_bias) {
+  const auto n = [](long long x) { return std::to_string(x); };
+  const std::string block = m.architecture == costmodel::Architecture::kGpt ? "GPT" : "Llama";
+  std::vector<std::string> r;
+  if (m.mla) r.push_back("model " + m.name + ": multi-head latent attention: this export writes " + block + " attention only");
+  if (m.head_size > 0 && m.head_size * m.heads != m.hidden && !head_size) {
+    r.push_back("model " + m.name + ": head size " + n(m.head_size) + " != hidden / heads: " + stack + " has no option for it here");
+  }
+  if (m.sliding_window > 0) r.push_back("model " + m.name + ": sliding window " + n(m.sliding_window) + ": this export writes full causal attention only");
+  if (m.moe && m.moe->shared_ffn_hidden > 0) r.push_back("model " + m.name + ": shared experts: this export writes routed experts only");
+  if (m.moe && m.moe->dense_layers > 0) {
+    r.push_back("model " + m.name + ": " + plural(m.moe->dense_layers, "leading dense layer") + ": this export makes every layer's MLP a mixture of experts");
+  }
+  costmodel::ModelFeatures f = m.features();
+  const costmodel::ModelFeatures base = costmodel::architecture_features(m.architecture);
+  if (qkv_bias) f.qkv_bias = base.qkv_bias;  // written as its own option
+  if (f != base) {
+    std::string what;
+    const auto differs = [&](bool a, bool b, const char* name) { if (a != b) what += (what.empty() ? "" : ", ") + std::string(name); };
+    differs(f.layer_norm, base.layer_norm, "norm");
+    differs(f.gated_mlp, base.gated_mlp, "MLP kind");
+    differs(f.gelu_gate, base.gelu_gate, "gate activation (GeGLU)");
+    differs(f.learned_positions, base.learned_positions, "positions");
+    differs(f.qkv_bias, base.qkv_bias, "Q/K/V biases");
+    differs(f.o_bias, base.o_bias, "output-projection bias");
+    differs(f.mlp_bias, base.mlp_bias, "MLP biases");
+    r.push_back("model " + m.name + ": " + what + " differ from the " + block + " block, the only one this export writes");
+  }
+  return r;
+}
+
 }  // namespace export_detail
 
 Result<PlanExport> export_plan(const Plan& plan, ExportTarget target) {

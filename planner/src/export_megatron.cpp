@@ -24,7 +24,8 @@ std::vector<std::string> megatron_refusals(const Plan& plan) {
   const auto& p = plan.parallel;
   const auto& t = plan.training;
   const auto& m = plan.model;
-  std::vector<std::string> r;
+  // A Llama block with Q/K/V biases (Qwen2) is --disable-bias-linear --add-qkv-bias.
+  std::vector<std::string> r = model_shape_refusals(m, "Megatron-LM", /*head_size=*/true, /*qkv_bias=*/m.architecture == cm::Architecture::kLlama);
   const auto n = [](long long x) { return std::to_string(x); };
   if (t.mode == cm::TrainingMode::kLora || t.mode == cm::TrainingMode::kQlora) {
     r.push_back(std::string("mode=") + cm::mode_name(t.mode) + ": pretrain_gpt.py trains every weight; it has no LoRA or QLoRA adapters");
@@ -80,7 +81,9 @@ PlanExport megatron_export(const Plan& plan, const Derived& d) {
   }
   o << "set -euo pipefail\nNODE_RANK=${NODE_RANK:-0}\nMASTER_ADDR=${MASTER_ADDR:-localhost}\n\nARGS=(\n";
   const auto line = [&o](const std::string& s) { o << "  " << s << "\n"; };
-  line("# Model: " + m.name + (llama ? " (Llama: RMSNorm, SwiGLU, rotary positions, no biases)" : " (GPT: LayerNorm, GELU, learned positions, biases)"));
+  line("# Model: " + m.name + (!llama ? " (GPT: LayerNorm, GELU, learned positions, biases)"
+                                     : m.features().qkv_bias ? " (Llama: RMSNorm, SwiGLU, rotary positions, biases on Q, K and V only)"
+                                                             : " (Llama: RMSNorm, SwiGLU, rotary positions, no biases)"));
   line("--num-layers " + std::to_string(m.layers));
   line("--hidden-size " + std::to_string(m.hidden));
   line("--num-attention-heads " + std::to_string(m.heads));
@@ -88,6 +91,8 @@ PlanExport megatron_export(const Plan& plan, const Derived& d) {
     line("--group-query-attention");
     line("--num-query-groups " + std::to_string(m.kv_heads));
   }
+  // kv_channels and add_qkv_bias: TransformerConfig fields (transformer_config.py), as options.
+  if (m.head_size > 0 && m.head_size * m.heads != m.hidden) line("--kv-channels " + std::to_string(m.head_size));
   line("--ffn-hidden-size " + std::to_string(m.ffn_hidden));
   line("--seq-length " + std::to_string(t.seq_len));
   line("--max-position-embeddings " + std::to_string(m.max_seq_len));
@@ -96,6 +101,7 @@ PlanExport megatron_export(const Plan& plan, const Derived& d) {
     line("--normalization RMSNorm");
     line("--position-embedding-type rope");
     line("--disable-bias-linear");
+    if (m.features().qkv_bias) line("--add-qkv-bias");
   } else {
     line("--normalization LayerNorm");
     line("--position-embedding-type learned_absolute");

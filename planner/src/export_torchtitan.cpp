@@ -58,6 +58,7 @@ std::vector<std::string> torchtitan_refusals(const Plan& plan) {
   const auto& m = plan.model;
   const auto n = [](long long x) { return std::to_string(x); };
   std::vector<std::string> r;
+  if (m.architecture == cm::Architecture::kLlama) r = model_shape_refusals(m, "torchtitan's llama3", /*head_size=*/false, /*qkv_bias=*/false);
   if (m.architecture == cm::Architecture::kGpt) {
     r.push_back("architecture=gpt: torchtitan has no GPT model with learned positions, LayerNorm and biases (its llama3 is RMSNorm, SwiGLU, rotary)");
   }

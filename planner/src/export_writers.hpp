@@ -25,6 +25,12 @@ struct Derived {
 [[nodiscard]] std::string lora_note(const costmodel::Plan& plan);
 [[nodiscard]] std::string refusal_error(ExportTarget target, const std::vector<std::string>& reasons);
 
+// The model features beyond its architecture's GPT or Llama block that a stack writing the model's
+// shape does not express, one reason each ("model: mla: ..."). `head_size`, `qkv_bias`: whether
+// the stack has an option for an explicit head size and for biases on Q, K and V alone.
+[[nodiscard]] std::vector<std::string> model_shape_refusals(const costmodel::ModelSpec& model, const char* stack, bool head_size,
+                                                            bool qkv_bias);
+
 // REQUIRES (writers): the refusals are empty.
 [[nodiscard]] std::vector<std::string> megatron_refusals(const costmodel::Plan& plan);
 [[nodiscard]] PlanExport megatron_export(const costmodel::Plan& plan, const Derived& d);

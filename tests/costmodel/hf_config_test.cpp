@@ -143,6 +143,9 @@ TEST(HfConfig, ReadsEachFamilysKeys) {
   EXPECT_EQ(gemma.q_dim(), 4096);  // 16 heads x 256 != hidden 3072
   EXPECT_TRUE(gemma.tied_embeddings);
   EXPECT_TRUE(gemma.features().gated_mlp);
+  EXPECT_TRUE(gemma.features().gelu_gate);  // GemmaMLP: hidden_act "gelu", a GeGLU
+  EXPECT_FALSE(llama.features().gelu_gate);  // LlamaMLP: silu, a SwiGLU
+  EXPECT_EQ(costmodel::model_to_json(gemma).at("mlp"), "geglu");
 
   const ModelSpec qwen2 = hf_model("qwen2-7b");
   EXPECT_TRUE(qwen2.features().qkv_bias);

@@ -13,6 +13,7 @@
 
 #include "cli_support.hpp"
 #include "test_support.hpp"
+#include "trainplan/costmodel/presets.hpp"
 #include "trainplan/planner/export.hpp"
 #include "trainplan/planner/search.hpp"
 
@@ -172,6 +173,48 @@ TEST(ExportPlan, ScheduleAndLayoutChoicesFollowThePlan) {
   ASSERT_TRUE(ddp.ok()) << ddp.error().message;
   EXPECT_TRUE(contains(ddp->text, "distributed_type: MULTI_GPU\n")) << ddp->text;
   EXPECT_FALSE(contains(ddp->text, "fsdp_config")) << ddp->text;
+}
+
+// A model from a Hugging Face config whose block is not plain GPT or Llama: Megatron-LM takes
+// Qwen2's Q/K/V biases (--add-qkv-bias, TransformerConfig.add_qkv_bias) and Gemma's head size
+// (--kv-channels, TransformerConfig.kv_channels); what neither stack's options here express
+// (Gemma's GeGLU, Mistral's sliding window, DeepSeek's MLA, shared experts and dense layers) is
+// refused naming the model feature, not written as a Llama block.
+TEST(ExportPlan, ModelFeaturesBeyondTheGptOrLlamaBlockAreWrittenOrRefused) {
+  const auto plan_of = [](const std::string& config) {
+    auto model = costmodel::find_model(std::string(TRAINPLAN_SOURCE_DIR) + "/tests/data/hf/" + config + ".json");
+    if (!model) throw std::runtime_error(model.error().message);
+    costmodel::Plan plan = load(std::string(TRAINPLAN_SOURCE_DIR) + "/tests/data/export/llama3-8b-fsdp8.plan.json");
+    plan.model = *model;
+    return plan;
+  };
+  auto qwen2 = planner::export_plan(plan_of("qwen2-7b"), ExportTarget::kMegatron);
+  ASSERT_TRUE(qwen2) << qwen2.error().message;
+  EXPECT_TRUE(contains(qwen2->text, "  --disable-bias-linear\n  --add-qkv-bias\n")) << qwen2->text;
+  EXPECT_FALSE(contains(qwen2->text, "--kv-channels"));
+  const auto torchtitan_qwen2 = planner::export_plan(plan_of("qwen2-7b"), ExportTarget::kTorchtitan);
+  ASSERT_FALSE(torchtitan_qwen2);
+  EXPECT_TRUE(contains(torchtitan_qwen2.error().message, "torchtitan: model qwen2-7b: Q/K/V biases differ from the Llama block"));
+
+  const auto gemma = planner::export_plan(plan_of("gemma-7b"), ExportTarget::kMegatron);
+  ASSERT_FALSE(gemma);
+  EXPECT_TRUE(contains(gemma.error().message, "megatron: model gemma-7b: gate activation (GeGLU) differ from the Llama block"))
+      << gemma.error().message;
+  EXPECT_FALSE(contains(gemma.error().message, "head size"));  // --kv-channels expresses it
+  const auto torchtitan_gemma = planner::export_plan(plan_of("gemma-7b"), ExportTarget::kTorchtitan);
+  ASSERT_FALSE(torchtitan_gemma);
+  EXPECT_TRUE(contains(torchtitan_gemma.error().message, "head size 256 != hidden / heads"));
+
+  const auto mistral = planner::export_plan(plan_of("mistral-7b-v0.1"), ExportTarget::kMegatron);
+  ASSERT_FALSE(mistral);
+  EXPECT_TRUE(contains(mistral.error().message, "megatron: model mistral-7b-v0.1: sliding window 4096"));
+  const auto deepseek = planner::export_plan(plan_of("deepseek-v2-lite"), ExportTarget::kMegatron);
+  ASSERT_FALSE(deepseek);
+  for (const char* part : {"multi-head latent attention", "shared experts", "1 leading dense layer:"}) {
+    EXPECT_TRUE(contains(deepseek.error().message, part)) << part << " in " << deepseek.error().message;
+  }
+  // DeepSpeed and Accelerate configs leave the model to the training script: no model refusals.
+  EXPECT_TRUE(planner::export_plan(plan_of("gemma-7b"), ExportTarget::kDeepspeed));
 }
 
 TEST(ExportPlan, GpusThatAreNotWholeNodesAreAnError) {
