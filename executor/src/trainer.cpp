@@ -470,114 +470,114 @@ int train(const RunOptions& o, const std::string& command_line, World& w, const 
   std::vector<double> stage_in_flight(static_cast<std::size_t>(p.pp), 0.0);
   std::vector<double> step_bubbles;  // measured pipeline bubble of each step of this run
   try {
-  while (state.step < o.steps) {
-    const int64_t step = state.step + 1;
-    if (o.fail_at_step == step && o.fail_rank == rank) {
-      print_for_rank(rank, "executor: --fail-at-step " + std::to_string(step) + ": killing this rank (fault injection)");
-      std::raise(SIGKILL);
-    }
-    if (w.device.is_cuda()) cuda_reset_peak();
-    const bool tracing = step == trace_step;
-    const bool timing_pipeline = p.pp > 1 || tracing;  // the bubble is measured every step of a pipeline
-    std::vector<TraceRecord> events;
-    if (timing_pipeline) comm.barrier();  // every rank's step starts together: one clock for the timeline
-    const auto t0 = std::chrono::steady_clock::now();
-    phases.begin_step(step);
-    const auto batch = [&](int k) {
-      MicroBatch mb = loader.micro_batch(step, at.dp, p.dp, t.global_batch, p.micro_batch, k, w.device);
-      return std::make_pair(mb.tokens, mb.targets);
-    };
-    const double loss_sum = runner.run_step(batch, state.loss_scale / static_cast<double>(accumulation), timing_pipeline ? &events : nullptr);
-    if (p.pp > 1) step_bubbles.push_back(step_bubble(comm, events));
-    const auto t_finish = std::chrono::steady_clock::now();
-    engine.finish_step();
-    if (tracing) events.push_back({"dp_comm", -1, 0, std::chrono::duration<double>(t_finish - t0).count(),
-                                   std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()});
-    StepRecord r;
-    r.step = step;
-    // The loss lives on the last stage, the same on every TP rank there.
-    r.loss = all_reduce_scalar(comm, at.tp == 0 ? loss_sum : 0.0) / static_cast<double>(accumulation * p.dp);
-    r.lr = lr_at(o, step);
-    const auto t_opt = std::chrono::steady_clock::now();
-    bool finite = true;
-    {
-      // From the completed gradient reduction to the end of the update: norm, clipping, AdamW.
-      PhaseScope optimizer(&phases, Phase::kOptimizer);
-      finite = t.precision != cm::Precision::kFp16 || engine.gradients_finite();
-      if (finite) {
-        r.grad_norm = engine.gradient_norm() / state.loss_scale;
-        const double clip = o.clip_grad > 0 && r.grad_norm > o.clip_grad ? o.clip_grad / (r.grad_norm + 1e-6) : 1.0;
-        engine.optimizer_step(adamw, r.lr, clip / state.loss_scale, step);
-      } else {
-        r.skipped = true;
-        state.loss_scale /= 2;
-        state.good_steps = 0;
+    while (state.step < o.steps) {
+      const int64_t step = state.step + 1;
+      if (o.fail_at_step == step && o.fail_rank == rank) {
+        print_for_rank(rank, "executor: --fail-at-step " + std::to_string(step) + ": killing this rank (fault injection)");
+        std::raise(SIGKILL);
       }
-      engine.zero_gradients();
-    }
-    phases.end_step();
-    if (w.device.is_cuda()) cuda_synchronize();
-    const auto t1 = std::chrono::steady_clock::now();
-    const PhaseSeconds phase_seconds = phases.collect();
-    if (finite && t.precision == cm::Precision::kFp16 && ++state.good_steps % 2000 == 0) state.loss_scale *= 2;
-    r.seconds = std::chrono::duration<double>(t1 - t0).count();
-    r.forward_seconds = phase_seconds[Phase::kForward];
-    r.backward_seconds = phase_seconds[Phase::kBackward];
-    r.optimizer_seconds = phase_seconds[Phase::kOptimizer];
-    // Exposed data-parallel communication as the cost model counts it: gradient reductions (their
-    // starts and the wait for them) plus, under ZeRO-3, parameter gathers (engine.hpp).
-    r.dp_wait_seconds = phase_seconds[Phase::kDataParallelWait];
-    if (tracing) {
-      events.push_back({"optimizer", -1, 0, std::chrono::duration<double>(t_opt - t0).count(), r.seconds});
-      nlohmann::json mine_json = {{"rank", rank}, {"stage", at.pp}, {"in_flight", runner.peak_in_flight()}, {"events", nlohmann::json::array()}};
-      for (const TraceRecord& e : events) {
-        mine_json["events"].push_back({{"kind", e.kind}, {"micro_batch", e.micro_batch}, {"chunk", e.chunk}, {"start", e.start}, {"end", e.end}});
+      if (w.device.is_cuda()) cuda_reset_peak();
+      const bool tracing = step == trace_step;
+      const bool timing_pipeline = p.pp > 1 || tracing;  // the bubble is measured every step of a pipeline
+      std::vector<TraceRecord> events;
+      if (timing_pipeline) comm.barrier();  // every rank's step starts together: one clock for the timeline
+      const auto t0 = std::chrono::steady_clock::now();
+      phases.begin_step(step);
+      const auto batch = [&](int k) {
+        MicroBatch mb = loader.micro_batch(step, at.dp, p.dp, t.global_batch, p.micro_batch, k, w.device);
+        return std::make_pair(mb.tokens, mb.targets);
+      };
+      const double loss_sum = runner.run_step(batch, state.loss_scale / static_cast<double>(accumulation), timing_pipeline ? &events : nullptr);
+      if (p.pp > 1) step_bubbles.push_back(step_bubble(comm, events));
+      const auto t_finish = std::chrono::steady_clock::now();
+      engine.finish_step();
+      if (tracing) events.push_back({"dp_comm", -1, 0, std::chrono::duration<double>(t_finish - t0).count(),
+                                     std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()});
+      StepRecord r;
+      r.step = step;
+      // The loss lives on the last stage, the same on every TP rank there.
+      r.loss = all_reduce_scalar(comm, at.tp == 0 ? loss_sum : 0.0) / static_cast<double>(accumulation * p.dp);
+      r.lr = lr_at(o, step);
+      const auto t_opt = std::chrono::steady_clock::now();
+      bool finite = true;
+      {
+        // From the completed gradient reduction to the end of the update: norm, clipping, AdamW.
+        PhaseScope optimizer(&phases, Phase::kOptimizer);
+        finite = t.precision != cm::Precision::kFp16 || engine.gradients_finite();
+        if (finite) {
+          r.grad_norm = engine.gradient_norm() / state.loss_scale;
+          const double clip = o.clip_grad > 0 && r.grad_norm > o.clip_grad ? o.clip_grad / (r.grad_norm + 1e-6) : 1.0;
+          engine.optimizer_step(adamw, r.lr, clip / state.loss_scale, step);
+        } else {
+          r.skipped = true;
+          state.loss_scale /= 2;
+          state.good_steps = 0;
+        }
+        engine.zero_gradients();
       }
-      const std::vector<std::string> all = comm.all_gather_strings(mine_json.dump());
-      if (talk) {
-        trace_events = nlohmann::json::array();
-        std::fill(stage_in_flight.begin(), stage_in_flight.end(), 0.0);
-        for (const std::string& text : all) {
-          const nlohmann::json one = nlohmann::json::parse(text);
-          const int stage = one["stage"].get<int>();
-          stage_in_flight[static_cast<std::size_t>(stage)] = std::max(stage_in_flight[static_cast<std::size_t>(stage)], one["in_flight"].get<double>());
-          for (const auto& e : one["events"]) {
-            nlohmann::json event = e;
-            event["rank"] = one["rank"];
-            event["stage"] = stage;
-            if (event["micro_batch"].get<int>() < 0) event.erase("micro_batch");
-            trace_events.push_back(event);
+      phases.end_step();
+      if (w.device.is_cuda()) cuda_synchronize();
+      const auto t1 = std::chrono::steady_clock::now();
+      const PhaseSeconds phase_seconds = phases.collect();
+      if (finite && t.precision == cm::Precision::kFp16 && ++state.good_steps % 2000 == 0) state.loss_scale *= 2;
+      r.seconds = std::chrono::duration<double>(t1 - t0).count();
+      r.forward_seconds = phase_seconds[Phase::kForward];
+      r.backward_seconds = phase_seconds[Phase::kBackward];
+      r.optimizer_seconds = phase_seconds[Phase::kOptimizer];
+      // Exposed data-parallel communication as the cost model counts it: gradient reductions (their
+      // starts and the wait for them) plus, under ZeRO-3, parameter gathers (engine.hpp).
+      r.dp_wait_seconds = phase_seconds[Phase::kDataParallelWait];
+      if (tracing) {
+        events.push_back({"optimizer", -1, 0, std::chrono::duration<double>(t_opt - t0).count(), r.seconds});
+        nlohmann::json mine_json = {{"rank", rank}, {"stage", at.pp}, {"in_flight", runner.peak_in_flight()}, {"events", nlohmann::json::array()}};
+        for (const TraceRecord& e : events) {
+          mine_json["events"].push_back({{"kind", e.kind}, {"micro_batch", e.micro_batch}, {"chunk", e.chunk}, {"start", e.start}, {"end", e.end}});
+        }
+        const std::vector<std::string> all = comm.all_gather_strings(mine_json.dump());
+        if (talk) {
+          trace_events = nlohmann::json::array();
+          std::fill(stage_in_flight.begin(), stage_in_flight.end(), 0.0);
+          for (const std::string& text : all) {
+            const nlohmann::json one = nlohmann::json::parse(text);
+            const int stage = one["stage"].get<int>();
+            stage_in_flight[static_cast<std::size_t>(stage)] = std::max(stage_in_flight[static_cast<std::size_t>(stage)], one["in_flight"].get<double>());
+            for (const auto& e : one["events"]) {
+              nlohmann::json event = e;
+              event["rank"] = one["rank"];
+              event["stage"] = stage;
+              if (event["micro_batch"].get<int>() < 0) event.erase("micro_batch");
+              trace_events.push_back(event);
+            }
           }
         }
       }
+      r.tokens_per_second = static_cast<double>(t.global_batch * t.seq_len) / r.seconds;
+      if (w.device.is_cuda()) {
+        r.peak_memory_bytes = cuda_peak_allocated_bytes();
+        r.mfu = peak_flops > 0 ? r.tokens_per_second * flops_per_token / comm.size() / peak_flops : 0;
+      }
+      state.step = step;
+      state.losses.push_back(r.loss);
+      records.push_back(r);
+      ++run_steps;
+      if (talk && !o.quiet) {
+        char line[256];
+        std::snprintf(line, sizeof(line), "step %5lld/%lld | loss %9.5f | grad norm %8.4f | lr %.3e | %12.0f tok/s | %8.3f s",
+                      static_cast<long long>(step), static_cast<long long>(o.steps), r.loss, r.grad_norm, r.lr, r.tokens_per_second, r.seconds);
+        std::cout << line;
+        if (w.device.is_cuda()) std::cout << " | MFU " << std::fixed << std::setprecision(1) << 100 * r.mfu << "% | peak " << gib(r.peak_memory_bytes);
+        if (r.skipped) std::cout << " | skipped (inf/nan gradients, loss scale now " << state.loss_scale << ")";
+        std::cout << std::endl;
+      }
+      const bool stopping = o.stop_after > 0 && run_steps >= o.stop_after;
+      const bool due = !o.checkpoint_dir.empty() &&
+                       ((o.checkpoint_every > 0 && step % o.checkpoint_every == 0) || step == o.steps || stopping);
+      if (due) {
+        const std::string where = save_checkpoint(o.checkpoint_dir, engine, comm, state, layout);
+        if (talk) std::cout << "checkpoint: " << where << "\n";
+      }
+      if (stopping) break;
     }
-    r.tokens_per_second = static_cast<double>(t.global_batch * t.seq_len) / r.seconds;
-    if (w.device.is_cuda()) {
-      r.peak_memory_bytes = cuda_peak_allocated_bytes();
-      r.mfu = peak_flops > 0 ? r.tokens_per_second * flops_per_token / comm.size() / peak_flops : 0;
-    }
-    state.step = step;
-    state.losses.push_back(r.loss);
-    records.push_back(r);
-    ++run_steps;
-    if (talk && !o.quiet) {
-      char line[256];
-      std::snprintf(line, sizeof(line), "step %5lld/%lld | loss %9.5f | grad norm %8.4f | lr %.3e | %12.0f tok/s | %8.3f s",
-                    static_cast<long long>(step), static_cast<long long>(o.steps), r.loss, r.grad_norm, r.lr, r.tokens_per_second, r.seconds);
-      std::cout << line;
-      if (w.device.is_cuda()) std::cout << " | MFU " << std::fixed << std::setprecision(1) << 100 * r.mfu << "% | peak " << gib(r.peak_memory_bytes);
-      if (r.skipped) std::cout << " | skipped (inf/nan gradients, loss scale now " << state.loss_scale << ")";
-      std::cout << std::endl;
-    }
-    const bool stopping = o.stop_after > 0 && run_steps >= o.stop_after;
-    const bool due = !o.checkpoint_dir.empty() &&
-                     ((o.checkpoint_every > 0 && step % o.checkpoint_every == 0) || step == o.steps || stopping);
-    if (due) {
-      const std::string where = save_checkpoint(o.checkpoint_dir, engine, comm, state, layout);
-      if (talk) std::cout << "checkpoint: " << where << "\n";
-    }
-    if (stopping) break;
-  }
   } catch (const std::exception& e) {
     const std::optional<std::string> message = out_of_memory_message(e);
     if (!message) throw;
