@@ -48,6 +48,9 @@ int main(int argc, char** argv) {
   app.add_option("--threads", o.threads, "CPU threads per rank (0: cores / local ranks)")->capture_default_str();
   app.add_option("--fail-at-step", o.fail_at_step, "fault injection: kill --fail-rank at this step");
   app.add_option("--fail-rank", o.fail_rank, "rank killed by --fail-at-step")->capture_default_str();
+  // Hidden (no group): out-of-memory fault injection for tests.
+  app.add_option("--inject-oom", o.inject_oom, "fault injection: PHASE[:MICRO_BATCH[:STEP]] fails an allocation")->group("");
+  app.add_option("--inject-oom-rank", o.inject_oom_rank, "rank of --inject-oom (-1: all)")->group("");
   app.add_flag("--quiet", o.quiet, "no per-step lines");
   app.add_option("--trace-step", o.trace_step, "step recorded in the measurement's trace (0: the last)")->capture_default_str();
   try {

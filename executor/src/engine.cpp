@@ -17,10 +17,6 @@ using torch::autograd::variable_list;
 
 namespace {
 
-double seconds_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
 // ZeRO-3 frees a unit's gathered parameters between uses but keeps the storage object, because
 // tensors autograd saved for backward are views of it; re-gathering refills the same storage.
 void allocate_storage(const at::Tensor& t, std::size_t bytes) {
@@ -211,15 +207,15 @@ bool DataParallelEngine::recompute_block(int layer) const {
 void DataParallelEngine::gather(std::size_t unit, int prefetch_direction) {
   if (config_.zero_stage != 3) return;
   const auto start_gather = [&](Unit& u) {
+    PhaseScope scope(timer_, Phase::kDataParallelWait);
     allocate_storage(u.full, static_cast<std::size_t>(u.padded) * u.full.element_size());
     u.gather_work = shard_comm_->all_gather(u.shard_param, u.full);
   };
   Unit& u = *units_[unit];
   if (!u.gathered) {
     if (!u.gather_work) start_gather(u);
-    const auto t0 = std::chrono::steady_clock::now();
+    PhaseScope scope(timer_, Phase::kDataParallelWait);
     u.gather_work->wait();
-    timers_.gather_wait_seconds += seconds_since(t0);
     u.gather_work.reset();
     u.gathered = true;
   }
@@ -312,6 +308,7 @@ int DataParallelEngine::tied_slot(std::size_t unit) const {
 }
 
 void DataParallelEngine::finish_step() {
+  PhaseScope scope(timer_, Phase::kDataParallelWait);
   const int stage = config_.zero_stage;
   for (std::size_t unit : tied_deferred_) {
     Unit& u = *units_[unit];
@@ -330,7 +327,6 @@ void DataParallelEngine::finish_step() {
   }
   tied_deferred_.clear();
   drain();
-  const auto t0 = std::chrono::steady_clock::now();
   if (stage >= 2 && replica_comm_->size() > 1) {
     std::vector<std::unique_ptr<Work>> works;
     for (auto& u : units_) works.push_back(replica_comm_->all_reduce_sum(u->grad));
@@ -340,7 +336,6 @@ void DataParallelEngine::finish_step() {
     const double inverse = 1.0 / dp_.size();
     for (auto& u : units_) u->owned_grad(stage).mul_(inverse);
   }
-  timers_.dp_wait_seconds += seconds_since(t0);
 }
 
 void DataParallelEngine::on_unit_gradients(std::size_t unit, const std::vector<at::Tensor>& grads_in) {
@@ -392,6 +387,7 @@ void DataParallelEngine::on_unit_gradients(std::size_t unit, const std::vector<a
 }
 
 void DataParallelEngine::launch_reduction(std::size_t unit, at::Tensor full_grad) {
+  PhaseScope scope(timer_, Phase::kDataParallelWait);
   Unit& u = *units_[unit];
   Pending p;
   p.unit = unit;
@@ -406,9 +402,9 @@ void DataParallelEngine::launch_reduction(std::size_t unit, at::Tensor full_grad
 }
 
 void DataParallelEngine::drain() {
+  PhaseScope scope(timer_, Phase::kDataParallelWait);
   for (auto& [unit, grad] : deferred_) launch_reduction(unit, grad);
   deferred_.clear();
-  const auto t0 = std::chrono::steady_clock::now();
   const int stage = config_.zero_stage;
   for (Pending& p : pending_) {
     p.work->wait();
@@ -417,7 +413,6 @@ void DataParallelEngine::drain() {
     if (stage >= 2) u.grad.add_(p.result);
   }
   pending_.clear();
-  timers_.dp_wait_seconds += seconds_since(t0);
 }
 
 double DataParallelEngine::gradient_norm() {
@@ -491,12 +486,6 @@ StateBytes DataParallelEngine::state_bytes() const {
     b.optimizer += bytes(u.exp_avg) + bytes(u.exp_avg_sq) + (u.separate_master ? bytes(u.master) : 0.0);
   }
   return b;
-}
-
-EngineTimers DataParallelEngine::take_timers() {
-  EngineTimers t = timers_;
-  timers_ = EngineTimers{};
-  return t;
 }
 
 std::vector<OwnedState> DataParallelEngine::owned_states() {

@@ -25,6 +25,7 @@
 #include "comm.hpp"
 #include "tensor_parallel.hpp"
 #include "model.hpp"
+#include "phase_timer.hpp"
 #include "trainplan/costmodel/plan.hpp"
 
 namespace trainplan::executor {
@@ -59,13 +60,6 @@ struct AdamWSettings {
 // optimizer, ZeRO accounting: a separate fp32 master copy counts as optimizer state).
 struct StateBytes {
   double weights = 0, gradients = 0, optimizer = 0;
-};
-
-// Time spent this step waiting for data-parallel communication (exposed): for gradient
-// reduction after backward, and for ZeRO-3 parameter gathers before a unit's forward or backward.
-struct EngineTimers {
-  double dp_wait_seconds = 0;
-  double gather_wait_seconds = 0;
 };
 
 // The owned part of one unit's optimizer state (checkpoint shards).
@@ -111,7 +105,12 @@ class DataParallelEngine {
   void zero_gradients();
 
   [[nodiscard]] StateBytes state_bytes() const;
-  [[nodiscard]] EngineTimers take_timers();
+  // Where the engine's data-parallel communication is timed (Phase::kDataParallelWait): gradient
+  // reductions as they are started and waited for, and ZeRO-3 parameter gathers. Not owned; null:
+  // untimed. On CPU (MPI) the starts are non-blocking and the waits are the exposed time; on GPU
+  // NCCL runs on the compute stream, so the collectives' own stream time is what counts.
+  void set_phase_timer(PhaseTimer* timer) { timer_ = timer; }
+  [[nodiscard]] PhaseTimer* phase_timer() const { return timer_; }
 
   // Checkpoint support: units in order, each rank's owned state, and whether this rank writes it
   // (the first replica does; replicas hold identical shards).
@@ -161,7 +160,7 @@ class DataParallelEngine {
   bool local_tied_ = false;  // tied embeddings with embedding and head on this rank
   Rotary rotary_;
   bool last_micro_batch_ = false;
-  EngineTimers timers_;
+  PhaseTimer* timer_ = nullptr;
 };
 
 }  // namespace trainplan::executor

@@ -67,6 +67,7 @@ double PipelineRunner::run_step(const BatchFn& batch, double loss_multiplier, st
   const auto tag = [&](int kind, int sender_position, int micro_batch) { return (kind * positions + sender_position) * m + micro_batch; };
   const auto options = at::TensorOptions().dtype(config_.activation_dtype).device(config_.device);
 
+  PhaseTimer* timer = engine_.phase_timer();
   const Clock::time_point t0 = Clock::now();
   const auto since = [&](Clock::time_point t) { return std::chrono::duration<double>(t - t0).count(); };
   const auto record = [&](const char* kind, int micro_batch, int chunk, Clock::time_point start) {
@@ -92,6 +93,7 @@ double PipelineRunner::run_step(const BatchFn& batch, double loss_multiplier, st
         targets = target;
       }
       if (!first) {
+        PhaseScope receiving(timer, Phase::kPipelineReceive, i);
         const auto wait_start = Clock::now();
         input = at::empty(config_.activation_shape, options);
         pp_->recv(input, previous, tag(0, pos - 1, i))->wait();
@@ -100,7 +102,11 @@ double PipelineRunner::run_step(const BatchFn& batch, double loss_multiplier, st
       }
       const auto start = Clock::now();
       double loss = 0;
-      at::Tensor output = engine_.forward_chunk(pass.chunk, input, targets, loss_multiplier, &loss);
+      at::Tensor output;
+      {
+        PhaseScope forward(timer, Phase::kForward, i);
+        output = engine_.forward_chunk(pass.chunk, input, targets, loss_multiplier, &loss);
+      }
       record("forward", i, pass.chunk, start);
       if (last) {
         loss_sum += loss;
@@ -117,17 +123,21 @@ double PipelineRunner::run_step(const BatchFn& batch, double loss_multiplier, st
       held.erase(found);
       at::Tensor grad;
       if (!last) {
+        PhaseScope receiving(timer, Phase::kPipelineReceive, i);
         const auto wait_start = Clock::now();
         grad = at::empty(config_.activation_shape, options);
         pp_->recv(grad, next, tag(1, pos + 1, i))->wait();
         record("recv", i, pass.chunk, wait_start);
       }
       const auto start = Clock::now();
-      engine_.backward_begin(i == m - 1);
-      if (last) {
-        torch::autograd::backward({h.output});
-      } else {
-        torch::autograd::backward({h.output}, {grad});
+      {
+        PhaseScope backward(timer, Phase::kBackward, i);
+        engine_.backward_begin(i == m - 1);
+        if (last) {
+          torch::autograd::backward({h.output});
+        } else {
+          torch::autograd::backward({h.output}, {grad});
+        }
       }
       record("backward", i, pass.chunk, start);
       const auto comm_start = Clock::now();

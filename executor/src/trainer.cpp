@@ -19,8 +19,11 @@
 #include "comm.hpp"
 #include "data.hpp"
 #include "engine.hpp"
+#include "environment.hpp"
 #include "gpu.hpp"
+#include "out_of_memory.hpp"
 #include "parallel_dims.hpp"
+#include "phase_timer.hpp"
 #include "pipeline.hpp"
 #include "rank_output.hpp"
 #include "world.hpp"
@@ -56,6 +59,30 @@ std::string refuses_new_entries(const fs::path& dir) {
   return "";
 }
 
+// --inject-oom "PHASE[:MICRO_BATCH[:STEP]]".
+std::optional<OomInjection> parse_injection(const std::string& text) {
+  if (text.empty()) return std::nullopt;
+  const auto bad = [&]() {
+    return InputError("--inject-oom " + text + ": expected PHASE[:MICRO_BATCH[:STEP]] (phase forward, backward, data_parallel_wait, "
+                      "pipeline_receive or optimizer; micro-batch from 0 or any; step from 1)");
+  };
+  std::vector<std::string> parts;
+  std::stringstream in(text);
+  for (std::string part; std::getline(in, part, ':');) parts.push_back(part);
+  if (parts.empty() || parts.size() > 3) throw bad();
+  const auto phase = phase_from_name(parts[0]);
+  if (!phase) throw bad();
+  OomInjection injection{*phase, -1, 0};
+  try {
+    if (parts.size() > 1 && parts[1] != "any") injection.micro_batch = std::stoi(parts[1]);
+    if (parts.size() > 2) injection.step = std::stoll(parts[2]);
+  } catch (const std::exception&) {
+    throw bad();
+  }
+  if (injection.micro_batch < -1 || injection.step < 0) throw bad();
+  return injection;
+}
+
 // Every option in its range, before anything runs.
 void check_options(const RunOptions& o) {
   const auto number = [](double x) {
@@ -72,6 +99,7 @@ void check_options(const RunOptions& o) {
   if (o.decay_steps < 0) throw InputError("--decay-steps: must be >= 0, 0 for --steps (got " + std::to_string(o.decay_steps) + ")");
   if (o.timeout_seconds < 1) throw InputError("--timeout: must be at least 1 second (got " + std::to_string(o.timeout_seconds) + ")");
   if (o.threads < 0 || o.threads > 1024) throw InputError("--threads: must be from 0 (cores / local ranks) to 1024 (got " + std::to_string(o.threads) + ")");
+  (void)parse_injection(o.inject_oom);
   if (o.trace_step < 0 || o.trace_step > o.steps) {
     throw InputError("--trace-step: must be from 1 to --steps (" + std::to_string(o.steps) + "), or 0 for the last (got " + std::to_string(o.trace_step) + ")");
   }
@@ -155,7 +183,9 @@ std::string gib(double bytes) {
 
 struct StepRecord {
   int64_t step = 0;
-  double loss = 0, seconds = 0, tokens_per_second = 0, grad_norm = 0, lr = 0, optimizer_seconds = 0, dp_wait_seconds = 0;
+  double loss = 0, seconds = 0, tokens_per_second = 0, grad_norm = 0, lr = 0;
+  // This rank's phase times (phase_timer.hpp), each exclusive of the others.
+  double forward_seconds = 0, backward_seconds = 0, optimizer_seconds = 0, dp_wait_seconds = 0;
   double peak_memory_bytes = 0, mfu = 0;
   bool skipped = false;
 };
@@ -201,11 +231,13 @@ nlohmann::json measurement_json(const cm::Plan& plan, const World& w, const Rank
                                 const std::string& command_line, const std::string& data, const nlohmann::json& trace) {
   const cm::Estimate estimate = cm::estimate(plan);
   const StateBytes states = fullest.states;
-  std::vector<double> seconds, optimizer, dp_wait, peak;
+  std::vector<double> seconds, forward, backward, optimizer, dp_wait;
   // The first step of a run pays one-time costs (allocator growth, kernel selection).
   for (std::size_t i = steps.size() > 2 ? 1 : 0; i < steps.size(); ++i) {
     if (steps[i].skipped) continue;
     seconds.push_back(steps[i].seconds);
+    forward.push_back(steps[i].forward_seconds);
+    backward.push_back(steps[i].backward_seconds);
     optimizer.push_back(steps[i].optimizer_seconds);
     dp_wait.push_back(steps[i].dp_wait_seconds);
   }
@@ -225,6 +257,10 @@ nlohmann::json measurement_json(const cm::Plan& plan, const World& w, const Rank
     memory["total_bytes"] = peak_bytes;
     memory["activations_bytes"] = std::max(0.0, peak_bytes - states.weights - states.gradients - states.optimizer);
     memory["reserved_bytes"] = fullest.reserved_bytes;
+    // The allocator's two peaks under their own names (total_bytes and reserved_bytes are the
+    // estimate's names for the same figures, kept so that planner compare sets them side by side).
+    memory["peak_allocated_bytes"] = peak_bytes;
+    memory["peak_reserved_bytes"] = fullest.reserved_bytes;
     const double peak_flops = plan.cluster.gpu.peak_for(cm::compute_dtype(plan.training.precision)).value();
     if (peak_flops > 0) throughput["mfu"] = model_tflops * 1e12 / peak_flops;
   }
@@ -239,7 +275,9 @@ nlohmann::json measurement_json(const cm::Plan& plan, const World& w, const Rank
   nlohmann::json step_list = nlohmann::json::array();
   for (const auto& s : steps) {
     nlohmann::json j = {{"step", s.step}, {"loss", s.loss}, {"seconds", s.seconds}, {"tokens_per_second", s.tokens_per_second},
-                        {"grad_norm", s.grad_norm}, {"lr", s.lr}, {"skipped", s.skipped}};
+                        {"grad_norm", s.grad_norm}, {"lr", s.lr}, {"skipped", s.skipped},
+                        {"forward_seconds", s.forward_seconds}, {"backward_seconds", s.backward_seconds},
+                        {"optimizer_seconds", s.optimizer_seconds}, {"dp_comm_exposed_seconds", s.dp_wait_seconds}};
     if (w.device.is_cuda()) {
       j["peak_memory_bytes"] = s.peak_memory_bytes;
       j["mfu"] = s.mfu;
@@ -248,6 +286,7 @@ nlohmann::json measurement_json(const cm::Plan& plan, const World& w, const Rank
   }
   nlohmann::json document = {
       {"schema", "trainplan/measurement/v1"},
+      {"status", "ok"},
       {"name", plan.name},
       {"source", "trainplan executor: " + command_line},
       {"model", plan.model.name},
@@ -255,6 +294,7 @@ nlohmann::json measurement_json(const cm::Plan& plan, const World& w, const Rank
       {"gpus", plan.gpus},
       {"world_size", w.comm->size()},
       {"device", w.device_name},
+      {"environment", environment_json(w.device.is_cuda())},
       {"data", data},
       {"training", training},
       {"parallel", cm::parallel_to_json(plan.parallel)},
@@ -262,7 +302,10 @@ nlohmann::json measurement_json(const cm::Plan& plan, const World& w, const Rank
       {"trainable_parameters", estimate.trainable_parameters},
       {"micro_batches_per_step", plan.training.global_batch / (plan.parallel.dp * plan.parallel.micro_batch)},
       {"memory", memory},
-      {"time", {{"step_seconds", step_seconds}, {"optimizer_seconds", median(optimizer)}, {"dp_comm_exposed_seconds", median(dp_wait)}}},
+      // Medians over steps of this rank's phase times; forward + backward + optimizer + exposed
+      // data-parallel wait <= step (the rest: pipeline receives, loss reduction, host work).
+      {"time", {{"step_seconds", step_seconds}, {"forward_seconds", median(forward)}, {"backward_seconds", median(backward)},
+                {"optimizer_seconds", median(optimizer)}, {"dp_comm_exposed_seconds", median(dp_wait)}}},
       {"throughput", throughput},
       {"steps", step_list},
       {"losses", losses},
@@ -273,15 +316,23 @@ nlohmann::json measurement_json(const cm::Plan& plan, const World& w, const Rank
   return document;
 }
 
-void write_json_atomically(const std::string& path, const nlohmann::json& j) {
-  const std::string tmp = path + ".tmp";
+// Writes `j` to `path` through a temporary file. `overwrite` false: an existing `path` is kept
+// (link(2) refuses to replace it) and false is returned.
+bool write_json_atomically(const std::string& path, const nlohmann::json& j, bool overwrite = true) {
+  const std::string tmp = path + ".tmp" + (overwrite ? std::string() : "." + std::to_string(::getpid()));
   {
     std::ofstream out(tmp);
     if (!out) throw std::runtime_error(path + ": cannot write the measurement");
     out << j.dump(2) << "\n";
     if (!out) throw std::runtime_error(path + ": write failed");
   }
+  if (!overwrite) {
+    const bool linked = ::link(tmp.c_str(), path.c_str()) == 0;
+    std::remove(tmp.c_str());
+    return linked;
+  }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) throw std::runtime_error(path + ": cannot rename " + tmp);
+  return true;
 }
 
 int train(const RunOptions& o, const std::string& command_line, World& w, const cm::Plan& plan) {
@@ -302,6 +353,10 @@ int train(const RunOptions& o, const std::string& command_line, World& w, const 
   const auto& p = plan.parallel;
   const auto& t = plan.training;
   const int64_t accumulation = t.global_batch / (static_cast<int64_t>(p.dp) * p.micro_batch);
+
+  // A measurement at this path describes this run: an older one goes now, before the first
+  // collective, so that a rank that fails later (out of memory) never finds a stale one in place.
+  if (talk && !o.measurement_path.empty()) std::remove(o.measurement_path.c_str());
 
   // Parallelisms in torchtitan's order: process groups, TP pieces of every unit, this stage's
   // chunks (cost-balanced by the cost model), then data parallelism (ZeRO) over what is left.
@@ -335,6 +390,11 @@ int train(const RunOptions& o, const std::string& command_line, World& w, const 
     config.shard_prefix = prefix;
   }
   DataParallelEngine engine(plan.model, config, engine_groups, std::move(mine.units), mine.chunk_of_unit, t.seq_len);
+  PhaseTimer phases(w.device);
+  if (const auto injection = parse_injection(o.inject_oom); injection && (o.inject_oom_rank < 0 || o.inject_oom_rank == rank)) {
+    phases.set_injection(*injection);
+  }
+  engine.set_phase_timer(&phases);
 
   PipelineConfig pipeline;
   pipeline.stages = p.pp;
@@ -409,104 +469,155 @@ int train(const RunOptions& o, const std::string& command_line, World& w, const 
   nlohmann::json trace_events = nlohmann::json::array();
   std::vector<double> stage_in_flight(static_cast<std::size_t>(p.pp), 0.0);
   std::vector<double> step_bubbles;  // measured pipeline bubble of each step of this run
-  while (state.step < o.steps) {
-    const int64_t step = state.step + 1;
-    if (o.fail_at_step == step && o.fail_rank == rank) {
-      print_for_rank(rank, "executor: --fail-at-step " + std::to_string(step) + ": killing this rank (fault injection)");
-      std::raise(SIGKILL);
-    }
-    if (w.device.is_cuda()) cuda_reset_peak();
-    const bool tracing = step == trace_step;
-    const bool timing_pipeline = p.pp > 1 || tracing;  // the bubble is measured every step of a pipeline
-    std::vector<TraceRecord> events;
-    if (timing_pipeline) comm.barrier();  // every rank's step starts together: one clock for the timeline
-    const auto t0 = std::chrono::steady_clock::now();
-    const auto batch = [&](int k) {
-      MicroBatch mb = loader.micro_batch(step, at.dp, p.dp, t.global_batch, p.micro_batch, k, w.device);
-      return std::make_pair(mb.tokens, mb.targets);
-    };
-    const double loss_sum = runner.run_step(batch, state.loss_scale / static_cast<double>(accumulation), timing_pipeline ? &events : nullptr);
-    if (p.pp > 1) step_bubbles.push_back(step_bubble(comm, events));
-    const auto t_finish = std::chrono::steady_clock::now();
-    engine.finish_step();
-    if (tracing) events.push_back({"dp_comm", -1, 0, std::chrono::duration<double>(t_finish - t0).count(),
-                                   std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()});
-    StepRecord r;
-    r.step = step;
-    // The loss lives on the last stage, the same on every TP rank there.
-    r.loss = all_reduce_scalar(comm, at.tp == 0 ? loss_sum : 0.0) / static_cast<double>(accumulation * p.dp);
-    r.lr = lr_at(o, step);
-    const auto t_opt = std::chrono::steady_clock::now();
-    const bool finite = t.precision != cm::Precision::kFp16 || engine.gradients_finite();
-    if (finite) {
-      r.grad_norm = engine.gradient_norm() / state.loss_scale;
-      const double clip = o.clip_grad > 0 && r.grad_norm > o.clip_grad ? o.clip_grad / (r.grad_norm + 1e-6) : 1.0;
-      engine.optimizer_step(adamw, r.lr, clip / state.loss_scale, step);
-    } else {
-      r.skipped = true;
-      state.loss_scale /= 2;
-      state.good_steps = 0;
-    }
-    engine.zero_gradients();
-    if (w.device.is_cuda()) cuda_synchronize();
-    const auto t1 = std::chrono::steady_clock::now();
-    if (finite && t.precision == cm::Precision::kFp16 && ++state.good_steps % 2000 == 0) state.loss_scale *= 2;
-    r.seconds = std::chrono::duration<double>(t1 - t0).count();
-    r.optimizer_seconds = std::chrono::duration<double>(t1 - t_opt).count();
-    // Exposed data-parallel communication as the cost model counts it: the wait for gradient
-    // reduction after backward plus, under ZeRO-3, the waits for parameter gathers in the passes.
-    const EngineTimers timers = engine.take_timers();
-    r.dp_wait_seconds = timers.dp_wait_seconds + timers.gather_wait_seconds;
-    if (tracing) {
-      events.push_back({"optimizer", -1, 0, std::chrono::duration<double>(t_opt - t0).count(), r.seconds});
-      nlohmann::json mine_json = {{"rank", rank}, {"stage", at.pp}, {"in_flight", runner.peak_in_flight()}, {"events", nlohmann::json::array()}};
-      for (const TraceRecord& e : events) {
-        mine_json["events"].push_back({{"kind", e.kind}, {"micro_batch", e.micro_batch}, {"chunk", e.chunk}, {"start", e.start}, {"end", e.end}});
+  try {
+    while (state.step < o.steps) {
+      const int64_t step = state.step + 1;
+      if (o.fail_at_step == step && o.fail_rank == rank) {
+        print_for_rank(rank, "executor: --fail-at-step " + std::to_string(step) + ": killing this rank (fault injection)");
+        std::raise(SIGKILL);
       }
-      const std::vector<std::string> all = comm.all_gather_strings(mine_json.dump());
-      if (talk) {
-        trace_events = nlohmann::json::array();
-        std::fill(stage_in_flight.begin(), stage_in_flight.end(), 0.0);
-        for (const std::string& text : all) {
-          const nlohmann::json one = nlohmann::json::parse(text);
-          const int stage = one["stage"].get<int>();
-          stage_in_flight[static_cast<std::size_t>(stage)] = std::max(stage_in_flight[static_cast<std::size_t>(stage)], one["in_flight"].get<double>());
-          for (const auto& e : one["events"]) {
-            nlohmann::json event = e;
-            event["rank"] = one["rank"];
-            event["stage"] = stage;
-            if (event["micro_batch"].get<int>() < 0) event.erase("micro_batch");
-            trace_events.push_back(event);
+      if (w.device.is_cuda()) cuda_reset_peak();
+      const bool tracing = step == trace_step;
+      const bool timing_pipeline = p.pp > 1 || tracing;  // the bubble is measured every step of a pipeline
+      std::vector<TraceRecord> events;
+      if (timing_pipeline) comm.barrier();  // every rank's step starts together: one clock for the timeline
+      const auto t0 = std::chrono::steady_clock::now();
+      phases.begin_step(step);
+      const auto batch = [&](int k) {
+        MicroBatch mb = loader.micro_batch(step, at.dp, p.dp, t.global_batch, p.micro_batch, k, w.device);
+        return std::make_pair(mb.tokens, mb.targets);
+      };
+      const double loss_sum = runner.run_step(batch, state.loss_scale / static_cast<double>(accumulation), timing_pipeline ? &events : nullptr);
+      if (p.pp > 1) step_bubbles.push_back(step_bubble(comm, events));
+      const auto t_finish = std::chrono::steady_clock::now();
+      engine.finish_step();
+      if (tracing) events.push_back({"dp_comm", -1, 0, std::chrono::duration<double>(t_finish - t0).count(),
+                                     std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()});
+      StepRecord r;
+      r.step = step;
+      // The loss lives on the last stage, the same on every TP rank there.
+      r.loss = all_reduce_scalar(comm, at.tp == 0 ? loss_sum : 0.0) / static_cast<double>(accumulation * p.dp);
+      r.lr = lr_at(o, step);
+      const auto t_opt = std::chrono::steady_clock::now();
+      bool finite = true;
+      {
+        // From the completed gradient reduction to the end of the update: norm, clipping, AdamW.
+        PhaseScope optimizer(&phases, Phase::kOptimizer);
+        finite = t.precision != cm::Precision::kFp16 || engine.gradients_finite();
+        if (finite) {
+          r.grad_norm = engine.gradient_norm() / state.loss_scale;
+          const double clip = o.clip_grad > 0 && r.grad_norm > o.clip_grad ? o.clip_grad / (r.grad_norm + 1e-6) : 1.0;
+          engine.optimizer_step(adamw, r.lr, clip / state.loss_scale, step);
+        } else {
+          r.skipped = true;
+          state.loss_scale /= 2;
+          state.good_steps = 0;
+        }
+        engine.zero_gradients();
+      }
+      phases.end_step();
+      if (w.device.is_cuda()) cuda_synchronize();
+      const auto t1 = std::chrono::steady_clock::now();
+      const PhaseSeconds phase_seconds = phases.collect();
+      if (finite && t.precision == cm::Precision::kFp16 && ++state.good_steps % 2000 == 0) state.loss_scale *= 2;
+      r.seconds = std::chrono::duration<double>(t1 - t0).count();
+      r.forward_seconds = phase_seconds[Phase::kForward];
+      r.backward_seconds = phase_seconds[Phase::kBackward];
+      r.optimizer_seconds = phase_seconds[Phase::kOptimizer];
+      // Exposed data-parallel communication as the cost model counts it: gradient reductions (their
+      // starts and the wait for them) plus, under ZeRO-3, parameter gathers (engine.hpp).
+      r.dp_wait_seconds = phase_seconds[Phase::kDataParallelWait];
+      if (tracing) {
+        events.push_back({"optimizer", -1, 0, std::chrono::duration<double>(t_opt - t0).count(), r.seconds});
+        nlohmann::json mine_json = {{"rank", rank}, {"stage", at.pp}, {"in_flight", runner.peak_in_flight()}, {"events", nlohmann::json::array()}};
+        for (const TraceRecord& e : events) {
+          mine_json["events"].push_back({{"kind", e.kind}, {"micro_batch", e.micro_batch}, {"chunk", e.chunk}, {"start", e.start}, {"end", e.end}});
+        }
+        const std::vector<std::string> all = comm.all_gather_strings(mine_json.dump());
+        if (talk) {
+          trace_events = nlohmann::json::array();
+          std::fill(stage_in_flight.begin(), stage_in_flight.end(), 0.0);
+          for (const std::string& text : all) {
+            const nlohmann::json one = nlohmann::json::parse(text);
+            const int stage = one["stage"].get<int>();
+            stage_in_flight[static_cast<std::size_t>(stage)] = std::max(stage_in_flight[static_cast<std::size_t>(stage)], one["in_flight"].get<double>());
+            for (const auto& e : one["events"]) {
+              nlohmann::json event = e;
+              event["rank"] = one["rank"];
+              event["stage"] = stage;
+              if (event["micro_batch"].get<int>() < 0) event.erase("micro_batch");
+              trace_events.push_back(event);
+            }
           }
         }
       }
+      r.tokens_per_second = static_cast<double>(t.global_batch * t.seq_len) / r.seconds;
+      if (w.device.is_cuda()) {
+        r.peak_memory_bytes = cuda_peak_allocated_bytes();
+        r.mfu = peak_flops > 0 ? r.tokens_per_second * flops_per_token / comm.size() / peak_flops : 0;
+      }
+      state.step = step;
+      state.losses.push_back(r.loss);
+      records.push_back(r);
+      ++run_steps;
+      if (talk && !o.quiet) {
+        char line[256];
+        std::snprintf(line, sizeof(line), "step %5lld/%lld | loss %9.5f | grad norm %8.4f | lr %.3e | %12.0f tok/s | %8.3f s",
+                      static_cast<long long>(step), static_cast<long long>(o.steps), r.loss, r.grad_norm, r.lr, r.tokens_per_second, r.seconds);
+        std::cout << line;
+        if (w.device.is_cuda()) std::cout << " | MFU " << std::fixed << std::setprecision(1) << 100 * r.mfu << "% | peak " << gib(r.peak_memory_bytes);
+        if (r.skipped) std::cout << " | skipped (inf/nan gradients, loss scale now " << state.loss_scale << ")";
+        std::cout << std::endl;
+      }
+      const bool stopping = o.stop_after > 0 && run_steps >= o.stop_after;
+      const bool due = !o.checkpoint_dir.empty() &&
+                       ((o.checkpoint_every > 0 && step % o.checkpoint_every == 0) || step == o.steps || stopping);
+      if (due) {
+        const std::string where = save_checkpoint(o.checkpoint_dir, engine, comm, state, layout);
+        if (talk) std::cout << "checkpoint: " << where << "\n";
+      }
+      if (stopping) break;
     }
-    r.tokens_per_second = static_cast<double>(t.global_batch * t.seq_len) / r.seconds;
+  } catch (const std::exception& e) {
+    const std::optional<std::string> message = out_of_memory_message(e);
+    if (!message) throw;
+    // No collective from here: the other ranks may be anywhere. This rank reports and leaves;
+    // run_executor's abort ends the others (MPI_Abort, or the NCCL timeout).
+    OutOfMemory oom;
+    oom.phase = phase_name(phases.current_phase());
+    oom.micro_batch = phases.current_micro_batch();
+    oom.step = phases.step();
+    oom.rank = rank;
+    oom.requested_bytes = requested_bytes(*message);
+    oom.message = *message;
     if (w.device.is_cuda()) {
-      r.peak_memory_bytes = cuda_peak_allocated_bytes();
-      r.mfu = peak_flops > 0 ? r.tokens_per_second * flops_per_token / comm.size() / peak_flops : 0;
+      // Peaks since the failed step began: the figures at the failure (unwinding freed the rest).
+      oom.allocated_bytes = cuda_peak_allocated_bytes();
+      oom.reserved_bytes = cuda_peak_reserved_bytes();
+    } else {
+      oom.process_peak_resident_bytes = process_peak_resident_bytes();
     }
-    state.step = step;
-    state.losses.push_back(r.loss);
-    records.push_back(r);
-    ++run_steps;
-    if (talk && !o.quiet) {
-      char line[256];
-      std::snprintf(line, sizeof(line), "step %5lld/%lld | loss %9.5f | grad norm %8.4f | lr %.3e | %12.0f tok/s | %8.3f s",
-                    static_cast<long long>(step), static_cast<long long>(o.steps), r.loss, r.grad_norm, r.lr, r.tokens_per_second, r.seconds);
-      std::cout << line;
-      if (w.device.is_cuda()) std::cout << " | MFU " << std::fixed << std::setprecision(1) << 100 * r.mfu << "% | peak " << gib(r.peak_memory_bytes);
-      if (r.skipped) std::cout << " | skipped (inf/nan gradients, loss scale now " << state.loss_scale << ")";
-      std::cout << std::endl;
+    const std::optional<NextPlan> next = next_plan_after_out_of_memory(plan);
+    print_for_rank(rank, out_of_memory_line(oom, next));
+    if (!o.measurement_path.empty()) {
+      RankMemory mine_memory{engine.state_bytes(), oom.allocated_bytes.value_or(0), oom.reserved_bytes.value_or(0)};
+      nlohmann::json m = measurement_json(plan, w, mine_memory, records, state.losses, command_line, loader.describe(), nullptr);
+      m["status"] = "out_of_memory";
+      m["out_of_memory"] = out_of_memory_json(oom, next);
+      if (w.device.is_cuda()) {
+        // The failed step's peaks; the completed steps' are in `steps`.
+        m["memory"]["peak_allocated_bytes"] = oom.allocated_bytes.value_or(0);
+        m["memory"]["peak_reserved_bytes"] = oom.reserved_bytes.value_or(0);
+        for (const char* key : {"total_bytes", "reserved_bytes", "activations_bytes"}) m["memory"].erase(key);
+      }
+      if (records.empty()) {  // nothing was timed
+        m.erase("time");
+        m.erase("throughput");
+      }
+      // Rank 0's document replaces another rank's; another rank's is written only where none is.
+      write_json_atomically(o.measurement_path, m, /*overwrite=*/rank == 0);
     }
-    const bool stopping = o.stop_after > 0 && run_steps >= o.stop_after;
-    const bool due = !o.checkpoint_dir.empty() &&
-                     ((o.checkpoint_every > 0 && step % o.checkpoint_every == 0) || step == o.steps || stopping);
-    if (due) {
-      const std::string where = save_checkpoint(o.checkpoint_dir, engine, comm, state, layout);
-      if (talk) std::cout << "checkpoint: " << where << "\n";
-    }
-    if (stopping) break;
+    return kExitRunFailed;
   }
 
   if (!o.export_dir.empty()) {

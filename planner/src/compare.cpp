@@ -24,8 +24,47 @@ const ComparisonRow* Comparison::largest_deviation() const {
   return largest;
 }
 
+namespace {
+
+std::string gib_text(double bytes) { return fmt("%.2f GiB", bytes / 1073741824.0); }
+
+// The estimate's memory against a run that ran out of memory (Comparison::out_of_memory).
+void describe_out_of_memory(const PerformanceDocument& predicted, const PerformanceDocument& measured, Comparison& c) {
+  if (!measured.out_of_memory) return;
+  const OutOfMemoryReport& oom = *measured.out_of_memory;
+  // What must fit by the estimate: required (with the CUDA context), else reserved, else allocated.
+  std::optional<double> predicted_bytes;
+  for (const char* key : {"required_bytes", "reserved_bytes", "total_bytes"}) {
+    const auto it = predicted.memory.find(key);
+    if (it != predicted.memory.end() && it->second > 0) {
+      predicted_bytes = it->second;
+      break;
+    }
+  }
+  std::string text;
+  if (predicted.fits) text = *predicted.fits ? "predicted fits" : "predicted does not fit";
+  else text = "predicted";
+  if (predicted_bytes) text += " at " + gib_text(*predicted_bytes);
+  text += "; ran out of memory";
+  if (oom.reserved_bytes) text += " at " + gib_text(*oom.reserved_bytes) + " (reserved)";
+  else if (oom.allocated_bytes) text += " at " + gib_text(*oom.allocated_bytes) + " (allocated)";
+  else if (oom.process_peak_resident_bytes) text += " at " + gib_text(*oom.process_peak_resident_bytes) + " (process peak resident)";
+  if (oom.requested_bytes) text += ", asking for " + gib_text(*oom.requested_bytes);
+  text += " in " + oom.phase;
+  if (oom.micro_batch) text += ", micro-batch " + std::to_string(*oom.micro_batch);
+  if (oom.step) text += " of step " + std::to_string(*oom.step);
+  if (predicted.fits) {
+    c.out_of_memory_predicted = !*predicted.fits;
+    if (!*predicted.fits) text += ": the prediction was right";
+  }
+  c.out_of_memory = text;
+}
+
+}  // namespace
+
 Comparison compare(PerformanceDocument predicted, PerformanceDocument measured) {
   Comparison c;
+  describe_out_of_memory(predicted, measured, c);
   for (Section section : kSections) {
     const auto& predictions = predicted.quantities(section);
     const auto& measurements = measured.quantities(section);
@@ -185,6 +224,18 @@ std::string header(const Comparison& c, bool markdown) {
     measurement += fmt(", %zu steps, loss %.4g -> %.4g", m.losses.size(), m.losses.front(), m.losses.back());
   }
   lines.emplace_back("Measurement", measurement);
+  if (!m.environment.empty()) {
+    std::string environment;
+    const auto add = [&](const char* key, const char* label) {
+      const auto it = m.environment.find(key);
+      if (it != m.environment.end()) environment += (environment.empty() ? "" : ", ") + std::string(label) + it->second;
+    };
+    add("libtorch_version", "LibTorch ");
+    add("cuda_version", "CUDA ");
+    add("nccl_version", "NCCL ");
+    add("executor_commit", "executor ");
+    if (!environment.empty()) lines.emplace_back("Environment", environment);
+  }
 
   std::ostringstream out;
   out << (markdown ? "# " : "") << "trainplan comparison: estimate against measurement\n\n";
@@ -241,6 +292,7 @@ nlohmann::json comparison_to_json(const Comparison& c) {
   const PerformanceDocument& m = c.measured;
   const auto& layout = p.layout ? p.layout : m.layout;
   const auto optional = [](const std::optional<double>& x) { return x ? nlohmann::json(*x) : nlohmann::json(nullptr); };
+  const auto optional_bool = [](const std::optional<bool>& x) { return x ? nlohmann::json(*x) : nlohmann::json(nullptr); };
   nlohmann::json rows = nlohmann::json::array();
   for (const auto& row : c.rows) {
     rows.push_back({{"section", section_name(row.section)},
@@ -265,6 +317,17 @@ nlohmann::json comparison_to_json(const Comparison& c) {
       {"world_size", p.world_size > 0 ? p.world_size : m.world_size},
       {"parallel", layout ? nlohmann::json(layout->text()) : nlohmann::json(nullptr)},
       {"warnings", c.warnings},
+      {"status", m.status},
+      {"out_of_memory", c.out_of_memory ? nlohmann::json{{"summary", *c.out_of_memory},
+                                                         {"predicted_out_of_memory", optional_bool(c.out_of_memory_predicted)},
+                                                         {"requested_bytes", optional(m.out_of_memory->requested_bytes)},
+                                                         {"allocated_bytes", optional(m.out_of_memory->allocated_bytes)},
+                                                         {"reserved_bytes", optional(m.out_of_memory->reserved_bytes)},
+                                                         {"phase", m.out_of_memory->phase},
+                                                         {"micro_batch", m.out_of_memory->micro_batch ? nlohmann::json(*m.out_of_memory->micro_batch) : nlohmann::json(nullptr)},
+                                                         {"step", m.out_of_memory->step ? nlohmann::json(*m.out_of_memory->step) : nlohmann::json(nullptr)}}
+                                        : nlohmann::json(nullptr)},
+      {"environment", m.environment},
       {"rows", rows},
       {"largest_deviation", largest},
       {"pipeline", c.measured.trace && c.measured.trace->stages > 1
@@ -286,6 +349,7 @@ std::string render_comparison(const Comparison& c, Format format) {
   const bool markdown = format == Format::kMarkdown;
   std::ostringstream out;
   out << header(c, markdown);
+  if (c.out_of_memory) out << (markdown ? "**Out of memory:** " : "Out of memory: ") << *c.out_of_memory << "\n\n";
   for (Section section : kSections) {
     const std::string table = section_table(c, section, markdown);
     if (!table.empty()) out << table << "\n";

@@ -198,6 +198,20 @@ Trace read_trace(const LenientReader& r) {
   return t;
 }
 
+OutOfMemoryReport read_out_of_memory(const LenientReader& r) {
+  OutOfMemoryReport o;
+  o.requested_bytes = r.number("requested_bytes");
+  o.allocated_bytes = r.number("allocated_bytes");
+  o.reserved_bytes = r.number("reserved_bytes");
+  o.process_peak_resident_bytes = r.number("process_peak_resident_bytes");
+  o.phase = r.string("phase");
+  if (o.phase.empty()) r.fail("phase", "is required (forward, backward, data_parallel_wait, pipeline_receive, optimizer or step)");
+  o.micro_batch = r.integer("micro_batch", 0, 1 << 30);
+  o.step = r.integer("step", 0, 1 << 30);
+  o.rank = r.integer("rank", 0, 1 << 24);
+  return o;
+}
+
 PerformanceDocument read_document(const nlohmann::json& json, const std::string& file, const std::string& expected_schema) {
   const LenientReader r(json, file, "");
   PerformanceDocument d;
@@ -218,7 +232,26 @@ PerformanceDocument read_document(const nlohmann::json& json, const std::string&
   }
   // A measurement the executor wrote before it named its stack ran its own.
   if (d.stack.empty() && expected_schema == kMeasurementSchema) d.stack = costmodel::stack_name(costmodel::Stack::kTrainplan);
+  if (expected_schema == kMeasurementSchema && r.find("status")) {
+    d.status = r.string("status");
+    if (d.status != "ok" && d.status != "out_of_memory") r.fail("status", "must be \"ok\" or \"out_of_memory\" (got \"" + d.status + "\")");
+  }
+  if (d.status == "out_of_memory") d.out_of_memory = read_out_of_memory(r.object("out_of_memory"));
+  if (expected_schema == kEstimateSchema && r.find("fits")) {
+    if (!r.find("fits")->is_boolean()) r.fail("fits", "must be true or false");
+    d.fits = r.find("fits")->get<bool>();
+  }
+  if (const auto* environment = r.find("environment")) {
+    if (!environment->is_object()) r.fail("environment", "must be a JSON object");
+    for (const auto& [key, value] : environment->items()) {
+      if (value.is_null()) continue;
+      if (!value.is_string() && !value.is_number()) r.fail("environment/" + key, "must be a string or a number");
+      d.environment[key] = value.is_string() ? value.get<std::string>() : value.dump();
+    }
+  }
   for (Section section : kSections) {
+    // A run that ran out of memory may have timed nothing.
+    if (d.status == "out_of_memory" && section != Section::kMemory && !r.find(section_name(section))) continue;
     const LenientReader s = r.object(section_name(section));
     for (const std::string& key : section_keys(section)) {
       if (auto x = s.number(key)) d.quantities(section)[key] = *x;

@@ -11,6 +11,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <optional>
 #include <filesystem>
 #include <string>
 
@@ -365,6 +367,115 @@ TEST(MeasurementDocument, ErrorsNameTheFileAndThePointer) {
     ASSERT_FALSE(m.ok());
     EXPECT_EQ(m.error().message, c.message);
   }
+}
+
+// tests/data/tinyllama-4x-zero2-oom.measurement.json: the same plan run out of memory on rank 0,
+// in backward of micro-batch 3 of step 1, asking for 15 GiB with 60 GiB allocated and 69 GiB
+// reserved (round figures, so the text below is exact); no step completed.
+const std::string kOomMeasurementFile = testing::data_path("tinyllama-4x-zero2-oom.measurement.json");
+
+TEST(MeasurementDocument, AnOutOfMemoryRunLoadsWithoutTimeOrThroughput) {
+  auto m = planner::load_measurement_file(kOomMeasurementFile);
+  ASSERT_TRUE(m.ok()) << m.error().message;
+  EXPECT_EQ(m->status, "out_of_memory");
+  ASSERT_TRUE(m->out_of_memory.has_value());
+  EXPECT_EQ(m->out_of_memory->requested_bytes, 15.0 * 1073741824.0);
+  EXPECT_EQ(m->out_of_memory->allocated_bytes, 60.0 * 1073741824.0);
+  EXPECT_EQ(m->out_of_memory->reserved_bytes, 69.0 * 1073741824.0);
+  EXPECT_FALSE(m->out_of_memory->process_peak_resident_bytes.has_value());  // null in the file
+  EXPECT_EQ(m->out_of_memory->phase, "backward");
+  EXPECT_EQ(m->out_of_memory->micro_batch, 3);
+  EXPECT_EQ(m->out_of_memory->step, 1);
+  EXPECT_TRUE(m->time.empty());
+  EXPECT_EQ(m->memory.at("weights_bytes"), 2200096768.0);
+  EXPECT_EQ(m->environment.at("nccl_version"), "2.28.9");
+  EXPECT_EQ(m->environment.at("sm_clock_max_mhz"), "1980");
+}
+
+TEST(MeasurementDocument, OlderDocumentsWithoutStatusOrEnvironmentReadAsOk) {
+  auto m = planner::load_measurement_file(kMeasurementFile);
+  ASSERT_TRUE(m.ok()) << m.error().message;
+  EXPECT_EQ(m->status, "ok");
+  EXPECT_FALSE(m->out_of_memory.has_value());
+  EXPECT_TRUE(m->environment.empty());
+}
+
+TEST(MeasurementDocument, StatusAndOutOfMemoryErrorsNameThePointer) {
+  const struct {
+    std::string text, message;
+  } cases[] = {
+      {R"({"schema": "trainplan/measurement/v1", "status": "crashed", "memory": {}, "time": {}, "throughput": {}})",
+       "m.json: /status: must be \"ok\" or \"out_of_memory\" (got \"crashed\")"},
+      {R"({"schema": "trainplan/measurement/v1", "status": "out_of_memory", "memory": {}})",
+       "m.json: /out_of_memory: is required (a JSON object)"},
+      {R"({"schema": "trainplan/measurement/v1", "status": "out_of_memory", "memory": {}, "out_of_memory": {"requested_bytes": 1}})",
+       "m.json: /out_of_memory/phase: is required (forward, backward, data_parallel_wait, pipeline_receive, optimizer or step)"},
+      {R"({"schema": "trainplan/measurement/v1", "status": "out_of_memory", "out_of_memory": {"phase": "forward"}})",
+       "m.json: /memory: is required (a JSON object)"},
+      {R"({"schema": "trainplan/measurement/v1", "memory": {}, "throughput": {}, "status": "ok"})", "m.json: /time: is required (a JSON object)"},
+      {R"({"schema": "trainplan/measurement/v1", "memory": {}, "time": {}, "throughput": {}, "environment": {"gpu_name": [1]}})",
+       "m.json: /environment/gpu_name: must be a string or a number"},
+  };
+  for (const auto& c : cases) {
+    auto m = planner::read_performance_document(nlohmann::json::parse(c.text), "m.json", planner::kMeasurementSchema);
+    ASSERT_FALSE(m.ok()) << c.text;
+    EXPECT_EQ(m.error().message, c.message);
+  }
+}
+
+Comparison out_of_memory_comparison(std::optional<bool> predicted_fits) {
+  auto loaded = planner::load_prediction_file(kPlanFile);
+  if (!loaded) throw std::runtime_error(loaded.error().message);
+  PerformanceDocument predicted = *loaded;
+  if (predicted_fits) predicted.fits = *predicted_fits;
+  auto measured = planner::load_measurement_file(kOomMeasurementFile);
+  if (!measured) throw std::runtime_error(measured.error().message);
+  return planner::compare(predicted, *measured);
+}
+
+TEST(Compare, AnOutOfMemoryRunIsShownAgainstThePredictedFit) {
+  const Comparison c = out_of_memory_comparison(std::nullopt);
+  ASSERT_TRUE(c.predicted.fits.has_value());
+  ASSERT_TRUE(*c.predicted.fits);  // TinyLlama on 4 H100s with ZeRO-2 fits by the estimate
+  const double required = c.predicted.memory.at("required_bytes");
+  char predicted_gib[32];
+  std::snprintf(predicted_gib, sizeof(predicted_gib), "%.2f GiB", required / 1073741824.0);
+  const std::string expected = std::string("predicted fits at ") + predicted_gib +
+                               "; ran out of memory at 69.00 GiB (reserved), asking for 15.00 GiB in backward, micro-batch 3 of step 1";
+  ASSERT_TRUE(c.out_of_memory.has_value());
+  EXPECT_EQ(*c.out_of_memory, expected);
+  EXPECT_EQ(c.out_of_memory_predicted, false);
+  const std::string text = planner::render_comparison(c, planner::Format::kText);
+  EXPECT_NE(text.find("Out of memory: " + expected + "\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("Environment  LibTorch 2.11.0, CUDA 13.0, NCCL 2.28.9, executor 0123456789abcdef"), std::string::npos) << text;
+  EXPECT_NE(planner::render_comparison(c, planner::Format::kMarkdown).find("**Out of memory:** " + expected), std::string::npos);
+  EXPECT_NE(planner::render_comparison(c, planner::Format::kHtml).find("ran out of memory at 69.00 GiB (reserved)"), std::string::npos);
+  const nlohmann::json j = planner::comparison_to_json(c);
+  EXPECT_EQ(j.at("status"), "out_of_memory");
+  EXPECT_EQ(j.at("out_of_memory").at("summary"), expected);
+  EXPECT_EQ(j.at("out_of_memory").at("predicted_out_of_memory"), false);
+  EXPECT_EQ(j.at("out_of_memory").at("reserved_bytes"), 69.0 * 1073741824.0);
+  EXPECT_EQ(j.at("out_of_memory").at("micro_batch"), 3);
+  // The model states still compare; time was not measured.
+  ASSERT_NE(find_row(c, "weights_bytes"), nullptr);
+  EXPECT_TRUE(find_row(c, "weights_bytes")->measured.has_value());
+  ASSERT_NE(find_row(c, "step_seconds"), nullptr);
+  EXPECT_FALSE(find_row(c, "step_seconds")->measured.has_value());
+}
+
+TEST(Compare, AnOutOfMemoryRunTheEstimateSaidWouldNotFitSaysThePredictionWasRight) {
+  const Comparison c = out_of_memory_comparison(false);
+  ASSERT_TRUE(c.out_of_memory.has_value());
+  EXPECT_EQ(c.out_of_memory->rfind("predicted does not fit at ", 0), 0u) << *c.out_of_memory;
+  EXPECT_NE(c.out_of_memory->find("of step 1: the prediction was right"), std::string::npos) << *c.out_of_memory;
+  EXPECT_EQ(c.out_of_memory_predicted, true);
+}
+
+TEST(Compare, AnOkRunHasNoOutOfMemoryLine) {
+  const Comparison c = sample_comparison();
+  EXPECT_FALSE(c.out_of_memory.has_value());
+  EXPECT_EQ(planner::render_comparison(c, planner::Format::kText).find("Out of memory"), std::string::npos);
+  EXPECT_TRUE(planner::comparison_to_json(c).at("out_of_memory").is_null());
 }
 
 TEST(MeasurementDocument, MalformedJsonNamesFileLineAndColumn) {

@@ -34,6 +34,11 @@ struct RunOptions {
   int threads = 0;                     // intra-op CPU threads per rank; 0 = cores / local ranks
   int64_t fail_at_step = 0;            // fault injection for tests: SIGKILL `fail_rank` at this step
   int fail_rank = 0;
+  // Fault injection for tests: "PHASE[:MICRO_BATCH[:STEP]]" (phase_timer.hpp's names; MICRO_BATCH
+  // from 0 or "any"; STEP from 1, absent: any) makes a real allocation fail when that phase
+  // begins, on `inject_oom_rank` (-1: every rank). Empty: off.
+  std::string inject_oom;
+  int inject_oom_rank = -1;
   bool quiet = false;                  // no per-step lines
   int64_t trace_step = 0;              // step whose timeline goes into the measurement's `trace`; 0 = the last
 };
@@ -45,7 +50,8 @@ void print_rank_message(const std::string& text);
 
 // Runs the plan in this process as one rank of the job the environment describes (MPI launcher,
 // torchrun/SLURM variables, or a single process). Returns the exit code: 0 success, 2 bad input
-// (plan, data, checkpoint), 3 a failure during the run (dead peer, I/O). Messages go to stderr
+// (plan, data, checkpoint), 3 a failure during the run (dead peer, I/O, out of memory: the rank
+// says so in one line and the measurement document has "status": "out_of_memory"). Messages go to stderr
 // prefixed with the rank.
 [[nodiscard]] int run_executor(const RunOptions& options, const std::string& command_line);
 

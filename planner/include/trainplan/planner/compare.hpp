@@ -33,6 +33,11 @@ struct Comparison {
   // Where the two documents describe different runs (model, parallel layout, world size), and a
   // note when a CPU measurement is compared with a GPU estimate.
   std::vector<std::string> warnings;
+  // When the measured run ran out of memory: the estimate beside it, one sentence ("predicted
+  // fits at 51.30 GiB; ran out of memory at 69.40 GiB (reserved), asking for 15.66 GiB in
+  // backward, micro-batch 3 of step 1"), and whether the estimate had said it would not fit.
+  std::optional<std::string> out_of_memory;
+  std::optional<bool> out_of_memory_predicted;
 
   // The row with the largest |relative_difference|; nullptr when nothing comparable was measured.
   [[nodiscard]] const ComparisonRow* largest_deviation() const;

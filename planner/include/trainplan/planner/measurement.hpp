@@ -2,8 +2,9 @@
 // Performance documents: the header and the quantities of a `trainplan/estimate/v1` (predicted)
 // or `trainplan/measurement/v1` (measured by the executor) document. The two share one shape;
 // a measurement holds only the keys it measured. Both are read leniently: unknown keys are
-// ignored, but `schema` and the `memory`, `time` and `throughput` objects are required and every
-// known quantity must be a number >= 0. Errors name the file and the JSON pointer
+// ignored, but `schema` and the `memory`, `time` and `throughput` objects are required (a
+// measurement whose `status` is "out_of_memory" needs only `memory` and its `out_of_memory`
+// object) and every known quantity must be a number >= 0. Errors name the file and the JSON pointer
 // ("m.json: /memory/weights_bytes: must be a number >= 0 (got -1)").
 
 #include <map>
@@ -67,6 +68,19 @@ struct Trace {
   std::vector<TraceEvent> events;
 };
 
+// The `out_of_memory` object of a measurement whose run ran out of memory (the executor's
+// out_of_memory.hpp): what the failed request asked for, the allocator's figures, and where.
+struct OutOfMemoryReport {
+  std::optional<double> requested_bytes;
+  std::optional<double> allocated_bytes;              // CUDA caching allocator, peak of the failed step
+  std::optional<double> reserved_bytes;               // CUDA caching allocator, peak of the failed step
+  std::optional<double> process_peak_resident_bytes;  // CPU runs: the process's peak resident set
+  std::string phase;                                  // "forward", "backward", "optimizer", ...
+  std::optional<int> micro_batch;                     // from 0; absent for phases outside micro-batches
+  std::optional<int> step;                            // from 1
+  std::optional<int> rank;
+};
+
 struct PerformanceDocument {
   std::string file;    // where it was read (for messages); may be empty for one made in memory
   std::string schema;  // kEstimateSchema or kMeasurementSchema
@@ -83,6 +97,14 @@ struct PerformanceDocument {
   std::map<std::string, double> memory, time, throughput;
   std::vector<double> losses;  // per step, from `losses`, when present; null (a diverged step) reads as NaN
   std::optional<Trace> trace;  // measurements with a `trace` section (pipeline runs)
+  // Measurements: "ok" (also when absent: older executors) or "out_of_memory".
+  std::string status = "ok";
+  std::optional<OutOfMemoryReport> out_of_memory;  // when status is "out_of_memory"
+  // Measurements: the `environment` object (libtorch_version, cuda_version, nccl_version,
+  // gpu_name, clocks, executor_commit), values as text (numbers as JSON writes them); null
+  // values left out. Empty for older documents.
+  std::map<std::string, std::string> environment;
+  std::optional<bool> fits;  // estimates: the cost model's `fits`
 
   [[nodiscard]] const std::map<std::string, double>& quantities(Section section) const;
   [[nodiscard]] std::map<std::string, double>& quantities(Section section);

@@ -1,0 +1,78 @@
+// The environment record of a measurement (see environment.hpp).
+
+#include "environment.hpp"
+
+#include <string>
+
+#include <torch/headeronly/version.h>
+
+#include "executor_commit.hpp"
+
+#ifdef TRAINPLAN_HAVE_CUDA
+#include <c10/cuda/CUDAFunctions.h>
+#include <cuda_runtime.h>
+#endif
+#ifdef TRAINPLAN_HAVE_NCCL
+#include <nccl.h>
+#endif
+
+namespace trainplan::executor {
+
+namespace {
+
+#ifdef TRAINPLAN_HAVE_CUDA
+// CUDA's integer versions: 1000 * major + 10 * minor.
+nlohmann::json cuda_version_text(int v) {
+  if (v <= 0) return nullptr;
+  return std::to_string(v / 1000) + "." + std::to_string((v % 1000) / 10);
+}
+
+nlohmann::json attribute_mhz(cudaDeviceAttr attribute) {
+  int khz = 0;
+  if (cudaDeviceGetAttribute(&khz, attribute, c10::cuda::current_device()) != cudaSuccess || khz <= 0) {
+    cudaGetLastError();  // clear the error so later CUDA calls do not report it
+    return nullptr;
+  }
+  return khz / 1000.0;
+}
+#endif
+
+}  // namespace
+
+nlohmann::json environment_json(bool cuda_device) {
+  nlohmann::json e = {
+      {"libtorch_version", std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) + "." + std::to_string(TORCH_VERSION_PATCH)},
+      {"cuda_version", nullptr},
+      {"cuda_driver_version", nullptr},
+      {"nccl_version", nullptr},
+      {"gpu_name", nullptr},
+      {"sm_clock_max_mhz", nullptr},
+      {"memory_clock_max_mhz", nullptr},
+      {"executor_commit", TRAINPLAN_EXECUTOR_COMMIT},
+  };
+#ifdef TRAINPLAN_HAVE_CUDA
+  int runtime = 0, driver = 0;
+  if (cudaRuntimeGetVersion(&runtime) == cudaSuccess) e["cuda_version"] = cuda_version_text(runtime);
+  if (cudaDriverGetVersion(&driver) == cudaSuccess) e["cuda_driver_version"] = cuda_version_text(driver);  // 0 without a driver
+  if (cuda_device) {
+    cudaDeviceProp prop{};
+    if (cudaGetDeviceProperties(&prop, c10::cuda::current_device()) == cudaSuccess) e["gpu_name"] = std::string(prop.name);
+    e["sm_clock_max_mhz"] = attribute_mhz(cudaDevAttrClockRate);
+    e["memory_clock_max_mhz"] = attribute_mhz(cudaDevAttrMemoryClockRate);
+  }
+#else
+  (void)cuda_device;
+#endif
+#ifdef TRAINPLAN_HAVE_NCCL
+  int nccl = 0;
+  if (ncclGetVersion(&nccl) == ncclSuccess && nccl > 0) {
+    // NCCL_VERSION_CODE: 10000 * major + 100 * minor + patch since 2.9 (1000 * major + 100 * minor + patch before).
+    const int major = nccl >= 10000 ? nccl / 10000 : nccl / 1000;
+    const int rest = nccl >= 10000 ? nccl % 10000 : nccl % 1000;
+    e["nccl_version"] = std::to_string(major) + "." + std::to_string(rest / 100) + "." + std::to_string(rest % 100);
+  }
+#endif
+  return e;
+}
+
+}  // namespace trainplan::executor

@@ -1,0 +1,138 @@
+// Out of memory as an answer (see out_of_memory.hpp).
+
+#include "out_of_memory.hpp"
+
+#include <sys/resource.h>
+
+#include <cstdio>
+#include <regex>
+
+#include <c10/util/Exception.h>
+
+#include "trainplan/costmodel/estimate.hpp"
+
+namespace trainplan::executor {
+
+namespace cm = trainplan::costmodel;
+
+namespace {
+
+std::string gib(double bytes) {
+  char s[32];
+  std::snprintf(s, sizeof(s), "%.2f GiB", bytes / 1073741824.0);
+  return s;
+}
+
+nlohmann::json optional(const std::optional<double>& x) { return x ? nlohmann::json(*x) : nlohmann::json(nullptr); }
+
+// The planner command line of `plan`, every parallel setting fixed.
+std::string planner_command(const cm::Plan& plan) {
+  const auto usable = [](const std::string& ref) { return !ref.empty() && ref != "inline"; };
+  std::string command = "planner";
+  command += " --model " + (usable(plan.model_ref) ? plan.model_ref : "MODEL.json");
+  command += " --cluster " + (usable(plan.cluster_ref) ? plan.cluster_ref : "CLUSTER.json");
+  command += " --gpus " + std::to_string(plan.gpus) + " --seq-len " + std::to_string(plan.training.seq_len) + " --global-batch " +
+             std::to_string(plan.training.global_batch) + " --precision " + cm::precision_name(plan.training.precision);
+  const auto& p = plan.parallel;
+  command += " --fix tp=" + std::to_string(p.tp) + " --fix pp=" + std::to_string(p.pp) + " --fix dp=" + std::to_string(p.dp) +
+             " --fix zero=" + std::to_string(p.zero_stage) + " --fix mb=" + std::to_string(p.micro_batch) +
+             " --fix recompute=" + cm::recompute_name(p.recompute);
+  return command;
+}
+
+}  // namespace
+
+std::optional<std::string> out_of_memory_message(const std::exception& e) {
+  if (const auto* oom = dynamic_cast<const c10::OutOfMemoryError*>(&e)) return oom->what_without_backtrace();
+  if (const auto* error = dynamic_cast<const c10::Error*>(&e)) {
+    const std::string text = error->what_without_backtrace();
+    if (text.find("DefaultCPUAllocator: can't allocate memory") != std::string::npos ||
+        text.find("DefaultCPUAllocator: not enough memory") != std::string::npos) {
+      return text;
+    }
+  }
+  return std::nullopt;
+}
+
+std::optional<double> requested_bytes(const std::string& message) {
+  std::smatch m;
+  static const std::regex cpu("tried to allocate ([0-9]+) bytes");
+  if (std::regex_search(message, m, cpu)) return std::stod(m[1].str());
+  static const std::regex cuda("Tried to allocate ([0-9]+(\\.[0-9]+)?) (bytes|KiB|MiB|GiB)");
+  if (std::regex_search(message, m, cuda)) {
+    const std::string unit = m[3].str();
+    const double scale = unit == "GiB" ? 1073741824.0 : unit == "MiB" ? 1048576.0 : unit == "KiB" ? 1024.0 : 1.0;
+    return std::stod(m[1].str()) * scale;
+  }
+  return std::nullopt;
+}
+
+std::optional<double> process_peak_resident_bytes() {
+  rusage usage{};
+  if (getrusage(RUSAGE_SELF, &usage) != 0 || usage.ru_maxrss <= 0) return std::nullopt;
+  return static_cast<double>(usage.ru_maxrss) * 1024.0;  // kilobytes on Linux
+}
+
+std::optional<NextPlan> next_plan_after_out_of_memory(const cm::Plan& plan) {
+  const auto& p = plan.parallel;
+  const auto try_plan = [&](cm::Plan candidate, const std::string& what) -> std::optional<NextPlan> {
+    if (!cm::validate_plan(candidate)) return std::nullopt;
+    const cm::Estimate e = cm::estimate(candidate);
+    if (!e.fits) return std::nullopt;
+    return NextPlan{what, e.memory.required.value(), planner_command(candidate)};
+  };
+  if (p.micro_batch >= 2) {
+    cm::Plan half = plan;
+    half.parallel.micro_batch = p.micro_batch / 2;
+    if (plan.training.global_batch % (static_cast<int64_t>(p.dp) * half.parallel.micro_batch) == 0) {
+      if (auto next = try_plan(half, "micro_batch " + std::to_string(half.parallel.micro_batch))) return next;
+    }
+  }
+  for (cm::Recompute r : {cm::Recompute::kSelective, cm::Recompute::kFull}) {
+    if (static_cast<int>(r) <= static_cast<int>(p.recompute)) continue;
+    cm::Plan more = plan;
+    more.parallel.recompute = r;
+    more.parallel.recompute_layers = 0;
+    if (auto next = try_plan(more, std::string("recompute ") + cm::recompute_name(r))) return next;
+  }
+  return std::nullopt;
+}
+
+nlohmann::json out_of_memory_json(const OutOfMemory& oom, const std::optional<NextPlan>& next) {
+  nlohmann::json j = {
+      {"requested_bytes", optional(oom.requested_bytes)},
+      {"allocated_bytes", optional(oom.allocated_bytes)},
+      {"reserved_bytes", optional(oom.reserved_bytes)},
+      {"process_peak_resident_bytes", optional(oom.process_peak_resident_bytes)},
+      {"phase", oom.phase},
+      {"micro_batch", oom.micro_batch >= 0 ? nlohmann::json(oom.micro_batch) : nlohmann::json(nullptr)},
+      {"step", oom.step},
+      {"rank", oom.rank},
+      {"message", oom.message},
+  };
+  j["next_plan"] = next ? nlohmann::json{{"change", next->what}, {"required_bytes", next->required_bytes}, {"command", next->command}}
+                        : nlohmann::json(nullptr);
+  return j;
+}
+
+std::string out_of_memory_line(const OutOfMemory& oom, const std::optional<NextPlan>& next) {
+  std::string line = "executor: out of memory in " + oom.phase;
+  if (oom.micro_batch >= 0) line += " of micro-batch " + std::to_string(oom.micro_batch);
+  line += " of step " + std::to_string(oom.step);
+  line += oom.requested_bytes ? " asking for " + gib(*oom.requested_bytes) : std::string(" (request size not in the allocator's message)");
+  if (oom.allocated_bytes || oom.reserved_bytes) {
+    line += " (allocated " + (oom.allocated_bytes ? gib(*oom.allocated_bytes) : std::string("?")) + ", reserved " +
+            (oom.reserved_bytes ? gib(*oom.reserved_bytes) : std::string("?")) + ")";
+  } else if (oom.process_peak_resident_bytes) {
+    line += " (process peak resident " + gib(*oom.process_peak_resident_bytes) + ")";
+  }
+  if (next) {
+    line += "; next plan to try: " + next->what + " (the cost model estimates " + gib(next->required_bytes) + " required) — " + next->command;
+  } else {
+    line += "; the cost model finds no smaller micro-batch or recompute setting of this plan that fits: more GPUs, more sharding "
+            "(ZeRO, tp, pp) or a shorter sequence";
+  }
+  return line;
+}
+
+}  // namespace trainplan::executor
