@@ -17,12 +17,6 @@ namespace cm = trainplan::costmodel;
 
 namespace {
 
-std::string gib(double bytes) {
-  char s[32];
-  std::snprintf(s, sizeof(s), "%.2f GiB", bytes / 1073741824.0);
-  return s;
-}
-
 nlohmann::json optional(const std::optional<double>& x) { return x ? nlohmann::json(*x) : nlohmann::json(nullptr); }
 
 // The planner command line of `plan`, every parallel setting fixed.
@@ -35,9 +29,25 @@ std::string planner_command(const cm::Plan& plan) {
              std::to_string(plan.training.global_batch) + " --precision " + cm::precision_name(plan.training.precision);
   const auto& p = plan.parallel;
   command += " --fix tp=" + std::to_string(p.tp) + " --fix pp=" + std::to_string(p.pp) + " --fix dp=" + std::to_string(p.dp) +
-             " --fix zero=" + std::to_string(p.zero_stage) + " --fix mb=" + std::to_string(p.micro_batch) +
-             " --fix recompute=" + cm::recompute_name(p.recompute);
+             " --fix cp=" + std::to_string(p.cp) + " --fix ep=" + std::to_string(p.ep) + " --fix zero=" + std::to_string(p.zero_stage) +
+             " --fix mb=" + std::to_string(p.micro_batch) + " --fix recompute=" + cm::recompute_name(p.recompute) +
+             " --fix sp=" + (p.sequence_parallel ? "on" : "off");
+  if (p.pp > 1) command += std::string(" --fix schedule=") + cm::schedule_name(p.schedule) + " --fix v=" + std::to_string(p.virtual_stages);
   return command;
+}
+
+// Bytes for people: GiB up to 1 TiB, then TiB, PiB, EiB.
+std::string bytes_text(double bytes) {
+  const char* units[] = {"GiB", "TiB", "PiB", "EiB"};
+  double x = bytes / 1073741824.0;
+  int u = 0;
+  while (x >= 1024.0 && u < 3) {
+    x /= 1024.0;
+    ++u;
+  }
+  char text[48];
+  std::snprintf(text, sizeof text, "%.2f %s", x, units[u]);
+  return text;
 }
 
 }  // namespace
@@ -79,7 +89,7 @@ std::optional<NextPlan> next_plan_after_out_of_memory(const cm::Plan& plan) {
     if (!cm::validate_plan(candidate)) return std::nullopt;
     const cm::Estimate e = cm::estimate(candidate);
     if (!e.fits) return std::nullopt;
-    return NextPlan{what, e.memory.required.value(), planner_command(candidate)};
+    return NextPlan{what, e.memory.required.value(), planner_command(candidate), candidate, ""};
   };
   if (p.micro_batch >= 2) {
     cm::Plan half = plan;
@@ -98,6 +108,18 @@ std::optional<NextPlan> next_plan_after_out_of_memory(const cm::Plan& plan) {
   return std::nullopt;
 }
 
+std::string next_plan_path(const std::string& measurement_path) {
+  std::string stem = measurement_path;
+  for (const char* suffix : {".measurement.json", ".json"}) {
+    const std::string s(suffix);
+    if (stem.size() > s.size() && stem.compare(stem.size() - s.size(), s.size(), s) == 0) {
+      stem.resize(stem.size() - s.size());
+      break;
+    }
+  }
+  return stem + ".next-plan.json";
+}
+
 nlohmann::json out_of_memory_json(const OutOfMemory& oom, const std::optional<NextPlan>& next) {
   nlohmann::json j = {
       {"requested_bytes", optional(oom.requested_bytes)},
@@ -110,8 +132,11 @@ nlohmann::json out_of_memory_json(const OutOfMemory& oom, const std::optional<Ne
       {"rank", oom.rank},
       {"message", oom.message},
   };
-  j["next_plan"] = next ? nlohmann::json{{"change", next->what}, {"required_bytes", next->required_bytes}, {"command", next->command}}
-                        : nlohmann::json(nullptr);
+  j["next_plan"] = nullptr;
+  if (next) {
+    j["next_plan"] = {{"change", next->what}, {"required_bytes", next->required_bytes}, {"command", next->command}};
+    if (!next->plan_path.empty()) j["next_plan"]["plan_file"] = next->plan_path;
+  }
   return j;
 }
 
@@ -119,15 +144,16 @@ std::string out_of_memory_line(const OutOfMemory& oom, const std::optional<NextP
   std::string line = "executor: out of memory in " + oom.phase;
   if (oom.micro_batch >= 0) line += " of micro-batch " + std::to_string(oom.micro_batch);
   line += " of step " + std::to_string(oom.step);
-  line += oom.requested_bytes ? " asking for " + gib(*oom.requested_bytes) : std::string(" (request size not in the allocator's message)");
+  line += oom.requested_bytes ? " asking for " + bytes_text(*oom.requested_bytes) : std::string(" (request size not in the allocator's message)");
   if (oom.allocated_bytes || oom.reserved_bytes) {
-    line += " (allocated " + (oom.allocated_bytes ? gib(*oom.allocated_bytes) : std::string("?")) + ", reserved " +
-            (oom.reserved_bytes ? gib(*oom.reserved_bytes) : std::string("?")) + ")";
+    line += " (allocated " + (oom.allocated_bytes ? bytes_text(*oom.allocated_bytes) : std::string("?")) + ", reserved " +
+            (oom.reserved_bytes ? bytes_text(*oom.reserved_bytes) : std::string("?")) + ")";
   } else if (oom.process_peak_resident_bytes) {
-    line += " (process peak resident " + gib(*oom.process_peak_resident_bytes) + ")";
+    line += " (process peak resident " + bytes_text(*oom.process_peak_resident_bytes) + ")";
   }
   if (next) {
-    line += "; next plan to try: " + next->what + " (the cost model estimates " + gib(next->required_bytes) + " required) — " + next->command;
+    line += "; next plan to try: " + next->what + " (the cost model estimates " + bytes_text(next->required_bytes) + " required) — " +
+            (next->plan_path.empty() ? next->command : "written to " + next->plan_path + " (planner evaluate " + next->plan_path + ")");
   } else {
     line += "; the cost model finds no smaller micro-batch or recompute setting of this plan that fits: more GPUs, more sharding "
             "(ZeRO, tp, pp) or a shorter sequence";

@@ -42,12 +42,18 @@ struct OutOfMemory {
 // The next plan to try, by the cost model: the plan with half the micro-batch, else selective
 // recompute, else full recompute, the first the cost model says fits. `what` is what changed
 // ("micro_batch 8"), `required_bytes` its estimated memory per GPU, `command` a planner command
-// line that evaluates it; nullopt when none of them fits (or none applies).
+// line that evaluates it (every parallel axis fixed); nullopt when none of them fits (or none applies).
 struct NextPlan {
   std::string what;
   double required_bytes = 0;
   std::string command;
+  costmodel::Plan plan;    // the whole next plan (written beside the measurement, see next_plan_path)
+  std::string plan_path;   // where it was written; empty when it was not
 };
+
+// Where the next plan is written beside a measurement: "run.measurement.json" ->
+// "run.next-plan.json", "run.json" -> "run.next-plan.json".
+[[nodiscard]] std::string next_plan_path(const std::string& measurement_path);
 [[nodiscard]] std::optional<NextPlan> next_plan_after_out_of_memory(const costmodel::Plan& plan);
 
 // {requested_bytes, allocated_bytes, reserved_bytes, process_peak_resident_bytes, phase,

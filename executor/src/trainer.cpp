@@ -356,7 +356,10 @@ int train(const RunOptions& o, const std::string& command_line, World& w, const 
 
   // A measurement at this path describes this run: an older one goes now, before the first
   // collective, so that a rank that fails later (out of memory) never finds a stale one in place.
-  if (talk && !o.measurement_path.empty()) std::remove(o.measurement_path.c_str());
+  if (talk && !o.measurement_path.empty()) {
+    std::remove(o.measurement_path.c_str());
+    std::remove(next_plan_path(o.measurement_path).c_str());
+  }
 
   // Parallelisms in torchtitan's order: process groups, TP pieces of every unit, this stage's
   // chunks (cost-balanced by the cost model), then data parallelism (ZeRO) over what is left.
@@ -597,7 +600,18 @@ int train(const RunOptions& o, const std::string& command_line, World& w, const 
     } else {
       oom.process_peak_resident_bytes = process_peak_resident_bytes();
     }
-    const std::optional<NextPlan> next = next_plan_after_out_of_memory(plan);
+    std::optional<NextPlan> next = next_plan_after_out_of_memory(plan);
+    if (next && !o.measurement_path.empty()) {
+      // The whole next plan beside the measurement, so that nothing of this plan is lost in a
+      // command line (inline models, schedules, stacks); rank 0's replaces another rank's.
+      const std::string path = next_plan_path(o.measurement_path);
+      try {
+        write_json_atomically(path, cm::plan_to_json(next->plan, /*inline_documents=*/true), /*overwrite=*/rank == 0);
+        next->plan_path = path;
+      } catch (const std::exception&) {
+        // Not written: the line gives the planner command instead.
+      }
+    }
     print_for_rank(rank, out_of_memory_line(oom, next));
     if (!o.measurement_path.empty()) {
       RankMemory mine_memory{engine.state_bytes(), oom.allocated_bytes.value_or(0), oom.reserved_bytes.value_or(0)};

@@ -111,7 +111,7 @@ nlohmann::json expect_out_of_memory_answer(const Outcome& o, const std::string& 
   for (const std::string& line : lines) {
     EXPECT_EQ(line.rfind("[rank ", 0), 0u) << line;
     EXPECT_NE(line.find(line_start), std::string::npos) << line;
-    EXPECT_NE(line.find("asking for 1073741824.00 GiB"), std::string::npos) << line;
+    EXPECT_NE(line.find("asking for 1.00 EiB"), std::string::npos) << line;  // the injected 2^60 bytes
     EXPECT_NE(line.find("; next plan to try: "), std::string::npos) << line;
   }
   nlohmann::json m = read_json(document);
@@ -134,7 +134,14 @@ TEST(OutOfMemory, OneRankReportsTheFailedBackwardAndSuggestsAHalfMicroBatch) {
   const nlohmann::json m = expect_out_of_memory_answer(o, dir + "/m.json", "executor: out of memory in backward of micro-batch 1 of step 2 ");
   EXPECT_EQ(lines_with(o.output, "out of memory").size(), 1u) << o.output;
   EXPECT_NE(o.output.find("next plan to try: micro_batch 2 (the cost model estimates "), std::string::npos) << o.output;
-  EXPECT_NE(o.output.find("--fix mb=2"), std::string::npos) << o.output;
+  // The whole next plan is written beside the measurement; the line names it.
+  EXPECT_NE(o.output.find("written to " + dir + "/m.next-plan.json (planner evaluate " + dir + "/m.next-plan.json)"), std::string::npos)
+      << o.output;
+  const nlohmann::json next = read_json(dir + "/m.next-plan.json");
+  EXPECT_EQ(next.at("schema"), "trainplan/plan/v1");
+  EXPECT_EQ(next.at("parallel").at("micro_batch"), 2);
+  EXPECT_EQ(m.at("out_of_memory").at("next_plan").at("plan_file"), dir + "/m.next-plan.json");
+  EXPECT_NE(m.at("out_of_memory").at("next_plan").at("command").get<std::string>().find("--fix mb=2"), std::string::npos);
   const nlohmann::json& oom = m.at("out_of_memory");
   EXPECT_EQ(oom.at("phase"), "backward");
   EXPECT_EQ(oom.at("micro_batch"), 1);
