@@ -81,6 +81,18 @@ ParallelConfig ParallelConstraints::fixed() const {
   return p;
 }
 
+ParallelConstraints ParallelConstraints::of(const ParallelConfig& p) {
+  ParallelConstraints c;
+  c.tp = p.tp; c.pp = p.pp; c.dp = p.dp; c.cp = p.cp; c.ep = p.ep;
+  c.zero_stage = p.zero_stage; c.shard_group = p.shard_group; c.micro_batch = p.micro_batch;
+  c.virtual_stages = p.virtual_stages; c.sequence_parallel = p.sequence_parallel;
+  c.schedule = p.schedule; c.recompute = p.recompute; c.offload_optimizer = p.offload_optimizer;
+  c.recompute_layers = p.recompute_layers;
+  c.offload_params = p.offload_params; c.fsdp_wrap_min_params = p.fsdp_wrap_min_params;
+  c.prefetch = p.prefetch; c.reduce_dtype = p.reduce_dtype; c.overlap_grad_reduce = p.overlap_grad_reduce;
+  return c;
+}
+
 void resolve_training_defaults(const ModelSpec& model, TrainingConfig& t) {
   if (t.seq_len == 0) t.seq_len = model.max_seq_len;
   const bool pretrain = t.mode == TrainingMode::kPretrain;

@@ -10,6 +10,7 @@
 #include <c10/util/Exception.h>
 
 #include "trainplan/costmodel/estimate.hpp"
+#include "trainplan/planner/inputs.hpp"
 
 namespace trainplan::executor {
 
@@ -19,21 +20,11 @@ namespace {
 
 nlohmann::json optional(const std::optional<double>& x) { return x ? nlohmann::json(*x) : nlohmann::json(nullptr); }
 
-// The planner command line of `plan`, every parallel setting fixed.
+// The planner command line of `plan`, every setting fixed.
 std::string planner_command(const cm::Plan& plan) {
-  const auto usable = [](const std::string& ref) { return !ref.empty() && ref != "inline"; };
-  std::string command = "planner";
-  command += " --model " + (usable(plan.model_ref) ? plan.model_ref : "MODEL.json");
-  command += " --cluster " + (usable(plan.cluster_ref) ? plan.cluster_ref : "CLUSTER.json");
-  command += " --gpus " + std::to_string(plan.gpus) + " --seq-len " + std::to_string(plan.training.seq_len) + " --global-batch " +
-             std::to_string(plan.training.global_batch) + " --precision " + cm::precision_name(plan.training.precision);
-  const auto& p = plan.parallel;
-  command += " --fix tp=" + std::to_string(p.tp) + " --fix pp=" + std::to_string(p.pp) + " --fix dp=" + std::to_string(p.dp) +
-             " --fix cp=" + std::to_string(p.cp) + " --fix ep=" + std::to_string(p.ep) + " --fix zero=" + std::to_string(p.zero_stage) +
-             " --fix mb=" + std::to_string(p.micro_batch) + " --fix recompute=" + cm::recompute_name(p.recompute) +
-             " --fix sp=" + (p.sequence_parallel ? "on" : "off");
-  if (p.pp > 1) command += std::string(" --fix schedule=") + cm::schedule_name(p.schedule) + " --fix v=" + std::to_string(p.virtual_stages);
-  return command;
+  const cm::PlanRequest request{plan.name, plan.model_ref, plan.cluster_ref, plan.model, plan.cluster, plan.gpus, plan.training,
+                                cm::ParallelConstraints::of(plan.parallel)};
+  return planner::planner_command(request, "throughput");
 }
 
 // Bytes for people: GiB up to 1 TiB, then TiB, PiB, EiB.

@@ -356,7 +356,7 @@ int profile(const ProfileOptions& o, const std::string& command, World& w, const
 }  // namespace
 
 int run_profile(const ProfileOptions& o, const std::string& command_line) {
-  const int env_rank = env_int({"OMPI_COMM_WORLD_RANK", "PMI_RANK", "RANK", "SLURM_PROCID"}, 0);
+  const int env_rank = launcher_rank();
   cm::HardwareProfile base;
   try {
     base = check_inputs(o);

@@ -727,11 +727,11 @@ int train(const RunOptions& o, const std::string& command_line, World& w, const 
 }  // namespace
 
 void print_rank_message(const std::string& text) {
-  print_for_rank(env_int({"OMPI_COMM_WORLD_RANK", "PMI_RANK", "RANK", "SLURM_PROCID"}, 0), text);
+  print_for_rank(launcher_rank(), text);
 }
 
 int run_executor(const RunOptions& o, const std::string& command_line) {
-  const int env_rank = env_int({"OMPI_COMM_WORLD_RANK", "PMI_RANK", "RANK", "SLURM_PROCID"}, 0);
+  const int env_rank = launcher_rank();
   cm::Plan plan;
   try {
     plan = load_plan(o.plan_path);

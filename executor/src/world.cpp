@@ -16,6 +16,8 @@ int env_int(std::initializer_list<const char*> names, int fallback) {
   return fallback;
 }
 
+int launcher_rank() { return env_int({"OMPI_COMM_WORLD_RANK", "PMI_RANK", "RANK", "SLURM_PROCID"}, 0); }
+
 World make_world(const std::string& device, int timeout_seconds) {
   World w;
   const CommOptions comm_options{std::chrono::seconds(timeout_seconds)};

@@ -27,6 +27,10 @@ struct World {
 // The first of the environment variables `names` that is set, as an integer, else `fallback`.
 [[nodiscard]] int env_int(std::initializer_list<const char*> names, int fallback);
 
+// This process's rank as its launcher set it (mpirun, torchrun, SLURM); 0 for a single process.
+// For messages before the communicator exists.
+[[nodiscard]] int launcher_rank();
+
 // `device`: "auto" (cuda when present), "cpu" or "cuda". CPU ranks talk over MPI (started by
 // mpirun); GPU ranks over NCCL, bootstrapped through MPI or torchrun's MASTER_ADDR/PORT.
 // Throws WorldError for bad input, CommError when the communicator cannot be set up.

@@ -134,48 +134,6 @@ std::string field_of_message(const std::string& message, const std::string& docu
   return it == kRequestFields.end() ? fallback : it->second;
 }
 
-std::string planner_command(const cm::PlanRequest& r, const std::string& objective, double memory_headroom) {
-  const auto number = [](double x) {  // the shortest text that reads back as x
-    char buf[64];
-    for (int digits = 6; digits <= 17; ++digits) {
-      std::snprintf(buf, sizeof buf, "%.*g", digits, x);
-      if (std::strtod(buf, nullptr) == x) break;
-    }
-    return std::string(buf);
-  };
-  const cm::TrainingConfig& t = r.training;
-  std::string s = "planner --model " + (r.model_ref.empty() || r.model_ref == "inline" ? std::string("MODEL.json") : r.model_ref);
-  s += " --gpus " + std::to_string(r.gpus);
-  s += " --cluster " + (r.cluster_ref.empty() || r.cluster_ref == "inline" ? std::string("CLUSTER.json") : r.cluster_ref);
-  s += " --seq-len " + std::to_string(t.seq_len) + " --global-batch " + std::to_string(t.global_batch);
-  s += " --train-tokens " + number(t.train_tokens);
-  s += std::string(" --precision ") + cm::precision_name(t.precision) + " --optimizer " + cm::optimizer_name(t.optimizer) +
-       " --mode " + cm::mode_name(t.mode) + " --objective " + objective;
-  if (t.mode == cm::TrainingMode::kLora || t.mode == cm::TrainingMode::kQlora) s += " --lora-rank " + std::to_string(t.lora.rank);
-  if (t.attention == cm::AttentionKernel::kStandard) s += " --attention standard";
-  if (t.dropout) s += " --dropout";
-  if (t.stack != cm::Stack::kTrainplan) s += std::string(" --stack ") + cm::stack_name(t.stack);
-  if (memory_headroom != cm::kDefaultMemoryHeadroom) s += " --memory-headroom " + number(100 * memory_headroom);
-  const cm::ParallelConstraints& c = r.parallel;
-  const auto fix = [&](const char* key, const std::optional<int>& v) {
-    if (v) s += std::string(" --fix ") + key + "=" + std::to_string(*v);
-  };
-  fix("tp", c.tp);
-  fix("pp", c.pp);
-  fix("dp", c.dp);
-  fix("cp", c.cp);
-  fix("ep", c.ep);
-  fix("zero", c.zero_stage);
-  fix("shard_group", c.shard_group);
-  fix("mb", c.micro_batch);
-  fix("v", c.virtual_stages);
-  if (c.sequence_parallel) s += std::string(" --fix sp=") + (*c.sequence_parallel ? "on" : "off");
-  if (c.schedule) s += std::string(" --fix schedule=") + cm::schedule_name(*c.schedule);
-  if (c.recompute) s += std::string(" --fix recompute=") + cm::recompute_name(*c.recompute);
-  if (c.offload_optimizer) s += std::string(" --fix offload=") + cm::offload_name(*c.offload_optimizer);
-  return s;
-}
-
 BuiltRequest build_request(const RequestForm& form) {
   BuiltRequest built;
   auto& errors = built.errors;

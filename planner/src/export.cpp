@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "export_writers.hpp"
+#include "trainplan/planner/report.hpp"
 
 namespace trainplan::planner {
 
@@ -56,7 +57,6 @@ Result<ExportTarget> parse_export_target(const std::string& name) {
 
 namespace export_detail {
 
-std::string plural(long long n, const char* word) { return std::to_string(n) + " " + word + (n == 1 ? "" : "s"); }
 
 std::string tokens_text(double tokens) {
   char buffer[32];
@@ -84,7 +84,7 @@ Result<Derived> derive(const Plan& plan) {
   d.micro_batches = plan.training.global_batch / (static_cast<long long>(p.dp) * p.micro_batch);
   const double tokens_per_step = static_cast<double>(plan.training.global_batch) * static_cast<double>(plan.training.seq_len);
   d.steps = static_cast<long long>(std::ceil(plan.training.train_tokens / tokens_per_step));
-  d.nodes_text = std::to_string(plan.gpus) + " GPUs = " + plural(d.nodes, "node") + " x " + std::to_string(d.per_node);
+  d.nodes_text = std::to_string(plan.gpus) + " GPUs = " + count_text(d.nodes, "node", "nodes") + " x " + std::to_string(d.per_node);
   return d;
 }
 
@@ -105,7 +105,7 @@ std::vector<std::string> model_shape_refusals(const costmodel::ModelSpec& m, con
   if (m.sliding_window > 0) r.push_back("model " + m.name + ": sliding window " + n(m.sliding_window) + ": this export writes full causal attention only");
   if (m.moe && m.moe->shared_ffn_hidden > 0) r.push_back("model " + m.name + ": shared experts: this export writes routed experts only");
   if (m.moe && m.moe->dense_layers > 0) {
-    r.push_back("model " + m.name + ": " + plural(m.moe->dense_layers, "leading dense layer") + ": this export makes every layer's MLP a mixture of experts");
+    r.push_back("model " + m.name + ": " + count_text(m.moe->dense_layers, "leading dense layer", "leading dense layers") + ": this export makes every layer's MLP a mixture of experts");
   }
   costmodel::ModelFeatures f = m.features();
   const costmodel::ModelFeatures base = costmodel::architecture_features(m.architecture);

@@ -20,7 +20,6 @@ struct Derived {
 };
 
 [[nodiscard]] costmodel::Result<Derived> derive(const costmodel::Plan& plan);
-[[nodiscard]] std::string plural(long long n, const char* word);
 [[nodiscard]] std::string tokens_text(double tokens);  // "1e+12"
 [[nodiscard]] std::string lora_note(const costmodel::Plan& plan);
 [[nodiscard]] std::string refusal_error(ExportTarget target, const std::vector<std::string>& reasons);

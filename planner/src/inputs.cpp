@@ -1,6 +1,8 @@
 #include "trainplan/planner/inputs.hpp"
 
 #include <cctype>
+#include <cstdio>
+#include <cstdlib>
 #include <cmath>
 #include <optional>
 #include <stdexcept>
@@ -84,6 +86,48 @@ Result<bool> apply_constraint(const std::string& key, const std::string& value, 
     return true;
   }
   return Error{"unknown key \"" + key + "\" (tp, pp, dp, cp, ep, zero, shard_group, mb, v, sp, schedule, recompute, offload)"};
+}
+
+std::string planner_command(const costmodel::PlanRequest& r, const std::string& objective, double memory_headroom) {
+  const auto number = [](double x) {  // the shortest text that reads back as x
+    char buf[64];
+    for (int digits = 6; digits <= 17; ++digits) {
+      std::snprintf(buf, sizeof buf, "%.*g", digits, x);
+      if (std::strtod(buf, nullptr) == x) break;
+    }
+    return std::string(buf);
+  };
+  const costmodel::TrainingConfig& t = r.training;
+  std::string s = "planner --model " + (r.model_ref.empty() || r.model_ref == "inline" ? std::string("MODEL.json") : r.model_ref);
+  s += " --gpus " + std::to_string(r.gpus);
+  s += " --cluster " + (r.cluster_ref.empty() || r.cluster_ref == "inline" ? std::string("CLUSTER.json") : r.cluster_ref);
+  s += " --seq-len " + std::to_string(t.seq_len) + " --global-batch " + std::to_string(t.global_batch);
+  s += " --train-tokens " + number(t.train_tokens);
+  s += std::string(" --precision ") + costmodel::precision_name(t.precision) + " --optimizer " + costmodel::optimizer_name(t.optimizer) +
+       " --mode " + costmodel::mode_name(t.mode) + " --objective " + objective;
+  if (t.mode == costmodel::TrainingMode::kLora || t.mode == costmodel::TrainingMode::kQlora) s += " --lora-rank " + std::to_string(t.lora.rank);
+  if (t.attention == costmodel::AttentionKernel::kStandard) s += " --attention standard";
+  if (t.dropout) s += " --dropout";
+  if (t.stack != costmodel::Stack::kTrainplan) s += std::string(" --stack ") + costmodel::stack_name(t.stack);
+  if (memory_headroom != costmodel::kDefaultMemoryHeadroom) s += " --memory-headroom " + number(100 * memory_headroom);
+  const costmodel::ParallelConstraints& c = r.parallel;
+  const auto fix = [&](const char* key, const std::optional<int>& v) {
+    if (v) s += std::string(" --fix ") + key + "=" + std::to_string(*v);
+  };
+  fix("tp", c.tp);
+  fix("pp", c.pp);
+  fix("dp", c.dp);
+  fix("cp", c.cp);
+  fix("ep", c.ep);
+  fix("zero", c.zero_stage);
+  fix("shard_group", c.shard_group);
+  fix("mb", c.micro_batch);
+  fix("v", c.virtual_stages);
+  if (c.sequence_parallel) s += std::string(" --fix sp=") + (*c.sequence_parallel ? "on" : "off");
+  if (c.schedule) s += std::string(" --fix schedule=") + costmodel::schedule_name(*c.schedule);
+  if (c.recompute) s += std::string(" --fix recompute=") + costmodel::recompute_name(*c.recompute);
+  if (c.offload_optimizer) s += std::string(" --fix offload=") + costmodel::offload_name(*c.offload_optimizer);
+  return s;
 }
 
 }  // namespace trainplan::planner

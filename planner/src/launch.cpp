@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "trainplan/planner/measurement.hpp"
+#include "trainplan/planner/report.hpp"
 
 namespace trainplan::planner {
 
@@ -76,8 +77,6 @@ int gpus_per_node(const Plan& plan, const LaunchOptions& options) {
   return options.gpus_per_node.value_or(plan.cluster.gpus_per_node);
 }
 
-std::string plural(int n, const char* word) { return std::to_string(n) + " " + word + (n == 1 ? "" : "s"); }
-
 // "tinyllama-4x-zero2 (tinyllama-1.1b on dgx-h100, tp1 pp1 dp4 zero2)"
 std::string plan_summary(const Plan& plan) {
   return (plan.name.empty() ? std::string("plan") : plan.name) + " (" + plan.model.name + " on " + plan.cluster.name + ", " +
@@ -136,7 +135,7 @@ Result<bool> check_launch(const Plan& plan, const LaunchOptions& options) {
   if (given != plan.gpus) {
     const std::string gives = "--nodes " + std::to_string(options.nodes) + " gives " + std::to_string(given);
     if (plan.gpus % per_node == 0) {
-      return Error{"plan needs " + std::to_string(plan.gpus) + " GPUs = " + plural(plan.gpus / per_node, "node") + " x " +
+      return Error{"plan needs " + std::to_string(plan.gpus) + " GPUs = " + count_text(plan.gpus / per_node, "node", "nodes") + " x " +
                    std::to_string(per_node) + " GPUs; " + gives};
     }
     const std::string source = options.gpus_per_node ? "--gpus-per-node " + std::to_string(per_node)
@@ -237,7 +236,7 @@ Result<std::string> slurm_script(const Plan& plan, const std::string& plan_path,
   out << "#!/bin/bash\n";
   out << "# trainplan: " << plan_summary(plan) << "\n";
   out << limitation_comments(plan);
-  out << "# " << plural(options.nodes, "node") << " x " << per_node << " GPUs = " << plan.gpus
+  out << "# " << count_text(options.nodes, "node", "nodes") << " x " << per_node << " GPUs = " << plan.gpus
       << " executor ranks, one per GPU. Submit with: sbatch THIS_FILE\n";
   if (!options.job_name.empty()) out << "#SBATCH --job-name=" << options.job_name << "\n";
   out << "#SBATCH --nodes=" << options.nodes << "\n";
@@ -267,7 +266,7 @@ Result<std::string> torchrun_commands(const Plan& plan, const std::string& plan_
   std::ostringstream out;
   out << "# trainplan: " << plan_summary(plan) << "\n";
   out << limitation_comments(plan);
-  out << "# " << plural(options.nodes, "node") << " x " << per_node << " GPUs = " << plan.gpus << " executor ranks, one per GPU.\n";
+  out << "# " << count_text(options.nodes, "node", "nodes") << " x " << per_node << " GPUs = " << plan.gpus << " executor ranks, one per GPU.\n";
   if (options.nodes == 1) {
     out << "export MASTER_ADDR=localhost\n";
   } else {

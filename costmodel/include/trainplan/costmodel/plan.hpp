@@ -98,6 +98,8 @@ struct ParallelConstraints {
   [[nodiscard]] bool fully_fixed() const;
   // REQUIRES: fully_fixed().
   [[nodiscard]] ParallelConfig fixed() const;
+  // The constraints that fix every setting of `config` (fixed() of them gives it back).
+  [[nodiscard]] static ParallelConstraints of(const ParallelConfig& config);
 };
 
 struct PlanRequest {

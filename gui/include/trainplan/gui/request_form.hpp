@@ -15,6 +15,7 @@
 #include "trainplan/costmodel/estimate.hpp"
 #include "trainplan/costmodel/plan.hpp"
 #include "trainplan/costmodel/hardware.hpp"
+#include "trainplan/planner/inputs.hpp"
 
 namespace trainplan::gui {
 
@@ -73,13 +74,8 @@ struct BuiltRequest {
 [[nodiscard]] costmodel::Result<nlohmann::json> model_document(const DocumentInput& input);
 [[nodiscard]] costmodel::Result<nlohmann::json> cluster_document(const DocumentInput& input);
 
-// The planner command line that searches the same request with the same objective, e.g.
-// "planner --model llama3-70b --gpus 64 --cluster dgx-h100 --seq-len 8192 --global-batch 512
-// --train-tokens 1.4e+12 --precision bf16 --optimizer adamw --mode pretrain --objective throughput
-// --fix tp=8". A model or cluster that is no preset is given as MODEL.json / CLUSTER.json (export
-// it from the plan JSON).
-[[nodiscard]] std::string planner_command(const costmodel::PlanRequest& request, const std::string& objective,
-                                          double memory_headroom = costmodel::kDefaultMemoryHeadroom);
+// The planner command line that searches the same request (planner/inputs.hpp).
+using planner::planner_command;
 
 // The field an error message of a document or request belongs to: the JSON pointer in
 // "file: /gpu/hbm_capacity_gib: must be > 0" or "/parallel/tp: ..." mapped to a field name

@@ -1,10 +1,11 @@
 #pragma once
 // Inputs as people type them, shared by the planner CLI and the GUI so both read the same text the
 // same way: counts with K/M/G/T suffixes ("16M" tokens, "15T" tokens to train) and one fixed
-// parallel setting ("tp" = "8", "recompute" = "full").
+// parallel setting ("tp" = "8", "recompute" = "full"); and the planner command line of a request.
 
 #include <string>
 
+#include "trainplan/costmodel/estimate.hpp"
 #include "trainplan/costmodel/plan.hpp"
 #include "trainplan/costmodel/result.hpp"
 
@@ -25,5 +26,13 @@ namespace trainplan::planner {
 // `constraints` is unchanged on error.
 [[nodiscard]] costmodel::Result<bool> apply_constraint(const std::string& key, const std::string& value,
                                                        costmodel::ParallelConstraints& constraints);
+
+// The planner command line that searches the same request with the same objective, e.g.
+// "planner --model llama3-70b --gpus 64 --cluster dgx-h100 --seq-len 8192 --global-batch 512
+// --train-tokens 1.4e+12 --precision bf16 --optimizer adamw --mode pretrain --objective throughput
+// --fix tp=8". A model or cluster that is no preset is given as MODEL.json / CLUSTER.json (export
+// it from the plan JSON).
+[[nodiscard]] std::string planner_command(const costmodel::PlanRequest& request, const std::string& objective,
+                                          double memory_headroom = costmodel::kDefaultMemoryHeadroom);
 
 }  // namespace trainplan::planner
