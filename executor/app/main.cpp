@@ -52,6 +52,9 @@ int main(int argc, char** argv) {
   app.add_option("--inject-oom", o.inject_oom, "fault injection: PHASE[:MICRO_BATCH[:STEP]] fails an allocation")->group("");
   app.add_option("--inject-oom-rank", o.inject_oom_rank, "rank of --inject-oom (-1: all)")->group("");
   app.add_flag("--quiet", o.quiet, "no per-step lines");
+  app.add_option("--kernels", o.kernels, "fused (fused paths and fused AdamW) or reference (plain ATen, to check them against)")
+      ->check(CLI::IsMember({"fused", "reference"}))
+      ->capture_default_str();
   app.add_option("--trace-step", o.trace_step, "step recorded in the measurement's trace (0: the last)")->capture_default_str();
   try {
     app.parse(argc, argv);

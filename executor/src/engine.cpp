@@ -77,7 +77,7 @@ struct RecomputedBlockFn : torch::autograd::Function<RecomputedBlockFn> {
     at::Tensor out;
     {
       torch::autograd::AutoGradMode no_grad(false);
-      out = block_forward(e->model(), e->tp(), e->unit_views(u), x, e->rotary(), AttentionRecompute::kNone);
+      out = block_forward(e->model(), e->tp(), e->unit_views(u), x, e->rotary(), AttentionRecompute::kNone, e->config().kernels);
     }
     e->release(u);
     return out;
@@ -91,7 +91,7 @@ struct RecomputedBlockFn : torch::autograd::Function<RecomputedBlockFn> {
     {
       torch::autograd::AutoGradMode enable(true);
       const variable_list views = UnitViewsFn::apply(e->anchor(u), engine_id(e), unit);
-      const at::Tensor out = block_forward(e->model(), e->tp(), views, x, e->rotary(), AttentionRecompute::kNone);
+      const at::Tensor out = block_forward(e->model(), e->tp(), views, x, e->rotary(), AttentionRecompute::kNone, e->config().kernels);
       torch::autograd::backward({out}, {grads[0]});
     }
     return {x.grad(), at::Tensor(), at::Tensor()};
@@ -246,14 +246,14 @@ at::Tensor DataParallelEngine::run_unit_forward(std::size_t unit, const at::Tens
   gather(unit, +1);
   const variable_list views = UnitViewsFn::apply(anchor(unit), id, index);
   const auto attention = config_.recompute == cm::Recompute::kSelective ? AttentionRecompute::kSelective : AttentionRecompute::kNone;
-  at::Tensor y = block_forward(model_, groups_.tp, views, x, rotary_, attention);
+  at::Tensor y = block_forward(model_, groups_.tp, views, x, rotary_, attention, config_.kernels);
   if (config_.zero_stage == 3) y = BeforeBackwardFn::apply(y, id, index);
   release(unit);
   return y;
 }
 
 at::Tensor DataParallelEngine::forward_chunk(int chunk, const at::Tensor& input, const at::Tensor& targets,
-                                             double loss_multiplier, double* loss_value) {
+                                             double loss_multiplier, at::Tensor* loss_value) {
   const int64_t id = engine_id(this);
   const bool stage3 = config_.zero_stage == 3;
   const auto [begin, end] = chunk_ranges_.at(static_cast<std::size_t>(chunk));
@@ -277,7 +277,7 @@ at::Tensor DataParallelEngine::forward_chunk(int chunk, const at::Tensor& input,
         gather(i, +1);
         const variable_list head_params = UnitViewsFn::apply(anchor(i), id, index);
         const at::Tensor& output_weight = local_tied_ ? embedding[0] : head_params.back();
-        const at::Tensor loss = head_loss(model_, groups_.tp, head_params, output_weight, x, targets);
+        const at::Tensor loss = head_loss(model_, groups_.tp, head_params, output_weight, x, targets, config_.kernels);
         at::Tensor scaled = loss * loss_multiplier;
         if (stage3) {
           scaled = BeforeBackwardFn::apply(scaled, id, index);
@@ -285,7 +285,7 @@ at::Tensor DataParallelEngine::forward_chunk(int chunk, const at::Tensor& input,
         }
         release(i);
         if (local_tied_) release(embedding_unit);
-        if (loss_value != nullptr) *loss_value = loss.item<double>();
+        if (loss_value != nullptr) *loss_value = loss.detach();  // read once per step, not per micro-batch
         return scaled;
       }
     }
@@ -417,16 +417,16 @@ void DataParallelEngine::drain() {
 
 double DataParallelEngine::gradient_norm() {
   // Each element once over every axis: replicas, TP copies and the tied copy count nowhere else.
-  // Summed on the device, read once (one host synchronisation per step, not one per range).
-  at::Tensor sum;
+  // One multi-tensor norm over the ranges (no squared temporary the size of a range), summed on
+  // the device and read once (one host synchronisation per step).
+  std::vector<at::Tensor> parts;
   for (auto& u : units_) {
     const at::Tensor g = u->owned_grad(config_.zero_stage);
-    for (const auto& [start, length] : u->norm_ranges) {
-      const at::Tensor part = g.narrow(0, start, length).pow(2).sum().to(at::kDouble);
-      sum = sum.defined() ? sum + part : part;
-    }
+    for (const auto& [start, length] : u->norm_ranges) parts.push_back(g.narrow(0, start, length));
   }
-  return std::sqrt(all_reduce_scalar(*groups_.world, sum.defined() ? sum.item<double>() : 0.0));
+  double local = 0;
+  if (!parts.empty()) local = at::stack(at::_foreach_norm(parts, 2)).to(at::kDouble).pow(2).sum().item<double>();
+  return std::sqrt(all_reduce_scalar(*groups_.world, local));
 }
 
 bool DataParallelEngine::gradients_finite() {
@@ -441,6 +441,11 @@ bool DataParallelEngine::gradients_finite() {
 }
 
 void DataParallelEngine::optimizer_step(const AdamWSettings& a, double lr, double gradient_multiplier, int64_t step) {
+  if (config_.kernels == Kernels::kFused) {
+    fused_optimizer_step(a, lr, gradient_multiplier, step);
+    refresh_compute_copies();
+    return;
+  }
   const double bc1 = 1.0 - std::pow(a.beta1, static_cast<double>(step));
   const double bc2 = 1.0 - std::pow(a.beta2, static_cast<double>(step));
   for (auto& up : units_) {
@@ -453,6 +458,45 @@ void DataParallelEngine::optimizer_step(const AdamWSettings& a, double lr, doubl
     u.master.addcdiv_(u.exp_avg, denom, -lr / bc1);
   }
   refresh_compute_copies();
+}
+
+// LibTorch's multi-tensor AdamW (at::_fused_adamw_, the kernel behind torch.optim.AdamW(fused=True),
+// on CPU and CUDA): one pass over master, gradient and moments per element instead of the dozen
+// above, and no float32 temporaries. The same update: decoupled decay (on decay ranges only, so
+// the ranges go in as two lists), bias-corrected moments; the gradient multiplier enters as the
+// kernel's grad_scale (it divides by it), which also leaves the unscaled gradient in place.
+void DataParallelEngine::fused_optimizer_step(const AdamWSettings& a, double lr, double gradient_multiplier, int64_t step) {
+  struct Lists {
+    std::vector<at::Tensor> params, grads, exp_avgs, exp_avg_sqs, steps;
+  };
+  Lists decay, plain;
+  const auto options = at::TensorOptions().dtype(at::kFloat).device(config_.device);
+  const at::Tensor step_tensor = at::full({}, static_cast<double>(step), options);
+  for (auto& up : units_) {
+    Unit& u = *up;
+    const at::Tensor g = u.owned_grad(config_.zero_stage);
+    int64_t at_element = 0;
+    const auto add = [&](Lists& l, int64_t start, int64_t length) {
+      if (length <= 0) return;
+      l.params.push_back(u.master.narrow(0, start, length));
+      l.grads.push_back(g.narrow(0, start, length));
+      l.exp_avgs.push_back(u.exp_avg.narrow(0, start, length));
+      l.exp_avg_sqs.push_back(u.exp_avg_sq.narrow(0, start, length));
+      l.steps.push_back(step_tensor);
+    };
+    for (const auto& [start, length] : u.decay_ranges) {  // sorted, disjoint (slot order)
+      add(plain, at_element, start - at_element);
+      add(decay, start, length);
+      at_element = start + length;
+    }
+    add(plain, at_element, u.shard - at_element);
+  }
+  const at::Tensor grad_scale = at::full({}, 1.0 / gradient_multiplier, options);
+  for (const auto& [l, weight_decay] : {std::pair<Lists*, double>{&decay, a.weight_decay}, {&plain, 0.0}}) {
+    if (l->params.empty()) continue;
+    at::_fused_adamw_(l->params, l->grads, l->exp_avgs, l->exp_avg_sqs, {}, l->steps, lr, a.beta1, a.beta2, weight_decay, a.eps,
+                      /*amsgrad=*/false, /*maximize=*/false, grad_scale, std::nullopt);
+  }
 }
 
 void DataParallelEngine::refresh_compute_copies() {

@@ -47,6 +47,7 @@ struct EngineConfig {
   costmodel::Recompute recompute = costmodel::Recompute::kNone;
   int recompute_layers = 0;       // with kFull: the first n blocks are recomputed; 0 = all
   at::ScalarType compute_dtype = at::kFloat;
+  Kernels kernels = Kernels::kFused;  // fused_ops.hpp's paths and LibTorch's fused AdamW, or the plain ones
   at::Device device = at::kCPU;
   uint64_t seed = 1234;
   std::string shard_prefix;       // checkpoint shard files of this TP/PP position ("pp01_tp00_")
@@ -83,9 +84,10 @@ class DataParallelEngine {
   // Forward of one model chunk for one micro-batch, recording the graph. `input`: tokens
   // ([micro_batch, seq] int64) when the chunk holds the embedding, else the previous chunk's
   // activation. Returns the activation, or, when the chunk holds the head, the loss multiplied
-  // by `loss_multiplier` (1/accumulation x loss scale) with the unscaled loss in `*loss`.
+  // by `loss_multiplier` (1/accumulation x loss scale) with the unscaled loss in `*loss` (a 0-dim
+  // float32 tensor on the device: reading it would wait for the GPU).
   [[nodiscard]] at::Tensor forward_chunk(int chunk, const at::Tensor& input, const at::Tensor& targets,
-                                         double loss_multiplier, double* loss);
+                                         double loss_multiplier, at::Tensor* loss);
   [[nodiscard]] int chunks() const { return static_cast<int>(chunk_ranges_.size()); }
   // Around the autograd backward of one chunk's micro-batch: `last` marks the chunk's last
   // micro-batch of the step (gradient reductions start during it); end waits for the reductions.
@@ -145,6 +147,7 @@ class DataParallelEngine {
   [[nodiscard]] bool recompute_block(int layer) const;
   [[nodiscard]] at::Tensor run_unit_forward(std::size_t unit, const at::Tensor& x);
   void refresh_compute_copies();
+  void fused_optimizer_step(const AdamWSettings& settings, double lr, double gradient_multiplier, int64_t step);
 
   costmodel::ModelSpec model_;
   EngineConfig config_;

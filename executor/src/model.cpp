@@ -247,7 +247,7 @@ at::Tensor embedding_forward(const cm::ModelSpec& m, const TensorParallel& tp, c
 }
 
 at::Tensor block_forward(const cm::ModelSpec& m, const TensorParallel& tp, const std::vector<at::Tensor>& p, const at::Tensor& x,
-                         const Rotary& rotary, AttentionRecompute recompute) {
+                         const Rotary& rotary, AttentionRecompute recompute, Kernels kernels) {
   const bool gpt = m.architecture == cm::Architecture::kGpt;
   const int64_t hd = m.head_dim();
   const int64_t heads = m.heads / tp.size();                                    // this rank's query heads
@@ -266,12 +266,29 @@ at::Tensor block_forward(const cm::ModelSpec& m, const TensorParallel& tp, const
   const at::Tensor& n2w = p[i++];
   const at::Tensor* n2b = gpt ? &p[i++] : nullptr;
 
-  const at::Tensor a = enter_tp_region(tp, norm(m, x, n1w, n1b));  // [b, s, h], the whole sequence
-  const int64_t b = a.size(0), s = a.size(1);
-  at::Tensor q = at::linear(a, wq, bq).view({b, s, heads, hd}).transpose(1, 2);
-  at::Tensor k = at::linear(a, wk, bk).view({b, s, kv_heads, hd}).transpose(1, 2);
-  at::Tensor v = at::linear(a, wv, bv).view({b, s, kv_heads, hd}).transpose(1, 2);
-  if (!gpt) {
+  const bool fused = kernels == Kernels::kFused && !gpt;
+  const bool fused_norm = fused && !tp.active();  // the TP region begins at the norm's output
+  const int64_t b = x.size(0), s = tp.sharded_sequence() ? x.size(1) * tp.size() : x.size(1);
+  at::Tensor q, k, v;
+  if (fused_norm) {
+    const std::vector<at::Tensor> qkv = norm_linears(x, n1w, kNormEps, {wq, wk, wv});
+    q = qkv[0];
+    k = qkv[1];
+    v = qkv[2];
+  } else {
+    const at::Tensor a = enter_tp_region(tp, norm(m, x, n1w, n1b));  // [b, s, h], the whole sequence
+    q = at::linear(a, wq, bq);
+    k = at::linear(a, wk, bk);
+    v = at::linear(a, wv, bv);
+  }
+  q = q.view({b, s, heads, hd}).transpose(1, 2);
+  k = k.view({b, s, kv_heads, hd}).transpose(1, 2);
+  v = v.view({b, s, kv_heads, hd}).transpose(1, 2);
+  if (fused) {
+    const at::Tensor cos = rotary.cos.to(x.scalar_type()), sin = rotary.sin.to(x.scalar_type());
+    q = rotary_embedding(q, cos, sin);
+    k = rotary_embedding(k, cos, sin);
+  } else if (!gpt) {
     q = apply_rotary(q, rotary);
     k = apply_rotary(k, rotary);
   }
@@ -284,22 +301,36 @@ at::Tensor block_forward(const cm::ModelSpec& m, const TensorParallel& tp, const
   if (bo.defined()) projected = projected + bo;
   const at::Tensor h1 = x + projected;
 
-  const at::Tensor c = enter_tp_region(tp, norm(m, h1, n2w, n2b));
   at::Tensor mlp;
   if (gpt) {
+    const at::Tensor c = enter_tp_region(tp, norm(m, h1, n2w, n2b));
     const at::Tensor &w1 = p[i], &b1 = p[i + 1], &w2 = p[i + 2], &b2 = p[i + 3];
     mlp = leave_tp_region(tp, at::linear(at::gelu(at::linear(c, w1, b1), "tanh"), w2)) + b2;
   } else {
     const at::Tensor &gate = p[i], &up = p[i + 1], &down = p[i + 2];
-    mlp = leave_tp_region(tp, at::linear(at::silu(at::linear(c, gate)) * at::linear(c, up), down));
+    at::Tensor g, u;
+    if (fused_norm) {
+      const std::vector<at::Tensor> gu = norm_linears(h1, n2w, kNormEps, {gate, up});
+      g = gu[0];
+      u = gu[1];
+    } else {
+      const at::Tensor c = enter_tp_region(tp, norm(m, h1, n2w, n2b));
+      g = at::linear(c, gate);
+      u = at::linear(c, up);
+    }
+    mlp = leave_tp_region(tp, fused ? swiglu_down(g, u, down) : at::linear(at::silu(g) * u, down));
   }
   return h1 + mlp;
 }
 
 at::Tensor head_loss(const cm::ModelSpec& m, const TensorParallel& tp, const std::vector<at::Tensor>& p,
-                     const at::Tensor& output_weight, const at::Tensor& x, const at::Tensor& targets) {
+                     const at::Tensor& output_weight, const at::Tensor& x, const at::Tensor& targets, Kernels kernels) {
   const bool gpt = m.architecture == cm::Architecture::kGpt;
   const at::Tensor normed = enter_tp_region(tp, norm(m, x, p[0], gpt ? &p[1] : nullptr));
+  if (kernels == Kernels::kFused && !tp.active()) {
+    return linear_cross_entropy(normed.reshape({-1, normed.size(-1)}), output_weight, targets.reshape({-1}),
+                                cross_entropy_chunk_tokens(output_weight.size(0)));
+  }
   const at::Tensor logits = at::linear(normed, output_weight);  // [b, s, vocab / tp]
   return vocab_parallel_cross_entropy(tp, logits.reshape({-1, logits.size(-1)}).to(at::kFloat), targets.reshape({-1}),
                                       tp.rank() * output_weight.size(0));

@@ -12,6 +12,7 @@
 
 #include <ATen/ATen.h>
 
+#include "fused_ops.hpp"
 #include "tensor_parallel.hpp"
 #include "trainplan/costmodel/model.hpp"
 
@@ -94,15 +95,18 @@ struct Rotary {
 
 enum class AttentionRecompute { kNone, kSelective };
 
-// One transformer block: x + attention(norm(x)), then + mlp(norm(x)).
+// One transformer block: x + attention(norm(x)), then + mlp(norm(x)). Kernels::kFused takes
+// fused_ops.hpp's paths for Llama-style blocks: rotary and SwiGLU always, the norm recomputed in
+// backward without TP (with TP the norm's output enters the TP region, so it stays as is).
 [[nodiscard]] at::Tensor block_forward(const costmodel::ModelSpec& model, const TensorParallel& tp,
                                        const std::vector<at::Tensor>& params, const at::Tensor& x, const Rotary& rotary,
-                                       AttentionRecompute recompute);
+                                       AttentionRecompute recompute, Kernels kernels);
 
 // Final norm, output projection (`output_weight`: this rank's [vocab/tp, h] rows) and mean
 // cross-entropy over every token in float32 (vocabulary-parallel under TP). Returns the scalar loss.
+// Kernels::kFused without TP: the chunked linear_cross_entropy (no [tokens x vocab] float32 logits).
 [[nodiscard]] at::Tensor head_loss(const costmodel::ModelSpec& model, const TensorParallel& tp,
                                    const std::vector<at::Tensor>& head_params, const at::Tensor& output_weight,
-                                   const at::Tensor& x, const at::Tensor& targets);
+                                   const at::Tensor& x, const at::Tensor& targets, Kernels kernels);
 
 }  // namespace trainplan::executor

@@ -80,7 +80,7 @@ double PipelineRunner::run_step(const BatchFn& batch, double loss_multiplier, st
   std::map<std::pair<int, int>, Held> held;  // (chunk, micro-batch) between its forward and backward
   std::vector<std::pair<std::unique_ptr<Work>, at::Tensor>> sends;
   int in_flight = 0, peak = 0;
-  double loss_sum = 0;
+  at::Tensor loss_sum;  // on the device, read once at the end
 
   for (const cm::PipelinePass& pass : order_[static_cast<std::size_t>(s)]) {
     const int pos = pass.chunk * p + s, i = pass.micro_batch;
@@ -101,7 +101,7 @@ double PipelineRunner::run_step(const BatchFn& batch, double loss_multiplier, st
         input.requires_grad_(true);
       }
       const auto start = Clock::now();
-      double loss = 0;
+      at::Tensor loss;
       at::Tensor output;
       {
         PhaseScope forward(timer, Phase::kForward, i);
@@ -109,7 +109,7 @@ double PipelineRunner::run_step(const BatchFn& batch, double loss_multiplier, st
       }
       record("forward", i, pass.chunk, start);
       if (last) {
-        loss_sum += loss;
+        loss_sum = loss_sum.defined() ? loss_sum + loss : loss;
       } else {
         at::Tensor activation = output.detach().contiguous();
         sends.emplace_back(pp_->send(activation, next, tag(0, pos, i)), activation);
@@ -152,7 +152,7 @@ double PipelineRunner::run_step(const BatchFn& batch, double loss_multiplier, st
   }
   for (auto& send : sends) send.first->wait();
   peak_in_flight_ = static_cast<double>(peak) / config_.virtual_stages;
-  return loss_sum;
+  return loss_sum.defined() ? loss_sum.item<double>() : 0.0;
 }
 
 }  // namespace trainplan::executor

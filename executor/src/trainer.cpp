@@ -228,7 +228,8 @@ struct RankMemory {
 
 nlohmann::json measurement_json(const cm::Plan& plan, const World& w, const RankMemory& fullest,
                                 const std::vector<StepRecord>& steps, const std::vector<double>& losses,
-                                const std::string& command_line, const std::string& data, const nlohmann::json& trace) {
+                                const std::string& command_line, const std::string& data, const nlohmann::json& trace,
+                                const std::string& kernels) {
   const cm::Estimate estimate = cm::estimate(plan);
   const StateBytes states = fullest.states;
   std::vector<double> seconds, forward, backward, optimizer, dp_wait;
@@ -311,6 +312,7 @@ nlohmann::json measurement_json(const cm::Plan& plan, const World& w, const Rank
       {"losses", losses},
       {"trace", trace},
   };
+  document["environment"]["kernels"] = kernels;  // --kernels: fused or reference paths
   if (!is_preset(plan.model_ref)) document["model_document"] = cm::model_to_json(plan.model);
   if (!is_preset(plan.cluster_ref)) document["cluster_document"] = cm::hwprofile_to_json(plan.cluster);
   return document;
@@ -385,6 +387,7 @@ int train(const RunOptions& o, const std::string& command_line, World& w, const 
   config.recompute = p.recompute;
   config.recompute_layers = p.recompute_layers;
   config.compute_dtype = torch_dtype(t.precision);
+  config.kernels = parse_kernels(o.kernels);
   config.device = w.device;
   config.seed = o.seed;
   if (p.tp > 1 || p.pp > 1) {
@@ -615,7 +618,7 @@ int train(const RunOptions& o, const std::string& command_line, World& w, const 
     print_for_rank(rank, out_of_memory_line(oom, next));
     if (!o.measurement_path.empty()) {
       RankMemory mine_memory{engine.state_bytes(), oom.allocated_bytes.value_or(0), oom.reserved_bytes.value_or(0)};
-      nlohmann::json m = measurement_json(plan, w, mine_memory, records, state.losses, command_line, loader.describe(), nullptr);
+      nlohmann::json m = measurement_json(plan, w, mine_memory, records, state.losses, command_line, loader.describe(), nullptr, o.kernels);
       m["status"] = "out_of_memory";
       m["out_of_memory"] = out_of_memory_json(oom, next);
       if (w.device.is_cuda()) {
@@ -705,7 +708,7 @@ int train(const RunOptions& o, const std::string& command_line, World& w, const 
         {"predicted_in_flight", predicted_in_flight},
         {"events", trace_events},
     };
-    const nlohmann::json m = measurement_json(plan, w, fullest, records, state.losses, command_line, loader.describe(), trace);
+    const nlohmann::json m = measurement_json(plan, w, fullest, records, state.losses, command_line, loader.describe(), trace, o.kernels);
     std::cout << "done: " << records.size() << " step(s), median " << m["time"]["step_seconds"].get<double>() << " s/step, "
               << m["throughput"]["tokens_per_second"].get<double>() << " tokens/s\n";
     if (p.pp > 1) {

@@ -40,6 +40,9 @@ struct RunOptions {
   std::string inject_oom;
   int inject_oom_rank = -1;
   bool quiet = false;                  // no per-step lines
+  // "fused": the fused paths (executor/src/fused_ops.hpp) and LibTorch's fused AdamW; "reference":
+  // the plain ATen composition they are checked against.
+  std::string kernels = "fused";
   int64_t trace_step = 0;              // step whose timeline goes into the measurement's `trace`; 0 = the last
 };
 

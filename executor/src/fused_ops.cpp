@@ -1,0 +1,187 @@
+// The fused paths (see fused_ops.hpp). Each backward repeats the plain path's operators in the
+// same order and dtypes (linear: grad @ W and grad^T @ input; mul: grad * other; silu_backward),
+// so gradients match the reference path up to the order of bf16 sums.
+
+#include "fused_ops.hpp"
+
+#include <algorithm>
+#include <stdexcept>
+
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+namespace trainplan::executor {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+Kernels parse_kernels(const std::string& name) {
+  if (name == "fused") return Kernels::kFused;
+  if (name == "reference") return Kernels::kReference;
+  throw std::invalid_argument("--kernels: expected fused or reference, got \"" + name + "\"");
+}
+
+const char* kernels_name(Kernels kernels) { return kernels == Kernels::kFused ? "fused" : "reference"; }
+
+namespace {
+
+// [..., n] -> [rows, n] (a view where the layout allows).
+at::Tensor rows(const at::Tensor& t) { return t.reshape({-1, t.size(-1)}); }
+
+struct NormLinearsFn : torch::autograd::Function<NormLinearsFn> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& norm_weight, double eps,
+                               at::TensorList weights) {
+    ctx->saved_data["eps"] = eps;
+    ctx->saved_data["count"] = static_cast<int64_t>(weights.size());
+    variable_list saved{x, norm_weight};
+    saved.insert(saved.end(), weights.begin(), weights.end());
+    ctx->save_for_backward(saved);
+    const at::Tensor normed = at::rms_norm(x, {x.size(-1)}, norm_weight, eps);
+    variable_list out;
+    for (const at::Tensor& w : weights) out.push_back(at::linear(normed, w));
+    return out;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    const double eps = ctx->saved_data["eps"].toDouble();
+    const auto count = static_cast<std::size_t>(ctx->saved_data["count"].toInt());
+    at::Tensor x = saved[0].detach().requires_grad_(true);
+    at::Tensor nw = saved[1].detach().requires_grad_(true);
+    at::Tensor normed;
+    {
+      torch::autograd::AutoGradMode enable(true);
+      normed = at::rms_norm(x, {x.size(-1)}, nw, eps);
+    }
+    const at::Tensor input = rows(normed.detach());
+    at::Tensor grad_normed;
+    variable_list weight_grads(count);
+    for (std::size_t i = 0; i < count; ++i) {
+      if (!grads[i].defined()) continue;
+      const at::Tensor& w = saved[2 + i];
+      const at::Tensor g = rows(grads[i]);
+      weight_grads[i] = g.t().mm(input);
+      const at::Tensor gi = g.mm(w);
+      grad_normed = grad_normed.defined() ? grad_normed.add_(gi) : gi;
+    }
+    variable_list out(3 + count);
+    if (grad_normed.defined()) {
+      const variable_list g = torch::autograd::grad({normed}, {x, nw}, {grad_normed.view(normed.sizes())});
+      out[0] = g[0];
+      out[1] = g[1];
+    }
+    for (std::size_t i = 0; i < count; ++i) out[3 + i] = weight_grads[i];
+    return out;
+  }
+};
+
+// rotate_half(t) = cat(-t2, t1) and its transpose cat(t2, -t1) = -rotate_half(t).
+at::Tensor rotate_half(const at::Tensor& t) {
+  const int64_t half = t.size(-1) / 2;
+  return at::cat({-t.narrow(-1, half, half), t.narrow(-1, 0, half)}, -1);
+}
+at::Tensor rotate_half_transposed(const at::Tensor& t) {
+  const int64_t half = t.size(-1) / 2;
+  return at::cat({t.narrow(-1, half, half), -t.narrow(-1, 0, half)}, -1);
+}
+
+struct RotaryFn : torch::autograd::Function<RotaryFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+    ctx->saved_data["cos"] = cos;
+    ctx->saved_data["sin"] = sin;
+    return x * cos + rotate_half(x) * sin;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const at::Tensor cos = ctx->saved_data["cos"].toTensor(), sin = ctx->saved_data["sin"].toTensor();
+    const at::Tensor& g = grads[0];
+    return {g * cos + rotate_half_transposed(g * sin), at::Tensor(), at::Tensor()};
+  }
+};
+
+struct SwigluDownFn : torch::autograd::Function<SwigluDownFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate, const at::Tensor& up, const at::Tensor& down) {
+    ctx->save_for_backward({gate, up, down});
+    return at::linear(at::silu(gate) * up, down);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    const at::Tensor &gate = saved[0], &up = saved[1], &down = saved[2];
+    const at::Tensor activated = at::silu(gate);
+    const at::Tensor product = activated * up;
+    const at::Tensor g = rows(grads[0]);
+    const at::Tensor grad_down = g.t().mm(rows(product));
+    const at::Tensor grad_product = g.mm(down).view(product.sizes());
+    const at::Tensor grad_up = grad_product * activated;
+    const at::Tensor grad_gate = at::silu_backward(grad_product * up, gate);
+    return {grad_gate, grad_up, grad_down};
+  }
+};
+
+struct LinearCrossEntropyFn : torch::autograd::Function<LinearCrossEntropyFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight, const at::Tensor& targets,
+                            int64_t chunk) {
+    const int64_t n = x.size(0);
+    const auto f32 = x.options().dtype(at::kFloat);
+    at::Tensor grad_x = at::empty_like(x);
+    at::Tensor grad_weight = at::zeros(weight.sizes(), f32);
+    at::Tensor loss = at::zeros({}, f32);
+    const double inverse = 1.0 / static_cast<double>(n);
+    for (int64_t start = 0; start < n; start += chunk) {
+      const int64_t rows_here = std::min(chunk, n - start);
+      const at::Tensor xc = x.narrow(0, start, rows_here);
+      const at::Tensor tc = targets.narrow(0, start, rows_here).unsqueeze(1);
+      // As the reference path: logits in the compute dtype, log-softmax in float32.
+      at::Tensor probs = at::log_softmax(at::mm(xc, weight.t()), 1, at::kFloat);
+      loss.sub_(probs.gather(1, tc).sum());
+      // d loss / d logits = (softmax - one_hot(target)) / n, rounded to the compute dtype once.
+      probs.exp_().scatter_add_(1, tc, at::full({rows_here, 1}, -1.0, f32)).mul_(inverse);
+      const at::Tensor g = probs.to(x.scalar_type());
+      probs.reset();
+      at::Tensor gx = grad_x.narrow(0, start, rows_here);
+      at::mm_out(gx, g, weight);
+      if (x.is_cuda()) {  // bf16/fp16 inputs, float32 accumulator: cuBLAS adds in the epilogue
+        at::addmm_out(grad_weight, grad_weight, g.t(), xc, at::kFloat, 1, 1);
+      } else {
+        grad_weight.add_(g.t().mm(xc));
+      }
+    }
+    ctx->saved_data["grad_x"] = grad_x;
+    ctx->saved_data["grad_weight"] = grad_weight;
+    return loss.mul_(inverse);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    at::Tensor grad_x = ctx->saved_data["grad_x"].toTensor();
+    at::Tensor grad_weight = ctx->saved_data["grad_weight"].toTensor();
+    ctx->saved_data.clear();
+    const at::Tensor& scale = grads[0];  // d(final) / d(loss): the loss multiplier
+    return {grad_x.mul_(scale.to(grad_x.scalar_type())), grad_weight.mul_(scale), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+std::vector<at::Tensor> norm_linears(const at::Tensor& x, const at::Tensor& norm_weight, double eps,
+                                     const std::vector<at::Tensor>& weights) {
+  return NormLinearsFn::apply(x, norm_weight, eps, at::TensorList(weights));
+}
+
+at::Tensor rotary_embedding(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  return RotaryFn::apply(x, cos, sin);
+}
+
+at::Tensor swiglu_down(const at::Tensor& gate, const at::Tensor& up, const at::Tensor& down) {
+  return SwigluDownFn::apply(gate, up, down);
+}
+
+at::Tensor linear_cross_entropy(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& targets, int64_t chunk_tokens) {
+  if (chunk_tokens <= 0) throw std::invalid_argument("linear_cross_entropy: chunk_tokens must be positive");
+  return LinearCrossEntropyFn::apply(x, weight, targets, chunk_tokens);
+}
+
+int64_t cross_entropy_chunk_tokens(int64_t vocab) {
+  constexpr int64_t kBudgetBytes = int64_t{512} << 20;
+  const int64_t rows = kBudgetBytes / (std::max<int64_t>(vocab, 1) * 4);
+  return std::max<int64_t>(64, rows / 64 * 64);
+}
+
+}  // namespace trainplan::executor

@@ -1,0 +1,45 @@
+#pragma once
+// The executor's fused paths (`--kernels fused`, the default): autograd functions that keep fewer
+// tensors for backward and run fewer passes over memory than the plain composition of ATen
+// operators in model.cpp (`--kernels reference`), with the same arithmetic in the same dtypes, so
+// the two agree within rounding (tests/executor_fused_test.cpp on CPU; bench/results.md on GPU).
+// Each is LibTorch only, so the same code runs on CPU and CUDA.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+namespace trainplan::executor {
+
+enum class Kernels { kReference, kFused };
+// "fused" or "reference"; anything else throws std::invalid_argument naming the choices.
+[[nodiscard]] Kernels parse_kernels(const std::string& name);
+[[nodiscard]] const char* kernels_name(Kernels kernels);
+
+// rms_norm(x, norm_weight) then linear(normed, w) for each w, keeping x (not the normed
+// activation, which each linear would keep) for backward, where the norm is recomputed.
+// x: [..., h]; each w: [out_i, h]. Returns one [..., out_i] tensor per weight.
+[[nodiscard]] std::vector<at::Tensor> norm_linears(const at::Tensor& x, const at::Tensor& norm_weight, double eps,
+                                                   const std::vector<at::Tensor>& weights);
+
+// Rotary "rotate half" (x * cos + rotate_half(x) * sin), keeping nothing of x for backward (its
+// backward is the inverse rotation). cos, sin: [seq, head_dim] in x's dtype.
+[[nodiscard]] at::Tensor rotary_embedding(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+
+// linear(silu(gate) * up, down), keeping gate and up but not their product (recomputed in
+// backward: one element-wise pass instead of [tokens x ffn] bytes held per layer).
+[[nodiscard]] at::Tensor swiglu_down(const at::Tensor& gate, const at::Tensor& up, const at::Tensor& down);
+
+// Mean cross-entropy of linear(x, weight) against `targets`, in float32, taken `chunk_tokens`
+// rows at a time: the gradients of x and weight are computed in forward (the loss is the end of
+// the graph), so at most one chunk of logits exists, never [tokens x vocab] in float32.
+// x: [n, h]; weight: [vocab, h]; targets: [n] int64. Returns a 0-dim float32 loss.
+[[nodiscard]] at::Tensor linear_cross_entropy(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& targets,
+                                              int64_t chunk_tokens);
+// Tokens per chunk for a vocabulary: float32 logits of a chunk stay within 512 MiB, a multiple of
+// 64 tokens (at least 64).
+[[nodiscard]] int64_t cross_entropy_chunk_tokens(int64_t vocab);
+
+}  // namespace trainplan::executor

@@ -1,0 +1,123 @@
+// The executor's fused paths (executor/src/fused_ops.hpp) against the plain ATen composition they
+// replace (executor/src/model.cpp's reference path), on CPU: forward values and the gradients of
+// every input. In float64 the two must agree to rounding (1e-12 relative: the same arithmetic in
+// another order); in bfloat16 to a few units of bf16's rounding (2^-8 relative per operation).
+
+#include <cmath>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include "fused_ops.hpp"
+
+namespace trainplan::executor {
+namespace {
+
+at::Tensor leaf(at::Tensor t) { return t.detach().requires_grad_(true); }
+
+// max |a - b| / max(max |b|, tiny)
+double relative_error(const at::Tensor& a, const at::Tensor& b) {
+  const double scale = std::max(b.to(at::kDouble).abs().max().item<double>(), 1e-30);
+  return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>() / scale;
+}
+
+// Gradients of sum(out * probe) with respect to `inputs`, for a fixed random probe.
+std::vector<at::Tensor> gradients(const at::Tensor& out, const std::vector<at::Tensor>& inputs, const at::Tensor& probe) {
+  return torch::autograd::grad({(out * probe).sum()}, inputs);
+}
+
+at::Tensor rotate_half(const at::Tensor& x) {  // as model.cpp's apply_rotary
+  const int64_t half = x.size(-1) / 2;
+  return at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+}
+
+struct Dtypes : ::testing::TestWithParam<at::ScalarType> {
+  [[nodiscard]] double tolerance() const { return GetParam() == at::kDouble ? 1e-12 : 4 * std::pow(2.0, -8); }
+  [[nodiscard]] at::TensorOptions options() const { return at::TensorOptions().dtype(GetParam()); }
+};
+
+TEST_P(Dtypes, NormLinearsMatchNormThenLinears) {
+  at::manual_seed(1);
+  const at::Tensor x = leaf(at::randn({2, 8, 16}, options())), nw = leaf(1 + 0.1 * at::randn({16}, options()));
+  const at::Tensor w1 = leaf(at::randn({12, 16}, options()) * 0.2), w2 = leaf(at::randn({4, 16}, options()) * 0.2);
+  const std::vector<at::Tensor> fused = norm_linears(x, nw, 1e-5, {w1, w2});
+  const at::Tensor normed = at::rms_norm(x, {16}, nw, 1e-5);
+  const std::vector<at::Tensor> plain = {at::linear(normed, w1), at::linear(normed, w2)};
+  const at::Tensor p1 = at::randn({2, 8, 12}, options()), p2 = at::randn({2, 8, 4}, options());
+  for (std::size_t i = 0; i < 2; ++i) EXPECT_LE(relative_error(fused[i], plain[i]), tolerance()) << "output " << i;
+  const auto gf = torch::autograd::grad({(fused[0] * p1).sum() + (fused[1] * p2).sum()}, {x, nw, w1, w2});
+  const auto gp = torch::autograd::grad({(plain[0] * p1).sum() + (plain[1] * p2).sum()}, {x, nw, w1, w2});
+  const char* names[] = {"x", "norm weight", "w1", "w2"};
+  for (std::size_t i = 0; i < gf.size(); ++i) EXPECT_LE(relative_error(gf[i], gp[i]), tolerance()) << names[i];
+}
+
+TEST_P(Dtypes, RotaryMatchesRotateHalf) {
+  at::manual_seed(2);
+  // [batch, heads, seq, head_dim] as a transposed view of [batch, seq, heads, head_dim], as in model.cpp.
+  const at::Tensor x = leaf(at::randn({2, 6, 3, 8}, options())).transpose(1, 2);
+  const at::Tensor angles = at::outer(at::arange(6, at::kDouble), at::rand({4}, at::kDouble));
+  const at::Tensor cos = at::cat({angles, angles}, -1).cos().to(GetParam()), sin = at::cat({angles, angles}, -1).sin().to(GetParam());
+  const at::Tensor fused = rotary_embedding(x, cos, sin);
+  const at::Tensor plain = x * cos + rotate_half(x) * sin;
+  EXPECT_LE(relative_error(fused, plain), tolerance());
+  const at::Tensor probe = at::randn(plain.sizes(), options());
+  const at::Tensor base = x;  // the view's base leaf receives the gradient through the view
+  EXPECT_LE(relative_error(gradients(fused, {base}, probe)[0], gradients(plain, {base}, probe)[0]), tolerance());
+}
+
+TEST_P(Dtypes, SwigluDownMatchesSiluTimesUpThenDown) {
+  at::manual_seed(3);
+  const at::Tensor gate = leaf(at::randn({2, 5, 24}, options())), up = leaf(at::randn({2, 5, 24}, options()));
+  const at::Tensor down = leaf(at::randn({10, 24}, options()) * 0.2);
+  const at::Tensor fused = swiglu_down(gate, up, down);
+  const at::Tensor plain = at::linear(at::silu(gate) * up, down);
+  EXPECT_LE(relative_error(fused, plain), tolerance());
+  const at::Tensor probe = at::randn(plain.sizes(), options());
+  const auto gf = gradients(fused, {gate, up, down}, probe), gp = gradients(plain, {gate, up, down}, probe);
+  const char* names[] = {"gate", "up", "down"};
+  for (std::size_t i = 0; i < gf.size(); ++i) EXPECT_LE(relative_error(gf[i], gp[i]), tolerance()) << names[i];
+}
+
+TEST_P(Dtypes, ChunkedCrossEntropyMatchesFloat32CrossEntropyOfTheLogits) {
+  at::manual_seed(4);
+  const int64_t n = 40, h = 16, vocab = 50;
+  const at::Tensor x = leaf(at::randn({n, h}, options())), w = leaf(at::randn({vocab, h}, options()) * 0.3);
+  const at::Tensor targets = at::randint(0, vocab, {n}, at::kLong);
+  // Chunks of 16 rows: 16 + 16 + 8, so the last chunk is partial.
+  const at::Tensor fused = linear_cross_entropy(x, w, targets, 16) * 0.25;  // a multiplier, as the engine's
+  // The loss is float32 on both paths (model.cpp: logits .to(kFloat)), so float64 inputs agree to
+  // float32 rounding (2^-24 per operation; 1e-6 leaves room for the sums over 50 logits).
+  const at::Tensor plain = at::cross_entropy_loss(at::linear(x, w).to(at::kFloat), targets) * 0.25;
+  const double tol = GetParam() == at::kDouble ? 1e-6 : tolerance();
+  EXPECT_NEAR(fused.item<double>(), plain.item<double>(), 1e-6 * plain.item<double>());
+  const auto gf = torch::autograd::grad({fused}, {x, w}), gp = torch::autograd::grad({plain}, {x, w});
+  EXPECT_LE(relative_error(gf[0], gp[0]), tol) << "x";
+  EXPECT_LE(relative_error(gf[1], gp[1]), tol) << "weight";
+}
+
+INSTANTIATE_TEST_SUITE_P(FusedOps, Dtypes, ::testing::Values(at::kDouble, at::kBFloat16),
+                         [](const auto& info) { return std::string(info.param == at::kDouble ? "Float64" : "BFloat16"); });
+
+TEST(FusedOps, CrossEntropyChunksKeepFloat32LogitsWithin512MiB) {
+  // Llama 3's vocabulary: 512 MiB / (128256 x 4 bytes) = 1046 rows, down to a multiple of 64.
+  EXPECT_EQ(cross_entropy_chunk_tokens(128256), 1024);
+  // GPT-2's: 512 MiB / (50257 x 4) = 2670 -> 2624.
+  EXPECT_EQ(cross_entropy_chunk_tokens(50257), 2624);
+  EXPECT_EQ(cross_entropy_chunk_tokens(int64_t{1} << 40), 64);  // never fewer than 64 rows
+}
+
+TEST(FusedOps, KernelsChoiceIsParsedOrRefusedByName) {
+  EXPECT_EQ(parse_kernels("fused"), Kernels::kFused);
+  EXPECT_EQ(parse_kernels("reference"), Kernels::kReference);
+  EXPECT_STREQ(kernels_name(Kernels::kFused), "fused");
+  try {
+    (void)parse_kernels("triton");
+    FAIL() << "accepted an unknown choice";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("expected fused or reference, got \"triton\""), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace trainplan::executor
