@@ -11,6 +11,12 @@
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
+#ifdef TRAINPLAN_HAVE_CUDA_KERNELS
+#include <c10/cuda/CUDAStream.h>
+
+#include "cuda_kernels.hpp"
+#endif
+
 namespace trainplan::executor {
 
 using torch::autograd::AutogradContext;
@@ -24,7 +30,59 @@ Kernels parse_kernels(const std::string& name) {
 
 const char* kernels_name(Kernels kernels) { return kernels == Kernels::kFused ? "fused" : "reference"; }
 
+bool have_cuda_kernels() {
+#ifdef TRAINPLAN_HAVE_CUDA_KERNELS
+  return true;
+#else
+  return false;
+#endif
+}
+
 namespace {
+
+// cuda_kernels.hpp's kernels take bf16 tensors on a GPU; everything else takes ATen operators.
+bool kernel_for(const at::Tensor& t) {
+#ifdef TRAINPLAN_HAVE_CUDA_KERNELS
+  return t.is_cuda() && t.scalar_type() == at::kBFloat16;
+#else
+  (void)t;
+  return false;
+#endif
+}
+
+#ifdef TRAINPLAN_HAVE_CUDA_KERNELS
+void* stream_of(const at::Tensor& t) { return c10::cuda::getCurrentCUDAStream(t.device().index()).stream(); }
+#endif
+
+// silu(gate) * up.
+at::Tensor swiglu_product(const at::Tensor& gate, const at::Tensor& up) {
+#ifdef TRAINPLAN_HAVE_CUDA_KERNELS
+  if (kernel_for(gate) && kernel_for(up) && gate.is_contiguous() && up.is_contiguous() && gate.sizes() == up.sizes()) {
+    at::Tensor out = at::empty_like(gate);
+    cuda_kernels::swiglu_forward(gate.data_ptr(), up.data_ptr(), out.data_ptr(), gate.numel(), stream_of(gate));
+    return out;
+  }
+#endif
+  return at::silu(gate) * up;
+}
+
+// Rotary over x [batch, heads, seq, dim] whose memory is [batch, seq, heads, dim] (a transposed
+// linear output), with the kernel; an undefined tensor where the kernel does not apply.
+at::Tensor rotary_kernel(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, bool inverse) {
+#ifdef TRAINPLAN_HAVE_CUDA_KERNELS
+  if (kernel_for(x) && kernel_for(cos) && kernel_for(sin) && x.dim() == 4 && cos.is_contiguous() && sin.is_contiguous() &&
+      cos.size(0) == x.size(2) && cos.size(1) == x.size(3)) {
+    const at::Tensor physical = x.transpose(1, 2).contiguous();  // a no-op for the usual layout
+    at::Tensor out = at::empty_like(physical);
+    cuda_kernels::rotary(physical.data_ptr(), cos.data_ptr(), sin.data_ptr(), out.data_ptr(), x.size(0), x.size(2), x.size(1), x.size(3),
+                         inverse, stream_of(x));
+    return out.transpose(1, 2);
+  }
+#else
+  (void)x, (void)cos, (void)sin, (void)inverse;
+#endif
+  return {};
+}
 
 // [..., n] -> [rows, n] (a view where the layout allows).
 at::Tensor rows(const at::Tensor& t) { return t.reshape({-1, t.size(-1)}); }
@@ -89,11 +147,13 @@ struct RotaryFn : torch::autograd::Function<RotaryFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
     ctx->saved_data["cos"] = cos;
     ctx->saved_data["sin"] = sin;
+    if (at::Tensor out = rotary_kernel(x, cos, sin, false); out.defined()) return out;
     return x * cos + rotate_half(x) * sin;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const at::Tensor cos = ctx->saved_data["cos"].toTensor(), sin = ctx->saved_data["sin"].toTensor();
     const at::Tensor& g = grads[0];
+    if (at::Tensor out = rotary_kernel(g, cos, sin, true); out.defined()) return {out, at::Tensor(), at::Tensor()};
     return {g * cos + rotate_half_transposed(g * sin), at::Tensor(), at::Tensor()};
   }
 };
@@ -101,18 +161,30 @@ struct RotaryFn : torch::autograd::Function<RotaryFn> {
 struct SwigluDownFn : torch::autograd::Function<SwigluDownFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate, const at::Tensor& up, const at::Tensor& down) {
     ctx->save_for_backward({gate, up, down});
-    return at::linear(at::silu(gate) * up, down);
+    return at::linear(swiglu_product(gate, up), down);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const variable_list saved = ctx->get_saved_variables();
     const at::Tensor &gate = saved[0], &up = saved[1], &down = saved[2];
-    const at::Tensor activated = at::silu(gate);
-    const at::Tensor product = activated * up;
     const at::Tensor g = rows(grads[0]);
+    const at::Tensor grad_product = g.mm(down).view(gate.sizes());
+    at::Tensor product, grad_gate, grad_up;
+#ifdef TRAINPLAN_HAVE_CUDA_KERNELS
+    if (kernel_for(gate) && kernel_for(up) && gate.is_contiguous() && up.is_contiguous()) {
+      product = at::empty_like(gate);
+      grad_gate = at::empty_like(gate);
+      grad_up = at::empty_like(gate);
+      cuda_kernels::swiglu_backward(grad_product.data_ptr(), gate.data_ptr(), up.data_ptr(), product.data_ptr(), grad_gate.data_ptr(),
+                                    grad_up.data_ptr(), gate.numel(), stream_of(gate));
+    }
+#endif
+    if (!product.defined()) {
+      const at::Tensor activated = at::silu(gate);
+      product = activated * up;
+      grad_up = grad_product * activated;
+      grad_gate = at::silu_backward(grad_product * up, gate);
+    }
     const at::Tensor grad_down = g.t().mm(rows(product));
-    const at::Tensor grad_product = g.mm(down).view(product.sizes());
-    const at::Tensor grad_up = grad_product * activated;
-    const at::Tensor grad_gate = at::silu_backward(grad_product * up, gate);
     return {grad_gate, grad_up, grad_down};
   }
 };
@@ -130,16 +202,32 @@ struct LinearCrossEntropyFn : torch::autograd::Function<LinearCrossEntropyFn> {
       const int64_t rows_here = std::min(chunk, n - start);
       const at::Tensor xc = x.narrow(0, start, rows_here);
       const at::Tensor tc = targets.narrow(0, start, rows_here).unsqueeze(1);
-      // As the reference path: logits in the compute dtype, log-softmax in float32.
-      at::Tensor probs = at::log_softmax(at::mm(xc, weight.t()), 1, at::kFloat);
-      loss.sub_(probs.gather(1, tc).sum());
+      // As the reference path: logits in the compute dtype, log-softmax in float32; the gradient
       // d loss / d logits = (softmax - one_hot(target)) / n, rounded to the compute dtype once.
-      probs.exp_().scatter_add_(1, tc, at::full({rows_here, 1}, -1.0, f32)).mul_(inverse);
-      const at::Tensor g = probs.to(x.scalar_type());
-      probs.reset();
+      at::Tensor logits = at::mm(xc, weight.t());
+      at::Tensor g;
+#ifdef TRAINPLAN_HAVE_CUDA_KERNELS
+      if (kernel_for(logits) && logits.is_contiguous()) {
+        const at::Tensor row_targets = tc.reshape({-1}).contiguous();
+        at::Tensor row_loss = at::empty({rows_here}, f32);
+        cuda_kernels::cross_entropy_backward_in_place(logits.data_ptr(), row_targets.data_ptr<int64_t>(), row_loss.data_ptr<float>(),
+                                                      rows_here, logits.size(1), static_cast<float>(inverse), stream_of(logits));
+        loss.add_(row_loss.sum());
+        g = logits;
+      }
+#endif
+      if (!g.defined()) {
+        at::Tensor probs = at::log_softmax(logits, 1, at::kFloat);
+        logits.reset();
+        loss.sub_(probs.gather(1, tc).sum());
+        probs.exp_().scatter_add_(1, tc, at::full({rows_here, 1}, -1.0, f32)).mul_(inverse);
+        g = probs.to(x.scalar_type());
+      }
       at::Tensor gx = grad_x.narrow(0, start, rows_here);
       at::mm_out(gx, g, weight);
-      if (x.is_cuda()) {  // bf16/fp16 inputs, float32 accumulator: cuBLAS adds in the epilogue
+      if (x.scalar_type() == at::kFloat) {
+        grad_weight.addmm_(g.t(), xc);
+      } else if (x.is_cuda()) {  // bf16/fp16 inputs, float32 accumulator: cuBLAS adds in the epilogue
         at::addmm_out(grad_weight, grad_weight, g.t(), xc, at::kFloat, 1, 1);
       } else {
         grad_weight.add_(g.t().mm(xc));
@@ -174,13 +262,16 @@ at::Tensor swiglu_down(const at::Tensor& gate, const at::Tensor& up, const at::T
 }
 
 at::Tensor linear_cross_entropy(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& targets, int64_t chunk_tokens) {
-  if (chunk_tokens <= 0) throw std::invalid_argument("linear_cross_entropy: chunk_tokens must be positive");
-  return LinearCrossEntropyFn::apply(x, weight, targets, chunk_tokens);
+  if (chunk_tokens < 0) throw std::invalid_argument("linear_cross_entropy: chunk_tokens must not be negative");
+  // The kernel turns bf16 logits into the gradient in place; the ATen path adds float32 ones.
+  const int64_t bytes_per_logit = kernel_for(x) ? 2 : 4;
+  const int64_t chunk = chunk_tokens > 0 ? chunk_tokens : cross_entropy_chunk_tokens(weight.size(0), bytes_per_logit);
+  return LinearCrossEntropyFn::apply(x, weight, targets, chunk);
 }
 
-int64_t cross_entropy_chunk_tokens(int64_t vocab) {
+int64_t cross_entropy_chunk_tokens(int64_t vocab, int64_t bytes_per_logit) {
   constexpr int64_t kBudgetBytes = int64_t{512} << 20;
-  const int64_t rows = kBudgetBytes / (std::max<int64_t>(vocab, 1) * 4);
+  const int64_t rows = kBudgetBytes / (std::max<int64_t>(vocab, 1) * std::max<int64_t>(bytes_per_logit, 1));
   return std::max<int64_t>(64, rows / 64 * 64);
 }
 

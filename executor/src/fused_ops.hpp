@@ -3,7 +3,8 @@
 // tensors for backward and run fewer passes over memory than the plain composition of ATen
 // operators in model.cpp (`--kernels reference`), with the same arithmetic in the same dtypes, so
 // the two agree within rounding (tests/executor_fused_test.cpp on CPU; bench/results.md on GPU).
-// Each is LibTorch only, so the same code runs on CPU and CUDA.
+// Each is LibTorch on CPU (the fallback the CPU tests check) and, for bf16 on a GPU, runs
+// cuda_kernels.hpp's kernels where the build has them.
 
 #include <cstdint>
 #include <string>
@@ -17,6 +18,9 @@ enum class Kernels { kReference, kFused };
 // "fused" or "reference"; anything else throws std::invalid_argument naming the choices.
 [[nodiscard]] Kernels parse_kernels(const std::string& name);
 [[nodiscard]] const char* kernels_name(Kernels kernels);
+// Whether this build has cuda_kernels.hpp's kernels (a CUDA compiler was found): then the fused
+// paths run them for bf16 tensors on a GPU, else LibTorch operators everywhere.
+[[nodiscard]] bool have_cuda_kernels();
 
 // rms_norm(x, norm_weight) then linear(normed, w) for each w, keeping x (not the normed
 // activation, which each linear would keep) for backward, where the norm is recomputed.
@@ -35,11 +39,14 @@ enum class Kernels { kReference, kFused };
 // Mean cross-entropy of linear(x, weight) against `targets`, in float32, taken `chunk_tokens`
 // rows at a time: the gradients of x and weight are computed in forward (the loss is the end of
 // the graph), so at most one chunk of logits exists, never [tokens x vocab] in float32.
-// x: [n, h]; weight: [vocab, h]; targets: [n] int64. Returns a 0-dim float32 loss.
+// x: [n, h]; weight: [vocab, h]; targets: [n] int64; chunk_tokens 0: cross_entropy_chunk_tokens
+// for the path taken (the CUDA kernel keeps a chunk's logits in bf16, the ATen path in float32).
+// Returns a 0-dim float32 loss.
 [[nodiscard]] at::Tensor linear_cross_entropy(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& targets,
-                                              int64_t chunk_tokens);
-// Tokens per chunk for a vocabulary: float32 logits of a chunk stay within 512 MiB, a multiple of
-// 64 tokens (at least 64).
-[[nodiscard]] int64_t cross_entropy_chunk_tokens(int64_t vocab);
+                                              int64_t chunk_tokens = 0);
+// Tokens per chunk for a vocabulary: a chunk's logits (`bytes_per_logit` each) stay within
+// 512 MiB, a multiple of 64 tokens (at least 64). Fewer chunks mean fewer passes over the float32
+// accumulator of the weight's gradient ([vocab x h], read and written once per chunk).
+[[nodiscard]] int64_t cross_entropy_chunk_tokens(int64_t vocab, int64_t bytes_per_logit);
 
 }  // namespace trainplan::executor

@@ -328,8 +328,7 @@ at::Tensor head_loss(const cm::ModelSpec& m, const TensorParallel& tp, const std
   const bool gpt = m.architecture == cm::Architecture::kGpt;
   const at::Tensor normed = enter_tp_region(tp, norm(m, x, p[0], gpt ? &p[1] : nullptr));
   if (kernels == Kernels::kFused && !tp.active()) {
-    return linear_cross_entropy(normed.reshape({-1, normed.size(-1)}), output_weight, targets.reshape({-1}),
-                                cross_entropy_chunk_tokens(output_weight.size(0)));
+    return linear_cross_entropy(normed.reshape({-1, normed.size(-1)}), output_weight, targets.reshape({-1}));
   }
   const at::Tensor logits = at::linear(normed, output_weight);  // [b, s, vocab / tp]
   return vocab_parallel_cross_entropy(tp, logits.reshape({-1, logits.size(-1)}).to(at::kFloat), targets.reshape({-1}),

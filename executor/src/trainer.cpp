@@ -313,6 +313,7 @@ nlohmann::json measurement_json(const cm::Plan& plan, const World& w, const Rank
       {"trace", trace},
   };
   document["environment"]["kernels"] = kernels;  // --kernels: fused or reference paths
+  document["environment"]["cuda_kernels"] = have_cuda_kernels() && w.device.is_cuda();  // fused paths' own kernels ran
   if (!is_preset(plan.model_ref)) document["model_document"] = cm::model_to_json(plan.model);
   if (!is_preset(plan.cluster_ref)) document["cluster_document"] = cm::hwprofile_to_json(plan.cluster);
   return document;

@@ -1,0 +1,231 @@
+// CUDA kernels of the fused paths (see cuda_kernels.hpp). Element-wise kernels read and write 8
+// bf16 values (16 bytes) per thread where the sizes and addresses allow, else one.
+
+#include "cuda_kernels.hpp"
+
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+namespace trainplan::executor::cuda_kernels {
+
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+__device__ __forceinline__ float f(bf16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ bf16 b(float x) { return __float2bfloat16_rn(x); }
+// As c10's silu: x / (1 + exp(-x)) in float.
+__device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
+
+void check(const char* what) {
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": CUDA launch failed: " + cudaGetErrorString(e));
+}
+
+constexpr int kThreads = 256;
+int blocks_for(int64_t items) {
+  const int64_t wanted = (items + kThreads - 1) / kThreads;
+  return static_cast<int>(wanted < 65535 * 8 ? (wanted > 0 ? wanted : 1) : 65535 * 8);
+}
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+struct alignas(16) Pack {
+  bf16 v[8];
+};
+
+template <int W>
+__device__ __forceinline__ void load(const bf16* p, int64_t i, bf16 (&out)[W]) {
+  if constexpr (W == 8) {
+    const Pack pk = reinterpret_cast<const Pack*>(p)[i];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) out[k] = pk.v[k];
+  } else {
+    out[0] = p[i];
+  }
+}
+template <int W>
+__device__ __forceinline__ void store(bf16* p, int64_t i, const bf16 (&in)[W]) {
+  if constexpr (W == 8) {
+    Pack pk;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) pk.v[k] = in[k];
+    reinterpret_cast<Pack*>(p)[i] = pk;
+  } else {
+    p[i] = in[0];
+  }
+}
+
+template <int W>
+__global__ void swiglu_forward_kernel(const bf16* gate, const bf16* up, bf16* out, int64_t items) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < items; i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    bf16 g[W], u[W], o[W];
+    load<W>(gate, i, g);
+    load<W>(up, i, u);
+#pragma unroll
+    for (int k = 0; k < W; ++k) o[k] = b(f(b(silu(f(g[k])))) * f(u[k]));
+    store<W>(out, i, o);
+  }
+}
+
+template <int W>
+__global__ void swiglu_backward_kernel(const bf16* grad, const bf16* gate, const bf16* up, bf16* product, bf16* grad_gate,
+                                       bf16* grad_up, int64_t items) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < items; i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    bf16 dy[W], g[W], u[W], p[W], dg[W], du[W];
+    load<W>(grad, i, dy);
+    load<W>(gate, i, g);
+    load<W>(up, i, u);
+#pragma unroll
+    for (int k = 0; k < W; ++k) {
+      const float x = f(g[k]), upv = f(u[k]), d = f(dy[k]);
+      const float activated = f(b(silu(x)));
+      p[k] = b(activated * upv);
+      du[k] = b(d * activated);
+      const float dsilu = f(b(d * upv));
+      const float s = 1.0f / (1.0f + expf(-x));  // as c10's silu_backward
+      dg[k] = b(dsilu * s * (1.0f + x * (1.0f - s)));
+    }
+    store<W>(product, i, p);
+    store<W>(grad_gate, i, dg);
+    store<W>(grad_up, i, du);
+  }
+}
+
+__global__ void rotary_kernel(const bf16* x, const bf16* cos, const bf16* sin, bf16* out, int64_t total, int64_t seq, int64_t heads,
+                              int64_t dim, bool inverse) {
+  const int64_t half = dim / 2;
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total; e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t d = e % dim, row = e / dim, s = (row / heads) % seq;
+    const int64_t partner = e - d + (d < half ? d + half : d - half);
+    const float c = f(cos[s * dim + d]);
+    const float first = f(b(f(x[e]) * c));
+    float second;
+    if (!inverse) {  // rotate_half(x) * sin, rotate_half(x)_d = -x_{d+half} (d < half) or x_{d-half}
+      const float rotated = d < half ? -f(x[partner]) : f(x[partner]);
+      second = f(b(rotated * f(sin[s * dim + d])));
+    } else {  // rotate_half^T(x * sin)_d = (x * sin)_{d+half} (d < half) or -(x * sin)_{d-half}
+      const int64_t pd = d < half ? d + half : d - half;
+      const float scaled = f(b(f(x[partner]) * f(sin[s * dim + pd])));
+      second = d < half ? scaled : -scaled;
+    }
+    out[e] = b(first + second);
+  }
+}
+
+// (max, sum of exp(x - max)) pairs merged.
+__device__ __forceinline__ void merge(float& m, float& s, float m2, float s2) {
+  const float top = fmaxf(m, m2);
+  if (top == -INFINITY) return;  // both empty
+  s = s * expf(m - top) + s2 * expf(m2 - top);
+  m = top;
+}
+
+constexpr int kRowThreads = 512;
+
+template <int W>
+__global__ void __launch_bounds__(kRowThreads) cross_entropy_kernel(bf16* logits, const int64_t* targets, float* row_loss, int64_t vocab,
+                                                                     float scale) {
+  bf16* row = logits + blockIdx.x * vocab;
+  const int64_t items = vocab / W;
+  const int64_t target = targets[blockIdx.x];
+  const float target_logit = f(row[target]);
+  float m = -INFINITY, s = 0.0f;
+  for (int64_t i = threadIdx.x; i < items; i += kRowThreads) {
+    bf16 v[W];
+    load<W>(row, i, v);
+#pragma unroll
+    for (int k = 0; k < W; ++k) merge(m, s, f(v[k]), 1.0f);
+  }
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) {
+    const float m2 = __shfl_xor_sync(0xffffffffu, m, offset), s2 = __shfl_xor_sync(0xffffffffu, s, offset);
+    merge(m, s, m2, s2);
+  }
+  __shared__ float warp_m[kRowThreads / 32], warp_s[kRowThreads / 32];
+  __shared__ float shared_lse;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) {
+    warp_m[warp] = m;
+    warp_s[warp] = s;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float tm = warp_m[0], ts = warp_s[0];
+    for (int w = 1; w < kRowThreads / 32; ++w) merge(tm, ts, warp_m[w], warp_s[w]);
+    shared_lse = tm + logf(ts);
+    row_loss[blockIdx.x] = shared_lse - target_logit;
+  }
+  __syncthreads();
+  const float lse = shared_lse;
+  for (int64_t i = threadIdx.x; i < items; i += kRowThreads) {
+    bf16 v[W];
+    load<W>(row, i, v);
+#pragma unroll
+    for (int k = 0; k < W; ++k) {
+      float p = expf(f(v[k]) - lse);
+      if (i * W + k == target) p -= 1.0f;
+      v[k] = b(p * scale);
+    }
+    store<W>(row, i, v);
+  }
+}
+
+}  // namespace
+
+void swiglu_forward(const void* gate, const void* up, void* out, int64_t n, void* stream) {
+  auto* st = static_cast<cudaStream_t>(stream);
+  const auto* g = static_cast<const bf16*>(gate);
+  const auto* u = static_cast<const bf16*>(up);
+  auto* o = static_cast<bf16*>(out);
+  if (n % 8 == 0 && aligned16(g) && aligned16(u) && aligned16(o)) {
+    swiglu_forward_kernel<8><<<blocks_for(n / 8), kThreads, 0, st>>>(g, u, o, n / 8);
+  } else {
+    swiglu_forward_kernel<1><<<blocks_for(n), kThreads, 0, st>>>(g, u, o, n);
+  }
+  check("swiglu_forward");
+}
+
+void swiglu_backward(const void* grad, const void* gate, const void* up, void* product, void* grad_gate, void* grad_up, int64_t n,
+                     void* stream) {
+  auto* st = static_cast<cudaStream_t>(stream);
+  const auto* dy = static_cast<const bf16*>(grad);
+  const auto* g = static_cast<const bf16*>(gate);
+  const auto* u = static_cast<const bf16*>(up);
+  auto* p = static_cast<bf16*>(product);
+  auto* dg = static_cast<bf16*>(grad_gate);
+  auto* du = static_cast<bf16*>(grad_up);
+  if (n % 8 == 0 && aligned16(dy) && aligned16(g) && aligned16(u) && aligned16(p) && aligned16(dg) && aligned16(du)) {
+    swiglu_backward_kernel<8><<<blocks_for(n / 8), kThreads, 0, st>>>(dy, g, u, p, dg, du, n / 8);
+  } else {
+    swiglu_backward_kernel<1><<<blocks_for(n), kThreads, 0, st>>>(dy, g, u, p, dg, du, n);
+  }
+  check("swiglu_backward");
+}
+
+void rotary(const void* x, const void* cos, const void* sin, void* out, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim,
+            bool inverse, void* stream) {
+  const int64_t total = batch * seq * heads * head_dim;
+  rotary_kernel<<<blocks_for(total), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+      static_cast<const bf16*>(x), static_cast<const bf16*>(cos), static_cast<const bf16*>(sin), static_cast<bf16*>(out), total, seq,
+      heads, head_dim, inverse);
+  check("rotary");
+}
+
+void cross_entropy_backward_in_place(void* logits, const int64_t* targets, float* row_loss, int64_t rows, int64_t vocab, float scale,
+                                     void* stream) {
+  if (rows <= 0) return;
+  auto* st = static_cast<cudaStream_t>(stream);
+  auto* l = static_cast<bf16*>(logits);
+  if (vocab % 8 == 0 && aligned16(l)) {
+    cross_entropy_kernel<8><<<static_cast<unsigned>(rows), kRowThreads, 0, st>>>(l, targets, row_loss, vocab, scale);
+  } else {
+    cross_entropy_kernel<1><<<static_cast<unsigned>(rows), kRowThreads, 0, st>>>(l, targets, row_loss, vocab, scale);
+  }
+  check("cross_entropy");
+}
+
+}  // namespace trainplan::executor::cuda_kernels

@@ -1,0 +1,34 @@
+#pragma once
+// CUDA kernels for the fused paths (fused_ops.cpp chooses them at run time for bf16 tensors on a
+// GPU, else the LibTorch composition). Each reproduces the reference path's roundings: inputs
+// and every intermediate the reference stores in bf16 are rounded to bf16 (round to nearest
+// even, as c10::BFloat16), arithmetic between them in float32. Built only where CMake finds a
+// CUDA compiler (TRAINPLAN_HAVE_CUDA_KERNELS); plain C++ interface, no LibTorch in the .cu file.
+// Pointers are device pointers to bf16 values unless typed otherwise; `stream` is a cudaStream_t.
+// Each throws std::runtime_error with CUDA's message when a launch fails.
+
+#include <cstdint>
+
+namespace trainplan::executor::cuda_kernels {
+
+// out = bf16(bf16(silu(gate)) * up), n elements.
+void swiglu_forward(const void* gate, const void* up, void* out, int64_t n, void* stream);
+
+// From d loss / d out (`grad`): the recomputed product bf16(silu(gate)) * up, and the gradients
+// of gate (silu_backward of grad * up) and up (grad * silu(gate)).
+void swiglu_backward(const void* grad, const void* gate, const void* up, void* product, void* grad_gate, void* grad_up, int64_t n,
+                     void* stream);
+
+// Rotary "rotate half" over x laid out [batch, seq, heads, head_dim] contiguous, cos and sin
+// [seq, head_dim]: out = x * cos + rotate_half(x) * sin; `inverse` applies the transpose
+// (backward): out = x * cos + rotate_half^T(x * sin).
+void rotary(const void* x, const void* cos, const void* sin, void* out, int64_t batch, int64_t seq, int64_t heads,
+            int64_t head_dim, bool inverse, void* stream);
+
+// Softmax cross-entropy of `rows` rows of `vocab` logits, in float32 from bf16 logits: writes each
+// row's loss (logsumexp - logit[target]) to `row_loss` and replaces the logits in place with the
+// gradient bf16((softmax - one_hot(target)) * scale).
+void cross_entropy_backward_in_place(void* logits, const int64_t* targets, float* row_loss, int64_t rows, int64_t vocab,
+                                     float scale, void* stream);
+
+}  // namespace trainplan::executor::cuda_kernels
