@@ -129,8 +129,13 @@ LayerCost transformer_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw
 
 namespace {
 
+// The trainplan executor (any path) runs its own code, whichever kernels it uses.
+bool is_trainplan(Stack stack) { return stack == Stack::kTrainplan || stack == Stack::kTrainplanReference; }
+
 LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, const LayerSetting& s) {
-  const StackSpec& stack = stack_spec(s.stack);
+  // The executor's fused paths are for Llama-style blocks: GPT blocks run the plain path.
+  const StackSpec& stack = stack_spec(s.stack == Stack::kTrainplan && mdl.architecture == Architecture::kGpt
+                                          ? Stack::kTrainplanReference : s.stack);
   const ModelFeatures feat = mdl.features();
   const bool fp8 = s.precision == Precision::kFp8;
   const Dtype act_dtype = activation_dtype(s.precision);
@@ -172,9 +177,13 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
     return p.forward - before;
   };
   const ElementwiseOp norm_op = feat.layer_norm ? ElementwiseOp::kLayerNorm : ElementwiseOp::kRmsNorm;
+  // Norm outputs recomputed in backward (stack.hpp): only without TP, where the executor's fused
+  // norm path runs; under TP it keeps them (the norm's output enters the TP region).
+  const bool norm_recomputed = stack.norm_recomputed && s.tp == 1;
+  double norm_forward = 0;  // forward time of the block's norms, run again in backward when recomputed
 
   // --- attention block ---
-  recompute_pointwise += timed([&] { p.elementwise(norm_op, Tn * h, 2 * e, 3 * e); });  // norm 1
+  norm_forward += timed([&] { p.elementwise(norm_op, Tn * h, 2 * e, 3 * e); });  // norm 1
   double mla_latents = 0;  // MLA: widths of the low-rank latents (inputs of q_b and kv_b), per token
   if (mla) {
     // Down projections (replicated under TP), their RMSNorms, then the up projections.
@@ -259,7 +268,9 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
   p.gradient_sum(Tn * h);  // the residual stream feeds norm 1 and the add
 
   // --- MLP block ---
-  recompute_pointwise += timed([&] { p.elementwise(norm_op, Tn * h, 2 * e, 3 * e); });  // norm 2
+  norm_forward += timed([&] { p.elementwise(norm_op, Tn * h, 2 * e, 3 * e); });  // norm 2
+  recompute_pointwise += norm_forward;
+  if (norm_recomputed) p.backward += norm_forward;  // each norm's forward again before its backward
   double tokens_mlp = T;
   double ffn_local = static_cast<double>(mdl.ffn_hidden) / t;
   double experts_local = 1;
@@ -296,7 +307,9 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
   const double mlp_width_elements = tokens_mlp * ffn_local + T * shared_local;  // activation-function elements
   recompute_pointwise += timed([&] {
     if (!feat.gated_mlp) p.elementwise(ElementwiseOp::kGelu, mlp_width_elements, 2 * e, 3 * e);
-    else p.elementwise(ElementwiseOp::kSwiglu, mlp_width_elements, 3 * e, 5 * e);
+    // Fused backward: reads the output's gradient, gate and up, writes their gradients and, where
+    // the product is not kept (swiglu_saved < 3), the recomputed product for the down projection.
+    else p.elementwise(ElementwiseOp::kSwiglu, mlp_width_elements, 3 * e, (stack.swiglu_saved < 3 ? 6 : 5) * e);
   });
   if (s.dropout) p.elementwise(ElementwiseOp::kDropout, Tn * h, 0, 2 * e + 1);
   p.elementwise(ElementwiseOp::kResidualAdd, Tn * h, 3 * e + (s.dropout ? 1.0 : 0.0), 0, false);
@@ -338,7 +351,7 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
 
   // --- activations kept for backward (bytes) ---
   const double norm_inputs = 2.0 * Tn * h * e;
-  const double norm_outputs = 2.0 * Tn * h * lin_in;  // QKV input and MLP input
+  const double norm_outputs = norm_recomputed ? 0.0 : 2.0 * Tn * h * lin_in;  // QKV input and MLP input
   const double qkv = T * (q_local + (k_local + v_local)) * e + 2.0 * T * mla_latents * e;  // MLA: latents and their norms' inputs
   const double score_bytes = s.attention == AttentionKernel::kStandard ? scores * (e + (s.dropout ? 1.0 + e : 0.0))
                                                                         : 4.0 * s.micro_batch * a_local * s_q;  // softmax stats
@@ -370,7 +383,7 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
       if (s.attention == AttentionKernel::kStandard) {
         c.activation_bytes = c.full_activation_bytes - score_bytes;  // Megatron: recompute core attention
         c.recompute = core_forward;
-      } else if (s.stack == Stack::kTrainplan) {
+      } else if (is_trainplan(s.stack)) {
         // The executor recomputes the attention core (issue 3), keeping q, k, v; under flash
         // attention its output is still kept as the output projection's input, so only the
         // softmax statistics are saved and the core runs twice.
@@ -435,7 +448,7 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
   c.hardware_flops = c.model_flops;
   if (s.recompute == Recompute::kFull) {
     c.hardware_flops += 2.0 * (attn_matmul + mlp_matmul + adapter_params) * T + attention_flops_fwd;
-  } else if (s.recompute == Recompute::kSelective && (s.attention == AttentionKernel::kStandard || s.stack == Stack::kTrainplan)) {
+  } else if (s.recompute == Recompute::kSelective && (s.attention == AttentionKernel::kStandard || is_trainplan(s.stack))) {
     c.hardware_flops += attention_flops_fwd;
   } else if (s.recompute == Recompute::kSelective && torchtitan_policy) {
     // The recomputed wk, wo and w3 GEMMs.
@@ -514,9 +527,11 @@ EndsCost ends_cost(const ModelSpec& mdl, const HardwareProfile& hw, const LayerS
 
   Pass p{gemm_rates, rates, stack, lin_in, e};
   p.elementwise(feat.layer_norm ? ElementwiseOp::kLayerNorm : ElementwiseOp::kRmsNorm, Tn * h, 2 * e, 3 * e);  // final norm
-  p.linear(T, v_local, h, frozen);  // output projection (vocab-parallel)
+  // Under TP the executor's chunked loss gives way to its vocab-parallel fp32 cross-entropy.
+  const LossKernel loss = stack.loss == LossKernel::kChunkedFused && s.tp > 1 ? LossKernel::kFp32Copy : stack.loss;
+  if (loss != LossKernel::kChunkedFused) p.linear(T, v_local, h, frozen);  // output projection (vocab-parallel)
   double loss_saved = 0;
-  switch (stack.loss) {
+  switch (loss) {
     case LossKernel::kFp32Copy:
       // logits.float(), log_softmax and nll_loss (the eager op's measured rate includes the cast);
       // kept: the fp32 log-softmax; backward: its gradient, the logits' fp32 gradient, the cast.
@@ -542,6 +557,46 @@ EndsCost ends_cost(const ModelSpec& mdl, const HardwareProfile& hw, const LayerS
       c.head_backward_transient_bytes = e * logits;
       c.largest_head_block_bytes = e * logits;
       break;
+    case LossKernel::kChunkedFused: {
+      // executor/src/fused_ops.cpp LinearCrossEntropyFn: chunks of rows sized to 512 MiB of logits
+      // (cross_entropy_chunk_tokens: 16-bit logits with the CUDA kernel, bf16; fp32 otherwise),
+      // a multiple of 64. Per chunk, all in the forward: the logits GEMM, one kernel reading the
+      // logits twice (online softmax) and overwriting them with their 16-bit gradient, the
+      // input-gradient GEMM and the weight-gradient GEMM accumulating into an fp32 [vocab x h]
+      // buffer (cuBLAS beta = 1: 8 more bytes per element per chunk).
+      const double bytes_per_logit = s.precision == Precision::kBf16 ? 2.0 : 4.0;
+      const double rows = std::floor(512.0 * kMiB / (v_local * bytes_per_logit) / 64.0) * 64.0;
+      const double chunk = std::min(T, std::max(64.0, rows));
+      const double full = std::floor(T / chunk);
+      const double rest = T - full * chunk;
+      const auto run_chunk = [&](double tokens, double count) {
+        if (tokens <= 0 || count <= 0) return;
+        Pass q{gemm_rates, rates, stack, lin_in, e};
+        q.linear(tokens, v_local, h, frozen);  // logits, then (in this forward) dX and dW
+        q.forward += q.backward + rates.stream(3.0 * e * tokens * v_local, 3);  // + the loss sum and its add
+        if (!frozen) q.forward += rates.stream(8.0 * v_local * h);  // the fp32 accumulator read and written
+        p.forward += count * q.forward;
+        p.kernels += count * (q.kernels + 3);
+      };
+      run_chunk(chunk, full);
+      run_chunk(rest, 1.0);
+      // Backward: both gradients scaled by the loss multiplier in place, then autograd casts the
+      // fp32 weight gradient to the weight's dtype.
+      p.backward += rates.stream(2.0 * e * T * h, 1);
+      p.kernels += 1;
+      if (!frozen) {
+        p.backward += rates.stream(8.0 * v_local * h, 1) + (e < 4.0 ? rates.stream((4.0 + e) * v_local * h, 1) : 0.0);
+        p.kernels += e < 4.0 ? 2 : 1;
+      }
+      // Kept to the backward: the input's gradient and the fp32 weight gradient (the output
+      // layer's input, counted below, is alive only in the forward). One chunk of logits at a
+      // time; at the backward's peak the weight gradient's 16-bit cast.
+      loss_saved = e * T * h + (frozen ? 0.0 : 4.0 * v_local * h);
+      c.head_forward_transient_bytes = bytes_per_logit * chunk * v_local;
+      c.head_backward_transient_bytes = frozen || e >= 4.0 ? 0.0 : e * v_local * h;
+      c.largest_head_block_bytes = std::max(bytes_per_logit * chunk * v_local, frozen ? 0.0 : 4.0 * v_local * h);
+      break;
+    }
     case LossKernel::kMegatronFp32:
       // .float() (e + 4), max (4), subtract and exp in place (8), sum (4); backward: softmax minus
       // one-hot in place (8) and the cast back (4 + e).

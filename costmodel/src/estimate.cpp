@@ -353,7 +353,8 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
     double optimizer_temporaries = 0;
     if (p.offload_optimizer == Offload::kNone) {
       const double shard = p.zero_stage >= 1 ? static_cast<double>(dense_shard) : 1.0;
-      if (stack.stack == Stack::kTrainplan) {  // per unit: g * c, sqrt and the division, fp32
+      // trainplan's fused AdamW (at::_fused_adamw_) needs no fp32 temporaries; its plain path does.
+      if (stack.stack == Stack::kTrainplanReference) {  // per unit: g * c, sqrt and the division, fp32
         const double embedding_unit = (first || (last && mdl.tied_embeddings && stages > 1) || (last && !mdl.tied_embeddings))
                                           ? pc.embedding / t : 0.0;
         optimizer_temporaries = 3.0 * 4.0 * std::max(embedding_unit, lora ? lora_layer : dense_layer + expert_layer) / shard;

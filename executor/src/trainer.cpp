@@ -265,9 +265,10 @@ nlohmann::json measurement_json(const cm::Plan& plan, const World& w, const Rank
     const double peak_flops = plan.cluster.gpu.peak_for(cm::compute_dtype(plan.training.precision)).value();
     if (peak_flops > 0) throughput["mfu"] = model_tflops * 1e12 / peak_flops;
   }
-  // What ran is this executor's own stack, whatever stack the plan was estimated for.
+  // What ran is this executor's own stack, whatever stack the plan was estimated for: its fused
+  // paths (trainplan) or, with --kernels reference, its plain path (trainplan-reference).
   nlohmann::json training = cm::training_to_json(plan.training);
-  training["stack"] = cm::stack_name(cm::Stack::kTrainplan);
+  training["stack"] = cm::stack_name(kernels == "reference" ? cm::Stack::kTrainplanReference : cm::Stack::kTrainplan);
   // A model or cluster that is no preset (inline in the plan, or a file) travels as a document,
   // so that the plan can be rebuilt from the measurement (planner validate, calibrate).
   const auto is_preset = [](const std::string& ref) {

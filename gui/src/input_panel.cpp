@@ -212,7 +212,9 @@ InputPanel::InputPanel(QWidget* parent) : QWidget(parent) {
       combo({{tr("flash (no score matrix)"), QStringLiteral("flash")}, {tr("standard (scores stored)"), QStringLiteral("standard")}}));
   row(tr("Dropout"), QStringLiteral("dropout"), combo({{tr("off"), QStringLiteral("off")}, {tr("on"), QStringLiteral("on")}}));
   row(tr("Software stack"), QStringLiteral("stack"),
-      combo({{tr("trainplan executor"), QStringLiteral("trainplan")}, {tr("PyTorch eager"), QStringLiteral("pytorch-eager")},
+      combo({{tr("trainplan executor"), QStringLiteral("trainplan")},
+             {tr("trainplan executor, --kernels reference"), QStringLiteral("trainplan-reference")},
+             {tr("PyTorch eager"), QStringLiteral("pytorch-eager")},
              {tr("torch.compile"), QStringLiteral("torch-compile")}, {tr("Megatron-Core + TE"), QStringLiteral("megatron-te")}}));
   auto* headroom = line(QString::number(100 * cm::kDefaultMemoryHeadroom));
   headroom->setToolTip(tr("Percent of HBM kept free: plans needing more are tight, ranked after the others"));

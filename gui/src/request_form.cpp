@@ -182,7 +182,7 @@ BuiltRequest build_request(const RequestForm& form) {
     t.attention = form.attention == "standard" ? cm::AttentionKernel::kStandard : cm::AttentionKernel::kFlash;
   }
   if (enum_field("dropout", form.dropout, {"off", "on"})) t.dropout = form.dropout == "on";
-  if (enum_field("stack", form.stack, {"trainplan", "pytorch-eager", "torch-compile", "megatron-te"})) {
+  if (enum_field("stack", form.stack, {"trainplan", "trainplan-reference", "pytorch-eager", "torch-compile", "megatron-te"})) {
     t.stack = *cm::stack_from_name(form.stack);
   }
   if (!trim(form.memory_headroom).empty()) {

@@ -230,8 +230,7 @@ PerformanceDocument read_document(const nlohmann::json& json, const std::string&
     const LenientReader t = r.object("training");
     d.stack = t.string("stack");
   }
-  // A measurement the executor wrote before it named its stack ran its own.
-  if (d.stack.empty() && expected_schema == kMeasurementSchema) d.stack = costmodel::stack_name(costmodel::Stack::kTrainplan);
+  if (expected_schema == kMeasurementSchema) d.stack = measured_stack(json);
   if (expected_schema == kMeasurementSchema && r.find("status")) {
     d.status = r.string("status");
     if (d.status != "ok" && d.status != "out_of_memory") r.fail("status", "must be \"ok\" or \"out_of_memory\" (got \"" + d.status + "\")");
@@ -342,6 +341,22 @@ Result<PerformanceDocument> load_prediction_file(const std::string& path) {
   return Error{path + ": /schema: must be \"" + std::string(kEstimateSchema) + "\" or \"trainplan/plan/v1\" (got " + got + ")"};
 }
 
+std::string measured_stack(const nlohmann::json& measurement) {
+  const auto text_at = [&](const char* section, const char* key) -> std::string {
+    const auto s = measurement.find(section);
+    if (s == measurement.end() || !s->is_object()) return "";
+    const auto v = s->find(key);
+    return v != s->end() && v->is_string() ? v->get<std::string>() : "";
+  };
+  const std::string stack = text_at("training", "stack");
+  const char* reference = costmodel::stack_name(costmodel::Stack::kTrainplanReference);
+  // Written before the executor named its stack, hence before its fused paths: the plain path.
+  if (stack.empty()) return reference;
+  // Named "trainplan" before --kernels reference ran under its own name.
+  if (stack == costmodel::stack_name(costmodel::Stack::kTrainplan) && text_at("environment", "kernels") == "reference") return reference;
+  return stack;
+}
+
 nlohmann::json measurement_plan_document(const nlohmann::json& measurement, const std::string& file) {
   nlohmann::json plan = {{"schema", "trainplan/plan/v1"}};
   const std::string stem = std::filesystem::path(file).stem().string();
@@ -358,6 +373,7 @@ nlohmann::json measurement_plan_document(const nlohmann::json& measurement, cons
   }
   const auto world_size = measurement.find("world_size");
   if (!plan.contains("gpus") && world_size != measurement.end()) plan["gpus"] = *world_size;
+  if (plan.contains("training") && plan["training"].is_object()) plan["training"]["stack"] = measured_stack(measurement);
   return plan;
 }
 

@@ -132,8 +132,11 @@ TEST(PipelineInFlight, OneFOneBFirstStageHoldsPMicroBatches) {
 
 TEST(PipelineInFlight, OneFOneBLastStageHoldsOneMicroBatch) {
   // With full recompute a layer keeps only its input (2sbh), so the last stage's fp32 logits
-  // (V = 128256) outweigh the first stage's extra in-flight micro-batches.
-  const Estimate e = checked_estimate(pipeline_plan(Schedule::kOneFOneB, Recompute::kFull, 8));
+  // (V = 128256; the executor's plain path, trainplan-reference) outweigh the first stage's extra
+  // in-flight micro-batches.
+  Plan plan = pipeline_plan(Schedule::kOneFOneB, Recompute::kFull, 8);
+  plan.training.stack = Stack::kTrainplanReference;
+  const Estimate e = checked_estimate(plan);
   ASSERT_EQ(e.memory.worst_stage, 3);
   EXPECT_DOUBLE_EQ(e.memory.micro_batches_in_flight, 1.0);
 }

@@ -34,7 +34,7 @@ std::vector<planner::MeasuredRun> synthetic_runs(const Calibration& truth) {
   for (const char* stem : kRuns) {
     auto run = planner::load_measured_run(measurement_path(stem));
     if (!run) throw std::runtime_error(run.error().message);
-    for (Stack stack : {Stack::kTrainplan, Stack::kTorchCompile}) {
+    for (Stack stack : {Stack::kTrainplanReference, Stack::kTorchCompile}) {
       Plan plan = run->plan;
       plan.training.stack = stack;
       plan.cluster.gpu.calibration = truth;

@@ -141,7 +141,7 @@ TEST_F(PlannerCli, BadInputExitsTwoWithOneLineMessage) {
       {"malformed plan file", "evaluate " + quote(malformed.string()), "malformed JSON"},
       {"number beyond double range", "evaluate " + quote(overflow.string()), "number overflow"},
       {"missing plan file", "evaluate " + quote((dir_ / "nope.json").string()), "nope.json"},
-      {"unknown stack", "--model 8b --gpus 8 --stack jax", "--stack: must be one of trainplan | pytorch-eager | torch-compile | megatron-te (got \"jax\")"},
+      {"unknown stack", "--model 8b --gpus 8 --stack jax", "--stack: must be one of trainplan | trainplan-reference | pytorch-eager | torch-compile | megatron-te (got \"jax\")"},
       {"headroom past half of HBM", "--model 8b --gpus 8 --memory-headroom 60", "--memory-headroom"},
       {"negative headroom", "--model 8b --gpus 8 --memory-headroom -1", "--memory-headroom"},
       {"heads not divisible by tp", "--model 70b --gpus 64 --fix tp=3", "--fix tp=3: tp must divide the model's attention heads (64)"},

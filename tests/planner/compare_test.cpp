@@ -147,7 +147,7 @@ TEST(Compare, AnEstimateForAnotherStackThanTheExecutorsSaysSo) {
   auto loaded_measurement = planner::load_measurement_file(kMeasurementFile);
   ASSERT_TRUE(loaded_prediction.ok() && loaded_measurement.ok());
   planner::PerformanceDocument predicted = *loaded_prediction, measured = *loaded_measurement;
-  EXPECT_EQ(measured.stack, "trainplan") << "a measurement without training.stack ran the executor's own";
+  EXPECT_EQ(measured.stack, "trainplan-reference") << "a measurement without training.stack ran the executor before its fused paths";
   const auto stack_warnings = [](const Comparison& c) {
     std::vector<std::string> out;
     for (const auto& w : c.warnings) {
@@ -155,11 +155,14 @@ TEST(Compare, AnEstimateForAnotherStackThanTheExecutorsSaysSo) {
     }
     return out;
   };
+  predicted.stack = "trainplan-reference";
   EXPECT_TRUE(stack_warnings(planner::compare(predicted, measured)).empty());
   predicted.stack = "megatron-te";
   const auto warnings = stack_warnings(planner::compare(predicted, measured));
   ASSERT_EQ(warnings.size(), 1u);
-  EXPECT_EQ(warnings.front(), "software stack differs: the estimate is for megatron-te, the measurement ran trainplan");
+  EXPECT_EQ(warnings.front(), "software stack differs: the estimate is for megatron-te, the measurement ran trainplan-reference");
+  predicted.stack = "trainplan";  // the fused paths against the plain path: a different stack too
+  EXPECT_EQ(stack_warnings(planner::compare(predicted, measured)).size(), 1u);
 }
 
 TEST(Compare, ClosingLineNamesTheLargestDeviation) {

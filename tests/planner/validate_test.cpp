@@ -39,8 +39,9 @@ std::string read_file(const std::string& path) {
 
 nlohmann::json measurement_json() { return nlohmann::json::parse(read_file(testing::data_path("tinyllama-4x-zero2.measurement.json"))); }
 
-// The estimate of the fixed plan the test measurement was made for.
-costmodel::Estimate estimate_of_test_plan(costmodel::Stack stack = costmodel::Stack::kTrainplan) {
+// The estimate of the fixed plan the test measurement was made for (by the executor before its
+// fused paths: trainplan-reference).
+costmodel::Estimate estimate_of_test_plan(costmodel::Stack stack = costmodel::Stack::kTrainplanReference) {
   auto plan = planner::load_fixed_plan(testing::data_path("tinyllama-4x-zero2.plan.json"));
   if (!plan) throw std::runtime_error(plan.error().message);
   costmodel::Plan p = *plan;
@@ -239,12 +240,23 @@ TEST(ValidateMeasurement, TheStackOfTrainingIsPassedToThePlanAndDefaultsToTheExe
   const double executor = estimate_of_test_plan(costmodel::Stack::kTrainplan).time.step.value();
   EXPECT_NE(compiled, executor) << "the stack must change the estimate for this test to mean anything";
   // A measurement without `stack` (the executor's, before it wrote one; its old `kernels` key is
-  // ignored) is the executor's own stack.
+  // ignored) ran the executor before its fused paths: trainplan-reference.
   m["training"].erase("stack");
   m["training"]["kernels"] = "fused";
   auto legacy = planner::validate_measurement(m, "legacy.measurement.json");
   ASSERT_TRUE(legacy.ok()) << legacy.error().message;
-  EXPECT_DOUBLE_EQ(find_row(*legacy, "step seconds")->predicted, executor);
+  const double reference = estimate_of_test_plan(costmodel::Stack::kTrainplanReference).time.step.value();
+  EXPECT_DOUBLE_EQ(find_row(*legacy, "step seconds")->predicted, reference);
+  // "trainplan" with environment.kernels "reference": the plain path too; "fused": trainplan.
+  m["training"]["stack"] = "trainplan";
+  m["environment"]["kernels"] = "reference";
+  auto plain = planner::validate_measurement(m, "plain.measurement.json");
+  ASSERT_TRUE(plain.ok()) << plain.error().message;
+  EXPECT_DOUBLE_EQ(find_row(*plain, "step seconds")->predicted, reference);
+  m["environment"]["kernels"] = "fused";
+  auto fused = planner::validate_measurement(m, "fused.measurement.json");
+  ASSERT_TRUE(fused.ok()) << fused.error().message;
+  EXPECT_DOUBLE_EQ(find_row(*fused, "step seconds")->predicted, executor);
 }
 
 TEST(ValidateMeasurement, BadDocumentsAreErrorsNamingTheFileAndThePointer) {

@@ -11,18 +11,24 @@
 namespace trainplan::costmodel {
 
 enum class Stack {
-  kTrainplan,     // this project's executor (executor/src/model.cpp, engine.cpp)
+  kTrainplan,     // this project's executor with its fused paths (--kernels fused, the default)
+  kTrainplanReference,  // the executor's plain path (--kernels reference; the executor before its fused paths)
   kPytorchEager,  // a plain PyTorch module in eager mode (bench/eager_reference.py)
   kTorchCompile,  // the same module under torch.compile (Inductor)
   kMegatronTe,    // Megatron-LM / Megatron-Core with Transformer Engine
 };
-inline constexpr Stack kStacks[] = {Stack::kTrainplan, Stack::kPytorchEager, Stack::kTorchCompile, Stack::kMegatronTe};
+inline constexpr Stack kStacks[] = {Stack::kTrainplan, Stack::kTrainplanReference, Stack::kPytorchEager, Stack::kTorchCompile, Stack::kMegatronTe};
 
 // How the loss over the vocabulary is computed.
 enum class LossKernel {
   kFp32Copy,    // logits.float() then log_softmax + nll: an fp32 copy and an fp32 log-softmax kept
   kFused,       // one fused kernel on the 16-bit logits: fp32 only in registers, 16-bit gradient
   kMegatronFp32,  // Megatron's vocab-parallel cross-entropy: fp32 copy, fp32 softmax kept, gradient in place
+  // Chunked linear cross-entropy (the executor's fused path): per chunk of tokens the logits GEMM,
+  // one kernel turning the 16-bit logits into their gradient in place, then the input- and
+  // weight-gradient GEMMs, all in the forward; kept: the input's gradient and an fp32 weight
+  // gradient. Never more than one chunk of logits.
+  kChunkedFused,
 };
 
 // Where micro-batch gradients are summed.
@@ -56,6 +62,10 @@ struct StackSpec {
   // projection's input (3); Inductor's partitioner recomputes the product (2). GELU MLPs keep the
   // fc1 output and the GELU output (2) in every stack.
   double swiglu_saved;
+  // Norm outputs are not kept: each norm is recomputed in backward from its input (kept anyway as
+  // the residual stream), its forward time added to the backward. Only without tensor
+  // parallelism (the executor's fused norm path; under TP the norm output enters the TP region).
+  bool norm_recomputed;
   // Waits for the host once per micro-batch (the executor reads the loss with .item()).
   bool host_sync_per_micro_batch;
   // Host time to issue one kernel: the GPU idles when its kernels are shorter (small models).
@@ -68,9 +78,9 @@ struct StackSpec {
 
 [[nodiscard]] const StackSpec& stack_spec(Stack stack);
 [[nodiscard]] const char* stack_name(Stack stack);
-// "trainplan", "pytorch-eager", "torch-compile", "megatron-te".
+// "trainplan", "trainplan-reference", "pytorch-eager", "torch-compile", "megatron-te".
 [[nodiscard]] std::optional<Stack> stack_from_name(const std::string& name);
-// "trainplan | pytorch-eager | torch-compile | megatron-te", for messages.
+// "trainplan | trainplan-reference | pytorch-eager | torch-compile | megatron-te", for messages.
 [[nodiscard]] const char* stack_choices();
 
 }  // namespace trainplan::costmodel

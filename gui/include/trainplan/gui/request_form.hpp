@@ -43,7 +43,7 @@ struct RequestForm {
   std::string lora_rank = "16";     // LoRA/QLoRA adapter rank, 1 .. 65536 (read in every mode)
   std::string attention = "flash";  // flash | standard (materialised scores)
   std::string dropout = "off";      // on | off: the model has dropout layers
-  std::string stack = "trainplan";  // trainplan | pytorch-eager | torch-compile | megatron-te
+  std::string stack = "trainplan";  // trainplan | trainplan-reference | pytorch-eager | torch-compile | megatron-te
   std::string memory_headroom;      // percent of HBM kept free; empty: costmodel::kDefaultMemoryHeadroom
   // Fixed parallel settings, by planner::apply_constraint key (tp, pp, dp, cp, ep, zero, mb, v,
   // sp, schedule, recompute, offload); "" or "auto" leaves one to the search.

@@ -135,8 +135,15 @@ struct PerformanceDocument {
 // The `trainplan/plan/v1` document of a measurement's header: its model, cluster, GPU count
 // (`gpus`, else `world_size`), training and parallel settings, as they are (a `kernels` key in
 // `training` included); a model or cluster that is no preset comes from its `*_document`. Named
-// by the measurement's `name`, else by the stem of `file`. The plan is not checked here.
+// by the measurement's `name`, else by the stem of `file`. The plan is not checked here. Its
+// `training.stack` is measured_stack()'s.
 [[nodiscard]] nlohmann::json measurement_plan_document(const nlohmann::json& measurement, const std::string& file);
+
+// The stack a measurement ran: its `training.stack`; "trainplan-reference" where it names none
+// (the executor wrote it before it named its stack, which was before its fused paths) or where
+// it says "trainplan" with `environment.kernels` "reference" (written before that path had a
+// name of its own).
+[[nodiscard]] std::string measured_stack(const nlohmann::json& measurement);
 
 // The cost model's estimate of a plan as a performance document. REQUIRES: validate_plan(plan) is ok.
 [[nodiscard]] PerformanceDocument predict(const costmodel::Plan& plan, const std::string& file);

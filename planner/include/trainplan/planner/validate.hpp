@@ -64,7 +64,7 @@ void summarise(ValidationTable& table);
 // reserved GiB per run against its plan's estimate; the source says whether the run that ran out
 // of memory is predicted not to fit.
 [[nodiscard]] costmodel::Result<ValidationTable> validate_h100_runs();
-// Issue 12's stacks on one H100 at micro-batch 4 (trainplan, pytorch-eager, torch-compile):
+// Issue 12's stacks on one H100 at micro-batch 4 (trainplan-reference, pytorch-eager, torch-compile):
 // tokens/s and peak allocated GiB.
 [[nodiscard]] costmodel::Result<ValidationTable> validate_h100_stacks();
 // FSDP runs of Llama-family models on A100 (TinyLlama; PyTorch/IBM blog): MFU in percent.
