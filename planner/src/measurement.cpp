@@ -244,7 +244,9 @@ PerformanceDocument read_document(const nlohmann::json& json, const std::string&
     if (!environment->is_object()) r.fail("environment", "must be a JSON object");
     for (const auto& [key, value] : environment->items()) {
       if (value.is_null()) continue;
-      if (!value.is_string() && !value.is_number()) r.fail("environment/" + key, "must be a string or a number");
+      if (!value.is_string() && !value.is_number() && !value.is_boolean()) {
+        r.fail("environment/" + key, "must be a string, a number or true/false");
+      }
       d.environment[key] = value.is_string() ? value.get<std::string>() : value.dump();
     }
   }

@@ -395,6 +395,22 @@ TEST(MeasurementDocument, AnOutOfMemoryRunLoadsWithoutTimeOrThroughput) {
   EXPECT_EQ(m->environment.at("sm_clock_max_mhz"), "1980");
 }
 
+// A real out-of-memory document: the fused executor on one H100 80GB at micro-batch 64 (issue 12;
+// bench/gpu/oom/, command in bench/results.md). Its environment has a boolean (cuda_kernels).
+TEST(MeasurementDocument, TheH100OutOfMemoryRunLoadsWithItsEnvironment) {
+  auto m = planner::load_measurement_file(testing::data_path("h100-fused/oom-mb64.measurement.json"));
+  ASSERT_TRUE(m.ok()) << m.error().message;
+  EXPECT_EQ(m->status, "out_of_memory");
+  ASSERT_TRUE(m->out_of_memory.has_value());
+  EXPECT_EQ(m->out_of_memory->requested_bytes, 2.0 * 1073741824.0);  // "Tried to allocate 2.00 GiB"
+  EXPECT_EQ(m->out_of_memory->phase, "forward");
+  EXPECT_EQ(m->out_of_memory->micro_batch, 0);
+  EXPECT_EQ(m->out_of_memory->step, 1);
+  EXPECT_EQ(m->environment.at("cuda_kernels"), "true");
+  EXPECT_EQ(m->environment.at("kernels"), "fused");
+  EXPECT_EQ(m->environment.at("gpu_name"), "NVIDIA H100 80GB HBM3");
+}
+
 TEST(MeasurementDocument, OlderDocumentsWithoutStatusOrEnvironmentReadAsOk) {
   auto m = planner::load_measurement_file(kMeasurementFile);
   ASSERT_TRUE(m.ok()) << m.error().message;
@@ -417,7 +433,7 @@ TEST(MeasurementDocument, StatusAndOutOfMemoryErrorsNameThePointer) {
        "m.json: /memory: is required (a JSON object)"},
       {R"({"schema": "trainplan/measurement/v1", "memory": {}, "throughput": {}, "status": "ok"})", "m.json: /time: is required (a JSON object)"},
       {R"({"schema": "trainplan/measurement/v1", "memory": {}, "time": {}, "throughput": {}, "environment": {"gpu_name": [1]}})",
-       "m.json: /environment/gpu_name: must be a string or a number"},
+       "m.json: /environment/gpu_name: must be a string, a number or true/false"},
   };
   for (const auto& c : cases) {
     auto m = planner::read_performance_document(nlohmann::json::parse(c.text), "m.json", planner::kMeasurementSchema);
