@@ -558,43 +558,49 @@ EndsCost ends_cost(const ModelSpec& mdl, const HardwareProfile& hw, const LayerS
       c.largest_head_block_bytes = e * logits;
       break;
     case LossKernel::kChunkedFused: {
-      // executor/src/fused_ops.cpp LinearCrossEntropyFn: chunks of rows sized to 512 MiB of logits
+      // executor/src/fused_ops.cpp LinearCrossEntropyFn: chunks of rows sized to 1 GiB of logits
       // (cross_entropy_chunk_tokens: 16-bit logits with the CUDA kernel, bf16; fp32 otherwise),
       // a multiple of 64. Per chunk, all in the forward: the logits GEMM, one kernel reading the
       // logits twice (online softmax) and overwriting them with their 16-bit gradient, the
-      // input-gradient GEMM and the weight-gradient GEMM accumulating into an fp32 [vocab x h]
-      // buffer (cuBLAS beta = 1: 8 more bytes per element per chunk).
+      // input-gradient GEMM and the weight-gradient GEMM accumulating (cuBLAS beta = 1: 8 more
+      // bytes per element per chunk) into an fp32 [vocab x h] sum: under ZeRO-0/1 the weight's
+      // own fp32 gradient (engine.cpp output_weight_grad_sum: no buffer, no scaling, cast or
+      // accumulation pass), else a buffer of the loss's own.
       const double bytes_per_logit = s.precision == Precision::kBf16 ? 2.0 : 4.0;
-      const double rows = std::floor(512.0 * kMiB / (v_local * bytes_per_logit) / 64.0) * 64.0;
+      const double rows = std::floor(1024.0 * kMiB / (v_local * bytes_per_logit) / 64.0) * 64.0;
       const double chunk = std::min(T, std::max(64.0, rows));
       const double full = std::floor(T / chunk);
       const double rest = T - full * chunk;
+      const bool into_gradient = !frozen && s.zero_stage <= 1;
       const auto run_chunk = [&](double tokens, double count) {
         if (tokens <= 0 || count <= 0) return;
         Pass q{gemm_rates, rates, stack, lin_in, e};
         q.linear(tokens, v_local, h, frozen);  // logits, then (in this forward) dX and dW
         q.forward += q.backward + rates.stream(3.0 * e * tokens * v_local, 3);  // + the loss sum and its add
-        if (!frozen) q.forward += rates.stream(8.0 * v_local * h);  // the fp32 accumulator read and written
+        if (!frozen) q.forward += rates.stream(8.0 * v_local * h);  // the fp32 sum read and written
         p.forward += count * q.forward;
         p.kernels += count * (q.kernels + 3);
       };
       run_chunk(chunk, full);
       run_chunk(rest, 1.0);
-      // Backward: both gradients scaled by the loss multiplier in place, then autograd casts the
-      // fp32 weight gradient to the weight's dtype.
+      // Backward: the input's gradient scaled by the loss multiplier in place; without the fused
+      // accumulation also the weight's, scaled and cast to its dtype in one pass.
       p.backward += rates.stream(2.0 * e * T * h, 1);
       p.kernels += 1;
-      if (!frozen) {
-        p.backward += rates.stream(8.0 * v_local * h, 1) + (e < 4.0 ? rates.stream((4.0 + e) * v_local * h, 1) : 0.0);
-        p.kernels += e < 4.0 ? 2 : 1;
+      if (!frozen && !into_gradient) {
+        p.backward += rates.stream((4.0 + e) * v_local * h, 1);
+        p.kernels += 1;
       }
-      // Kept to the backward: the input's gradient and the fp32 weight gradient (the output
-      // layer's input, counted below, is alive only in the forward). One chunk of logits at a
-      // time; at the backward's peak the weight gradient's 16-bit cast.
-      loss_saved = e * T * h + (frozen ? 0.0 : 4.0 * v_local * h);
+      // Tied to the embedding on one stage, the table's gradient still makes one pass (the lookup's).
+      if (into_gradient && !mdl.tied_embeddings) c.fused_accumulation_params = v_local * h;
+      // Kept to the backward: the input's gradient, and the fp32 weight gradient when it is the
+      // loss's own buffer (the output layer's input, counted below, is alive only in the forward).
+      // One chunk of logits at a time; at the backward's peak the weight gradient's cast.
+      const bool own_buffer = !frozen && !into_gradient;
+      loss_saved = e * T * h + (own_buffer ? 4.0 * v_local * h : 0.0);
       c.head_forward_transient_bytes = bytes_per_logit * chunk * v_local;
-      c.head_backward_transient_bytes = frozen || e >= 4.0 ? 0.0 : e * v_local * h;
-      c.largest_head_block_bytes = std::max(bytes_per_logit * chunk * v_local, frozen ? 0.0 : 4.0 * v_local * h);
+      c.head_backward_transient_bytes = own_buffer && e < 4.0 ? e * v_local * h : 0.0;
+      c.largest_head_block_bytes = std::max(bytes_per_logit * chunk * v_local, own_buffer ? 4.0 * v_local * h : 0.0);
       break;
     }
     case LossKernel::kMegatronFp32:

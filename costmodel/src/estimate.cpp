@@ -194,6 +194,7 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
   s.sequence_parallel = p.sequence_parallel && p.tp > 1;
   s.precision = tr.precision;
   s.dropout = tr.dropout;
+  s.zero_stage = p.zero_stage;
   s.attention = tr.attention;
   s.stack = tr.stack;
   s.recompute = p.recompute;
@@ -295,7 +296,7 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
     }
 
     // Each micro-batch's gradient accumulation pass (stack.hpp) and the host's kernel launches.
-    const double grads_local = x.trainable;
+    const double grads_local = std::max(0.0, x.trainable - (last ? ec.fused_accumulation_params : 0.0));
     const double units = layers[i] + (first ? 1 : 0) + (last ? 1 : 0);
     switch (stack.grads) {
       case GradAccumulation::kFp32Buffer:  // 16-bit gradient read, fp32 buffer read and written

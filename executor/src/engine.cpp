@@ -277,7 +277,8 @@ at::Tensor DataParallelEngine::forward_chunk(int chunk, const at::Tensor& input,
         gather(i, +1);
         const variable_list head_params = UnitViewsFn::apply(anchor(i), id, index);
         const at::Tensor& output_weight = local_tied_ ? embedding[0] : head_params.back();
-        const at::Tensor loss = head_loss(model_, groups_.tp, head_params, output_weight, x, targets, config_.kernels);
+        const at::Tensor loss = head_loss(model_, groups_.tp, head_params, output_weight, x, targets, config_.kernels,
+                                          output_weight_grad_sum(local_tied_ ? embedding_unit : i), loss_multiplier);
         at::Tensor scaled = loss * loss_multiplier;
         if (stage3) {
           scaled = BeforeBackwardFn::apply(scaled, id, index);
@@ -291,6 +292,18 @@ at::Tensor DataParallelEngine::forward_chunk(int chunk, const at::Tensor& input,
     }
   }
   return x;
+}
+
+// Where the fused loss may add the output weight's gradient itself: that weight's region of its
+// unit's float32 gradient, which holds the whole gradient through the step only under ZeRO-0/1
+// (ZeRO-2/3 reduce each micro-batch's gradient as it comes) and only without TP (the fused loss
+// is not the vocabulary-parallel one). The output weight is the head's last slot, or the
+// embedding's token table (its first) when tied on this rank.
+at::Tensor DataParallelEngine::output_weight_grad_sum(std::size_t unit) {
+  if (config_.kernels != Kernels::kFused || config_.zero_stage > 1 || groups_.tp.active()) return {};
+  Unit& u = *units_[unit];
+  const ParamSlot& slot = u.layout.kind == UnitKind::kEmbedding ? u.layout.slots.front() : u.layout.slots.back();
+  return u.grad.narrow(0, slot.offset, slot.numel).view(slot.shape);
 }
 
 void DataParallelEngine::backward_begin(bool last) { last_micro_batch_ = last; }

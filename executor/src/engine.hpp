@@ -146,6 +146,7 @@ class DataParallelEngine {
   [[nodiscard]] int tied_slot(std::size_t unit) const;
   [[nodiscard]] bool recompute_block(int layer) const;
   [[nodiscard]] at::Tensor run_unit_forward(std::size_t unit, const at::Tensor& x);
+  [[nodiscard]] at::Tensor output_weight_grad_sum(std::size_t unit);
   void refresh_compute_copies();
   void fused_optimizer_step(const AdamWSettings& settings, double lr, double gradient_multiplier, int64_t step);
 

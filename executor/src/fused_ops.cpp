@@ -5,6 +5,7 @@
 #include "fused_ops.hpp"
 
 #include <algorithm>
+#include <optional>
 #include <stdexcept>
 
 #include <torch/csrc/autograd/autograd.h>
@@ -191,11 +192,15 @@ struct SwigluDownFn : torch::autograd::Function<SwigluDownFn> {
 
 struct LinearCrossEntropyFn : torch::autograd::Function<LinearCrossEntropyFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight, const at::Tensor& targets,
-                            int64_t chunk) {
+                            int64_t chunk, std::optional<at::Tensor> weight_grad_sum_in, double multiplier) {
     const int64_t n = x.size(0);
     const auto f32 = x.options().dtype(at::kFloat);
     at::Tensor grad_x = at::empty_like(x);
-    at::Tensor grad_weight = at::zeros(weight.sizes(), f32);
+    // The weight's gradient: added straight into the caller's float32 sum (times the multiplier
+    // the caller applies to the loss), or into a float32 buffer returned by backward.
+    const bool into_sum = weight_grad_sum_in.has_value();
+    at::Tensor grad_weight = into_sum ? *weight_grad_sum_in : at::zeros(weight.sizes(), f32);
+    const double alpha = into_sum ? multiplier : 1.0;
     at::Tensor loss = at::zeros({}, f32);
     const double inverse = 1.0 / static_cast<double>(n);
     for (int64_t start = 0; start < n; start += chunk) {
@@ -226,23 +231,29 @@ struct LinearCrossEntropyFn : torch::autograd::Function<LinearCrossEntropyFn> {
       at::Tensor gx = grad_x.narrow(0, start, rows_here);
       at::mm_out(gx, g, weight);
       if (x.scalar_type() == at::kFloat) {
-        grad_weight.addmm_(g.t(), xc);
-      } else if (x.is_cuda()) {  // bf16/fp16 inputs, float32 accumulator: cuBLAS adds in the epilogue
-        at::addmm_out(grad_weight, grad_weight, g.t(), xc, at::kFloat, 1, 1);
+        grad_weight.addmm_(g.t(), xc, 1, alpha);
+      } else if (x.is_cuda()) {  // bf16/fp16 inputs, float32 sum: cuBLAS adds in the epilogue
+        at::addmm_out(grad_weight, grad_weight, g.t(), xc, at::kFloat, 1, alpha);
       } else {
-        grad_weight.add_(g.t().mm(xc));
+        grad_weight.add_(g.t().mm(xc), alpha);
       }
     }
     ctx->saved_data["grad_x"] = grad_x;
-    ctx->saved_data["grad_weight"] = grad_weight;
+    if (!into_sum) ctx->saved_data["grad_weight"] = grad_weight;
     return loss.mul_(inverse);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     at::Tensor grad_x = ctx->saved_data["grad_x"].toTensor();
-    at::Tensor grad_weight = ctx->saved_data["grad_weight"].toTensor();
+    const auto found = ctx->saved_data.find("grad_weight");
+    at::Tensor grad_weight = found != ctx->saved_data.end() ? found->second.toTensor() : at::Tensor();
     ctx->saved_data.clear();
     const at::Tensor& scale = grads[0];  // d(final) / d(loss): the loss multiplier
-    return {grad_x.mul_(scale.to(grad_x.scalar_type())), grad_weight.mul_(scale), at::Tensor(), at::Tensor()};
+    at::Tensor weight_out;
+    if (grad_weight.defined()) {  // scaled and rounded to the weight's dtype in one pass
+      weight_out = at::empty(grad_weight.sizes(), grad_x.options());
+      at::mul_out(weight_out, grad_weight, scale);
+    }
+    return {grad_x.mul_(scale.to(grad_x.scalar_type())), weight_out, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -261,16 +272,24 @@ at::Tensor swiglu_down(const at::Tensor& gate, const at::Tensor& up, const at::T
   return SwigluDownFn::apply(gate, up, down);
 }
 
-at::Tensor linear_cross_entropy(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& targets, int64_t chunk_tokens) {
+at::Tensor linear_cross_entropy(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& targets, int64_t chunk_tokens,
+                                const at::Tensor& weight_grad_sum, double multiplier) {
   if (chunk_tokens < 0) throw std::invalid_argument("linear_cross_entropy: chunk_tokens must not be negative");
   // The kernel turns bf16 logits into the gradient in place; the ATen path adds float32 ones.
   const int64_t bytes_per_logit = kernel_for(x) ? 2 : 4;
   const int64_t chunk = chunk_tokens > 0 ? chunk_tokens : cross_entropy_chunk_tokens(weight.size(0), bytes_per_logit);
-  return LinearCrossEntropyFn::apply(x, weight, targets, chunk);
+  if (weight_grad_sum.defined() && (weight_grad_sum.scalar_type() != at::kFloat || weight_grad_sum.sizes() != weight.sizes() ||
+                                    !weight_grad_sum.is_contiguous())) {
+    throw std::invalid_argument("linear_cross_entropy: weight_grad_sum must be a contiguous float32 tensor of the weight's shape");
+  }
+  // Absent, an optional is no variable to autograd (an undefined tensor would be one).
+  std::optional<at::Tensor> sum;
+  if (weight_grad_sum.defined()) sum = weight_grad_sum.detach();
+  return LinearCrossEntropyFn::apply(x, weight, targets, chunk, sum, multiplier);
 }
 
 int64_t cross_entropy_chunk_tokens(int64_t vocab, int64_t bytes_per_logit) {
-  constexpr int64_t kBudgetBytes = int64_t{512} << 20;
+  constexpr int64_t kBudgetBytes = int64_t{1} << 30;
   const int64_t rows = kBudgetBytes / (std::max<int64_t>(vocab, 1) * std::max<int64_t>(bytes_per_logit, 1));
   return std::max<int64_t>(64, rows / 64 * 64);
 }

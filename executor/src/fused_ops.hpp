@@ -41,12 +41,18 @@ enum class Kernels { kReference, kFused };
 // the graph), so at most one chunk of logits exists, never [tokens x vocab] in float32.
 // x: [n, h]; weight: [vocab, h]; targets: [n] int64; chunk_tokens 0: cross_entropy_chunk_tokens
 // for the path taken (the CUDA kernel keeps a chunk's logits in bf16, the ATen path in float32).
-// Returns a 0-dim float32 loss.
+// `weight_grad_sum` (optional, float32, the weight's shape, contiguous): the weight's gradient
+// times `multiplier` is added into it during this forward, GEMM by GEMM, and backward returns
+// none for the weight (Megatron's gradient-accumulation fusion for the largest matrix: no
+// float32 buffer of its own, no scaling, cast or add pass). `multiplier` must be what the caller
+// multiplies the returned loss by before backward (the engine's loss multiplier); without a sum
+// the weight's gradient comes out of backward like any other. Returns a 0-dim float32 loss.
 [[nodiscard]] at::Tensor linear_cross_entropy(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& targets,
-                                              int64_t chunk_tokens = 0);
+                                              int64_t chunk_tokens = 0, const at::Tensor& weight_grad_sum = {},
+                                              double multiplier = 1.0);
 // Tokens per chunk for a vocabulary: a chunk's logits (`bytes_per_logit` each) stay within
-// 512 MiB, a multiple of 64 tokens (at least 64). Fewer chunks mean fewer passes over the float32
-// accumulator of the weight's gradient ([vocab x h], read and written once per chunk).
+// 1 GiB, a multiple of 64 tokens (at least 64). Fewer chunks mean fewer passes over the float32
+// sum of the weight's gradient ([vocab x h], read and written once per chunk).
 [[nodiscard]] int64_t cross_entropy_chunk_tokens(int64_t vocab, int64_t bytes_per_logit);
 
 }  // namespace trainplan::executor

@@ -324,11 +324,13 @@ at::Tensor block_forward(const cm::ModelSpec& m, const TensorParallel& tp, const
 }
 
 at::Tensor head_loss(const cm::ModelSpec& m, const TensorParallel& tp, const std::vector<at::Tensor>& p,
-                     const at::Tensor& output_weight, const at::Tensor& x, const at::Tensor& targets, Kernels kernels) {
+                     const at::Tensor& output_weight, const at::Tensor& x, const at::Tensor& targets, Kernels kernels,
+                     const at::Tensor& output_weight_grad_sum, double loss_multiplier) {
   const bool gpt = m.architecture == cm::Architecture::kGpt;
   const at::Tensor normed = enter_tp_region(tp, norm(m, x, p[0], gpt ? &p[1] : nullptr));
   if (kernels == Kernels::kFused && !tp.active()) {
-    return linear_cross_entropy(normed.reshape({-1, normed.size(-1)}), output_weight, targets.reshape({-1}));
+    return linear_cross_entropy(normed.reshape({-1, normed.size(-1)}), output_weight, targets.reshape({-1}), 0, output_weight_grad_sum,
+                                loss_multiplier);
   }
   const at::Tensor logits = at::linear(normed, output_weight);  // [b, s, vocab / tp]
   return vocab_parallel_cross_entropy(tp, logits.reshape({-1, logits.size(-1)}).to(at::kFloat), targets.reshape({-1}),

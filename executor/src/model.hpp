@@ -104,9 +104,12 @@ enum class AttentionRecompute { kNone, kSelective };
 
 // Final norm, output projection (`output_weight`: this rank's [vocab/tp, h] rows) and mean
 // cross-entropy over every token in float32 (vocabulary-parallel under TP). Returns the scalar loss.
-// Kernels::kFused without TP: the chunked linear_cross_entropy (no [tokens x vocab] float32 logits).
+// Kernels::kFused without TP: the chunked linear_cross_entropy (no [tokens x vocab] float32 logits),
+// which adds the output weight's gradient times `loss_multiplier` straight into
+// `output_weight_grad_sum` when that is given (see linear_cross_entropy).
 [[nodiscard]] at::Tensor head_loss(const costmodel::ModelSpec& model, const TensorParallel& tp,
                                    const std::vector<at::Tensor>& head_params, const at::Tensor& output_weight,
-                                   const at::Tensor& x, const at::Tensor& targets, Kernels kernels);
+                                   const at::Tensor& x, const at::Tensor& targets, Kernels kernels,
+                                   const at::Tensor& output_weight_grad_sum = {}, double loss_multiplier = 1.0);
 
 }  // namespace trainplan::executor

@@ -116,14 +116,35 @@ INSTANTIATE_TEST_SUITE_P(FusedOps, Dtypes,
                                   (info.param.dtype == at::kDouble ? "Float64" : "BFloat16");
                          });
 
-TEST(FusedOps, CrossEntropyChunksKeepLogitsWithin512MiB) {
-  // Llama 3's vocabulary: 512 MiB / (128256 x 4 bytes) = 1046 rows, down to a multiple of 64;
-  // in bf16 (the CUDA kernel) 2092 -> 2048.
-  EXPECT_EQ(cross_entropy_chunk_tokens(128256, 4), 1024);
-  EXPECT_EQ(cross_entropy_chunk_tokens(128256, 2), 2048);
-  // GPT-2's: 512 MiB / (50257 x 4) = 2670 -> 2624.
-  EXPECT_EQ(cross_entropy_chunk_tokens(50257, 4), 2624);
+TEST(FusedOps, CrossEntropyChunksKeepLogitsWithin1GiB) {
+  // Llama 3's vocabulary: 1 GiB / (128256 x 4 bytes) = 2093 rows, down to a multiple of 64; in
+  // bf16 (the CUDA kernel) 4186 -> 4160.
+  EXPECT_EQ(cross_entropy_chunk_tokens(128256, 4), 2048);
+  EXPECT_EQ(cross_entropy_chunk_tokens(128256, 2), 4160);
+  // GPT-2's: 1 GiB / (50257 x 4) = 5341 -> 5312.
+  EXPECT_EQ(cross_entropy_chunk_tokens(50257, 4), 5312);
   EXPECT_EQ(cross_entropy_chunk_tokens(int64_t{1} << 40, 4), 64);  // never fewer than 64 rows
+}
+
+TEST_P(Dtypes, ChunkedCrossEntropyAddsTheWeightGradientIntoAGivenSum) {
+  at::manual_seed(5);
+  const int64_t n = 40, h = 16, vocab = 50;
+  const double multiplier = 0.25;
+  const at::Tensor x = leaf(at::randn({n, h}, options())), w = leaf(at::randn({vocab, h}, options()) * 0.3);
+  const at::Tensor targets = at::randint(0, vocab, {n}, at::TensorOptions().dtype(at::kLong).device(GetParam().device));
+  // The sum already holds an earlier micro-batch's gradient: the new one is added to it.
+  const at::Tensor earlier = 0.01 * at::randn({vocab, h}, options().dtype(at::kFloat));
+  at::Tensor sum = earlier.clone();
+  const at::Tensor fused = linear_cross_entropy(x, w, targets, 16, sum, multiplier) * multiplier;
+  const at::Tensor plain = at::cross_entropy_loss(at::linear(x, w).to(at::kFloat), targets) * multiplier;
+  const auto gf = torch::autograd::grad({fused}, {x, w}, {}, false, false, /*allow_unused=*/true);
+  const auto gp = torch::autograd::grad({plain}, {x, w});
+  EXPECT_FALSE(gf[1].defined()) << "the weight's gradient went into the sum, not out of backward";
+  const double tol = GetParam().dtype == at::kDouble ? 1e-6 : tolerance();
+  EXPECT_LE(relative_error(gf[0], gp[0]), tol) << "x";
+  EXPECT_LE(relative_error(sum - earlier, gp[1].to(at::kFloat)), tol) << "weight gradient in the sum";
+  EXPECT_THROW((void)linear_cross_entropy(x, w, targets, 16, at::zeros({vocab, h + 1}, options().dtype(at::kFloat))),
+               std::invalid_argument);
 }
 
 TEST(FusedOps, KernelsChoiceIsParsedOrRefusedByName) {

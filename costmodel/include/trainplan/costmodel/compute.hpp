@@ -24,6 +24,7 @@ struct LayerSetting {
   bool sequence_parallel = false;
   Precision precision = Precision::kBf16;
   bool dropout = false;
+  int zero_stage = 0;       // ZeRO-0/1 keep each gradient whole through the step (fused accumulation)
   AttentionKernel attention = AttentionKernel::kFlash;
   Stack stack = Stack::kTrainplan;
   Recompute recompute = Recompute::kNone;
@@ -78,6 +79,9 @@ struct EndsCost {
   double head_idle_bytes = 0;
   double largest_head_block_bytes = 0;     // the largest tensor of the loss (allocator segment size)
   double padded_vocab = 0;                 // the output layer's rows (the stack's vocabulary padding)
+  // Parameters whose gradient the loss adds into the fp32 gradient itself (trainplan's chunked
+  // loss under ZeRO-0/1): the micro-batch's gradient-accumulation pass skips them.
+  double fused_accumulation_params = 0;
 };
 
 // Mixes two layer costs: (1 - f) * a + f * b, for recomputing a fraction f of the layers.
