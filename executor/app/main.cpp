@@ -55,6 +55,7 @@ int main(int argc, char** argv) {
   app.add_option("--kernels", o.kernels, "fused (fused paths and fused AdamW) or reference (plain ATen, to check them against)")
       ->check(CLI::IsMember({"fused", "reference"}))
       ->capture_default_str();
+  app.add_option("--kernel-profile", o.kernel_profile, "GPU only: write the kernels of --trace-step's step, ranked by device time, as CSV");
   app.add_option("--trace-step", o.trace_step, "step recorded in the measurement's trace (0: the last)")->capture_default_str();
   try {
     app.parse(argc, argv);

@@ -21,6 +21,7 @@
 #include "engine.hpp"
 #include "environment.hpp"
 #include "gpu.hpp"
+#include "kernel_profile.hpp"
 #include "out_of_memory.hpp"
 #include "parallel_dims.hpp"
 #include "phase_timer.hpp"
@@ -104,6 +105,11 @@ void check_options(const RunOptions& o) {
     throw InputError("--trace-step: must be from 1 to --steps (" + std::to_string(o.steps) + "), or 0 for the last (got " + std::to_string(o.trace_step) + ")");
   }
   // Where results go is checked now, not after the run that makes them.
+  if (!o.kernel_profile.empty()) {
+    const fs::path dir = fs::absolute(o.kernel_profile).parent_path();
+    if (fs::is_directory(o.kernel_profile)) throw InputError("--kernel-profile " + o.kernel_profile + ": is a directory; give a file name");
+    if (!fs::is_directory(dir)) throw InputError("--kernel-profile " + o.kernel_profile + ": directory " + dir.string() + " does not exist");
+  }
   if (!o.measurement_path.empty()) {
     const fs::path dir = fs::absolute(o.measurement_path).parent_path();
     if (fs::is_directory(o.measurement_path)) throw InputError("--measurement " + o.measurement_path + ": is a directory; give a file name");
@@ -349,6 +355,9 @@ int train(const RunOptions& o, const std::string& command_line, World& w, const 
                      " ranks were started: " + why);
   }
   if (w.device.is_cuda()) check_supported(plan, /*gpu=*/true);
+  if (!o.kernel_profile.empty() && !w.device.is_cuda()) {
+    throw InputError("--kernel-profile " + o.kernel_profile + ": records GPU kernels, and this run is on the CPU (--device cuda)");
+  }
   if (!w.device.is_cuda()) {
     const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
     at::set_num_threads(o.threads > 0 ? o.threads : static_cast<int>(std::max(1u, cores / static_cast<unsigned>(std::max(1, w.local_size)))));
@@ -486,6 +495,11 @@ int train(const RunOptions& o, const std::string& command_line, World& w, const 
       }
       if (w.device.is_cuda()) cuda_reset_peak();
       const bool tracing = step == trace_step;
+      std::unique_ptr<KernelProfiler> kernel_profiler;
+      if (tracing && talk && !o.kernel_profile.empty()) {
+        kernel_profiler = std::make_unique<KernelProfiler>();
+        kernel_profiler->start();
+      }
       const bool timing_pipeline = p.pp > 1 || tracing;  // the bubble is measured every step of a pipeline
       std::vector<TraceRecord> events;
       if (timing_pipeline) comm.barrier();  // every rank's step starts together: one clock for the timeline
@@ -526,6 +540,13 @@ int train(const RunOptions& o, const std::string& command_line, World& w, const 
       phases.end_step();
       if (w.device.is_cuda()) cuda_synchronize();
       const auto t1 = std::chrono::steady_clock::now();
+      if (kernel_profiler) {
+        const std::vector<KernelTime> kernels = kernel_profiler->stop();
+        std::ofstream out(o.kernel_profile);
+        out << kernel_table_csv(kernels, std::chrono::duration<double>(t1 - t0).count());
+        if (!out) throw std::runtime_error(o.kernel_profile + ": cannot write the kernel profile");
+        std::cout << "kernel profile of step " << step << ": " << kernels.size() << " kernels, written to " << o.kernel_profile << std::endl;
+      }
       const PhaseSeconds phase_seconds = phases.collect();
       if (finite && t.precision == cm::Precision::kFp16 && ++state.good_steps % 2000 == 0) state.loss_scale *= 2;
       r.seconds = std::chrono::duration<double>(t1 - t0).count();

@@ -245,6 +245,8 @@ TEST(Options, OutOfRangeValuesAndUnwritableOutputsAreRefusedBeforeTraining) {
       {"--measurement " + dir + "/missing/m.json", "directory " + dir + "/missing does not exist"},
       {"--checkpoint-dir " + dir + "/a-file", "--checkpoint-dir " + dir + "/a-file: exists and is not a directory"},
       {"--export /proc/trainplan-export", "--export /proc/trainplan-export: cannot be created"},
+      {"--kernel-profile " + dir + "/missing/k.csv", "--kernel-profile " + dir + "/missing/k.csv: directory " + dir + "/missing does not exist"},
+      {"--kernel-profile " + dir + "/k.csv", "--kernel-profile " + dir + "/k.csv: records GPU kernels, and this run is on the CPU"},
   };
   for (const auto& c : cases) {
     const Outcome o = run_executor(1, "--plan " + plan + " --steps 2 --device cpu " + c.args);

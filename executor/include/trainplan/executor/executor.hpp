@@ -43,6 +43,8 @@ struct RunOptions {
   // "fused": the fused paths (executor/src/fused_ops.hpp) and LibTorch's fused AdamW; "reference":
   // the plain ATen composition they are checked against.
   std::string kernels = "fused";
+  // A CSV of the GPU kernels of step `trace_step`, ranked by total device time (Kineto, CUDA only).
+  std::string kernel_profile;
   int64_t trace_step = 0;              // step whose timeline goes into the measurement's `trace`; 0 = the last
 };
 
