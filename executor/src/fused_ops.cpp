@@ -196,13 +196,16 @@ struct LinearCrossEntropyFn : torch::autograd::Function<LinearCrossEntropyFn> {
     const int64_t n = x.size(0);
     const auto f32 = x.options().dtype(at::kFloat);
     at::Tensor grad_x = at::empty_like(x);
-    // The weight's gradient: added straight into the caller's float32 sum (times the multiplier
-    // the caller applies to the loss), or into a float32 buffer returned by backward.
+    // Every gradient is computed times `multiplier` (the factor the caller applies to the loss:
+    // 1/accumulation, times the loss scale with fp16), in float32 before the logits' gradient is
+    // rounded to the compute dtype, as the reference path's backward does: fp16's loss scale
+    // keeps the small probabilities representable. The weight's gradient goes straight into the
+    // caller's float32 sum, or into a float32 buffer of its own returned by backward.
     const bool into_sum = weight_grad_sum_in.has_value();
     at::Tensor grad_weight = into_sum ? *weight_grad_sum_in : at::zeros(weight.sizes(), f32);
-    const double alpha = into_sum ? multiplier : 1.0;
     at::Tensor loss = at::zeros({}, f32);
     const double inverse = 1.0 / static_cast<double>(n);
+    const double gradient_scale = inverse * multiplier;
     for (int64_t start = 0; start < n; start += chunk) {
       const int64_t rows_here = std::min(chunk, n - start);
       const at::Tensor xc = x.narrow(0, start, rows_here);
@@ -216,7 +219,7 @@ struct LinearCrossEntropyFn : torch::autograd::Function<LinearCrossEntropyFn> {
         const at::Tensor row_targets = tc.reshape({-1}).contiguous();
         at::Tensor row_loss = at::empty({rows_here}, f32);
         cuda_kernels::cross_entropy_backward_in_place(logits.data_ptr(), row_targets.data_ptr<int64_t>(), row_loss.data_ptr<float>(),
-                                                      rows_here, logits.size(1), static_cast<float>(inverse), stream_of(logits));
+                                                      rows_here, logits.size(1), static_cast<float>(gradient_scale), stream_of(logits));
         loss.add_(row_loss.sum());
         g = logits;
       }
@@ -225,20 +228,21 @@ struct LinearCrossEntropyFn : torch::autograd::Function<LinearCrossEntropyFn> {
         at::Tensor probs = at::log_softmax(logits, 1, at::kFloat);
         logits.reset();
         loss.sub_(probs.gather(1, tc).sum());
-        probs.exp_().scatter_add_(1, tc, at::full({rows_here, 1}, -1.0, f32)).mul_(inverse);
+        probs.exp_().scatter_add_(1, tc, at::full({rows_here, 1}, -1.0, f32)).mul_(gradient_scale);
         g = probs.to(x.scalar_type());
       }
       at::Tensor gx = grad_x.narrow(0, start, rows_here);
       at::mm_out(gx, g, weight);
       if (x.scalar_type() == at::kFloat) {
-        grad_weight.addmm_(g.t(), xc, 1, alpha);
+        grad_weight.addmm_(g.t(), xc);
       } else if (x.is_cuda()) {  // bf16/fp16 inputs, float32 sum: cuBLAS adds in the epilogue
-        at::addmm_out(grad_weight, grad_weight, g.t(), xc, at::kFloat, 1, alpha);
+        at::addmm_out(grad_weight, grad_weight, g.t(), xc, at::kFloat, 1, 1);
       } else {
-        grad_weight.add_(g.t().mm(xc), alpha);
+        grad_weight.add_(g.t().mm(xc));
       }
     }
     ctx->saved_data["grad_x"] = grad_x;
+    ctx->saved_data["multiplier"] = multiplier;
     if (!into_sum) ctx->saved_data["grad_weight"] = grad_weight;
     return loss.mul_(inverse);
   }
@@ -246,14 +250,18 @@ struct LinearCrossEntropyFn : torch::autograd::Function<LinearCrossEntropyFn> {
     at::Tensor grad_x = ctx->saved_data["grad_x"].toTensor();
     const auto found = ctx->saved_data.find("grad_weight");
     at::Tensor grad_weight = found != ctx->saved_data.end() ? found->second.toTensor() : at::Tensor();
+    // d(final) / d(loss) over the multiplier already applied: 1 (to float32 rounding) when the
+    // caller multiplied the loss by `multiplier` as promised; a float32 0-dim tensor, so that
+    // multiplying the 16-bit gradients by it rounds once and cannot overflow a 16-bit scale.
+    const double multiplier = ctx->saved_data["multiplier"].toDouble();
+    const at::Tensor scale = grads[0].to(at::kFloat) / multiplier;
     ctx->saved_data.clear();
-    const at::Tensor& scale = grads[0];  // d(final) / d(loss): the loss multiplier
     at::Tensor weight_out;
     if (grad_weight.defined()) {  // scaled and rounded to the weight's dtype in one pass
       weight_out = at::empty(grad_weight.sizes(), grad_x.options());
       at::mul_out(weight_out, grad_weight, scale);
     }
-    return {grad_x.mul_(scale.to(grad_x.scalar_type())), weight_out, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {grad_x.mul_(scale), weight_out, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 

@@ -41,12 +41,15 @@ enum class Kernels { kReference, kFused };
 // the graph), so at most one chunk of logits exists, never [tokens x vocab] in float32.
 // x: [n, h]; weight: [vocab, h]; targets: [n] int64; chunk_tokens 0: cross_entropy_chunk_tokens
 // for the path taken (the CUDA kernel keeps a chunk's logits in bf16, the ATen path in float32).
-// `weight_grad_sum` (optional, float32, the weight's shape, contiguous): the weight's gradient
-// times `multiplier` is added into it during this forward, GEMM by GEMM, and backward returns
-// none for the weight (Megatron's gradient-accumulation fusion for the largest matrix: no
-// float32 buffer of its own, no scaling, cast or add pass). `multiplier` must be what the caller
-// multiplies the returned loss by before backward (the engine's loss multiplier); without a sum
-// the weight's gradient comes out of backward like any other. Returns a 0-dim float32 loss.
+// `multiplier`: what the caller multiplies the returned loss by before backward (the engine's
+// loss multiplier: 1/accumulation, times the loss scale with fp16). The gradients are computed
+// times it in forward, before their rounding to the compute dtype, as the reference path's
+// backward scales before it rounds; backward then applies d(final)/d(loss) / multiplier, 1 when
+// the promise holds. `weight_grad_sum` (optional, float32, the weight's shape, contiguous): the
+// weight's gradient times `multiplier` is added into it during this forward, GEMM by GEMM, and
+// backward returns none for the weight (Megatron's gradient-accumulation fusion for the largest
+// matrix: no float32 buffer of its own, no scaling, cast or add pass); without a sum the weight's
+// gradient comes out of backward like any other. Returns a 0-dim float32 loss.
 [[nodiscard]] at::Tensor linear_cross_entropy(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& targets,
                                               int64_t chunk_tokens = 0, const at::Tensor& weight_grad_sum = {},
                                               double multiplier = 1.0);

@@ -65,7 +65,11 @@ std::string kernel_table_csv(const std::vector<KernelTime>& kernels, double step
 KernelProfiler::KernelProfiler() = default;
 
 KernelProfiler::~KernelProfiler() {
-  if (running_) (void)torch::autograd::profiler::disableProfiler();
+  if (!running_) return;
+  try {  // unwinding from a failed step (out of memory): its report matters, not the profile
+    (void)torch::autograd::profiler::disableProfiler();
+  } catch (...) {
+  }
 }
 
 void KernelProfiler::start() {

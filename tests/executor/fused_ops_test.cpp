@@ -147,6 +147,43 @@ TEST_P(Dtypes, ChunkedCrossEntropyAddsTheWeightGradientIntoAGivenSum) {
                std::invalid_argument);
 }
 
+// fp16 loss scaling: the engine multiplies the loss by 65536 / accumulation. The logits' gradient
+// (softmax - one_hot) / n must be scaled before it is rounded to fp16, as the reference path's
+// backward scales it: unscaled, p / n for a 4000-way softmax over 64 tokens is about 4e-6 / 64 =
+// 6e-8, the smallest fp16 subnormal, and most entries would flush to zero.
+TEST(FusedOps, TheLossScaleIsAppliedBeforeTheSixteenBitRounding) {
+  at::manual_seed(6);
+  const int64_t n = 64, h = 32, vocab = 4000;
+  const double multiplier = 65536.0;
+  const auto f16 = at::TensorOptions().dtype(at::kHalf);
+  const at::Tensor x = leaf(at::randn({n, h}, f16)), w = leaf(at::randn({vocab, h}, f16) * 0.1);
+  const at::Tensor targets = at::randint(0, vocab, {n}, at::kLong);
+  const at::Tensor fused = linear_cross_entropy(x, w, targets, 16, {}, multiplier) * multiplier;
+  const at::Tensor plain = at::cross_entropy_loss(at::linear(x, w).to(at::kFloat), targets) * multiplier;
+  const auto gf = torch::autograd::grad({fused}, {x, w}), gp = torch::autograd::grad({plain}, {x, w});
+  ASSERT_TRUE(at::isfinite(gf[0]).all().item<bool>());
+  // fp16 rounds to 2^-11 relative; a few roundings on each side.
+  EXPECT_LE(relative_error(gf[0], gp[0]), 8 * std::pow(2.0, -11)) << "x";
+  EXPECT_LE(relative_error(gf[1], gp[1]), 8 * std::pow(2.0, -11)) << "weight";
+}
+
+// A multiplier that is no power of two (accumulation 3) reaches every gradient exactly as the
+// reference path applies it, the weight's in the sum included.
+TEST(FusedOps, AMultiplierOfOneThirdScalesEveryGradientAlike) {
+  at::manual_seed(7);
+  const int64_t n = 48, h = 16, vocab = 40;
+  const double multiplier = 1.0 / 3.0;
+  const auto bf16 = at::TensorOptions().dtype(at::kBFloat16);
+  const at::Tensor x = leaf(at::randn({n, h}, bf16)), w = leaf(at::randn({vocab, h}, bf16) * 0.3);
+  const at::Tensor targets = at::randint(0, vocab, {n}, at::kLong);
+  at::Tensor sum = at::zeros({vocab, h}, at::kFloat);
+  const at::Tensor fused = linear_cross_entropy(x, w, targets, 16, sum, multiplier) * multiplier;
+  const at::Tensor plain = at::cross_entropy_loss(at::linear(x, w).to(at::kFloat), targets) * multiplier;
+  const auto gf = torch::autograd::grad({fused}, {x}), gp = torch::autograd::grad({plain}, {x, w});
+  EXPECT_LE(relative_error(gf[0], gp[0]), 4 * std::pow(2.0, -8)) << "x";
+  EXPECT_LE(relative_error(sum, gp[1].to(at::kFloat)), 4 * std::pow(2.0, -8)) << "weight, in the sum";
+}
+
 TEST(FusedOps, KernelsChoiceIsParsedOrRefusedByName) {
   EXPECT_EQ(parse_kernels("fused"), Kernels::kFused);
   EXPECT_EQ(parse_kernels("reference"), Kernels::kReference);
