@@ -147,7 +147,7 @@ DataParallelEngine::DataParallelEngine(const cm::ModelSpec& model, const EngineC
   const int s = stage == 0 ? 1 : stage == 3 && config.shard_group > 0 ? config.shard_group : dp;
   shard_comm_ = dp_.split(dp_.rank() / s, dp_.rank(), "shard");
   replica_comm_ = dp_.split(dp_.rank() % s, dp_.rank(), "replica");
-  rotary_ = make_rotary(model, seq_len, config.device);
+  rotary_ = make_rotary(model, seq_len, config.device, config.compute_dtype);
 
   const auto f32 = at::TensorOptions().dtype(at::kFloat).device(config.device);
   const auto compute = f32.dtype(config.compute_dtype);

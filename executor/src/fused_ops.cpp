@@ -134,11 +134,7 @@ struct NormLinearsFn : torch::autograd::Function<NormLinearsFn> {
   }
 };
 
-// rotate_half(t) = cat(-t2, t1) and its transpose cat(t2, -t1) = -rotate_half(t).
-at::Tensor rotate_half(const at::Tensor& t) {
-  const int64_t half = t.size(-1) / 2;
-  return at::cat({-t.narrow(-1, half, half), t.narrow(-1, 0, half)}, -1);
-}
+// The transpose of rotate_half: cat(t2, -t1) = -rotate_half(t).
 at::Tensor rotate_half_transposed(const at::Tensor& t) {
   const int64_t half = t.size(-1) / 2;
   return at::cat({t.narrow(-1, half, half), -t.narrow(-1, 0, half)}, -1);
@@ -266,6 +262,11 @@ struct LinearCrossEntropyFn : torch::autograd::Function<LinearCrossEntropyFn> {
 };
 
 }  // namespace
+
+at::Tensor rotate_half(const at::Tensor& t) {
+  const int64_t half = t.size(-1) / 2;
+  return at::cat({-t.narrow(-1, half, half), t.narrow(-1, 0, half)}, -1);
+}
 
 std::vector<at::Tensor> norm_linears(const at::Tensor& x, const at::Tensor& norm_weight, double eps,
                                      const std::vector<at::Tensor>& weights) {

@@ -28,6 +28,9 @@ enum class Kernels { kReference, kFused };
 [[nodiscard]] std::vector<at::Tensor> norm_linears(const at::Tensor& x, const at::Tensor& norm_weight, double eps,
                                                    const std::vector<at::Tensor>& weights);
 
+// cat(-x2, x1) over the halves of the last dim (the rotary "rotate half").
+[[nodiscard]] at::Tensor rotate_half(const at::Tensor& x);
+
 // Rotary "rotate half" (x * cos + rotate_half(x) * sin), keeping nothing of x for backward (its
 // backward is the inverse rotation). cos, sin: [seq, head_dim] in x's dtype.
 [[nodiscard]] at::Tensor rotary_embedding(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);

@@ -106,12 +106,7 @@ at::Tensor norm(const cm::ModelSpec& m, const at::Tensor& x, const at::Tensor& w
 }
 
 // Rotates pairs (i, i + d/2) of the last dim ("rotate half", as in the Llama reference code).
-at::Tensor apply_rotary(const at::Tensor& x, const Rotary& r) {
-  const int64_t half = x.size(-1) / 2;
-  const at::Tensor x1 = x.narrow(-1, 0, half), x2 = x.narrow(-1, half, half);
-  const at::Tensor rotated = at::cat({-x2, x1}, -1);
-  return x * r.cos.to(x.scalar_type()) + rotated * r.sin.to(x.scalar_type());
-}
+at::Tensor apply_rotary(const at::Tensor& x, const Rotary& r) { return x * r.cos + rotate_half(x) * r.sin; }
 
 }  // namespace
 
@@ -225,13 +220,13 @@ void init_unit(const UnitLayout& unit, const cm::ModelSpec& m, uint64_t seed, at
   }
 }
 
-Rotary make_rotary(const cm::ModelSpec& m, int64_t seq_len, const at::Device& device) {
+Rotary make_rotary(const cm::ModelSpec& m, int64_t seq_len, const at::Device& device, at::ScalarType dtype) {
   const int64_t d = m.head_dim();
   const auto f32 = at::TensorOptions().dtype(at::kFloat);
   const at::Tensor inv = at::pow(kRopeTheta, -at::arange(0, d, 2, f32) / static_cast<double>(d));  // [d/2]
   const at::Tensor angles = at::outer(at::arange(seq_len, f32), inv);                              // [s, d/2]
   const at::Tensor both = at::cat({angles, angles}, -1);                                           // [s, d]
-  return Rotary{both.cos().to(device), both.sin().to(device)};
+  return Rotary{both.cos().to(device, dtype), both.sin().to(device, dtype)};
 }
 
 at::Tensor embedding_forward(const cm::ModelSpec& m, const TensorParallel& tp, const std::vector<at::Tensor>& p,
@@ -285,9 +280,8 @@ at::Tensor block_forward(const cm::ModelSpec& m, const TensorParallel& tp, const
   k = k.view({b, s, kv_heads, hd}).transpose(1, 2);
   v = v.view({b, s, kv_heads, hd}).transpose(1, 2);
   if (fused) {
-    const at::Tensor cos = rotary.cos.to(x.scalar_type()), sin = rotary.sin.to(x.scalar_type());
-    q = rotary_embedding(q, cos, sin);
-    k = rotary_embedding(k, cos, sin);
+    q = rotary_embedding(q, rotary.cos, rotary.sin);
+    k = rotary_embedding(k, rotary.cos, rotary.sin);
   } else if (!gpt) {
     q = apply_rotary(q, rotary);
     k = apply_rotary(k, rotary);

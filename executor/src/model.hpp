@@ -82,11 +82,13 @@ void init_unit(const UnitLayout& unit, const costmodel::ModelSpec& model, uint64
 // This rank's piece of a whole parameter (`full` has slot.full_shape), as a new tensor.
 [[nodiscard]] at::Tensor slot_piece(const ParamSlot& slot, const at::Tensor& full);
 
-// Rotary tables for Llama-style attention: cos and sin of shape [seq, head_dim], float32.
+// Rotary tables for Llama-style attention: cos and sin of shape [seq, head_dim], computed in
+// float32 and stored in `dtype` (the compute dtype: converted once, not per layer and micro-batch).
 struct Rotary {
   at::Tensor cos, sin;
 };
-[[nodiscard]] Rotary make_rotary(const costmodel::ModelSpec& model, int64_t seq_len, const at::Device& device);
+[[nodiscard]] Rotary make_rotary(const costmodel::ModelSpec& model, int64_t seq_len, const at::Device& device,
+                                 at::ScalarType dtype = at::kFloat);
 
 // tokens [batch, seq] int64 -> hidden [batch, seq, h] (sequence parallel: [batch, seq/tp, h])
 // in the parameters' dtype.

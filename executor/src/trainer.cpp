@@ -105,17 +105,14 @@ void check_options(const RunOptions& o) {
     throw InputError("--trace-step: must be from 1 to --steps (" + std::to_string(o.steps) + "), or 0 for the last (got " + std::to_string(o.trace_step) + ")");
   }
   // Where results go is checked now, not after the run that makes them.
-  if (!o.kernel_profile.empty()) {
-    const fs::path dir = fs::absolute(o.kernel_profile).parent_path();
-    if (fs::is_directory(o.kernel_profile)) throw InputError("--kernel-profile " + o.kernel_profile + ": is a directory; give a file name");
-    if (!fs::is_directory(dir)) throw InputError("--kernel-profile " + o.kernel_profile + ": directory " + dir.string() + " does not exist");
-  }
-  if (!o.measurement_path.empty()) {
-    const fs::path dir = fs::absolute(o.measurement_path).parent_path();
-    if (fs::is_directory(o.measurement_path)) throw InputError("--measurement " + o.measurement_path + ": is a directory; give a file name");
-    if (!fs::is_directory(dir)) throw InputError("--measurement " + o.measurement_path + ": directory " + dir.string() + " does not exist");
+  for (const auto& [flag, path] : {std::pair<const char*, std::string>{"--measurement", o.measurement_path}, {"--kernel-profile", o.kernel_profile}}) {
+    if (path.empty()) continue;
+    const std::string what = std::string(flag) + " " + path;
+    const fs::path dir = fs::absolute(path).parent_path();
+    if (fs::is_directory(path)) throw InputError(what + ": is a directory; give a file name");
+    if (!fs::is_directory(dir)) throw InputError(what + ": directory " + dir.string() + " does not exist");
     if (const std::string why = refuses_new_entries(dir); !why.empty()) {
-      throw InputError("--measurement " + o.measurement_path + ": directory " + dir.string() + " is not writable (" + why + ")");
+      throw InputError(what + ": directory " + dir.string() + " is not writable (" + why + ")");
     }
   }
   for (const auto& [flag, path] : {std::pair<const char*, std::string>{"--checkpoint-dir", o.checkpoint_dir}, {"--export", o.export_dir}}) {
