@@ -12,7 +12,8 @@
 #   GPU (issue 12's plan, an H100): CLUSTER=dgx-h100 bench/eager_bench.sh build cuda samples/models/llama3.2-1b.json 2048 4 32 12 bench/gpu/llama3.2-1b-h100.json
 # Environment: PRECISION (bf16 or fp32, default bf16), CLUSTER (default dgx-h200: the peak used
 # for MFU), THREADS (CPU threads for all, default the cores), PYTHON (default .venv/bin/python),
-# PEERS (comma-separated, default eager,compile,hf,hf-compile).
+# PEERS (comma-separated, default eager,compile,hf,hf-compile; none: the executor and the cost
+# model only).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${1:-$here/build}"
@@ -56,6 +57,7 @@ echo "eager_bench: $(basename "$model") seq $seq, micro-batch $micro, global bat
 echo "eager_bench: executor ..."
 "$exe" --plan "$work/plan.json" --device "$device" --steps "$steps" --threads "$threads" --measurement "$work/executor.json" | tail -3
 ran=()
+[ "$peers" = none ] && peers=""
 for peer in ${peers//,/ }; do
   case "$peer" in
     eager) flags=() ;;

@@ -95,25 +95,50 @@ __global__ void swiglu_backward_kernel(const bf16* grad, const bf16* gate, const
   }
 }
 
-__global__ void rotary_kernel(const bf16* x, const bf16* cos, const bf16* sin, bf16* out, int64_t total, int64_t seq, int64_t heads,
-                              int64_t dim, bool inverse) {
-  const int64_t half = dim / 2;
-  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total; e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t d = e % dim, row = e / dim, s = (row / heads) % seq;
-    const int64_t partner = e - d + (d < half ? d + half : d - half);
-    const float c = f(cos[s * dim + d]);
-    const float first = f(b(f(x[e]) * c));
-    float second;
-    if (!inverse) {  // rotate_half(x) * sin, rotate_half(x)_d = -x_{d+half} (d < half) or x_{d-half}
-      const float rotated = d < half ? -f(x[partner]) : f(x[partner]);
-      second = f(b(rotated * f(sin[s * dim + d])));
-    } else {  // rotate_half^T(x * sin)_d = (x * sin)_{d+half} (d < half) or -(x * sin)_{d-half}
-      const int64_t pd = d < half ? d + half : d - half;
-      const float scaled = f(b(f(x[partner]) * f(sin[s * dim + pd])));
-      second = d < half ? scaled : -scaled;
+// One thread per W elements of a row's first half and the W partners W/2.. of its second half
+// (pairs (d, d + half)): both halves' loads and stores are W-wide and consecutive threads touch
+// consecutive addresses. I: the index type (32-bit where the tensor allows: cheaper division).
+//   forward:  out_d = x_d cos_d - x_{d+h} sin_d,         out_{d+h} = x_{d+h} cos_{d+h} + x_d sin_{d+h}
+//   inverse:  out_d = x_d cos_d + x_{d+h} sin_{d+h},     out_{d+h} = x_{d+h} cos_{d+h} - x_d sin_d
+// each product rounded to bf16 before the sum, as the reference path's x * cos + rotated * sin.
+template <int W, typename I>
+__global__ void rotary_kernel(const bf16* x, const bf16* cos, const bf16* sin, bf16* out, I items, I per_row, I heads, I seq, I dim,
+                              bool inverse) {
+  const I half = dim / 2;
+  for (I t = blockIdx.x * static_cast<I>(blockDim.x) + threadIdx.x; t < items; t += static_cast<I>(gridDim.x) * blockDim.x) {
+    const I row = t / per_row, d = (t - row * per_row) * W;
+    const I s = (row / heads) % seq;
+    const I first = row * dim + d, second = first + half, table = s * dim + d;
+    bf16 x1[W], x2[W], c1[W], c2[W], s1[W], s2[W], o1[W], o2[W];
+    load<W>(x + first, 0, x1);
+    load<W>(x + second, 0, x2);
+    load<W>(cos + table, 0, c1);
+    load<W>(cos + table + half, 0, c2);
+    load<W>(sin + table, 0, s1);
+    load<W>(sin + table + half, 0, s2);
+#pragma unroll
+    for (int k = 0; k < W; ++k) {
+      const float a = f(x1[k]), z = f(x2[k]);
+      const float a_cos = f(b(a * f(c1[k]))), z_cos = f(b(z * f(c2[k])));
+      if (!inverse) {
+        o1[k] = b(a_cos + f(b(-z * f(s1[k]))));
+        o2[k] = b(z_cos + f(b(a * f(s2[k]))));
+      } else {
+        o1[k] = b(a_cos + f(b(z * f(s2[k]))));
+        o2[k] = b(z_cos - f(b(a * f(s1[k]))));
+      }
     }
-    out[e] = b(first + second);
+    store<W>(out + first, 0, o1);
+    store<W>(out + second, 0, o2);
   }
+}
+
+template <int W, typename I>
+void launch_rotary(const bf16* x, const bf16* cos, const bf16* sin, bf16* out, int64_t rows, int64_t seq, int64_t heads, int64_t dim,
+                   bool inverse, cudaStream_t stream) {
+  const int64_t per_row = dim / 2 / W, items = rows * per_row;
+  rotary_kernel<W, I><<<blocks_for(items), kThreads, 0, stream>>>(x, cos, sin, out, static_cast<I>(items), static_cast<I>(per_row),
+                                                                  static_cast<I>(heads), static_cast<I>(seq), static_cast<I>(dim), inverse);
 }
 
 // (max, sum of exp(x - max)) pairs merged.
@@ -208,10 +233,19 @@ void swiglu_backward(const void* grad, const void* gate, const void* up, void* p
 
 void rotary(const void* x, const void* cos, const void* sin, void* out, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim,
             bool inverse, void* stream) {
-  const int64_t total = batch * seq * heads * head_dim;
-  rotary_kernel<<<blocks_for(total), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-      static_cast<const bf16*>(x), static_cast<const bf16*>(cos), static_cast<const bf16*>(sin), static_cast<bf16*>(out), total, seq,
-      heads, head_dim, inverse);
+  if (head_dim % 2 != 0) throw std::invalid_argument("rotary: head_dim must be even, got " + std::to_string(head_dim));
+  auto* st = static_cast<cudaStream_t>(stream);
+  const auto* xp = static_cast<const bf16*>(x);
+  const auto* c = static_cast<const bf16*>(cos);
+  const auto* sn = static_cast<const bf16*>(sin);
+  auto* o = static_cast<bf16*>(out);
+  const int64_t rows = batch * seq * heads;
+  const bool wide = (head_dim / 2) % 8 == 0 && aligned16(xp) && aligned16(c) && aligned16(sn) && aligned16(o);
+  const bool small = rows * head_dim < (int64_t{1} << 31) && seq * head_dim < (int64_t{1} << 31);
+  if (wide && small) launch_rotary<8, uint32_t>(xp, c, sn, o, rows, seq, heads, head_dim, inverse, st);
+  else if (wide) launch_rotary<8, int64_t>(xp, c, sn, o, rows, seq, heads, head_dim, inverse, st);
+  else if (small) launch_rotary<1, uint32_t>(xp, c, sn, o, rows, seq, heads, head_dim, inverse, st);
+  else launch_rotary<1, int64_t>(xp, c, sn, o, rows, seq, heads, head_dim, inverse, st);
   check("rotary");
 }
 

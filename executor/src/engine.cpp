@@ -37,9 +37,11 @@ DataParallelEngine* engine_of(AutogradContext* ctx) {
 }
 
 // Hands out a unit's parameter views; its backward runs once every use of the unit's parameters
-// has its gradient, which is when the unit's reduction starts.
+// has its gradient, which is when the unit's reduction starts. A view whose gradient went into the
+// unit's float32 sum directly (gradient-accumulation fusion) arrives undefined, not as zeros.
 struct UnitViewsFn : torch::autograd::Function<UnitViewsFn> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& /*anchor*/, int64_t engine, int64_t unit) {
+    ctx->set_materialize_grads(false);
     ctx->saved_data["engine"] = engine;
     ctx->saved_data["unit"] = unit;
     return reinterpret_cast<DataParallelEngine*>(engine)->unit_views(static_cast<std::size_t>(unit));
@@ -77,7 +79,7 @@ struct RecomputedBlockFn : torch::autograd::Function<RecomputedBlockFn> {
     at::Tensor out;
     {
       torch::autograd::AutoGradMode no_grad(false);
-      out = block_forward(e->model(), e->tp(), e->unit_views(u), x, e->rotary(), AttentionRecompute::kNone, e->config().kernels);
+      out = block_forward(e->model(), e->tp(), e->unit_views(u), x, e->rotary(), AttentionRecompute::kNone, e->config().kernels);  // no graph: no sums
     }
     e->release(u);
     return out;
@@ -91,7 +93,8 @@ struct RecomputedBlockFn : torch::autograd::Function<RecomputedBlockFn> {
     {
       torch::autograd::AutoGradMode enable(true);
       const variable_list views = UnitViewsFn::apply(e->anchor(u), engine_id(e), unit);
-      const at::Tensor out = block_forward(e->model(), e->tp(), views, x, e->rotary(), AttentionRecompute::kNone, e->config().kernels);
+      const at::Tensor out =
+          block_forward(e->model(), e->tp(), views, x, e->rotary(), AttentionRecompute::kNone, e->config().kernels, e->grad_sums(u));
       torch::autograd::backward({out}, {grads[0]});
     }
     return {x.grad(), at::Tensor(), at::Tensor()};
@@ -246,7 +249,7 @@ at::Tensor DataParallelEngine::run_unit_forward(std::size_t unit, const at::Tens
   gather(unit, +1);
   const variable_list views = UnitViewsFn::apply(anchor(unit), id, index);
   const auto attention = config_.recompute == cm::Recompute::kSelective ? AttentionRecompute::kSelective : AttentionRecompute::kNone;
-  at::Tensor y = block_forward(model_, groups_.tp, views, x, rotary_, attention, config_.kernels);
+  at::Tensor y = block_forward(model_, groups_.tp, views, x, rotary_, attention, config_.kernels, grad_sums(unit));
   if (config_.zero_stage == 3) y = BeforeBackwardFn::apply(y, id, index);
   release(unit);
   return y;
@@ -266,7 +269,8 @@ at::Tensor DataParallelEngine::forward_chunk(int chunk, const at::Tensor& input,
       case UnitKind::kEmbedding: {
         gather(i, +1);
         embedding = UnitViewsFn::apply(anchor(i), id, index);
-        x = embedding_forward(model_, groups_.tp, embedding, input);
+        const std::vector<at::Tensor> sums = grad_sums(i);
+        x = embedding_forward(model_, groups_.tp, embedding, input, sums.empty() ? at::Tensor() : sums.front());
         if (stage3) x = BeforeBackwardFn::apply(x, id, index);
         embedding_unit = i;
         if (!local_tied_) release(i);
@@ -294,16 +298,29 @@ at::Tensor DataParallelEngine::forward_chunk(int chunk, const at::Tensor& input,
   return x;
 }
 
-// Where the fused loss may add the output weight's gradient itself: that weight's region of its
-// unit's float32 gradient, which holds the whole gradient through the step only under ZeRO-0/1
-// (ZeRO-2/3 reduce each micro-batch's gradient as it comes) and only without TP (the fused loss
-// is not the vocabulary-parallel one). The output weight is the head's last slot, or the
-// embedding's token table (its first) when tied on this rank.
-at::Tensor DataParallelEngine::output_weight_grad_sum(std::size_t unit) {
-  if (config_.kernels != Kernels::kFused || config_.zero_stage > 1 || groups_.tp.active()) return {};
+// Gradient-accumulation fusion (fused_ops.hpp): on the fused path the weight-gradient GEMMs, the
+// fused loss and the embedding add their gradients straight into the unit's float32 gradient,
+// which holds the whole step's gradient only under ZeRO-0/1 (ZeRO-2/3 reduce each micro-batch's
+// gradient as it comes) and only without TP (under TP the block keeps its plain linears and the
+// loss is the vocabulary-parallel one). Then: one float32 view per slot, else none.
+bool DataParallelEngine::fused_accumulation() const {
+  return config_.kernels == Kernels::kFused && config_.zero_stage <= 1 && !groups_.tp.active();
+}
+
+std::vector<at::Tensor> DataParallelEngine::grad_sums(std::size_t unit) {
+  if (!fused_accumulation()) return {};
   Unit& u = *units_[unit];
-  const ParamSlot& slot = u.layout.kind == UnitKind::kEmbedding ? u.layout.slots.front() : u.layout.slots.back();
-  return u.grad.narrow(0, slot.offset, slot.numel).view(slot.shape);
+  std::vector<at::Tensor> views;
+  for (const ParamSlot& s : u.layout.slots) views.push_back(u.grad.narrow(0, s.offset, s.numel).view(s.shape));
+  return views;
+}
+
+// The output weight's sum: the head's last slot, or the embedding's token table (its first) when
+// tied on this rank.
+at::Tensor DataParallelEngine::output_weight_grad_sum(std::size_t unit) {
+  const std::vector<at::Tensor> sums = grad_sums(unit);
+  if (sums.empty()) return {};
+  return units_[unit]->layout.kind == UnitKind::kEmbedding ? sums.front() : sums.back();
 }
 
 void DataParallelEngine::backward_begin(bool last) { last_micro_batch_ = last; }

@@ -138,6 +138,9 @@ class DataParallelEngine {
   [[nodiscard]] const Rotary& rotary() const { return rotary_; }
   [[nodiscard]] const TensorParallel& tp() const { return groups_.tp; }
   [[nodiscard]] const EngineConfig& config() const { return config_; }
+  // The float32 gradient sums the fused path adds into, one per slot of the unit; empty where the
+  // fusion does not apply (engine.cpp fused_accumulation).
+  [[nodiscard]] std::vector<at::Tensor> grad_sums(std::size_t unit);
 
  private:
   struct Pending;
@@ -146,6 +149,7 @@ class DataParallelEngine {
   [[nodiscard]] int tied_slot(std::size_t unit) const;
   [[nodiscard]] bool recompute_block(int layer) const;
   [[nodiscard]] at::Tensor run_unit_forward(std::size_t unit, const at::Tensor& x);
+  [[nodiscard]] bool fused_accumulation() const;
   [[nodiscard]] at::Tensor output_weight_grad_sum(std::size_t unit);
   void refresh_compute_copies();
   void fused_optimizer_step(const AdamWSettings& settings, double lr, double gradient_multiplier, int64_t step);

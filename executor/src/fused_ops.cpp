@@ -88,11 +88,55 @@ at::Tensor rotary_kernel(const at::Tensor& x, const at::Tensor& cos, const at::T
 // [..., n] -> [rows, n] (a view where the layout allows).
 at::Tensor rows(const at::Tensor& t) { return t.reshape({-1, t.size(-1)}); }
 
+// sum += g^T input (g: [rows, out], input: [rows, in], sum: [out, in], float32 or the inputs'
+// dtype). 16-bit inputs on a GPU: one cuBLAS GEMM with a float32 output and beta = 1 (no 16-bit
+// product, no add pass); on CPU the 16-bit product is rounded, then widened as it is added.
+void add_weight_gradient(at::Tensor& sum, const at::Tensor& g, const at::Tensor& input) {
+  if (input.scalar_type() == sum.scalar_type()) {
+    sum.addmm_(g.t(), input);
+  } else if (input.is_cuda() && input.element_size() == 2) {
+    at::addmm_out(sum, sum, g.t(), input, at::kFloat, 1, 1);
+  } else {
+    sum.add_(g.t().mm(input));
+  }
+}
+
+// A weight's gradient g^T input: into its sum when one is given (and none returned), else returned.
+at::Tensor weight_gradient(std::optional<at::Tensor>& sum, const at::Tensor& g, const at::Tensor& input) {
+  if (!sum.has_value()) return g.t().mm(input);
+  add_weight_gradient(*sum, g, input);
+  return {};
+}
+
+// A sum argument checked and made invisible to autograd: std::nullopt for an undefined tensor.
+std::optional<at::Tensor> checked_sum(const at::Tensor& sum, const at::Tensor& weight, const char* what) {
+  if (!sum.defined()) return std::nullopt;
+  if (sum.scalar_type() != at::kFloat && sum.scalar_type() != at::kDouble) {
+    throw std::invalid_argument(std::string(what) + ": a gradient sum must be float32 (or float64 with float64 weights)");
+  }
+  if (sum.sizes() != weight.sizes() || !sum.is_contiguous() || sum.device() != weight.device()) {
+    throw std::invalid_argument(std::string(what) + ": a gradient sum must be contiguous, of the weight's shape and on its device");
+  }
+  return sum.detach();
+}
+
+// Sums kept between forward and backward, by name, in the context's saved data (not saved
+// variables: they are written in place, by design, between the two).
+void keep_sum(AutogradContext* ctx, const std::string& key, const std::optional<at::Tensor>& sum) {
+  if (sum.has_value()) ctx->saved_data[key] = *sum;
+}
+std::optional<at::Tensor> kept_sum(AutogradContext* ctx, const std::string& key) {
+  const auto found = ctx->saved_data.find(key);
+  if (found == ctx->saved_data.end()) return std::nullopt;
+  return found->second.toTensor();
+}
+
 struct NormLinearsFn : torch::autograd::Function<NormLinearsFn> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& norm_weight, double eps,
-                               at::TensorList weights) {
+                               at::TensorList weights, std::vector<std::optional<at::Tensor>> sums) {
     ctx->saved_data["eps"] = eps;
     ctx->saved_data["count"] = static_cast<int64_t>(weights.size());
+    for (std::size_t i = 0; i < sums.size(); ++i) keep_sum(ctx, "sum" + std::to_string(i), sums[i]);
     variable_list saved{x, norm_weight};
     saved.insert(saved.end(), weights.begin(), weights.end());
     ctx->save_for_backward(saved);
@@ -119,11 +163,12 @@ struct NormLinearsFn : torch::autograd::Function<NormLinearsFn> {
       if (!grads[i].defined()) continue;
       const at::Tensor& w = saved[2 + i];
       const at::Tensor g = rows(grads[i]);
-      weight_grads[i] = g.t().mm(input);
-      const at::Tensor gi = g.mm(w);
-      grad_normed = grad_normed.defined() ? grad_normed.add_(gi) : gi;
+      std::optional<at::Tensor> sum = kept_sum(ctx, "sum" + std::to_string(i));
+      weight_grads[i] = weight_gradient(sum, g, input);
+      if (grad_normed.defined()) grad_normed.addmm_(g, w);  // the GEMM adds into the running sum (beta = 1)
+      else grad_normed = g.mm(w);
     }
-    variable_list out(3 + count);
+    variable_list out(4 + count);
     if (grad_normed.defined()) {
       const variable_list g = torch::autograd::grad({normed}, {x, nw}, {grad_normed.view(normed.sizes())});
       out[0] = g[0];
@@ -131,6 +176,46 @@ struct NormLinearsFn : torch::autograd::Function<NormLinearsFn> {
     }
     for (std::size_t i = 0; i < count; ++i) out[3 + i] = weight_grads[i];
     return out;
+  }
+};
+
+// linear(x, w) whose weight gradient goes into a float32 sum.
+struct LinearIntoFn : torch::autograd::Function<LinearIntoFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w, std::optional<at::Tensor> sum) {
+    keep_sum(ctx, "sum", sum);
+    ctx->save_for_backward({x, w});
+    return at::linear(x, w);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    const at::Tensor &x = saved[0], &w = saved[1];
+    const at::Tensor g = rows(grads[0]);
+    std::optional<at::Tensor> sum = kept_sum(ctx, "sum");
+    const at::Tensor grad_w = weight_gradient(sum, g, rows(x));
+    return {g.mm(w).view(x.sizes()), grad_w, at::Tensor()};
+  }
+};
+
+// embedding(table, tokens) whose table gradient is scattered into a float32 sum.
+struct EmbeddingIntoFn : torch::autograd::Function<EmbeddingIntoFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& table, const at::Tensor& tokens, std::optional<at::Tensor> sum) {
+    keep_sum(ctx, "sum", sum);
+    ctx->saved_data["tokens"] = tokens;
+    ctx->saved_data["rows"] = table.size(0);
+    return at::embedding(table, tokens);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const at::Tensor tokens = ctx->saved_data["tokens"].toTensor().reshape({-1});
+    const at::Tensor g = rows(grads[0]);
+    std::optional<at::Tensor> sum = kept_sum(ctx, "sum");
+    if (!sum.has_value()) {
+      return {at::embedding_backward(g, tokens, ctx->saved_data["rows"].toInt(), -1, false, false), at::Tensor(), at::Tensor()};
+    }
+    // Accumulating index_put_: deterministic on CUDA (sorted by row), in order on CPU.
+    c10::List<std::optional<at::Tensor>> index;
+    index.push_back(tokens);
+    sum->index_put_(index, g.to(sum->scalar_type()), /*accumulate=*/true);
+    return {at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -156,7 +241,9 @@ struct RotaryFn : torch::autograd::Function<RotaryFn> {
 };
 
 struct SwigluDownFn : torch::autograd::Function<SwigluDownFn> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate, const at::Tensor& up, const at::Tensor& down) {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate, const at::Tensor& up, const at::Tensor& down,
+                            std::optional<at::Tensor> down_sum) {
+    keep_sum(ctx, "sum", down_sum);
     ctx->save_for_backward({gate, up, down});
     return at::linear(swiglu_product(gate, up), down);
   }
@@ -181,8 +268,9 @@ struct SwigluDownFn : torch::autograd::Function<SwigluDownFn> {
       grad_up = grad_product * activated;
       grad_gate = at::silu_backward(grad_product * up, gate);
     }
-    const at::Tensor grad_down = g.t().mm(rows(product));
-    return {grad_gate, grad_up, grad_down};
+    std::optional<at::Tensor> sum = kept_sum(ctx, "sum");
+    const at::Tensor grad_down = weight_gradient(sum, g, rows(product));
+    return {grad_gate, grad_up, grad_down, at::Tensor()};
   }
 };
 
@@ -229,13 +317,7 @@ struct LinearCrossEntropyFn : torch::autograd::Function<LinearCrossEntropyFn> {
       }
       at::Tensor gx = grad_x.narrow(0, start, rows_here);
       at::mm_out(gx, g, weight);
-      if (x.scalar_type() == at::kFloat) {
-        grad_weight.addmm_(g.t(), xc);
-      } else if (x.is_cuda()) {  // bf16/fp16 inputs, float32 sum: cuBLAS adds in the epilogue
-        at::addmm_out(grad_weight, grad_weight, g.t(), xc, at::kFloat, 1, 1);
-      } else {
-        grad_weight.add_(g.t().mm(xc));
-      }
+      add_weight_gradient(grad_weight, g, xc);
     }
     ctx->saved_data["grad_x"] = grad_x;
     ctx->saved_data["multiplier"] = multiplier;
@@ -269,16 +351,31 @@ at::Tensor rotate_half(const at::Tensor& t) {
 }
 
 std::vector<at::Tensor> norm_linears(const at::Tensor& x, const at::Tensor& norm_weight, double eps,
-                                     const std::vector<at::Tensor>& weights) {
-  return NormLinearsFn::apply(x, norm_weight, eps, at::TensorList(weights));
+                                     const std::vector<at::Tensor>& weights, const std::vector<at::Tensor>& grad_sums) {
+  if (!grad_sums.empty() && grad_sums.size() != weights.size()) {
+    throw std::invalid_argument("norm_linears: grad_sums must be empty or one per weight");
+  }
+  std::vector<std::optional<at::Tensor>> sums;
+  for (std::size_t i = 0; i < grad_sums.size(); ++i) sums.push_back(checked_sum(grad_sums[i], weights[i], "norm_linears"));
+  return NormLinearsFn::apply(x, norm_weight, eps, at::TensorList(weights), sums);
+}
+
+at::Tensor linear_into(const at::Tensor& x, const at::Tensor& w, const at::Tensor& grad_sum) {
+  if (!grad_sum.defined()) return at::linear(x, w);
+  return LinearIntoFn::apply(x, w, checked_sum(grad_sum, w, "linear_into"));
+}
+
+at::Tensor embedding_into(const at::Tensor& table, const at::Tensor& tokens, const at::Tensor& grad_sum) {
+  if (!grad_sum.defined()) return at::embedding(table, tokens);
+  return EmbeddingIntoFn::apply(table, tokens, checked_sum(grad_sum, table, "embedding_into"));
 }
 
 at::Tensor rotary_embedding(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   return RotaryFn::apply(x, cos, sin);
 }
 
-at::Tensor swiglu_down(const at::Tensor& gate, const at::Tensor& up, const at::Tensor& down) {
-  return SwigluDownFn::apply(gate, up, down);
+at::Tensor swiglu_down(const at::Tensor& gate, const at::Tensor& up, const at::Tensor& down, const at::Tensor& down_grad_sum) {
+  return SwigluDownFn::apply(gate, up, down, checked_sum(down_grad_sum, down, "swiglu_down"));
 }
 
 at::Tensor linear_cross_entropy(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& targets, int64_t chunk_tokens,

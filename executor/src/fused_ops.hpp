@@ -22,11 +22,29 @@ enum class Kernels { kReference, kFused };
 // paths run them for bf16 tensors on a GPU, else LibTorch operators everywhere.
 [[nodiscard]] bool have_cuda_kernels();
 
+// Gradient-accumulation fusion (Megatron's gradient_accumulation_fusion): a weight given a
+// `grad_sum` (float32, the weight's shape, contiguous) has its gradient added into that sum by
+// its weight-gradient GEMM (on a GPU with 16-bit inputs: one cuBLAS GEMM with a float32 output
+// and beta = 1), and backward returns none for it: no 16-bit gradient tensor, no add pass into
+// the caller's float32 buffer. Without a sum (an undefined tensor) the gradient comes out of
+// backward as usual. The gradient added is the one backward would return (already times the
+// caller's loss multiplier), summed in float32 instead of rounded to 16 bits first.
+
 // rms_norm(x, norm_weight) then linear(normed, w) for each w, keeping x (not the normed
 // activation, which each linear would keep) for backward, where the norm is recomputed.
-// x: [..., h]; each w: [out_i, h]. Returns one [..., out_i] tensor per weight.
+// x: [..., h]; each w: [out_i, h]. Returns one [..., out_i] tensor per weight. `grad_sums`: empty,
+// or one entry per weight (see above). The input gradients of the linears are summed by the
+// GEMMs themselves (beta = 1), not by separate adds.
 [[nodiscard]] std::vector<at::Tensor> norm_linears(const at::Tensor& x, const at::Tensor& norm_weight, double eps,
-                                                   const std::vector<at::Tensor>& weights);
+                                                   const std::vector<at::Tensor>& weights,
+                                                   const std::vector<at::Tensor>& grad_sums = {});
+
+// linear(x, w) (no bias) with the weight's gradient added into `grad_sum` (see above).
+[[nodiscard]] at::Tensor linear_into(const at::Tensor& x, const at::Tensor& w, const at::Tensor& grad_sum);
+
+// embedding(table, tokens) with the table's gradient added into `grad_sum` (float32, the table's
+// shape) by one accumulating scatter of the rows used (no dense 16-bit [vocab x h] gradient).
+[[nodiscard]] at::Tensor embedding_into(const at::Tensor& table, const at::Tensor& tokens, const at::Tensor& grad_sum);
 
 // cat(-x2, x1) over the halves of the last dim (the rotary "rotate half").
 [[nodiscard]] at::Tensor rotate_half(const at::Tensor& x);
@@ -37,7 +55,9 @@ enum class Kernels { kReference, kFused };
 
 // linear(silu(gate) * up, down), keeping gate and up but not their product (recomputed in
 // backward: one element-wise pass instead of [tokens x ffn] bytes held per layer).
-[[nodiscard]] at::Tensor swiglu_down(const at::Tensor& gate, const at::Tensor& up, const at::Tensor& down);
+// `down_grad_sum`: see gradient-accumulation fusion above.
+[[nodiscard]] at::Tensor swiglu_down(const at::Tensor& gate, const at::Tensor& up, const at::Tensor& down,
+                                     const at::Tensor& down_grad_sum = {});
 
 // Mean cross-entropy of linear(x, weight) against `targets`, in float32, taken `chunk_tokens`
 // rows at a time: the gradients of x and weight are computed in forward (the loss is the end of

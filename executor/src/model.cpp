@@ -3,6 +3,8 @@
 #include "model.hpp"
 
 #include <cmath>
+#include <initializer_list>
+#include <stdexcept>
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/csrc/autograd/autograd.h>
@@ -230,9 +232,9 @@ Rotary make_rotary(const cm::ModelSpec& m, int64_t seq_len, const at::Device& de
 }
 
 at::Tensor embedding_forward(const cm::ModelSpec& m, const TensorParallel& tp, const std::vector<at::Tensor>& p,
-                             const at::Tensor& tokens) {
+                             const at::Tensor& tokens, const at::Tensor& table_grad_sum) {
   at::Tensor x = tp.active() ? leave_tp_region(tp, vocab_parallel_embedding(p[0], tokens, tp.rank() * p[0].size(0)))
-                             : at::embedding(p[0], tokens);
+                             : embedding_into(p[0], tokens, table_grad_sum);
   if (m.architecture == cm::Architecture::kGpt) {
     const int64_t first = tp.sharded_sequence() ? tp.rank() * x.size(1) : 0;  // this rank's sequence shard
     const at::Tensor positions = at::arange(first, first + x.size(1), tokens.options());
@@ -242,7 +244,7 @@ at::Tensor embedding_forward(const cm::ModelSpec& m, const TensorParallel& tp, c
 }
 
 at::Tensor block_forward(const cm::ModelSpec& m, const TensorParallel& tp, const std::vector<at::Tensor>& p, const at::Tensor& x,
-                         const Rotary& rotary, AttentionRecompute recompute, Kernels kernels) {
+                         const Rotary& rotary, AttentionRecompute recompute, Kernels kernels, const std::vector<at::Tensor>& grad_sums) {
   const bool gpt = m.architecture == cm::Architecture::kGpt;
   const int64_t hd = m.head_dim();
   const int64_t heads = m.heads / tp.size();                                    // this rank's query heads
@@ -263,10 +265,21 @@ at::Tensor block_forward(const cm::ModelSpec& m, const TensorParallel& tp, const
 
   const bool fused = kernels == Kernels::kFused && !gpt;
   const bool fused_norm = fused && !tp.active();  // the TP region begins at the norm's output
+  // The float32 gradient sums of the fused path's weights (model.hpp), by parameter index.
+  const bool into_sums = fused_norm && !grad_sums.empty();
+  if (into_sums && grad_sums.size() != p.size()) throw std::logic_error("block_forward: one gradient sum per parameter expected");
+  const auto sums = [&](std::initializer_list<std::size_t> at) {
+    std::vector<at::Tensor> out;
+    if (into_sums) {
+      for (std::size_t k : at) out.push_back(grad_sums[k]);
+    }
+    return out;
+  };
+  const auto sum = [&](std::size_t k) { return into_sums ? grad_sums[k] : at::Tensor(); };
   const int64_t b = x.size(0), s = tp.sharded_sequence() ? x.size(1) * tp.size() : x.size(1);
   at::Tensor q, k, v;
   if (fused_norm) {
-    const std::vector<at::Tensor> qkv = norm_linears(x, n1w, kNormEps, {wq, wk, wv});
+    const std::vector<at::Tensor> qkv = norm_linears(x, n1w, kNormEps, {wq, wk, wv}, sums({1, 2, 3}));
     q = qkv[0];
     k = qkv[1];
     v = qkv[2];
@@ -291,7 +304,7 @@ at::Tensor block_forward(const cm::ModelSpec& m, const TensorParallel& tp, const
                         ? RecomputedAttention::apply(q, k, v, gqa)
                         : at::scaled_dot_product_attention(q, k, v, {}, 0.0, true, std::nullopt, gqa);
   attn = attn.transpose(1, 2).reshape({b, s, heads * hd});
-  at::Tensor projected = leave_tp_region(tp, at::linear(attn, wo));  // row-parallel: bias after the sum
+  at::Tensor projected = leave_tp_region(tp, into_sums ? linear_into(attn, wo, sum(4)) : at::linear(attn, wo));  // row-parallel: bias after the sum
   if (bo.defined()) projected = projected + bo;
   const at::Tensor h1 = x + projected;
 
@@ -304,7 +317,7 @@ at::Tensor block_forward(const cm::ModelSpec& m, const TensorParallel& tp, const
     const at::Tensor &gate = p[i], &up = p[i + 1], &down = p[i + 2];
     at::Tensor g, u;
     if (fused_norm) {
-      const std::vector<at::Tensor> gu = norm_linears(h1, n2w, kNormEps, {gate, up});
+      const std::vector<at::Tensor> gu = norm_linears(h1, n2w, kNormEps, {gate, up}, sums({i, i + 1}));
       g = gu[0];
       u = gu[1];
     } else {
@@ -312,7 +325,7 @@ at::Tensor block_forward(const cm::ModelSpec& m, const TensorParallel& tp, const
       g = at::linear(c, gate);
       u = at::linear(c, up);
     }
-    mlp = leave_tp_region(tp, fused ? swiglu_down(g, u, down) : at::linear(at::silu(g) * u, down));
+    mlp = leave_tp_region(tp, fused ? swiglu_down(g, u, down, sum(i + 2)) : at::linear(at::silu(g) * u, down));
   }
   return h1 + mlp;
 }

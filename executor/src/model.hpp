@@ -91,18 +91,25 @@ struct Rotary {
                                  at::ScalarType dtype = at::kFloat);
 
 // tokens [batch, seq] int64 -> hidden [batch, seq, h] (sequence parallel: [batch, seq/tp, h])
-// in the parameters' dtype.
+// in the parameters' dtype. `table_grad_sum` (without TP only): the token table's float32
+// gradient sum, which its gradient is scattered into (fused_ops.hpp embedding_into).
 [[nodiscard]] at::Tensor embedding_forward(const costmodel::ModelSpec& model, const TensorParallel& tp,
-                                           const std::vector<at::Tensor>& params, const at::Tensor& tokens);
+                                           const std::vector<at::Tensor>& params, const at::Tensor& tokens,
+                                           const at::Tensor& table_grad_sum = {});
 
 enum class AttentionRecompute { kNone, kSelective };
 
 // One transformer block: x + attention(norm(x)), then + mlp(norm(x)). Kernels::kFused takes
 // fused_ops.hpp's paths for Llama-style blocks: rotary and SwiGLU always, the norm recomputed in
 // backward without TP (with TP the norm's output enters the TP region, so it stays as is).
+// `grad_sums` (empty, or one float32 tensor per parameter, undefined where none): on the fused
+// path without TP the weight matrices' gradients are added into their sums by the weight-gradient
+// GEMMs (gradient-accumulation fusion, fused_ops.hpp) and do not come out of backward; elsewhere
+// they are ignored.
 [[nodiscard]] at::Tensor block_forward(const costmodel::ModelSpec& model, const TensorParallel& tp,
                                        const std::vector<at::Tensor>& params, const at::Tensor& x, const Rotary& rotary,
-                                       AttentionRecompute recompute, Kernels kernels);
+                                       AttentionRecompute recompute, Kernels kernels,
+                                       const std::vector<at::Tensor>& grad_sums = {});
 
 // Final norm, output projection (`output_weight`: this rank's [vocab/tp, h] rows) and mean
 // cross-entropy over every token in float32 (vocabulary-parallel under TP). Returns the scalar loss.

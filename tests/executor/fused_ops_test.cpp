@@ -64,16 +64,105 @@ TEST_P(Dtypes, NormLinearsMatchNormThenLinears) {
 
 TEST_P(Dtypes, RotaryMatchesRotateHalf) {
   at::manual_seed(2);
-  // [batch, heads, seq, head_dim] as a transposed view of [batch, seq, heads, head_dim], as in model.cpp.
-  const at::Tensor x = leaf(at::randn({2, 6, 3, 8}, options())).transpose(1, 2);
-  const at::Tensor angles = at::outer(at::arange(6, at::kDouble), at::rand({4}, at::kDouble)).to(GetParam().device);
-  const at::Tensor cos = at::cat({angles, angles}, -1).cos().to(GetParam().dtype), sin = at::cat({angles, angles}, -1).sin().to(GetParam().dtype);
-  const at::Tensor fused = rotary_embedding(x, cos, sin);
-  const at::Tensor plain = x * cos + rotate_half(x) * sin;
-  EXPECT_LE(relative_error(fused, plain), tolerance());
+  // Head sizes 8 and 12 (the CUDA kernel's element-wise path) and 16 and 64 (its 8-wide path:
+  // half a head a multiple of 8, as Llama's 64 and 128).
+  for (const int64_t dim : {8, 12, 16, 64}) {
+    // [batch, heads, seq, head_dim] as a transposed view of [batch, seq, heads, head_dim], as in model.cpp.
+    const at::Tensor x = leaf(at::randn({2, 6, 3, dim}, options())).transpose(1, 2);
+    const at::Tensor angles = at::outer(at::arange(6, at::kDouble), at::rand({dim / 2}, at::kDouble)).to(GetParam().device);
+    const at::Tensor cos = at::cat({angles, angles}, -1).cos().to(GetParam().dtype), sin = at::cat({angles, angles}, -1).sin().to(GetParam().dtype);
+    const at::Tensor fused = rotary_embedding(x, cos, sin);
+    const at::Tensor plain = x * cos + rotate_half(x) * sin;
+    EXPECT_LE(relative_error(fused, plain), tolerance()) << "head_dim " << dim;
+    const at::Tensor probe = at::randn(plain.sizes(), options());
+    const at::Tensor base = x;  // the view's base leaf receives the gradient through the view
+    EXPECT_LE(relative_error(gradients(fused, {base}, probe)[0], gradients(plain, {base}, probe)[0]), tolerance()) << "head_dim " << dim;
+  }
+}
+
+// Gradient-accumulation fusion: each weight's gradient lands in its float32 sum (on top of what
+// an earlier micro-batch left there), equal to the plain path's gradient, and backward returns
+// none for the weight; every other input's gradient is unchanged.
+struct Sums {
+  at::TensorOptions options;
+  std::vector<at::Tensor> earlier, sums;
+  // A sum per shape, float32 (float64 for float64 weights), holding an earlier gradient.
+  Sums(const at::TensorOptions& weights, const std::vector<std::vector<int64_t>>& shapes)
+      : options(weights.dtype(weights.dtype() == at::kDouble ? at::kDouble : at::kFloat)) {
+    for (const auto& shape : shapes) {
+      earlier.push_back(0.01 * at::randn(shape, options));
+      sums.push_back(earlier.back().clone());
+    }
+  }
+  [[nodiscard]] at::Tensor added(std::size_t i) const { return sums[i] - earlier[i]; }
+};
+
+TEST_P(Dtypes, NormLinearsAddTheWeightGradientsIntoTheirSums) {
+  at::manual_seed(11);
+  const at::Tensor x = leaf(at::randn({2, 8, 16}, options())), nw = leaf(1 + 0.1 * at::randn({16}, options()));
+  const at::Tensor w1 = leaf(at::randn({12, 16}, options()) * 0.2), w2 = leaf(at::randn({4, 16}, options()) * 0.2);
+  const at::Tensor w3 = leaf(at::randn({4, 16}, options()) * 0.2);
+  Sums s(options(), {{12, 16}, {4, 16}, {4, 16}});
+  const std::vector<at::Tensor> fused = norm_linears(x, nw, 1e-5, {w1, w2, w3}, s.sums);
+  const at::Tensor normed = at::rms_norm(x, {16}, nw, 1e-5);
+  const std::vector<at::Tensor> plain = {at::linear(normed, w1), at::linear(normed, w2), at::linear(normed, w3)};
+  std::vector<at::Tensor> probes;
+  at::Tensor lf = at::zeros({}, options()), lp = at::zeros({}, options());
+  for (std::size_t i = 0; i < 3; ++i) {
+    probes.push_back(at::randn(plain[i].sizes(), options()));
+    lf = lf + (fused[i] * probes[i]).sum();
+    lp = lp + (plain[i] * probes[i]).sum();
+  }
+  const auto gf = torch::autograd::grad({lf}, {x, nw, w1, w2, w3}, {}, false, false, /*allow_unused=*/true);
+  const auto gp = torch::autograd::grad({lp}, {x, nw, w1, w2, w3});
+  EXPECT_LE(relative_error(gf[0], gp[0]), tolerance()) << "x";
+  EXPECT_LE(relative_error(gf[1], gp[1]), tolerance()) << "norm weight";
+  for (std::size_t i = 0; i < 3; ++i) {
+    EXPECT_FALSE(gf[2 + i].defined()) << "weight " << i << " came out of backward";
+    EXPECT_LE(relative_error(s.added(i), gp[2 + i]), tolerance()) << "weight " << i << " in its sum";
+  }
+  EXPECT_THROW((void)norm_linears(x, nw, 1e-5, {w1, w2}, {s.sums[0]}), std::invalid_argument);  // one sum per weight
+  EXPECT_THROW((void)norm_linears(x, nw, 1e-5, {w1}, {s.sums[1]}), std::invalid_argument);       // the weight's shape
+}
+
+TEST_P(Dtypes, LinearIntoAndSwigluDownAddTheWeightGradientIntoItsSum) {
+  at::manual_seed(12);
+  const at::Tensor a = leaf(at::randn({2, 5, 24}, options())), w = leaf(at::randn({10, 24}, options()) * 0.2);
+  const at::Tensor gate = leaf(at::randn({2, 5, 24}, options())), up = leaf(at::randn({2, 5, 24}, options()));
+  Sums s(options(), {{10, 24}, {10, 24}});
+  const at::Tensor probe = at::randn({2, 5, 10}, options());
+  const auto check = [&](const at::Tensor& fused, const at::Tensor& plain, const std::vector<at::Tensor>& inputs, std::size_t sum,
+                         const char* what) {
+    EXPECT_LE(relative_error(fused, plain), tolerance()) << what;
+    std::vector<at::Tensor> with_weight = inputs;
+    with_weight.push_back(w);
+    const auto gf = torch::autograd::grad({(fused * probe).sum()}, with_weight, {}, false, false, /*allow_unused=*/true);
+    const auto gp = torch::autograd::grad({(plain * probe).sum()}, with_weight);
+    for (std::size_t i = 0; i < inputs.size(); ++i) EXPECT_LE(relative_error(gf[i], gp[i]), tolerance()) << what << " input " << i;
+    EXPECT_FALSE(gf.back().defined()) << what;
+    EXPECT_LE(relative_error(s.added(sum), gp.back()), tolerance()) << what << ": the weight's gradient in its sum";
+  };
+  check(linear_into(a, w, s.sums[0]), at::linear(a, w), {a}, 0, "linear_into");
+  check(swiglu_down(gate, up, w, s.sums[1]), at::linear(at::silu(gate) * up, w), {gate, up}, 1, "swiglu_down");
+  EXPECT_THROW((void)linear_into(a, w, at::zeros({10, 24}, options().dtype(at::kInt))), std::invalid_argument);
+}
+
+TEST_P(Dtypes, EmbeddingIntoScattersRepeatedRowsIntoTheSum) {
+  at::manual_seed(13);
+  const at::Tensor table = leaf(at::randn({10, 8}, options()));
+  // Rows 3 and 7 repeat within and across sequences; rows 0, 2, 4, 6, 8, 9 are never used.
+  const at::Tensor tokens = at::tensor({3, 7, 3, 1, 5, 7, 7, 3}, at::TensorOptions().dtype(at::kLong)).view({2, 4}).to(GetParam().device);
+  Sums s(options(), {{10, 8}});
+  const at::Tensor fused = embedding_into(table, tokens, s.sums[0]);
+  const at::Tensor plain = at::embedding(table, tokens);
+  EXPECT_TRUE(at::equal(fused, plain));
   const at::Tensor probe = at::randn(plain.sizes(), options());
-  const at::Tensor base = x;  // the view's base leaf receives the gradient through the view
-  EXPECT_LE(relative_error(gradients(fused, {base}, probe)[0], gradients(plain, {base}, probe)[0]), tolerance());
+  const auto gf = torch::autograd::grad({(fused * probe).sum()}, {table}, {}, false, false, /*allow_unused=*/true);
+  const auto gp = torch::autograd::grad({(plain * probe).sum()}, {table});
+  EXPECT_FALSE(gf[0].defined());
+  EXPECT_LE(relative_error(s.added(0), gp[0]), tolerance());
+  // Unused rows keep exactly what the earlier micro-batch left.
+  EXPECT_TRUE(at::equal(s.sums[0][0], s.earlier[0][0]));
 }
 
 TEST_P(Dtypes, SwigluDownMatchesSiluTimesUpThenDown) {
