@@ -132,6 +132,13 @@ namespace {
 // The trainplan executor (any path) runs its own code, whichever kernels it uses.
 bool is_trainplan(Stack stack) { return stack == Stack::kTrainplan || stack == Stack::kTrainplanReference; }
 
+// Gradients added into the fp32 gradient by the kernels that compute them (stack.hpp,
+// kFusedInGemmUnsharded): the executor's fused path under ZeRO-0/1 without TP, weights trained.
+bool gradients_in_gemm(const StackSpec& stack, const LayerSetting& s) {
+  const bool lora = s.mode == TrainingMode::kLora || s.mode == TrainingMode::kQlora;
+  return stack.grads == GradAccumulation::kFusedInGemmUnsharded && s.zero_stage <= 1 && s.tp == 1 && !lora;
+}
+
 LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, const LayerSetting& s) {
   // The executor's fused paths are for Llama-style blocks: GPT blocks run the plain path.
   const StackSpec& stack = stack_spec(s.stack == Stack::kTrainplan && mdl.architecture == Architecture::kGpt
@@ -180,6 +187,7 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
   // Norm outputs recomputed in backward (stack.hpp): only without TP, where the executor's fused
   // norm path runs; under TP it keeps them (the norm's output enters the TP region).
   const bool norm_recomputed = stack.norm_recomputed && s.tp == 1;
+  const bool gemm_sums = stack.gemm_sums_input_gradients && s.tp == 1;  // the same path's input-gradient sums
   double norm_forward = 0;  // forward time of the block's norms, run again in backward when recomputed
 
   // --- attention block ---
@@ -207,7 +215,8 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
     p.linear(T, q_local, h, frozen);
     p.linear(T, kv_local, h, frozen);
     p.linear(T, kv_local, h, frozen);
-    p.gradient_sum(2.0 * T * h);  // three input gradients summed
+    if (gemm_sums) p.backward += rates.stream(2.0 * e * T * h);  // K's and V's GEMMs read the running sum
+    else p.gradient_sum(2.0 * T * h);  // three input gradients summed
   }
   if (feat.qkv_bias) p.backward += rates.stream(e * T * (q_local + (k_local + v_local)));  // bias gradients (a reduction over tokens)
   if (lora && mla) {
@@ -289,7 +298,8 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
     } else {
       p.linear(tokens, width, h, frozen);  // gate
       p.linear(tokens, width, h, frozen);  // up
-      p.gradient_sum(tokens * h);
+      if (gemm_sums) p.backward += rates.stream(e * tokens * h);  // up's GEMM reads the running sum
+      else p.gradient_sum(tokens * h);
     }
     p.linear(tokens, h, width, frozen);
   };
@@ -370,8 +380,11 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
   // Temporaries of one forward: eager rotate-half holds q, the rotated copy, x*cos, rotated*sin
   // and the negated half (4.5 x q); fused rotary the unrotated q; GPT the projection output.
   c.forward_transient_bytes = feat.learned_positions && !mla ? T * h * e : (stack.fused_elementwise ? 1.0 : 4.5) * T * q_local * e;
+  // The activations' gradients, and the weights' gradients in the compute dtype unless the GEMMs
+  // add them into the fp32 gradient (then there are none).
+  c.gradients_in_gemm = gradients_in_gemm(stack, s);
   c.backward_transient_bytes = mlp_matrices * std::max(tokens_mlp * ffn_local, T * shared_local) * e +
-                               (local_attention_matmul(mdl, t) + mlp_matrices * h * std::max(ffn_local, shared_local)) * e;
+                               (c.gradients_in_gemm ? 0.0 : (local_attention_matmul(mdl, t) + mlp_matrices * h * std::max(ffn_local, shared_local)) * e);
   c.smallest_saved_tensor_bytes = std::min(T * k_local * e, Tn * h * e);
   // torchtitan's op-level selective checkpointing policy, for Llama-shaped blocks (wk, wo, w3).
   const bool torchtitan_policy = feat.gated_mlp && !mla && (s.stack == Stack::kPytorchEager || s.stack == Stack::kTorchCompile);
@@ -480,6 +493,7 @@ LayerCost blend(const LayerCost& a, const LayerCost& b, double f) {
   c.forward_transient_bytes = std::max(a.forward_transient_bytes, b.forward_transient_bytes);
   c.backward_transient_bytes = std::max(a.backward_transient_bytes, b.backward_transient_bytes);
   c.smallest_saved_tensor_bytes = std::min(a.smallest_saved_tensor_bytes, b.smallest_saved_tensor_bytes);
+  c.gradients_in_gemm = a.gradients_in_gemm && b.gradients_in_gemm;
   return c;
 }
 
@@ -511,12 +525,21 @@ EndsCost ends_cost(const ModelSpec& mdl, const HardwareProfile& hw, const LayerS
   }
   Pass emb{gemm_rates, rates, stack, lin_in, e};
   emb.elementwise(ElementwiseOp::kEmbedding, T * h, 2 * e, 0, !frozen);
-  if (stack.fused_elementwise && !frozen) {  // zero-fill of the table's gradient, then the scatter-add
+  // The executor's fused path scatters the rows' gradients straight into the fp32 gradient
+  // (fused_ops.cpp EmbeddingIntoFn: the gradient widened to fp32, then a sorted accumulating
+  // index_put_ reading and writing the rows): no table-sized gradient, no sum with the output
+  // layer's (the loss adds that one into the same fp32 table).
+  const bool embedding_in_gemm = gradients_in_gemm(stack, s);
+  if (embedding_in_gemm) {
+    c.fused_embedding_params = v_local * h;
+    emb.backward += rates.stream((e + 4.0 + 4.0 + 8.0) * T * h, 4);
+    emb.kernels += 4;
+  } else if (stack.fused_elementwise && !frozen) {  // zero-fill of the table's gradient, then the scatter-add
     emb.backward += rates.stream(v_local * h * e) + rates.stream(2.0 * e * T * h);
     emb.kernels += 2;
   }
   if (feat.learned_positions) emb.elementwise(ElementwiseOp::kResidualAdd, Tn * h, 3 * e, 0, false);  // learned positions
-  if (mdl.tied_embeddings && !frozen) {  // the output layer's and the embedding's gradients summed
+  if (mdl.tied_embeddings && !frozen && !embedding_in_gemm) {  // the output layer's and the embedding's gradients summed
     emb.backward += rates.stream(3.0 * v_local * h * e);
     emb.kernels += 1;
   }

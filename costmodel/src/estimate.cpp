@@ -296,11 +296,17 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
     }
 
     // Each micro-batch's gradient accumulation pass (stack.hpp) and the host's kernel launches.
-    const double grads_local = std::max(0.0, x.trainable - (last ? ec.fused_accumulation_params : 0.0));
+    const double in_gemm = (lc.gradients_in_gemm ? layers[i] * dense_layer : 0.0) + (first ? ec.fused_embedding_params : 0.0) +
+                           (last ? ec.fused_accumulation_params : 0.0);
+    const double grads_local = std::max(0.0, x.trainable - in_gemm);
+    // About 9 adds per unit (a Llama block's tensors); with the layers' gradients in the GEMMs
+    // (and so the embedding's), one add is left: the head's final norm.
     const double units = layers[i] + (first ? 1 : 0) + (last ? 1 : 0);
+    const double pass_kernels = lc.gradients_in_gemm ? (last ? 1.0 : 0.0) : units * 9;
     switch (stack.grads) {
       case GradAccumulation::kFp32Buffer:  // 16-bit gradient read, fp32 buffer read and written
-        x.grad_pass = rates.stream(grads_local * (e + 8.0), static_cast<int>(std::lround(units * 9)));
+      case GradAccumulation::kFusedInGemmUnsharded:  // where it does not apply, or what it leaves (the final norm)
+        x.grad_pass = pass_kernels > 0 ? rates.stream(grads_local * (e + 8.0), static_cast<int>(std::lround(pass_kernels))) : 0.0;
         break;
       case GradAccumulation::kParamDtype:  // param.grad += from the second micro-batch on
         x.grad_pass = (m - 1.0) / m * rates.stream(grads_local * 3.0 * e, static_cast<int>(std::lround(units * 9)));

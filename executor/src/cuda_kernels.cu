@@ -141,6 +141,92 @@ void launch_rotary(const bf16* x, const bf16* cos, const bf16* sin, bf16* out, i
                                                                   static_cast<I>(heads), static_cast<I>(seq), static_cast<I>(dim), inverse);
 }
 
+constexpr int kNormThreads = 256;
+constexpr int kNormMaxChunks = 4;  // h up to 4 x 8 x 256 = 8192 columns
+constexpr int64_t kNormMaxBlocks = 1024;
+
+// The sum of (a, b) over the block; `shared` has 33 slots (one per warp and the total), so two
+// __syncthreads per call and no third before the next call.
+__device__ __forceinline__ float2 block_sum(float2 v, float2* shared) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) {
+    v.x += __shfl_xor_sync(0xffffffffu, v.x, offset);
+    v.y += __shfl_xor_sync(0xffffffffu, v.y, offset);
+  }
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    v = lane < kNormThreads / 32 ? shared[lane] : make_float2(0.0f, 0.0f);
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) {
+      v.x += __shfl_xor_sync(0xffffffffu, v.x, offset);
+      v.y += __shfl_xor_sync(0xffffffffu, v.y, offset);
+    }
+    if (lane == 0) shared[32] = v;
+  }
+  __syncthreads();
+  return shared[32];
+}
+
+// One block per group of rows; each thread holds C chunks of 8 columns (the weight's among them)
+// and the weight gradient's partial sums of its columns over the block's rows.
+template <int C>
+__global__ void __launch_bounds__(kNormThreads) rms_norm_backward_kernel(const bf16* grad, const bf16* x, const bf16* weight, bf16* grad_x,
+                                                                         float* partial, int64_t rows, int h, float eps) {
+  __shared__ float2 shared[33];
+  bf16 w[C][8];
+  float dw[C][8];
+#pragma unroll
+  for (int c = 0; c < C; ++c) {
+    const int col = (c * kNormThreads + threadIdx.x) * 8;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) dw[c][k] = 0.0f;
+    if (col < h) load<8>(weight + col, 0, w[c]);
+  }
+  const float inv_h = 1.0f / static_cast<float>(h);
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    bf16 g[C][8], xv[C][8];
+    float2 sums = make_float2(0.0f, 0.0f);  // sum of x^2, sum of weight * grad * x
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+      const int col = (c * kNormThreads + threadIdx.x) * 8;
+      if (col >= h) continue;
+      load<8>(grad + r * h + col, 0, g[c]);
+      load<8>(x + r * h + col, 0, xv[c]);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        const float xf = f(xv[c][k]);
+        sums.x += xf * xf;
+        sums.y += f(w[c][k]) * f(g[c][k]) * xf;
+      }
+    }
+    sums = block_sum(sums, shared);
+    const float rstd = rsqrtf(sums.x * inv_h + eps);
+    const float correction = rstd * rstd * rstd * sums.y * inv_h;  // rstd * x_hat * mean(w g x_hat) = x * correction
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+      const int col = (c * kNormThreads + threadIdx.x) * 8;
+      if (col >= h) continue;
+      bf16 out[8];
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        const float xf = f(xv[c][k]), gf = f(g[c][k]);
+        out[k] = b(rstd * f(w[c][k]) * gf - xf * correction);
+        dw[c][k] += gf * xf * rstd;
+      }
+      store<8>(grad_x + r * h + col, 0, out);
+    }
+  }
+#pragma unroll
+  for (int c = 0; c < C; ++c) {
+    const int col = (c * kNormThreads + threadIdx.x) * 8;
+    if (col >= h) continue;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) partial[blockIdx.x * static_cast<int64_t>(h) + col + k] = dw[c][k];
+  }
+}
+
 // (max, sum of exp(x - max)) pairs merged.
 __device__ __forceinline__ void merge(float& m, float& s, float m2, float s2) {
   const float top = fmaxf(m, m2);
@@ -247,6 +333,31 @@ void rotary(const void* x, const void* cos, const void* sin, void* out, int64_t 
   else if (small) launch_rotary<1, uint32_t>(xp, c, sn, o, rows, seq, heads, head_dim, inverse, st);
   else launch_rotary<1, int64_t>(xp, c, sn, o, rows, seq, heads, head_dim, inverse, st);
   check("rotary");
+}
+
+bool rms_norm_backward_supports(int64_t h) { return h > 0 && h % 8 == 0 && h <= int64_t{kNormMaxChunks} * 8 * kNormThreads; }
+
+int64_t rms_norm_partial_rows(int64_t rows) { return rows < kNormMaxBlocks ? (rows > 0 ? rows : 1) : kNormMaxBlocks; }
+
+void rms_norm_backward(const void* grad, const void* x, const void* weight, void* grad_x, float* partial, int64_t rows, int64_t h,
+                       float eps, void* stream) {
+  if (!rms_norm_backward_supports(h)) throw std::invalid_argument("rms_norm_backward: unsupported width " + std::to_string(h));
+  const auto* g = static_cast<const bf16*>(grad);
+  const auto* xp = static_cast<const bf16*>(x);
+  const auto* w = static_cast<const bf16*>(weight);
+  auto* dx = static_cast<bf16*>(grad_x);
+  if (!aligned16(g) || !aligned16(xp) || !aligned16(w) || !aligned16(dx)) throw std::invalid_argument("rms_norm_backward: unaligned tensors");
+  if (rows <= 0) return;
+  auto* st = static_cast<cudaStream_t>(stream);
+  const auto blocks = static_cast<unsigned>(rms_norm_partial_rows(rows));
+  const int chunks = static_cast<int>((h + 8 * kNormThreads - 1) / (8 * kNormThreads));
+  const int hi = static_cast<int>(h);
+  switch (chunks) {
+    case 1: rms_norm_backward_kernel<1><<<blocks, kNormThreads, 0, st>>>(g, xp, w, dx, partial, rows, hi, eps); break;
+    case 2: rms_norm_backward_kernel<2><<<blocks, kNormThreads, 0, st>>>(g, xp, w, dx, partial, rows, hi, eps); break;
+    default: rms_norm_backward_kernel<kNormMaxChunks><<<blocks, kNormThreads, 0, st>>>(g, xp, w, dx, partial, rows, hi, eps); break;
+  }
+  check("rms_norm_backward");
 }
 
 void cross_entropy_backward_in_place(void* logits, const int64_t* targets, float* row_loss, int64_t rows, int64_t vocab, float scale,

@@ -25,6 +25,16 @@ void swiglu_backward(const void* grad, const void* gate, const void* up, void* p
 void rotary(const void* x, const void* cos, const void* sin, void* out, int64_t batch, int64_t seq, int64_t heads,
             int64_t head_dim, bool inverse, void* stream);
 
+// RMSNorm backward over `rows` rows of `h` (y = x * rstd * weight, rstd = 1 / sqrt(mean(x^2) + eps),
+// rstd recomputed from x, float32 throughout): writes grad_x = rstd * (weight * grad - x_hat *
+// mean(weight * grad * x_hat)), x_hat = x * rstd, and, for the weight's gradient, float32 partial
+// sums of grad * x_hat over the rows: `partial` holds rms_norm_partial_rows(rows) rows of h, to be
+// summed over its first dim. REQUIRES: rms_norm_backward_supports(h).
+[[nodiscard]] bool rms_norm_backward_supports(int64_t h);
+[[nodiscard]] int64_t rms_norm_partial_rows(int64_t rows);
+void rms_norm_backward(const void* grad, const void* x, const void* weight, void* grad_x, float* partial, int64_t rows, int64_t h,
+                       float eps, void* stream);
+
 // Softmax cross-entropy of `rows` rows of `vocab` logits, in float32 from bf16 logits: writes each
 // row's loss (logsumexp - logit[target]) to `row_loss` and replaces the logits in place with the
 // gradient bf16((softmax - one_hot(target)) * scale).

@@ -133,10 +133,11 @@ std::optional<at::Tensor> kept_sum(AutogradContext* ctx, const std::string& key)
 
 struct NormLinearsFn : torch::autograd::Function<NormLinearsFn> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& norm_weight, double eps,
-                               at::TensorList weights, std::vector<std::optional<at::Tensor>> sums) {
+                               at::TensorList weights, std::vector<std::optional<at::Tensor>> sums, std::optional<at::Tensor> norm_sum) {
     ctx->saved_data["eps"] = eps;
     ctx->saved_data["count"] = static_cast<int64_t>(weights.size());
     for (std::size_t i = 0; i < sums.size(); ++i) keep_sum(ctx, "sum" + std::to_string(i), sums[i]);
+    keep_sum(ctx, "norm_sum", norm_sum);
     variable_list saved{x, norm_weight};
     saved.insert(saved.end(), weights.begin(), weights.end());
     ctx->save_for_backward(saved);
@@ -149,12 +150,23 @@ struct NormLinearsFn : torch::autograd::Function<NormLinearsFn> {
     const variable_list saved = ctx->get_saved_variables();
     const double eps = ctx->saved_data["eps"].toDouble();
     const auto count = static_cast<std::size_t>(ctx->saved_data["count"].toInt());
-    at::Tensor x = saved[0].detach().requires_grad_(true);
-    at::Tensor nw = saved[1].detach().requires_grad_(true);
+    const int64_t h = saved[0].size(-1);
+    // The norm's backward: the CUDA kernel (one pass for the input's gradient and the weight's
+    // partial sums), else autograd through ATen's rms_norm.
+    bool kernel = false;
+#ifdef TRAINPLAN_HAVE_CUDA_KERNELS
+    kernel = kernel_for(saved[0]) && kernel_for(saved[1]) && saved[0].is_contiguous() && saved[1].is_contiguous() &&
+             cuda_kernels::rms_norm_backward_supports(h);
+#endif
+    at::Tensor x = saved[0].detach(), nw = saved[1].detach();
     at::Tensor normed;
-    {
+    if (kernel) {
+      normed = at::rms_norm(x, {h}, nw, eps);
+    } else {
+      x.requires_grad_(true);
+      nw.requires_grad_(true);
       torch::autograd::AutoGradMode enable(true);
-      normed = at::rms_norm(x, {x.size(-1)}, nw, eps);
+      normed = at::rms_norm(x, {h}, nw, eps);
     }
     const at::Tensor input = rows(normed.detach());
     at::Tensor grad_normed;
@@ -168,11 +180,26 @@ struct NormLinearsFn : torch::autograd::Function<NormLinearsFn> {
       if (grad_normed.defined()) grad_normed.addmm_(g, w);  // the GEMM adds into the running sum (beta = 1)
       else grad_normed = g.mm(w);
     }
-    variable_list out(4 + count);
+    variable_list out(5 + count);
+    std::optional<at::Tensor> norm_sum = kept_sum(ctx, "norm_sum");
     if (grad_normed.defined()) {
-      const variable_list g = torch::autograd::grad({normed}, {x, nw}, {grad_normed.view(normed.sizes())});
-      out[0] = g[0];
-      out[1] = g[1];
+      at::Tensor grad_nw;
+      if (kernel) {
+#ifdef TRAINPLAN_HAVE_CUDA_KERNELS
+        const int64_t n = input.size(0);
+        out[0] = at::empty_like(x);
+        const at::Tensor partial = at::empty({cuda_kernels::rms_norm_partial_rows(n), h}, x.options().dtype(at::kFloat));
+        cuda_kernels::rms_norm_backward(grad_normed.data_ptr(), x.data_ptr(), nw.data_ptr(), out[0].data_ptr(), partial.data_ptr<float>(), n,
+                                        h, static_cast<float>(eps), stream_of(x));
+        grad_nw = partial.sum(0);
+#endif
+      } else {
+        const variable_list g = torch::autograd::grad({normed}, {x, nw}, {grad_normed.view(normed.sizes())});
+        out[0] = g[0];
+        grad_nw = g[1];
+      }
+      if (norm_sum.has_value()) norm_sum->add_(grad_nw);
+      else out[1] = grad_nw.to(nw.scalar_type());
     }
     for (std::size_t i = 0; i < count; ++i) out[3 + i] = weight_grads[i];
     return out;
@@ -351,13 +378,14 @@ at::Tensor rotate_half(const at::Tensor& t) {
 }
 
 std::vector<at::Tensor> norm_linears(const at::Tensor& x, const at::Tensor& norm_weight, double eps,
-                                     const std::vector<at::Tensor>& weights, const std::vector<at::Tensor>& grad_sums) {
+                                     const std::vector<at::Tensor>& weights, const std::vector<at::Tensor>& grad_sums,
+                                     const at::Tensor& norm_grad_sum) {
   if (!grad_sums.empty() && grad_sums.size() != weights.size()) {
     throw std::invalid_argument("norm_linears: grad_sums must be empty or one per weight");
   }
   std::vector<std::optional<at::Tensor>> sums;
   for (std::size_t i = 0; i < grad_sums.size(); ++i) sums.push_back(checked_sum(grad_sums[i], weights[i], "norm_linears"));
-  return NormLinearsFn::apply(x, norm_weight, eps, at::TensorList(weights), sums);
+  return NormLinearsFn::apply(x, norm_weight, eps, at::TensorList(weights), sums, checked_sum(norm_grad_sum, norm_weight, "norm_linears"));
 }
 
 at::Tensor linear_into(const at::Tensor& x, const at::Tensor& w, const at::Tensor& grad_sum) {

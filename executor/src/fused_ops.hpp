@@ -33,11 +33,13 @@ enum class Kernels { kReference, kFused };
 // rms_norm(x, norm_weight) then linear(normed, w) for each w, keeping x (not the normed
 // activation, which each linear would keep) for backward, where the norm is recomputed.
 // x: [..., h]; each w: [out_i, h]. Returns one [..., out_i] tensor per weight. `grad_sums`: empty,
-// or one entry per weight (see above). The input gradients of the linears are summed by the
-// GEMMs themselves (beta = 1), not by separate adds.
+// or one entry per weight, and `norm_grad_sum` the norm weight's (see above). The input gradients
+// of the linears are summed by the GEMMs themselves (beta = 1), not by separate adds; for bf16 on
+// a GPU the norm's backward is one CUDA kernel (input gradient and the weight's partial sums).
 [[nodiscard]] std::vector<at::Tensor> norm_linears(const at::Tensor& x, const at::Tensor& norm_weight, double eps,
                                                    const std::vector<at::Tensor>& weights,
-                                                   const std::vector<at::Tensor>& grad_sums = {});
+                                                   const std::vector<at::Tensor>& grad_sums = {},
+                                                   const at::Tensor& norm_grad_sum = {});
 
 // linear(x, w) (no bias) with the weight's gradient added into `grad_sum` (see above).
 [[nodiscard]] at::Tensor linear_into(const at::Tensor& x, const at::Tensor& w, const at::Tensor& grad_sum);

@@ -279,7 +279,7 @@ at::Tensor block_forward(const cm::ModelSpec& m, const TensorParallel& tp, const
   const int64_t b = x.size(0), s = tp.sharded_sequence() ? x.size(1) * tp.size() : x.size(1);
   at::Tensor q, k, v;
   if (fused_norm) {
-    const std::vector<at::Tensor> qkv = norm_linears(x, n1w, kNormEps, {wq, wk, wv}, sums({1, 2, 3}));
+    const std::vector<at::Tensor> qkv = norm_linears(x, n1w, kNormEps, {wq, wk, wv}, sums({1, 2, 3}), sum(0));
     q = qkv[0];
     k = qkv[1];
     v = qkv[2];
@@ -317,7 +317,7 @@ at::Tensor block_forward(const cm::ModelSpec& m, const TensorParallel& tp, const
     const at::Tensor &gate = p[i], &up = p[i + 1], &down = p[i + 2];
     at::Tensor g, u;
     if (fused_norm) {
-      const std::vector<at::Tensor> gu = norm_linears(h1, n2w, kNormEps, {gate, up}, sums({i, i + 1}));
+      const std::vector<at::Tensor> gu = norm_linears(h1, n2w, kNormEps, {gate, up}, sums({i, i + 1}), sum(5));
       g = gu[0];
       u = gu[1];
     } else {

@@ -57,6 +57,9 @@ struct LayerCost {
   // The smallest tensor autograd keeps per layer (the caching allocator gives tensors under
   // 10 MiB no segment of their own).
   double smallest_saved_tensor_bytes = 0;
+  // Every parameter's gradient of the layer is added into the fp32 gradient by the kernels that
+  // compute it (GradAccumulation::kFusedInGemmUnsharded where it applies): no accumulation pass.
+  bool gradients_in_gemm = false;
 
   [[nodiscard]] double forward_total() const { return forward + tp_comm_forward; }
   [[nodiscard]] double backward_total() const {
@@ -82,6 +85,8 @@ struct EndsCost {
   // Parameters whose gradient the loss adds into the fp32 gradient itself (trainplan's chunked
   // loss under ZeRO-0/1): the micro-batch's gradient-accumulation pass skips them.
   double fused_accumulation_params = 0;
+  // The same for the token table, scattered into the fp32 gradient by the embedding's backward.
+  double fused_embedding_params = 0;
 };
 
 // Mixes two layer costs: (1 - f) * a + f * b, for recomputing a fraction f of the layers.

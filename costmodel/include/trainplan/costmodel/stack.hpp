@@ -36,6 +36,11 @@ enum class GradAccumulation {
   kFp32Buffer,     // autograd's 16-bit gradients added into an fp32 buffer per micro-batch (a pass)
   kParamDtype,     // autograd accumulates into param.grad in the compute dtype (a pass from the 2nd)
   kFusedInGemm,    // the weight-gradient GEMM accumulates into fp32 main_grad (no extra pass)
+  // The executor's fused path (engine.cpp fused_accumulation): as kFusedInGemm where its fp32
+  // buffer holds the whole step's gradient and TP is off (ZeRO-0/1, tp 1), for the Llama-style
+  // blocks' weights (the norms' too), the embedding's scatter and the loss's output weight; as
+  // kFp32Buffer elsewhere (ZeRO-2/3, TP, GPT blocks, LoRA).
+  kFusedInGemmUnsharded,
 };
 
 struct StackSpec {
@@ -66,6 +71,10 @@ struct StackSpec {
   // the residual stream), its forward time added to the backward. Only without tensor
   // parallelism (the executor's fused norm path; under TP the norm output enters the TP region).
   bool norm_recomputed;
+  // Linears sharing an input (Q/K/V, gate/up) sum their input gradients in the GEMMs (cuBLAS beta
+  // = 1: the running sum read once more per GEMM) rather than in separate adds. Only without TP,
+  // like norm_recomputed (the executor's NormLinearsFn).
+  bool gemm_sums_input_gradients;
   // Waits for the host once per micro-batch (the executor reads the loss with .item()).
   bool host_sync_per_micro_batch;
   // Host time to issue one kernel: the GPU idles when its kernels are shorter (small models).
