@@ -614,8 +614,9 @@ EndsCost ends_cost(const ModelSpec& mdl, const HardwareProfile& hw, const LayerS
         p.backward += rates.stream((4.0 + e) * v_local * h, 1);
         p.kernels += 1;
       }
-      // Tied to the embedding on one stage, the table's gradient still makes one pass (the lookup's).
-      if (into_gradient && !mdl.tied_embeddings) c.fused_accumulation_params = v_local * h;
+      // The output weight: its own, or the last stage's copy of a tied table (pp > 1), or the table
+      // itself on one stage (estimate.cpp counts that one once, with the embedding's).
+      if (into_gradient) c.fused_accumulation_params = v_local * h;
       // Kept to the backward: the input's gradient, and the fp32 weight gradient when it is the
       // loss's own buffer (the output layer's input, counted below, is alive only in the forward).
       // One chunk of logits at a time; at the backward's peak the weight gradient's cast.

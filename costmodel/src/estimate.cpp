@@ -296,8 +296,11 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
     }
 
     // Each micro-batch's gradient accumulation pass (stack.hpp) and the host's kernel launches.
+    // A table tied on one stage is the embedding's and the output layer's: it skips the pass when
+    // the embedding's lookup adds into it too (its first-stage term), not for the loss alone.
+    const bool one_table = mdl.tied_embeddings && stages == 1;
     const double in_gemm = (lc.gradients_in_gemm ? layers[i] * dense_layer : 0.0) + (first ? ec.fused_embedding_params : 0.0) +
-                           (last ? ec.fused_accumulation_params : 0.0);
+                           (last && !one_table ? ec.fused_accumulation_params : 0.0);
     const double grads_local = std::max(0.0, x.trainable - in_gemm);
     // About 9 adds per unit (a Llama block's tensors); with the layers' gradients in the GEMMs
     // (and so the embedding's), one add is left: the head's final norm.
