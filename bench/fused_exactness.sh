@@ -2,7 +2,9 @@
 # Exactness of the executor's fused paths (issue 12, item 5): trains one plan twice from the same
 # initialisation and data, with --kernels reference (plain ATen, executor/src/model.cpp) and with
 # --kernels fused (executor/src/fused_ops.hpp and LibTorch's fused AdamW), and compares the losses
-# step by step.
+# step by step, and the first step's gradient norm (AdamW's update hardly changes when every
+# gradient is scaled alike, so a gradient counted twice or scaled wrongly would not show in the
+# losses; at step 1 both paths hold the same parameters, so their norms differ by rounding only).
 #
 #   bench/fused_exactness.sh BUILD_DIR DEVICE MODEL SEQ MICRO GLOBAL STEPS [OUT_JSON]
 #   GPU (issue 12's plan): CLUSTER=dgx-h100 bench/fused_exactness.sh build cuda samples/models/llama3.2-1b.json 2048 4 32 10 out.json
@@ -51,13 +53,17 @@ for i, (a, b) in enumerate(zip(ref["losses"], fused["losses"]), 1):
     worst = max(worst, rel)
     rows.append({"step": i, "reference": a, "fused": b, "relative_difference": rel})
     print(f"{i:4d} {a:15.6f} {b:15.6f} {rel:14.2e}")
-ok = len(ref["losses"]) == len(fused["losses"]) and worst <= tolerance
+norm_ref, norm_fused = ref["steps"][0]["grad_norm"], fused["steps"][0]["grad_norm"]
+norm_diff = abs(norm_fused - norm_ref) / abs(norm_ref)
+print(f"step 1 gradient norm: reference {norm_ref:.6g}, fused {norm_fused:.6g}, relative difference {norm_diff:.2e}")
+ok = len(ref["losses"]) == len(fused["losses"]) and worst <= tolerance and norm_diff <= tolerance
 speed = fused["throughput"]["tokens_per_second"] / ref["throughput"]["tokens_per_second"]
 print(f"worst relative difference {worst:.2e}, tolerance {tolerance:.2e} ({precision}): {'within' if ok else 'OUTSIDE'}; "
       f"fused / reference speed {speed:.3f}x")
 if out:
     json.dump({"schema": "trainplan/bench/fused-exactness/v1", "command": "bench/fused_exactness.sh " + args,
-               "precision": precision, "tolerance": tolerance, "worst_relative_difference": worst, "within": ok,
+               "precision": precision, "tolerance": tolerance, "worst_relative_difference": worst,
+               "first_step_grad_norm_relative_difference": norm_diff, "within": ok,
                "steps": rows, "reference": ref, "fused": fused}, open(out, "w"), indent=1)
 sys.exit(0 if ok else 1)
 PY

@@ -133,10 +133,11 @@ namespace {
 bool is_trainplan(Stack stack) { return stack == Stack::kTrainplan || stack == Stack::kTrainplanReference; }
 
 // Gradients added into the fp32 gradient by the kernels that compute them (stack.hpp,
-// kFusedInGemmUnsharded): the executor's fused path under ZeRO-0/1 without TP, weights trained.
+// kFusedInGemmUnsharded): the executor's fused path under ZeRO-0/1 without TP, weights trained;
+// not claimed for context parallelism, which the executor does not run yet.
 bool gradients_in_gemm(const StackSpec& stack, const LayerSetting& s) {
   const bool lora = s.mode == TrainingMode::kLora || s.mode == TrainingMode::kQlora;
-  return stack.grads == GradAccumulation::kFusedInGemmUnsharded && s.zero_stage <= 1 && s.tp == 1 && !lora;
+  return stack.grads == GradAccumulation::kFusedInGemmUnsharded && s.zero_stage <= 1 && s.tp == 1 && s.cp == 1 && !lora;
 }
 
 LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, const LayerSetting& s) {

@@ -5,6 +5,7 @@
 #include "fused_ops.hpp"
 
 #include <algorithm>
+#include <cstdint>
 #include <optional>
 #include <stdexcept>
 
@@ -156,7 +157,8 @@ struct NormLinearsFn : torch::autograd::Function<NormLinearsFn> {
     bool kernel = false;
 #ifdef TRAINPLAN_HAVE_CUDA_KERNELS
     kernel = kernel_for(saved[0]) && kernel_for(saved[1]) && saved[0].is_contiguous() && saved[1].is_contiguous() &&
-             cuda_kernels::rms_norm_backward_supports(h);
+             cuda_kernels::rms_norm_backward_supports(h) && saved[0].numel() > 0 &&
+             reinterpret_cast<uintptr_t>(saved[0].data_ptr()) % 16 == 0 && reinterpret_cast<uintptr_t>(saved[1].data_ptr()) % 16 == 0;
 #endif
     at::Tensor x = saved[0].detach(), nw = saved[1].detach();
     at::Tensor normed;
@@ -228,16 +230,12 @@ struct EmbeddingIntoFn : torch::autograd::Function<EmbeddingIntoFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& table, const at::Tensor& tokens, std::optional<at::Tensor> sum) {
     keep_sum(ctx, "sum", sum);
     ctx->saved_data["tokens"] = tokens;
-    ctx->saved_data["rows"] = table.size(0);
     return at::embedding(table, tokens);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const at::Tensor tokens = ctx->saved_data["tokens"].toTensor().reshape({-1});
     const at::Tensor g = rows(grads[0]);
-    std::optional<at::Tensor> sum = kept_sum(ctx, "sum");
-    if (!sum.has_value()) {
-      return {at::embedding_backward(g, tokens, ctx->saved_data["rows"].toInt(), -1, false, false), at::Tensor(), at::Tensor()};
-    }
+    std::optional<at::Tensor> sum = kept_sum(ctx, "sum");  // always given: embedding_into takes at::embedding without
     // Accumulating index_put_: deterministic on CUDA (sorted by row), in order on CPU.
     c10::List<std::optional<at::Tensor>> index;
     index.push_back(tokens);

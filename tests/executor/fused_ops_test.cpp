@@ -50,14 +50,16 @@ struct Dtypes : ::testing::TestWithParam<Where> {
 TEST_P(Dtypes, NormLinearsMatchNormThenLinears) {
   at::manual_seed(1);
   // Widths 16 and 2056 (= 8 x 257: on a GPU the norm kernel's second chunk of columns, held by
-  // one thread of 256); 37 rows of tokens.
-  for (const int64_t h : {16, 2056}) {
-    const at::Tensor x = leaf(at::randn({1, 37, h}, options())), nw = leaf(1 + 0.1 * at::randn({h}, options()));
+  // one thread of 256) over 37 rows; 6144 (its four-chunk variant, the last chunk partial) over
+  // 1100 rows (more rows than its 1024 blocks: a block reduces a second row with the same
+  // shared memory).
+  for (const auto& [rows, h] : {std::pair<int64_t, int64_t>{37, 16}, {37, 2056}, {1100, 6144}}) {
+    const at::Tensor x = leaf(at::randn({1, rows, h}, options())), nw = leaf(1 + 0.1 * at::randn({h}, options()));
     const at::Tensor w1 = leaf(at::randn({12, h}, options()) * 0.2), w2 = leaf(at::randn({4, h}, options()) * 0.2);
     const std::vector<at::Tensor> fused = norm_linears(x, nw, 1e-5, {w1, w2});
     const at::Tensor normed = at::rms_norm(x, {h}, nw, 1e-5);
     const std::vector<at::Tensor> plain = {at::linear(normed, w1), at::linear(normed, w2)};
-    const at::Tensor p1 = at::randn({1, 37, 12}, options()), p2 = at::randn({1, 37, 4}, options());
+    const at::Tensor p1 = at::randn({1, rows, 12}, options()), p2 = at::randn({1, rows, 4}, options());
     for (std::size_t i = 0; i < 2; ++i) EXPECT_LE(relative_error(fused[i], plain[i]), tolerance()) << "output " << i << ", h " << h;
     const auto gf = torch::autograd::grad({(fused[0] * p1).sum() + (fused[1] * p2).sum()}, {x, nw, w1, w2});
     const auto gp = torch::autograd::grad({(plain[0] * p1).sum() + (plain[1] * p2).sum()}, {x, nw, w1, w2});

@@ -114,10 +114,15 @@ std::vector<Case> cases() {
       make("tp2_pp2", "tiny-llama", 2, 2, 1, 2),
       make("tp2_pp2_dp2_zero1", "tiny-llama", 2, 2, 2, 1, "1f1b", 1, false, 1),
       make("tp2_sp_pp2_dp2_zero3", "tiny-llama", 2, 2, 2, 1, "1f1b", 1, true, 3),
+      // Without TP under ZeRO-1 the fused path adds every gradient into the fp32 buffer itself
+      // while the stages interleave micro-batches and the replicas reduce (gradient fusion).
+      make("pp2_dp2_zero1", "tiny-llama", 1, 2, 2, 1, "1f1b", 1, false, 1),
+      make("pp2_interleaved_dp2_ddp", "tiny-llama", 1, 2, 2, 1, "interleaved", 2),
       // GPT: biases, learned positions and tied embeddings split over the first and last stage.
       make("gpt_tp2_sequence_parallel", "tiny-gpt", 2, 1, 1, 8, "1f1b", 1, true),
       make("gpt_pp2_tied_embeddings", "tiny-gpt", 1, 2, 1, 2),
       make("gpt_pp2_dp2_zero2_tied_embeddings", "tiny-gpt", 1, 2, 2, 1, "1f1b", 1, false, 2),
+      make("gpt_pp2_dp2_zero1_tied_embeddings", "tiny-gpt", 1, 2, 2, 1, "1f1b", 1, false, 1),
   };
 }
 

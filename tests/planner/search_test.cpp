@@ -333,14 +333,9 @@ TEST(Search, EqualScoresAreRankedSimplerPlanFirst) {
 }
 
 TEST(Search, ATieBetweenContextAndDataParallelismGoesToDataParallelism) {
-  // Llama 3 8B on 8 H100s with the executor's plain path (every gradient through the fp32
-  // accumulation pass): cp=8 and dp=8 are estimated alike here; the recommendation is the plan
-  // without context parallelism, which every framework (and this project's executor) runs. (With
-  // the fused path a cp=2 x dp=4 ZeRO-1 plan wins outright: its gradients are accumulated in the
-  // GEMMs, while dp=8 fits only under ZeRO-3, which reduces every micro-batch's gradient.)
-  PlanRequest r = request("llama3-8b", "dgx-h100", 8);
-  r.training.stack = costmodel::Stack::kTrainplanReference;
-  const SearchResult s = run_search(r);
+  // Llama 3 8B on 8 H100s: cp=8 and dp=8 are estimated alike here; the recommendation is the
+  // plan without context parallelism, which every framework (and this project's executor) runs.
+  const SearchResult s = run_search(request("llama3-8b", "dgx-h100", 8));
   ASSERT_FALSE(s.ranked.empty());
   const auto& best = s.ranked.front();
   for (const auto& other : s.ranked) {

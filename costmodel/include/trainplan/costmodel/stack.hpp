@@ -37,9 +37,10 @@ enum class GradAccumulation {
   kParamDtype,     // autograd accumulates into param.grad in the compute dtype (a pass from the 2nd)
   kFusedInGemm,    // the weight-gradient GEMM accumulates into fp32 main_grad (no extra pass)
   // The executor's fused path (engine.cpp fused_accumulation): as kFusedInGemm where its fp32
-  // buffer holds the whole step's gradient and TP is off (ZeRO-0/1, tp 1), for the Llama-style
-  // blocks' weights (the norms' too), the embedding's scatter and the loss's output weight; as
-  // kFp32Buffer elsewhere (ZeRO-2/3, TP, GPT blocks, LoRA).
+  // buffer holds the whole step's gradient and TP is off (ZeRO-0/1, tp 1, and cp 1, which the
+  // executor does not run yet), for the Llama-style blocks' weights (the norms' too), the
+  // embedding's scatter and the loss's output weight; as kFp32Buffer elsewhere (ZeRO-2/3, TP,
+  // LoRA, and GPT blocks, whose embedding and loss still add into the buffer themselves).
   kFusedInGemmUnsharded,
 };
 
