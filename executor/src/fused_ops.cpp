@@ -235,7 +235,7 @@ struct EmbeddingIntoFn : torch::autograd::Function<EmbeddingIntoFn> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const at::Tensor tokens = ctx->saved_data["tokens"].toTensor().reshape({-1});
     const at::Tensor g = rows(grads[0]);
-    std::optional<at::Tensor> sum = kept_sum(ctx, "sum");  // always given: embedding_into takes at::embedding without
+    std::optional<at::Tensor> sum = kept_sum(ctx, "sum");  // always present: without one, embedding_into runs at::embedding
     // Accumulating index_put_: deterministic on CUDA (sorted by row), in order on CPU.
     c10::List<std::optional<at::Tensor>> index;
     index.push_back(tokens);
