@@ -45,12 +45,7 @@ if [ -z "$model" ]; then
  "tied_embeddings": false, "max_seq_len": 256}
 JSON
 fi
-model="$(cd "$(dirname "$model")" && pwd)/$(basename "$model")"
-cat > "$work/plan.json" <<JSON
-{"schema": "trainplan/plan/v1", "name": "eager-bench", "model": "$model", "cluster": "$cluster", "gpus": 1,
- "training": {"seq_len": $seq, "global_batch": $global, "precision": "$precision", "optimizer": "adamw", "train_tokens": 1e9},
- "parallel": {"tp": 1, "pp": 1, "dp": 1, "zero_stage": 0, "micro_batch": $micro, "recompute": "none"}}
-JSON
+"$here/bench/one_gpu_plan.sh" eager-bench "$model" "$cluster" "$seq" "$micro" "$global" "$precision" > "$work/plan.json"
 
 echo "eager_bench: $(basename "$model") seq $seq, micro-batch $micro, global batch $global, $precision, $steps steps on $device ($threads CPU threads)"
 "$planner" evaluate "$work/plan.json" --format json > "$work/estimate.json"

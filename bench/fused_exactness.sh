@@ -30,12 +30,7 @@ exe="$build/executor/executor"
 [ -x "$exe" ] || { echo "fused_exactness: $exe not built" >&2; exit 2; }
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
-model="$(cd "$(dirname "$model")" && pwd)/$(basename "$model")"
-cat > "$work/plan.json" <<JSON
-{"schema": "trainplan/plan/v1", "name": "fused-exactness", "model": "$model", "cluster": "$cluster", "gpus": 1,
- "training": {"seq_len": $seq, "global_batch": $global, "precision": "$precision", "optimizer": "adamw", "train_tokens": 1e9},
- "parallel": {"tp": 1, "pp": 1, "dp": 1, "zero_stage": 0, "micro_batch": $micro, "recompute": "none"}}
-JSON
+"$here/bench/one_gpu_plan.sh" fused-exactness "$model" "$cluster" "$seq" "$micro" "$global" "$precision" > "$work/plan.json"
 for kernels in reference fused; do
   echo "fused_exactness: --kernels $kernels, $(basename "$model") seq $seq, micro-batch $micro, global batch $global, $precision, $steps steps on $device"
   "$exe" --plan "$work/plan.json" --device "$device" --steps "$steps" --threads "$threads" --kernels "$kernels" --quiet \

@@ -109,7 +109,8 @@ at::Tensor weight_gradient(std::optional<at::Tensor>& sum, const at::Tensor& g, 
   return {};
 }
 
-// A sum argument checked and made invisible to autograd: std::nullopt for an undefined tensor.
+// A sum argument checked and detached; absent, std::nullopt (an optional without a value is no
+// variable to autograd, where an undefined tensor would be one).
 std::optional<at::Tensor> checked_sum(const at::Tensor& sum, const at::Tensor& weight, const char* what) {
   if (!sum.defined()) return std::nullopt;
   if (sum.scalar_type() != at::kFloat && sum.scalar_type() != at::kDouble) {
@@ -410,14 +411,7 @@ at::Tensor linear_cross_entropy(const at::Tensor& x, const at::Tensor& weight, c
   // The kernel turns bf16 logits into the gradient in place; the ATen path adds float32 ones.
   const int64_t bytes_per_logit = kernel_for(x) ? 2 : 4;
   const int64_t chunk = chunk_tokens > 0 ? chunk_tokens : cross_entropy_chunk_tokens(weight.size(0), bytes_per_logit);
-  if (weight_grad_sum.defined() && (weight_grad_sum.scalar_type() != at::kFloat || weight_grad_sum.sizes() != weight.sizes() ||
-                                    !weight_grad_sum.is_contiguous())) {
-    throw std::invalid_argument("linear_cross_entropy: weight_grad_sum must be a contiguous float32 tensor of the weight's shape");
-  }
-  // Absent, an optional is no variable to autograd (an undefined tensor would be one).
-  std::optional<at::Tensor> sum;
-  if (weight_grad_sum.defined()) sum = weight_grad_sum.detach();
-  return LinearCrossEntropyFn::apply(x, weight, targets, chunk, sum, multiplier);
+  return LinearCrossEntropyFn::apply(x, weight, targets, chunk, checked_sum(weight_grad_sum, weight, "linear_cross_entropy"), multiplier);
 }
 
 int64_t cross_entropy_chunk_tokens(int64_t vocab, int64_t bytes_per_logit) {
