@@ -137,7 +137,7 @@ bool is_trainplan(Stack stack) { return stack == Stack::kTrainplan || stack == S
 // not claimed for context parallelism, which the executor does not run yet.
 bool gradients_in_gemm(const StackSpec& stack, const LayerSetting& s) {
   const bool lora = s.mode == TrainingMode::kLora || s.mode == TrainingMode::kQlora;
-  return stack.grads == GradAccumulation::kFusedInGemmUnsharded && s.zero_stage <= 1 && s.tp == 1 && s.cp == 1 && !lora;
+  return stack.grads == GradAccumulation::kFusedInGemmUnsharded && s.zero_stage <= 1 && s.tp == 1 && !lora;
 }
 
 LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, const LayerSetting& s) {
@@ -175,6 +175,11 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
   const bool frozen = lora;
   const double r = s.lora.rank;
   const double scores = s.micro_batch * a_local * s_q * s_k;  // attention score elements
+  // Context parallelism with K/V all-gathered (stack.hpp): the rank's two query chunks each attend
+  // the keys up to their own end through a masked kernel, (2cp + 1) / 4cp of the s_q x s_k
+  // rectangle, no causal skipping; ring attention runs a causal kernel on each block (1/2).
+  const bool gathered_kv = s.cp > 1 && stack.context_attention == ContextAttention::kAllGatherKv;
+  const double attended_keys = gathered_kv ? s_k * (2.0 * s.cp + 1.0) / (4.0 * s.cp) : s_k;
 
   LayerCost c;
   Pass p{gemm_rates, rates, stack, lin_in, e};
@@ -253,9 +258,9 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
   if (s.attention == AttentionKernel::kFlash) {
     const double batch_heads = s.micro_batch * a_local;
     const double d_mean = (d_qk + d_v) / 2.0;  // MLA's Q.K and P.V head sizes differ; the FLOPs are those of their mean
-    core_forward = rates.attention_forward(batch_heads, s_q, s_k, d_mean, true);
-    core_backward = rates.attention_backward(batch_heads, s_q, s_k, d_mean, true);
-    p.kernels += 3;
+    core_forward = rates.attention_forward(batch_heads, s_q, attended_keys, d_mean, !gathered_kv);
+    core_backward = rates.attention_backward(batch_heads, s_q, attended_keys, d_mean, !gathered_kv);
+    p.kernels += gathered_kv ? 6 : 3;  // one kernel per query chunk
   } else {
     const double batch = s.micro_batch * a_local;
     core_forward += rates.gemm(s_q, s_k, d_qk, batch);              // Q K^T
@@ -346,12 +351,22 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
     c.tp_comm_forward = 2.0 * one;   // after attention and after the MLP (or gather before each)
     c.tp_comm_backward = 2.0 * one;  // the conjugate operators
   }
+  double cp_gather = 0;  // all-gathered K/V: the forward's exposed all-gather (run again by full recompute)
   if (s.cp > 1) {
-    const bool across = s.cp_group.per_node < s.cp_group.size;
+    // K and V of this rank's tokens; each pass of them round the cp ranks sends (cp - 1) of them.
     const double kv_chunk = T * (k_local + v_local) * e;
-    const double step_fwd = send_recv_time(hw, Bytes(kv_chunk), across).value();
-    const double step_bwd = send_recv_time(hw, Bytes(2.0 * kv_chunk), across).value();
-    c.cp_comm = (s.cp - 1) * (std::max(0.0, step_fwd - core_forward / s.cp) + std::max(0.0, step_bwd - core_backward / s.cp));
+    if (gathered_kv) {
+      const Bytes whole(s.cp * kv_chunk);  // the gathered K/V, and the input of their gradients' reduce-scatter
+      cp_gather = collective_time(hw, Collective::kAllGather, whole, s.cp_group).value();
+      c.cp_comm = cp_gather + collective_time(hw, Collective::kReduceScatter, whole, s.cp_group).value();
+      c.cp_bytes = 2.0 * (s.cp - 1) * kv_chunk;  // forward all-gather, backward reduce-scatter
+    } else {
+      const bool across = s.cp_group.per_node < s.cp_group.size;
+      const double step_fwd = send_recv_time(hw, Bytes(kv_chunk), across).value();
+      const double step_bwd = send_recv_time(hw, Bytes(2.0 * kv_chunk), across).value();
+      c.cp_comm = (s.cp - 1) * (std::max(0.0, step_fwd - core_forward / s.cp) + std::max(0.0, step_bwd - core_backward / s.cp));
+      c.cp_bytes = 3.0 * (s.cp - 1) * kv_chunk;  // K/V round the ring forward; K/V and their gradients backward
+    }
   }
   double ep_forward = 0;
   if (mdl.moe && s.ep > 1) {
@@ -363,7 +378,8 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
   // --- activations kept for backward (bytes) ---
   const double norm_inputs = 2.0 * Tn * h * e;
   const double norm_outputs = norm_recomputed ? 0.0 : 2.0 * Tn * h * lin_in;  // QKV input and MLP input
-  const double qkv = T * (q_local + (k_local + v_local)) * e + 2.0 * T * mla_latents * e;  // MLA: latents and their norms' inputs
+  // Q, K and V (all-gathered K/V: every rank's, s.cp times the local ones). MLA: latents and their norms' inputs.
+  const double qkv = T * (q_local + (gathered_kv ? s.cp : 1.0) * (k_local + v_local)) * e + 2.0 * T * mla_latents * e;
   const double score_bytes = s.attention == AttentionKernel::kStandard ? scores * (e + (s.dropout ? 1.0 + e : 0.0))
                                                                         : 4.0 * s.micro_batch * a_local * s_q;  // softmax stats
   const double proj_input = T * o_in_local * lin_in;
@@ -429,6 +445,8 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
       c.recompute = c.forward;
       c.tp_comm_recompute = c.tp_comm_forward;
       c.ep_comm += ep_forward;
+      c.cp_comm += cp_gather;  // the recomputed forward gathers K/V again; a ring passes them round again
+      if (s.cp > 1) c.cp_bytes += (s.cp - 1) * T * (k_local + v_local) * e;
       // The forward runs without a graph: every tensor of the layer is alive at once, then cached.
       c.forward_transient_bytes += c.full_activation_bytes;
       c.smallest_saved_tensor_bytes = Tn * h * e;
@@ -484,6 +502,7 @@ LayerCost blend(const LayerCost& a, const LayerCost& b, double f) {
   c.tp_comm_backward = mix(a.tp_comm_backward, b.tp_comm_backward);
   c.tp_comm_recompute = mix(a.tp_comm_recompute, b.tp_comm_recompute);
   c.cp_comm = mix(a.cp_comm, b.cp_comm);
+  c.cp_bytes = mix(a.cp_bytes, b.cp_bytes);
   c.ep_comm = mix(a.ep_comm, b.ep_comm);
   c.model_flops = mix(a.model_flops, b.model_flops);
   c.hardware_flops = mix(a.hardware_flops, b.hardware_flops);

@@ -5,6 +5,7 @@
 // returns a Work whose wait() rethrows a failure; a wait that exceeds the communicator's timeout
 // throws CommError naming the collective and the group, so a dead peer never hangs the run.
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -68,6 +69,15 @@ struct CommOptions {
 
 // A one-rank group: collectives are local copies.
 [[nodiscard]] std::unique_ptr<Communicator> make_self_communicator(const std::string& name = "world");
+
+// `inner`, counting into `*sent` the bytes this rank sends in its tensor collectives (and in the
+// groups split from it), as the ring algorithms move them: all-reduce 2 (n-1)/n of the buffer,
+// reduce-scatter (n-1)/n of the input, all-gather (n-1)/n of the output, a send all of it (the
+// convention of the cost model's communication volume). Tensors count at the element size they
+// are handed over in (on CPU, MPI reduces 16-bit tensors as float32). Control traffic (broadcast,
+// strings, barriers) is not counted.
+[[nodiscard]] std::unique_ptr<Communicator> make_counting_communicator(std::unique_ptr<Communicator> inner,
+                                                                       std::shared_ptr<std::atomic<double>> sent);
 
 // True when the executor was built with MPI.
 [[nodiscard]] bool mpi_available();

@@ -79,7 +79,7 @@ struct RecomputedBlockFn : torch::autograd::Function<RecomputedBlockFn> {
     at::Tensor out;
     {
       torch::autograd::AutoGradMode no_grad(false);
-      out = block_forward(e->model(), e->tp(), e->unit_views(u), x, e->rotary(), AttentionRecompute::kNone, e->config().kernels);  // no graph: no sums
+      out = block_forward(e->model(), e->tp(), e->cp(), e->unit_views(u), x, e->rotary(), AttentionRecompute::kNone, e->config().kernels);  // no graph: no sums
     }
     e->release(u);
     return out;
@@ -94,7 +94,7 @@ struct RecomputedBlockFn : torch::autograd::Function<RecomputedBlockFn> {
       torch::autograd::AutoGradMode enable(true);
       const variable_list views = UnitViewsFn::apply(e->anchor(u), engine_id(e), unit);
       const at::Tensor out =
-          block_forward(e->model(), e->tp(), views, x, e->rotary(), AttentionRecompute::kNone, e->config().kernels, e->grad_sums(u));
+          block_forward(e->model(), e->tp(), e->cp(), views, x, e->rotary(), AttentionRecompute::kNone, e->config().kernels, e->grad_sums(u));
       torch::autograd::backward({out}, {grads[0]});
     }
     return {x.grad(), at::Tensor(), at::Tensor()};
@@ -151,6 +151,10 @@ DataParallelEngine::DataParallelEngine(const cm::ModelSpec& model, const EngineC
   shard_comm_ = dp_.split(dp_.rank() / s, dp_.rank(), "shard");
   replica_comm_ = dp_.split(dp_.rank() % s, dp_.rank(), "replica");
   rotary_ = make_rotary(model, seq_len, config.device, config.compute_dtype);
+  if (groups.cp.active()) {  // the rows of this rank's tokens (context_parallel.hpp)
+    const at::Tensor rows = groups.cp.positions.to(config.device);
+    rotary_ = Rotary{rotary_.cos.index_select(0, rows), rotary_.sin.index_select(0, rows)};
+  }
 
   const auto f32 = at::TensorOptions().dtype(at::kFloat).device(config.device);
   const auto compute = f32.dtype(config.compute_dtype);
@@ -249,7 +253,7 @@ at::Tensor DataParallelEngine::run_unit_forward(std::size_t unit, const at::Tens
   gather(unit, +1);
   const variable_list views = UnitViewsFn::apply(anchor(unit), id, index);
   const auto attention = config_.recompute == cm::Recompute::kSelective ? AttentionRecompute::kSelective : AttentionRecompute::kNone;
-  at::Tensor y = block_forward(model_, groups_.tp, views, x, rotary_, attention, config_.kernels, grad_sums(unit));
+  at::Tensor y = block_forward(model_, groups_.tp, groups_.cp, views, x, rotary_, attention, config_.kernels, grad_sums(unit));
   if (config_.zero_stage == 3) y = BeforeBackwardFn::apply(y, id, index);
   release(unit);
   return y;
@@ -270,7 +274,7 @@ at::Tensor DataParallelEngine::forward_chunk(int chunk, const at::Tensor& input,
         gather(i, +1);
         embedding = UnitViewsFn::apply(anchor(i), id, index);
         const std::vector<at::Tensor> sums = grad_sums(i);
-        x = embedding_forward(model_, groups_.tp, embedding, input, sums.empty() ? at::Tensor() : sums.front());
+        x = embedding_forward(model_, groups_.tp, groups_.cp, embedding, input, sums.empty() ? at::Tensor() : sums.front());
         if (stage3) x = BeforeBackwardFn::apply(x, id, index);
         embedding_unit = i;
         if (!local_tied_) release(i);

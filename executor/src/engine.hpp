@@ -23,6 +23,7 @@
 #include <ATen/ATen.h>
 
 #include "comm.hpp"
+#include "context_parallel.hpp"
 #include "tensor_parallel.hpp"
 #include "model.hpp"
 #include "phase_timer.hpp"
@@ -37,6 +38,7 @@ struct EngineGroups {
   Communicator* tied = nullptr;   // first and last stage when they both hold the tied token table
   Communicator* kv = nullptr;     // TP ranks that share a key/value head (tp > kv_heads)
   TensorParallel tp;
+  ContextParallel cp;             // under CP, `dp` spans dp x cp ranks (parallel_dims.hpp)
 };
 
 struct EngineConfig {
@@ -137,6 +139,7 @@ class DataParallelEngine {
   [[nodiscard]] const costmodel::ModelSpec& model() const { return model_; }
   [[nodiscard]] const Rotary& rotary() const { return rotary_; }
   [[nodiscard]] const TensorParallel& tp() const { return groups_.tp; }
+  [[nodiscard]] const ContextParallel& cp() const { return groups_.cp; }
   [[nodiscard]] const EngineConfig& config() const { return config_; }
   // The float32 gradient sums the fused path adds into, one per slot of the unit; empty where the
   // fusion does not apply (engine.cpp fused_accumulation).

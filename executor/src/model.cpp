@@ -80,13 +80,21 @@ uint64_t name_hash(const std::string& text) {
 }
 
 // Recomputes the attention core in backward instead of storing its intermediates (Korthikanti
-// 2022 "selective" recompute): saves only q, k and v.
+// 2022 "selective" recompute): saves only q, k and v (and the context-parallel mask, if any).
+at::Tensor attention_core(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask, bool gqa) {
+  // Causal without CP; under CP the mask of the gathered keys' global positions.
+  return mask.defined() ? at::scaled_dot_product_attention(q, k, v, mask, 0.0, false, std::nullopt, gqa)
+                        : at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true, std::nullopt, gqa);
+}
+
 struct RecomputedAttention : torch::autograd::Function<RecomputedAttention> {
+  // `mask` travels in saved_data (a constant; autograd takes no undefined tensor as an input).
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
-                            const at::Tensor& v, bool gqa) {
+                            const at::Tensor& v, const c10::IValue& mask, bool gqa) {
     ctx->saved_data["gqa"] = gqa;
+    ctx->saved_data["mask"] = mask;
     ctx->save_for_backward({q, k, v});
-    return at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true, std::nullopt, gqa);
+    return attention_core(q, k, v, mask_of(mask), gqa);
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
@@ -96,11 +104,32 @@ struct RecomputedAttention : torch::autograd::Function<RecomputedAttention> {
     at::Tensor k = saved[1].detach().requires_grad_(true);
     at::Tensor v = saved[2].detach().requires_grad_(true);
     torch::autograd::AutoGradMode enable(true);
-    at::Tensor out = at::scaled_dot_product_attention(q, k, v, {}, 0.0, true, std::nullopt, gqa);
+    at::Tensor out = attention_core(q, k, v, mask_of(ctx->saved_data["mask"]), gqa);
     auto g = torch::autograd::grad({out}, {q, k, v}, {grads[0]});
-    return {g[0], g[1], g[2], at::Tensor()};
+    return {g[0], g[1], g[2], at::Tensor(), at::Tensor()};
   }
+  static at::Tensor mask_of(const c10::IValue& mask) { return mask.isTensor() ? mask.toTensor() : at::Tensor(); }
 };
+
+// Causal attention of q over k and v ([b, heads, s, hd]). Under context parallelism q holds this
+// rank's two chunks and the keys and values are gathered from every rank; each chunk attends the
+// keys up to its own end (context_parallel.hpp).
+at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const ContextParallel& cp, AttentionRecompute recompute,
+                     bool gqa) {
+  const auto core = [&](const at::Tensor& qc, const at::Tensor& kc, const at::Tensor& vc, const at::Tensor& mask) {
+    return recompute == AttentionRecompute::kSelective ? RecomputedAttention::apply(qc, kc, vc, mask.defined() ? c10::IValue(mask) : c10::IValue(), gqa)
+                                                       : attention_core(qc, kc, vc, mask, gqa);
+  };
+  if (!cp.active()) return core(q, k, v, at::Tensor());
+  const at::Tensor keys = gather_context(cp, k), values = gather_context(cp, v);  // [b, kv_heads, seq, hd], global order
+  const int64_t chunk = q.size(2) / 2;
+  std::vector<at::Tensor> out;
+  for (int half = 0; half < 2; ++half) {
+    const int64_t n = cp.chunk_keys[half];
+    out.push_back(core(q.narrow(2, half * chunk, chunk), keys.narrow(2, 0, n), values.narrow(2, 0, n), cp.chunk_mask[half]));
+  }
+  return at::cat(out, 2);
+}
 
 at::Tensor norm(const cm::ModelSpec& m, const at::Tensor& x, const at::Tensor& weight, const at::Tensor* bias) {
   if (m.architecture == cm::Architecture::kGpt) return at::layer_norm(x, {m.hidden}, weight, *bias, kNormEps);
@@ -231,19 +260,20 @@ Rotary make_rotary(const cm::ModelSpec& m, int64_t seq_len, const at::Device& de
   return Rotary{both.cos().to(device, dtype), both.sin().to(device, dtype)};
 }
 
-at::Tensor embedding_forward(const cm::ModelSpec& m, const TensorParallel& tp, const std::vector<at::Tensor>& p,
+at::Tensor embedding_forward(const cm::ModelSpec& m, const TensorParallel& tp, const ContextParallel& cp, const std::vector<at::Tensor>& p,
                              const at::Tensor& tokens, const at::Tensor& table_grad_sum) {
   at::Tensor x = tp.active() ? leave_tp_region(tp, vocab_parallel_embedding(p[0], tokens, tp.rank() * p[0].size(0)))
                              : embedding_into(p[0], tokens, table_grad_sum);
   if (m.architecture == cm::Architecture::kGpt) {
     const int64_t first = tp.sharded_sequence() ? tp.rank() * x.size(1) : 0;  // this rank's sequence shard
-    const at::Tensor positions = at::arange(first, first + x.size(1), tokens.options());
+    const at::Tensor positions = cp.active() ? cp.positions.narrow(0, first, x.size(1)).to(tokens.device())
+                                             : at::arange(first, first + x.size(1), tokens.options());
     x = x + at::embedding(p[1], positions).unsqueeze(0);
   }
   return x;
 }
 
-at::Tensor block_forward(const cm::ModelSpec& m, const TensorParallel& tp, const std::vector<at::Tensor>& p, const at::Tensor& x,
+at::Tensor block_forward(const cm::ModelSpec& m, const TensorParallel& tp, const ContextParallel& cp, const std::vector<at::Tensor>& p, const at::Tensor& x,
                          const Rotary& rotary, AttentionRecompute recompute, Kernels kernels, const std::vector<at::Tensor>& grad_sums) {
   const bool gpt = m.architecture == cm::Architecture::kGpt;
   const int64_t hd = m.head_dim();
@@ -299,10 +329,7 @@ at::Tensor block_forward(const cm::ModelSpec& m, const TensorParallel& tp, const
     q = apply_rotary(q, rotary);
     k = apply_rotary(k, rotary);
   }
-  const bool gqa = kv_heads != heads;
-  at::Tensor attn = recompute == AttentionRecompute::kSelective
-                        ? RecomputedAttention::apply(q, k, v, gqa)
-                        : at::scaled_dot_product_attention(q, k, v, {}, 0.0, true, std::nullopt, gqa);
+  at::Tensor attn = attention(q, k, v, cp, recompute, kv_heads != heads);
   attn = attn.transpose(1, 2).reshape({b, s, heads * hd});
   at::Tensor projected = leave_tp_region(tp, into_sums ? linear_into(attn, wo, sum(4)) : at::linear(attn, wo));  // row-parallel: bias after the sum
   if (bo.defined()) projected = projected + bo;

@@ -12,6 +12,7 @@
 
 #include <ATen/ATen.h>
 
+#include "context_parallel.hpp"
 #include "fused_ops.hpp"
 #include "tensor_parallel.hpp"
 #include "trainplan/costmodel/model.hpp"
@@ -91,9 +92,10 @@ struct Rotary {
                                  at::ScalarType dtype = at::kFloat);
 
 // tokens [batch, seq] int64 -> hidden [batch, seq, h] (sequence parallel: [batch, seq/tp, h])
-// in the parameters' dtype. `table_grad_sum` (without TP only): the token table's float32
+// in the parameters' dtype. Under context parallelism `tokens` are this rank's (seq/cp of them) and
+// learned positions are those of the global sequence (cp.positions). `table_grad_sum` (without TP only): the token table's float32
 // gradient sum, which its gradient is scattered into (fused_ops.hpp embedding_into).
-[[nodiscard]] at::Tensor embedding_forward(const costmodel::ModelSpec& model, const TensorParallel& tp,
+[[nodiscard]] at::Tensor embedding_forward(const costmodel::ModelSpec& model, const TensorParallel& tp, const ContextParallel& cp,
                                            const std::vector<at::Tensor>& params, const at::Tensor& tokens,
                                            const at::Tensor& table_grad_sum = {});
 
@@ -105,8 +107,9 @@ enum class AttentionRecompute { kNone, kSelective };
 // `grad_sums` (empty, or one float32 tensor per parameter, undefined where none): on the fused
 // path without TP the weight matrices' gradients are added into their sums by the weight-gradient
 // GEMMs (gradient-accumulation fusion, fused_ops.hpp) and do not come out of backward; elsewhere
-// they are ignored.
-[[nodiscard]] at::Tensor block_forward(const costmodel::ModelSpec& model, const TensorParallel& tp,
+// they are ignored. Under context parallelism (cp.active()) `x` holds this rank's tokens, `rotary`
+// their rows, and attention runs over the whole sequence's keys and values (context_parallel.hpp).
+[[nodiscard]] at::Tensor block_forward(const costmodel::ModelSpec& model, const TensorParallel& tp, const ContextParallel& cp,
                                        const std::vector<at::Tensor>& params, const at::Tensor& x, const Rotary& rotary,
                                        AttentionRecompute recompute, Kernels kernels,
                                        const std::vector<at::Tensor>& grad_sums = {});

@@ -31,9 +31,14 @@ ProcessGroups make_process_groups(const ParallelDims& dims, Communicator& world)
   const RankCoords c = rank_coords(dims, rank);
   g.coords = c;
   // Colour = the coordinates the group shares; key = the coordinate that varies.
-  g.tp = world.split((c.dp * dims.pp + c.pp) * dims.cp + c.cp, c.tp, "tp");
-  g.pp = world.split((c.dp * dims.cp + c.cp) * dims.tp + c.tp, c.pp, "pp");
-  g.dp = world.split((c.pp * dims.cp + c.cp) * dims.tp + c.tp, c.dp, "dp");
+  const auto counted = [&](int color, int key, const char* name, std::shared_ptr<std::atomic<double>>& sent) {
+    sent = std::make_shared<std::atomic<double>>(0.0);
+    return make_counting_communicator(world.split(color, key, name), sent);
+  };
+  g.tp = counted((c.dp * dims.pp + c.pp) * dims.cp + c.cp, c.tp, "tp", g.bytes_sent.tp);
+  g.cp = counted((c.dp * dims.pp + c.pp) * dims.tp + c.tp, c.cp, "cp", g.bytes_sent.cp);
+  g.pp = counted((c.dp * dims.cp + c.cp) * dims.tp + c.tp, c.pp, "pp", g.bytes_sent.pp);
+  g.dp = counted(c.pp * dims.tp + c.tp, c.dp * dims.cp + c.cp, "dp", g.bytes_sent.dp);
   const bool end_stage = dims.pp > 1 && (c.pp == 0 || c.pp == dims.pp - 1);
   const int pipeline = (c.dp * dims.cp + c.cp) * dims.tp + c.tp;
   g.tied = world.split(end_stage ? pipeline : world.size() + rank, c.pp, end_stage ? "tied-embedding" : "self");

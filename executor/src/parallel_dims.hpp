@@ -26,17 +26,27 @@ struct RankCoords {
 [[nodiscard]] RankCoords rank_coords(const ParallelDims& dims, int rank);
 [[nodiscard]] int rank_of(const ParallelDims& dims, const RankCoords& coords);
 
-// This rank's groups, split from the world (collective: every rank builds them together).
+// This rank's groups, split from the world (collective: every rank builds them together). Each
+// group kind counts the bytes this rank sends through it (make_counting_communicator) into
+// `bytes_sent`.
 struct ProcessGroups {
   ParallelDims dims;
   RankCoords coords;
   Communicator* world = nullptr;
   std::unique_ptr<Communicator> tp;    // same dp, pp, cp
+  std::unique_ptr<Communicator> cp;    // same dp, pp, tp; group rank = cp index (context_parallel.hpp)
   std::unique_ptr<Communicator> pp;    // same dp, cp, tp; group rank = stage
-  std::unique_ptr<Communicator> dp;    // same pp, cp, tp; group rank = dp index
+  // Same pp and tp: the dp x cp ranks that hold the same weights, group rank = dp index x cp + cp
+  // index. Gradients are averaged and ZeRO shards taken over it (Megatron-Core's data-parallel
+  // group "with context parallelism"): each CP rank's loss is the mean over its own seq/cp
+  // tokens, so the average over cp ranks is the mean over the whole sequence.
+  std::unique_ptr<Communicator> dp;
   // The first and the last stage of one pipeline (same dp, cp, tp), which both hold the tied
   // embedding when pp > 1; a one-rank group on every other rank.
   std::unique_ptr<Communicator> tied;
+  struct Sent {
+    std::shared_ptr<std::atomic<double>> tp, cp, pp, dp;
+  } bytes_sent;
 };
 
 // REQUIRES: dims.mismatch(world.size()) is empty.

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <array>
 #include <csignal>
 #include <cmath>
 #include <cstdio>
@@ -191,7 +192,14 @@ struct StepRecord {
   double forward_seconds = 0, backward_seconds = 0, optimizer_seconds = 0, dp_wait_seconds = 0;
   double peak_memory_bytes = 0, mfu = 0;
   bool skipped = false;
+  std::array<double, 4> bytes_sent{};  // this rank's step, by group: tp, cp, pp, dp (kSentGroups)
 };
+
+constexpr const char* kSentGroups[] = {"tp", "cp", "pp", "dp"};
+
+std::array<double, 4> bytes_sent_so_far(const ProcessGroups& g) {
+  return {g.bytes_sent.tp->load(), g.bytes_sent.cp->load(), g.bytes_sent.pp->load(), g.bytes_sent.dp->load()};
+}
 
 // The pipeline bubble of one step (collective): per rank, the time within the step's compute
 // span (first pass start to last pass end over all ranks) it does not compute, over the time it
@@ -232,7 +240,7 @@ struct RankMemory {
 nlohmann::json measurement_json(const cm::Plan& plan, const World& w, const RankMemory& fullest,
                                 const std::vector<StepRecord>& steps, const std::vector<double>& losses,
                                 const std::string& command_line, const std::string& data, const nlohmann::json& trace,
-                                const std::string& kernels) {
+                                const std::string& kernels, const nlohmann::json& communication) {
   const cm::Estimate estimate = cm::estimate(plan);
   const StateBytes states = fullest.states;
   std::vector<double> seconds, forward, backward, optimizer, dp_wait;
@@ -316,6 +324,7 @@ nlohmann::json measurement_json(const cm::Plan& plan, const World& w, const Rank
       {"losses", losses},
       {"trace", trace},
   };
+  if (!communication.is_null()) document["communication"] = communication;
   document["environment"]["kernels"] = kernels;  // --kernels: fused or reference paths
   document["environment"]["cuda_kernels"] = have_cuda_kernels() && w.device.is_cuda();  // fused paths' own kernels ran
   if (!is_preset(plan.model_ref)) document["model_document"] = cm::model_to_json(plan.model);
@@ -385,11 +394,14 @@ int train(const RunOptions& o, const std::string& command_line, World& w, const 
   sharding.sequence_parallel = p.sequence_parallel && p.tp > 1;
   sharding.split_tied_embedding = plan.model.tied_embeddings && p.pp > 1;
   StageUnits mine = stage_units(model_layout(plan.model, sharding), chunk_layers, p.pp, at.pp);
-  EngineGroups engine_groups{groups.dp.get(), &comm, groups.tied.get(), kv_group.get(), TensorParallel{groups.tp.get(), sharding.sequence_parallel}};
+  // Context parallelism: this rank's load-balanced chunks of every sequence (context_parallel.hpp).
+  const ContextParallel context = make_context_parallel(groups.cp.get(), t.seq_len, w.device);
+  EngineGroups engine_groups{groups.dp.get(), &comm, groups.tied.get(), kv_group.get(), TensorParallel{groups.tp.get(), sharding.sequence_parallel},
+                             context};
 
   EngineConfig config;
   config.zero_stage = p.zero_stage;
-  config.shard_group = p.shard_group;
+  config.shard_group = p.shard_group * p.cp;  // the engine's data-parallel group spans dp x cp (parallel_dims.hpp)
   config.prefetch = p.prefetch;
   config.overlap_grad_reduce = p.overlap_grad_reduce;
   config.recompute = p.recompute;
@@ -416,7 +428,8 @@ int train(const RunOptions& o, const std::string& command_line, World& w, const 
   pipeline.virtual_stages = p.virtual_stages;
   pipeline.micro_batches = static_cast<int>(accumulation);
   pipeline.schedule = p.schedule;
-  pipeline.activation_shape = {p.micro_batch, sharding.sequence_parallel ? t.seq_len / p.tp : t.seq_len, plan.model.hidden};
+  const int64_t local_seq = t.seq_len / p.cp;  // this rank's tokens of each sequence
+  pipeline.activation_shape = {p.micro_batch, sharding.sequence_parallel ? local_seq / p.tp : local_seq, plan.model.hidden};
   pipeline.activation_dtype = config.compute_dtype;
   pipeline.device = w.device;
   PipelineRunner runner(pipeline, engine, p.pp > 1 ? groups.pp.get() : nullptr);
@@ -431,7 +444,7 @@ int train(const RunOptions& o, const std::string& command_line, World& w, const 
   const std::string precision = cm::precision_name(t.precision);
   const nlohmann::json layout = checkpoint_layout(
       engine, comm.size(), precision,
-      {{"tp", p.tp}, {"pp", p.pp}, {"dp", p.dp}, {"sequence_parallel", sharding.sequence_parallel},
+      {{"tp", p.tp}, {"cp", p.cp}, {"pp", p.pp}, {"dp", p.dp}, {"sequence_parallel", sharding.sequence_parallel},
        {"virtual_stages", p.virtual_stages}, {"chunk_layers", chunk_layers}});
   TrainerState state;
   state.loss_scale = t.precision == cm::Precision::kFp16 ? 65536.0 : 1.0;
@@ -460,7 +473,9 @@ int train(const RunOptions& o, const std::string& command_line, World& w, const 
     std::string stages;
     for (int n : chunk_layers) stages += (stages.empty() ? "" : "/") + std::to_string(n);
     std::cout << "executor: " << plan.name << " | " << plan.model.name << " | " << comm.size() << " rank(s) on " << w.device_name
-              << " | tp " << p.tp << (sharding.sequence_parallel ? " (sequence parallel)" : "") << ", pp " << p.pp;
+              << " | tp " << p.tp << (sharding.sequence_parallel ? " (sequence parallel)" : "");
+    if (p.cp > 1) std::cout << ", cp " << p.cp << " (all-gathered K/V, " << 2 * p.cp << " load-balanced chunks)";
+    std::cout << ", pp " << p.pp;
     if (p.pp > 1) {
       std::cout << " (" << cm::schedule_name(p.schedule) << (p.virtual_stages > 1 ? ", " + std::to_string(p.virtual_stages) + " chunks/stage" : "")
                 << ", layers per chunk " << stages << ")";
@@ -502,9 +517,10 @@ int train(const RunOptions& o, const std::string& command_line, World& w, const 
       if (timing_pipeline) comm.barrier();  // every rank's step starts together: one clock for the timeline
       const auto t0 = std::chrono::steady_clock::now();
       phases.begin_step(step);
+      const std::array<double, 4> sent_before = bytes_sent_so_far(groups);
       const auto batch = [&](int k) {
         MicroBatch mb = loader.micro_batch(step, at.dp, p.dp, t.global_batch, p.micro_batch, k, w.device);
-        return std::make_pair(mb.tokens, mb.targets);
+        return std::make_pair(context_slice(context, mb.tokens), context_slice(context, mb.targets));
       };
       const double loss_sum = runner.run_step(batch, state.loss_scale / static_cast<double>(accumulation), timing_pipeline ? &events : nullptr);
       if (p.pp > 1) step_bubbles.push_back(step_bubble(comm, events));
@@ -515,7 +531,8 @@ int train(const RunOptions& o, const std::string& command_line, World& w, const 
       StepRecord r;
       r.step = step;
       // The loss lives on the last stage, the same on every TP rank there.
-      r.loss = all_reduce_scalar(comm, at.tp == 0 ? loss_sum : 0.0) / static_cast<double>(accumulation * p.dp);
+      // Under CP each rank's loss is the mean over its own tokens (equal counts): their mean is the sequence's.
+      r.loss = all_reduce_scalar(comm, at.tp == 0 ? loss_sum : 0.0) / static_cast<double>(accumulation * p.dp * p.cp);
       r.lr = lr_at(o, step);
       const auto t_opt = std::chrono::steady_clock::now();
       bool finite = true;
@@ -535,6 +552,7 @@ int train(const RunOptions& o, const std::string& command_line, World& w, const 
         engine.zero_gradients();
       }
       phases.end_step();
+      const std::array<double, 4> sent_after = bytes_sent_so_far(groups);
       if (w.device.is_cuda()) cuda_synchronize();
       const auto t1 = std::chrono::steady_clock::now();
       if (kernel_profiler) {
@@ -547,6 +565,7 @@ int train(const RunOptions& o, const std::string& command_line, World& w, const 
       const PhaseSeconds phase_seconds = phases.collect();
       if (finite && t.precision == cm::Precision::kFp16 && ++state.good_steps % 2000 == 0) state.loss_scale *= 2;
       r.seconds = std::chrono::duration<double>(t1 - t0).count();
+      for (std::size_t g = 0; g < r.bytes_sent.size(); ++g) r.bytes_sent[g] = sent_after[g] - sent_before[g];
       r.forward_seconds = phase_seconds[Phase::kForward];
       r.backward_seconds = phase_seconds[Phase::kBackward];
       r.optimizer_seconds = phase_seconds[Phase::kOptimizer];
@@ -638,7 +657,7 @@ int train(const RunOptions& o, const std::string& command_line, World& w, const 
     print_for_rank(rank, out_of_memory_line(oom, next));
     if (!o.measurement_path.empty()) {
       RankMemory mine_memory{engine.state_bytes(), oom.allocated_bytes.value_or(0), oom.reserved_bytes.value_or(0)};
-      nlohmann::json m = measurement_json(plan, w, mine_memory, records, state.losses, command_line, loader.describe(), nullptr, o.kernels);
+      nlohmann::json m = measurement_json(plan, w, mine_memory, records, state.losses, command_line, loader.describe(), nullptr, o.kernels, nullptr);
       m["status"] = "out_of_memory";
       m["out_of_memory"] = out_of_memory_json(oom, next);
       if (w.device.is_cuda()) {
@@ -700,10 +719,14 @@ int train(const RunOptions& o, const std::string& command_line, World& w, const 
     memory.reserved_bytes = cuda_peak_reserved_bytes();
   }
   const nlohmann::json memory_json = {{"w", memory.states.weights}, {"g", memory.states.gradients}, {"o", memory.states.optimizer},
-                                      {"peak", memory.peak_bytes}, {"reserved", memory.reserved_bytes}};
+                                      {"peak", memory.peak_bytes}, {"reserved", memory.reserved_bytes},
+                                      {"sent", records.empty() ? std::array<double, 4>{} : records.back().bytes_sent}};
   RankMemory fullest = memory;
+  std::array<double, 4> most_sent{};  // per group, the most any rank sent in the last step
   for (const std::string& text : comm.all_gather_strings(memory_json.dump())) {
     const nlohmann::json j = nlohmann::json::parse(text);
+    const auto sent = j["sent"].get<std::array<double, 4>>();
+    for (std::size_t g = 0; g < most_sent.size(); ++g) most_sent[g] = std::max(most_sent[g], sent[g]);
     const RankMemory other{{j["w"].get<double>(), j["g"].get<double>(), j["o"].get<double>()}, j["peak"].get<double>(), j["reserved"].get<double>()};
     if (other.total() > fullest.total()) fullest = other;
   }
@@ -728,7 +751,11 @@ int train(const RunOptions& o, const std::string& command_line, World& w, const 
         {"predicted_in_flight", predicted_in_flight},
         {"events", trace_events},
     };
-    const nlohmann::json m = measurement_json(plan, w, fullest, records, state.losses, command_line, loader.describe(), trace, o.kernels);
+    // Bytes sent in the last step, by process group, on the rank that sent the most (the cost
+    // model's communication volume: comm.hpp make_counting_communicator for the convention).
+    nlohmann::json communication = {{"step", records.back().step}, {"rank", "the most of any rank"}};
+    for (std::size_t g = 0; g < most_sent.size(); ++g) communication[std::string(kSentGroups[g]) + "_bytes_sent_per_step"] = most_sent[g];
+    const nlohmann::json m = measurement_json(plan, w, fullest, records, state.losses, command_line, loader.describe(), trace, o.kernels, communication);
     std::cout << "done: " << records.size() << " step(s), median " << m["time"]["step_seconds"].get<double>() << " s/step, "
               << m["throughput"]["tokens_per_second"].get<double>() << " tokens/s\n";
     if (p.pp > 1) {

@@ -161,16 +161,22 @@ std::vector<std::string> executor_limitations(const Plan& plan, bool gpu) {
   std::vector<std::string> problems;
   const auto& p = plan.parallel;
   const auto& t = plan.training;
-  if (p.cp != 1 || p.ep != 1) {
-    problems.push_back("context and expert parallelism are not in the executor yet (cp=" + std::to_string(p.cp) + ", ep=" +
-                       std::to_string(p.ep) + "; tensor, sequence, pipeline and data parallelism run)");
+  if (p.ep != 1) {
+    problems.push_back("expert parallelism is not in the executor yet (ep=" + std::to_string(p.ep) +
+                       "; tensor, sequence, context, pipeline and data parallelism run)");
+  }
+  if (p.cp > 1 && t.seq_len % (2LL * p.cp) != 0) {
+    // executor/src/context_parallel.hpp: rank i holds chunks i and 2cp-1-i.
+    problems.push_back("context parallelism: seq_len (" + std::to_string(t.seq_len) + ") must split into 2 x cp(" + std::to_string(p.cp) + ") = " +
+                       std::to_string(2 * p.cp) + " equal chunks (causal load balancing: rank i holds chunks i and 2cp-1-i)");
   }
   if (p.tp > 1 && plan.model.vocab % p.tp != 0) {
     problems.push_back("tp(" + std::to_string(p.tp) + ") must divide the vocabulary (" + std::to_string(plan.model.vocab) +
                        ") for the vocabulary-parallel embedding and loss");
   }
-  if (p.tp > 1 && p.sequence_parallel && t.seq_len % p.tp != 0) {
-    problems.push_back("sequence parallelism: tp(" + std::to_string(p.tp) + ") must divide seq_len (" + std::to_string(t.seq_len) + ")");
+  if (p.tp > 1 && p.sequence_parallel && (t.seq_len % p.cp != 0 || (t.seq_len / p.cp) % p.tp != 0)) {
+    problems.push_back("sequence parallelism: tp(" + std::to_string(p.tp) + ") must divide each rank's " +
+                       (p.cp > 1 ? "seq_len / cp (" + std::to_string(t.seq_len / p.cp) + ")" : "seq_len (" + std::to_string(t.seq_len) + ")"));
   }
   if (plan.model.moe) problems.push_back("mixture-of-experts models are not supported by the executor");
   const cm::ModelSpec& m = plan.model;

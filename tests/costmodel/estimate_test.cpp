@@ -14,6 +14,7 @@
 #include "test_support.hpp"
 #include "trainplan/costmodel/estimate.hpp"
 #include "trainplan/costmodel/model.hpp"
+#include "trainplan/costmodel/network.hpp"
 
 namespace trainplan {
 namespace {
@@ -133,17 +134,50 @@ TEST(PipelineBubble, IsPMinusOneOverVmOfTheComputeTime) {
   }
 }
 
-// Ring attention overlaps each step's K/V transfer with attention on the previous chunk. Llama 3
-// 8B, seq 8192, cp 4 in one node: T = 2048 tokens per rank, a K/V chunk of 2 * 2048 * 1024 * 2 B
-// = 8 MiB takes ~23 us over NVLink (369 GB/s), attention on a 2048 x 2048 block (4 T^2 h =
-// 69 GFLOP) ~100 us: hidden. Across two nodes with cp 16 (T = 512, 45 GB/s per GPU) it is not.
+// Ring attention (Megatron-Core's default, stack megatron-te) overlaps each step's K/V transfer
+// with attention on the previous chunk. Llama 3 8B, seq 8192, cp 4 in one node: T = 2048 tokens
+// per rank, a K/V chunk of 2 * 2048 * 1024 * 2 B = 8 MiB takes ~23 us over NVLink (369 GB/s),
+// attention on a 2048 x 2048 block (4 T^2 h = 69 GFLOP) ~100 us: hidden. Across two nodes with cp
+// 16 (T = 512, 45 GB/s per GPU) it is not.
 TEST(ContextParallel, RingTrafficIsHiddenInsideANodeAndExposedAcrossNodes) {
   Plan in_node = make_plan("llama3-8b", "dgx-h100", 8, 8192, 64);
+  in_node.training.stack = Stack::kMegatronTe;
   in_node.parallel.cp = 4; in_node.parallel.dp = 2; in_node.parallel.zero_stage = 2;
   EXPECT_EQ(checked_estimate(in_node).time.cp_comm.value(), 0.0);
   Plan across = make_plan("llama3-8b", "dgx-h100", 16, 8192, 64);
+  across.training.stack = Stack::kMegatronTe;
   across.parallel.cp = 16; across.parallel.dp = 1; across.parallel.zero_stage = 3;
   EXPECT_GT(checked_estimate(across).time.cp_comm.value(), 0.0);
+}
+
+// The executor's context parallelism (stack trainplan, executor/src/context_parallel.hpp)
+// all-gathers K/V before attention and reduce-scatters their gradients after it, unoverlapped.
+// Bytes one rank sends per step, by hand: Llama 3 8B (32 layers, kv_dim 1024), seq 8192, cp 4,
+// micro-batch 1: T = 2048 tokens, K + V = 2 * 2048 * 1024 * 2 B = 8 MiB; forward all-gather and
+// backward reduce-scatter each send (cp - 1) = 3 of them: 48 MiB per layer and micro-batch, x 32
+// layers x the step's micro-batches. A ring sends the same K/V forward plus K/V and their
+// gradients backward: 3/2 of that. Full recompute gathers once more.
+TEST(ContextParallel, AllGatheredKvSendsTwoPassesPerLayerAndIsExposed) {
+  Plan plan = make_plan("llama3-8b", "dgx-h100", 8, 8192, 64);
+  plan.parallel.cp = 4; plan.parallel.dp = 2; plan.parallel.zero_stage = 1; plan.parallel.micro_batch = 1;
+  ASSERT_EQ(plan.training.stack, Stack::kTrainplan);
+  const Estimate e = checked_estimate(plan);
+  const double kv = 2.0 * 2048 * 1024 * 2;
+  EXPECT_DOUBLE_EQ(e.communication.cp_sent.value(), 2.0 * 3 * kv * 32 * e.micro_batches);
+  // Exposed: the gathers of every layer and micro-batch, more than the ring hides inside a node.
+  const Seconds gather = collective_time(plan.cluster, Collective::kAllGather, Bytes(4 * kv), {4, 4});
+  const Seconds scatter = collective_time(plan.cluster, Collective::kReduceScatter, Bytes(4 * kv), {4, 4});
+  EXPECT_NEAR(e.time.cp_comm.value(), 32.0 * e.micro_batches * (gather + scatter).value(), 1e-9);
+
+  Plan ring = plan;
+  ring.training.stack = Stack::kMegatronTe;
+  EXPECT_DOUBLE_EQ(checked_estimate(ring).communication.cp_sent.value(), 1.5 * e.communication.cp_sent.value());
+  Plan full = plan;
+  full.parallel.recompute = Recompute::kFull;
+  EXPECT_DOUBLE_EQ(checked_estimate(full).communication.cp_sent.value(), 1.5 * e.communication.cp_sent.value());
+  Plan none = plan;
+  none.parallel.cp = 1; none.parallel.dp = 8;
+  EXPECT_EQ(checked_estimate(none).communication.cp_sent.value(), 0.0);
 }
 
 TEST(PipelineBubble, IsZeroWithoutPipelining) {

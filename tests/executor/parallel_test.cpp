@@ -1,8 +1,9 @@
-// Tensor, sequence and pipeline parallelism change where the work runs, not what is computed:
+// Tensor, sequence, context and pipeline parallelism change where the work runs, not what is computed:
 // every layout must give the per-step losses of the 1-rank run with the same global batch over
 // 10 steps, and its exported (consolidated) weights must equal the 1-rank run's, to 1e-4
 // relative. Also checked here: the micro-batches each pipeline stage holds (activation memory)
-// against the cost model. The measured bubble is in bubble_test.cpp.
+// and the bytes context parallelism sends per step, against the cost model. The measured bubble
+// is in bubble_test.cpp.
 
 #include <cmath>
 #include <filesystem>
@@ -11,6 +12,8 @@
 #include <gtest/gtest.h>
 
 #include "executor_support.hpp"
+#include "trainplan/costmodel/estimate.hpp"
+#include "trainplan/costmodel/plan.hpp"
 
 namespace trainplan::testing {
 namespace {
@@ -21,7 +24,7 @@ constexpr int kSteps = 10;
 struct Case {
   std::string name;
   std::string model;  // tiny-llama or tiny-gpt, with 8 layers
-  int ranks;          // tp * pp * dp
+  int ranks;          // tp * cp * pp * dp
   PlanSpec spec;
 };
 
@@ -86,9 +89,10 @@ TEST_P(ModelParallelEquivalence, LossesAndExportedWeightsMatchTheOneRankRun) {
 }
 
 Case make(const std::string& name, const std::string& model, int tp, int pp, int dp, int micro_batch,
-          const std::string& schedule = "1f1b", int virtual_stages = 1, bool sp = false, int zero_stage = 0) {
-  Case c{name, model, tp * pp * dp, base_spec(model)};
+          const std::string& schedule = "1f1b", int virtual_stages = 1, bool sp = false, int zero_stage = 0, int cp = 1) {
+  Case c{name, model, tp * cp * pp * dp, base_spec(model)};
   c.spec.tp = tp;
+  c.spec.cp = cp;
   c.spec.pp = pp;
   c.spec.ranks = dp;
   c.spec.micro_batch = micro_batch;
@@ -123,11 +127,59 @@ std::vector<Case> cases() {
       make("gpt_pp2_tied_embeddings", "tiny-gpt", 1, 2, 1, 2),
       make("gpt_pp2_dp2_zero2_tied_embeddings", "tiny-gpt", 1, 2, 2, 1, "1f1b", 1, false, 2),
       make("gpt_pp2_dp2_zero1_tied_embeddings", "tiny-gpt", 1, 2, 2, 1, "1f1b", 1, false, 1),
+      // Context parallelism (issue 13): each rank holds chunks i and 2cp-1-i of the 32 tokens;
+      // K/V all-gathered, gradients reduced over dp x cp.
+      make("cp2", "tiny-llama", 1, 1, 1, 8, "1f1b", 1, false, 0, 2),
+      make("cp4", "tiny-llama", 1, 1, 1, 8, "1f1b", 1, false, 0, 4),
+      make("cp2_tp2_sequence_parallel", "tiny-llama", 2, 1, 1, 8, "1f1b", 1, true, 0, 2),
+      make("cp2_pp2_dp2_zero1", "tiny-llama", 1, 2, 2, 1, "1f1b", 1, false, 1, 2),
+      make("cp2_dp2_zero3", "tiny-llama", 1, 1, 2, 2, "1f1b", 1, false, 3, 2),
+      // Learned positions of the global sequence; tied embeddings split over two stages.
+      make("gpt_cp2_pp2_tied_embeddings", "tiny-gpt", 1, 2, 1, 2, "1f1b", 1, false, 0, 2),
   };
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, ModelParallelEquivalence, ::testing::ValuesIn(cases()),
                          [](const auto& info) { return info.param.name; });
+
+// Context parallelism's bytes: per layer and micro-batch, K and V of this rank's tokens
+// all-gathered in the forward and their gradients reduce-scattered in the backward, (cp - 1)
+// pieces each (context_parallel.hpp). tiny-llama: kv_dim = 2 heads x 16 = 32, fp32. cp2 with 8
+// layers and one micro-batch of 8 x 16 tokens per rank: 2 x 1 x 128 x (32 + 32) x 4 B x 8 =
+// 524288 B; full recompute gathers once more: x 3/2. The cost model must agree within 5%.
+TEST(ContextParallelBytes, MeasuredBytesSentPerStepMatchTheCostModel) {
+  struct Row {
+    Case c;
+    std::string recompute;
+    double by_hand;  // 0: only against the cost model
+  };
+  const std::vector<Row> rows = {
+      {make("bytes_cp2", "tiny-llama", 1, 1, 1, 8, "1f1b", 1, false, 0, 2), "none", 524288.0},
+      {make("bytes_cp2_full_recompute", "tiny-llama", 1, 1, 1, 8, "1f1b", 1, false, 0, 2), "full", 786432.0},
+      // cp 4: (cp - 1) = 3 pieces of 8 x 8 tokens: 2 x 3 x 64 x 64 x 4 B x 8 layers.
+      {make("bytes_cp4", "tiny-llama", 1, 1, 1, 8, "1f1b", 1, false, 0, 4), "none", 786432.0},
+      // tp 2 splits the kv heads: 16 + 16 per rank.
+      {make("bytes_cp2_tp2", "tiny-llama", 2, 1, 1, 8, "1f1b", 1, true, 0, 2), "selective", 262144.0},
+      {make("bytes_cp2_pp2_dp2", "tiny-llama", 1, 2, 2, 1, "1f1b", 1, false, 1, 2), "none", 0},
+  };
+  for (const Row& row : rows) {
+    Case c = row.c;
+    c.spec.recompute = row.recompute;
+    const std::string dir = scratch_dir(c.name);
+    const std::string plan_path = write_plan(dir, c.name, c.spec);
+    const Outcome o = run_executor(c.ranks, "--plan " + plan_path + " --steps 2 --threads 1 --quiet --measurement " + dir + "/m.json");
+    ASSERT_EQ(o.exit_code, 0) << c.name << "\n" << o.output;
+    const double measured = read_json(dir + "/m.json").at("communication").at("cp_bytes_sent_per_step").get<double>();
+    auto request = costmodel::load_plan_file(plan_path);
+    ASSERT_TRUE(request.ok()) << request.error().message;
+    auto plan = costmodel::plan_with_defaults(*request);
+    ASSERT_TRUE(plan.ok()) << plan.error().message;
+    const double predicted = costmodel::estimate(*plan).communication.cp_sent.value();
+    EXPECT_NEAR(measured, predicted, 0.05 * predicted) << c.name;
+    if (row.by_hand > 0) EXPECT_EQ(measured, row.by_hand) << c.name;
+    EXPECT_GT(measured, 0.0) << c.name;
+  }
+}
 
 TEST(ModelParallelCheckpoint, ResumingATensorAndPipelineRunGivesTheUninterruptedLosses) {
   // tp=2 x pp=2 with ZeRO-1 over dp=2 (8 ranks): stop after 5 of 10 steps, resume, compare.

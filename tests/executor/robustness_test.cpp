@@ -192,14 +192,17 @@ TEST(Data, ATokenFileTrainsAndEveryRankReadsDistinctSamples) {
   EXPECT_LT(l1.back(), l1.front() - 1.0);
 }
 
-TEST(Plan, ContextParallelPlansAreRefusedWithTheReason) {
+// Issue 13: context parallelism cuts each sequence into 2 cp equal chunks (causal load
+// balancing); a sequence that does not split is refused with the rule, before any rank starts.
+TEST(Plan, ContextParallelPlansWhoseSequenceDoesNotSplitInto2CpChunksAreRefused) {
   const std::string dir = scratch_dir("cp");
   PlanSpec spec;
-  spec.cp = 2;
+  spec.cp = 4;
+  spec.seq_len = 36;  // divisible by cp = 4, not by 2 cp = 8
   const std::string plan = write_plan(dir, "cp", spec);
   const Outcome o = run_executor(1, common_args(plan));
   EXPECT_EQ(o.exit_code, 2);
-  EXPECT_NE(o.output.find("context and expert parallelism are not in the executor yet (cp=2"), std::string::npos) << o.output;
+  EXPECT_NE(o.output.find("context parallelism: seq_len (36) must split into 2 x cp(4) = 8 equal chunks"), std::string::npos) << o.output;
 }
 
 TEST(Plan, AWrongNumberOfRanksNamesBothCounts) {

@@ -41,7 +41,10 @@ struct LayerCost {
   double tp_comm_forward = 0;  // exposed tensor-parallel collectives
   double tp_comm_backward = 0;
   double tp_comm_recompute = 0;
-  double cp_comm = 0;          // exposed context-parallel (ring attention) traffic, fwd + bwd
+  double cp_comm = 0;          // exposed context-parallel traffic (stack.hpp ContextAttention), fwd + bwd (+ recompute)
+  // Bytes this rank sends for context parallelism, fwd + bwd (+ recompute), as the ring
+  // algorithms move them (a (cp-1)/cp share of each all-gather's output and reduce-scatter's input).
+  double cp_bytes = 0;
   double ep_comm = 0;          // expert-parallel all-to-all, fwd + bwd (+ recompute)
   double model_flops = 0;      // forward + backward FLOPs of the model convention (no recompute)
   double hardware_flops = 0;   // FLOPs executed, recompute included

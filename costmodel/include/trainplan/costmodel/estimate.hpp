@@ -93,6 +93,13 @@ struct PipelineTimeline {
 [[nodiscard]] std::vector<int> partition_layers(int layers, int chunks, double layer_seconds, double first_seconds,
                                                 double last_seconds);
 
+// Bytes one rank sends per optimizer step, on the rank that sends the most, as the ring
+// algorithms move them (compute.hpp cp_bytes). The executor's measurement counts the same way
+// (its "communication" object). Context parallelism so far.
+struct CommunicationVolume {
+  Bytes cp_sent;
+};
+
 struct Estimate {
   bool fits = true;
   bool tight = false;  // fits, but `required` is within the memory headroom of capacity
@@ -102,6 +109,7 @@ struct Estimate {
   Throughput throughput;
   RunCost run;
   PipelineTimeline pipeline;
+  CommunicationVolume communication;
   int micro_batches = 1;  // per optimizer step per pipeline (gradient-accumulation steps)
   double parameters = 0;  // total model parameters
   double trainable_parameters = 0;

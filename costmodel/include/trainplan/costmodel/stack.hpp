@@ -44,6 +44,20 @@ enum class GradAccumulation {
   kFusedInGemmUnsharded,
 };
 
+// How attention sees the whole sequence under context parallelism (cp > 1).
+enum class ContextAttention {
+  // Ring attention (Megatron-Core's default "p2p", torchtitan): K/V chunks passed round the cp
+  // ranks, each step overlapping the next block's computation; the backward passes K/V and their
+  // gradients round again. A causal kernel on each block, load-balanced chunks.
+  kRing,
+  // All-gather of K/V (Llama 3, Dubey et al. 2024 Sec. 3.3.2; Megatron-Core's "all_gather"), the
+  // executor's (executor/src/context_parallel.hpp): K/V all-gathered before attention and their
+  // gradients reduce-scattered after it, neither overlapped; the gathered K/V kept for backward.
+  // Each of a rank's two query chunks attends the keys up to its own end through a masked
+  // kernel: (2cp + 1) / 4cp of the seq/cp x seq rectangle, against 1/2 for a causal kernel.
+  kAllGatherKv,
+};
+
 struct StackSpec {
   Stack stack;
   const char* name;     // "trainplan", as on the command line and in documents
@@ -83,6 +97,7 @@ struct StackSpec {
   // The output layer's rows are padded to a multiple of this times tp (Megatron's
   // --make-vocab-size-divisible-by 128); 1: the vocabulary as it is.
   int vocab_pad_multiple;
+  ContextAttention context_attention;
   const char* source;
 };
 
