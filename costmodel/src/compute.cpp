@@ -133,8 +133,8 @@ namespace {
 bool is_trainplan(Stack stack) { return stack == Stack::kTrainplan || stack == Stack::kTrainplanReference; }
 
 // Gradients added into the fp32 gradient by the kernels that compute them (stack.hpp,
-// kFusedInGemmUnsharded): the executor's fused path under ZeRO-0/1 without TP, weights trained;
-// not claimed for context parallelism, which the executor does not run yet.
+// kFusedInGemmUnsharded): the executor's fused path under ZeRO-0/1 without TP, weights trained
+// (with or without context parallelism: engine.cpp fused_accumulation).
 bool gradients_in_gemm(const StackSpec& stack, const LayerSetting& s) {
   const bool lora = s.mode == TrainingMode::kLora || s.mode == TrainingMode::kQlora;
   return stack.grads == GradAccumulation::kFusedInGemmUnsharded && s.zero_stage <= 1 && s.tp == 1 && !lora;
@@ -382,7 +382,10 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
   const double qkv = T * (q_local + (gathered_kv ? s.cp : 1.0) * (k_local + v_local)) * e + 2.0 * T * mla_latents * e;
   const double score_bytes = s.attention == AttentionKernel::kStandard ? scores * (e + (s.dropout ? 1.0 + e : 0.0))
                                                                         : 4.0 * s.micro_batch * a_local * s_q;  // softmax stats
-  const double proj_input = T * o_in_local * lin_in;
+  // The output projection's input. All-gathered K/V without recompute: the two query chunks'
+  // attention outputs are kept by their kernels and joined into a new tensor for the projection,
+  // so one more copy of the attention output stays (executor/src/model.cpp attention).
+  const double proj_input = T * o_in_local * lin_in + (gathered_kv && s.recompute == Recompute::kNone ? T * o_in_local * e : 0.0);
   const double masks = s.dropout ? 2.0 * Tn * h : 0.0;
   // GELU: fc1 output and the GELU output (fc2's input). SwiGLU: the stack's count (stack.hpp),
   // one of which is the down projection's input.

@@ -3,6 +3,7 @@
 
 #include "context_parallel.hpp"
 
+#include <limits>
 #include <stdexcept>
 #include <string>
 
@@ -23,7 +24,7 @@ at::Tensor context_positions(int64_t seq, int cp, int rank) {
   return at::cat({at::arange(rank * chunk, (rank + 1) * chunk, i64), at::arange((2 * cp - 1 - rank) * chunk, (2 * cp - rank) * chunk, i64)});
 }
 
-ContextParallel make_context_parallel(Communicator* comm, int64_t seq, const at::Device& device) {
+ContextParallel make_context_parallel(Communicator* comm, int64_t seq, const at::Device& device, at::ScalarType dtype) {
   ContextParallel cp;
   if (comm == nullptr || comm->size() == 1) return cp;
   cp.comm = comm;
@@ -37,8 +38,12 @@ ContextParallel make_context_parallel(Communicator* comm, int64_t seq, const at:
   for (int half = 0; half < 2; ++half) {
     const int64_t j = half == 0 ? comm->rank() : 2 * n - 1 - comm->rank();  // the chunk's global index
     cp.chunk_keys[half] = (j + 1) * chunk;
+    const int64_t keys = cp.chunk_keys[half], aligned = (keys + 15) / 16 * 16;
     const at::Tensor queries = at::arange(j * chunk, (j + 1) * chunk, i64);
-    cp.chunk_mask[half] = at::arange(cp.chunk_keys[half], i64).unsqueeze(0).le(queries.unsqueeze(1)).to(device);
+    const at::Tensor allowed = at::arange(keys, i64).unsqueeze(0).le(queries.unsqueeze(1));
+    at::Tensor mask = at::full({chunk, aligned}, -std::numeric_limits<double>::infinity(), at::TensorOptions().dtype(dtype).device(device));
+    mask.narrow(1, 0, keys).masked_fill_(allowed.to(device), 0.0);
+    cp.chunk_mask[half] = mask.narrow(1, 0, keys);
   }
   return cp;
 }

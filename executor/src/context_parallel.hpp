@@ -28,7 +28,9 @@ struct ContextParallel {
   at::Tensor positions;          // int64 [seq/cp]: global positions of this rank's tokens (CP only)
   at::Tensor key_order;          // int64 [seq]: the gathered keys (rank order) in global order
   // Per query chunk (this rank's first and second): the keys it attends, a prefix of the global
-  // order, and its mask, bool [seq/2cp, keys] (true: may attend).
+  // order, and its additive mask [seq/2cp, keys] (0 or -inf) in the compute dtype, made once and
+  // shared by every layer (a boolean mask would be converted, and kept, per attention call), its
+  // rows 16-element aligned as the memory-efficient GPU kernel wants them.
   int64_t chunk_keys[2] = {0, 0};
   at::Tensor chunk_mask[2];
   [[nodiscard]] int size() const { return comm != nullptr ? comm->size() : 1; }
@@ -41,7 +43,7 @@ struct ContextParallel {
 
 // The group's context for sequences of `seq` tokens, positions and mask on `device`. `comm` null
 // or of one rank: inactive.
-[[nodiscard]] ContextParallel make_context_parallel(Communicator* comm, int64_t seq, const at::Device& device);
+[[nodiscard]] ContextParallel make_context_parallel(Communicator* comm, int64_t seq, const at::Device& device, at::ScalarType dtype);
 
 // This rank's tokens of `x` ([batch, seq, ...]): the columns at cp.positions. Identity without CP.
 [[nodiscard]] at::Tensor context_slice(const ContextParallel& cp, const at::Tensor& x);

@@ -126,9 +126,10 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   std::vector<at::Tensor> out;
   for (int half = 0; half < 2; ++half) {
     const int64_t n = cp.chunk_keys[half];
-    out.push_back(core(q.narrow(2, half * chunk, chunk), keys.narrow(2, 0, n), values.narrow(2, 0, n), cp.chunk_mask[half]));
+    // [b, s, heads, hd] in memory, as the kernels write it, so the caller's reshape is a view.
+    out.push_back(core(q.narrow(2, half * chunk, chunk), keys.narrow(2, 0, n), values.narrow(2, 0, n), cp.chunk_mask[half]).transpose(1, 2));
   }
-  return at::cat(out, 2);
+  return at::cat(out, 1).transpose(1, 2);
 }
 
 at::Tensor norm(const cm::ModelSpec& m, const at::Tensor& x, const at::Tensor& weight, const at::Tensor* bias) {

@@ -395,7 +395,7 @@ int train(const RunOptions& o, const std::string& command_line, World& w, const 
   sharding.split_tied_embedding = plan.model.tied_embeddings && p.pp > 1;
   StageUnits mine = stage_units(model_layout(plan.model, sharding), chunk_layers, p.pp, at.pp);
   // Context parallelism: this rank's load-balanced chunks of every sequence (context_parallel.hpp).
-  const ContextParallel context = make_context_parallel(groups.cp.get(), t.seq_len, w.device);
+  const ContextParallel context = make_context_parallel(groups.cp.get(), t.seq_len, w.device, torch_dtype(t.precision));
   EngineGroups engine_groups{groups.dp.get(), &comm, groups.tied.get(), kv_group.get(), TensorParallel{groups.tp.get(), sharding.sequence_parallel},
                              context};
 
@@ -442,10 +442,10 @@ int train(const RunOptions& o, const std::string& command_line, World& w, const 
   DataLoader loader(data_spec, plan.model.vocab, t.seq_len);
 
   const std::string precision = cm::precision_name(t.precision);
-  const nlohmann::json layout = checkpoint_layout(
-      engine, comm.size(), precision,
-      {{"tp", p.tp}, {"cp", p.cp}, {"pp", p.pp}, {"dp", p.dp}, {"sequence_parallel", sharding.sequence_parallel},
-       {"virtual_stages", p.virtual_stages}, {"chunk_layers", chunk_layers}});
+  nlohmann::json parallel_layout = {{"tp", p.tp}, {"pp", p.pp}, {"dp", p.dp}, {"sequence_parallel", sharding.sequence_parallel},
+                                    {"virtual_stages", p.virtual_stages}, {"chunk_layers", chunk_layers}};
+  if (p.cp > 1) parallel_layout["cp"] = p.cp;  // only then: checkpoints written before CP existed still resume
+  const nlohmann::json layout = checkpoint_layout(engine, comm.size(), precision, parallel_layout);
   TrainerState state;
   state.loss_scale = t.precision == cm::Precision::kFp16 ? 65536.0 : 1.0;
   if (!o.resume.empty()) {

@@ -337,6 +337,7 @@ QuantityUnit unit_of(const std::string& key) {
   const auto strip = [&](const std::string& suffix) { return QString::fromStdString(key.substr(0, key.size() - suffix.size())).replace('_', ' '); };
   const auto ends_with = [&](const std::string& suffix) { return key.size() >= suffix.size() && key.compare(key.size() - suffix.size(), suffix.size(), suffix) == 0; };
   if (ends_with("_bytes")) return {strip("_bytes") + QStringLiteral(" (GiB)"), kGiB, 2};
+  if (ends_with("_bytes_sent_per_step")) return {strip("_bytes_sent_per_step") + QStringLiteral(" bytes sent per step (MiB)"), kGiB / 1024, 2};
   if (ends_with("_seconds")) return {strip("_seconds") + QStringLiteral(" (s)"), 1, 4};
   if (key == "tokens_per_second") return {QStringLiteral("tokens per second (tokens/s)"), 1, 0};
   if (key == "tokens_per_second_per_gpu") return {QStringLiteral("tokens per second per GPU (tokens/s)"), 1, 0};

@@ -80,6 +80,7 @@ Comparison compare(PerformanceDocument predicted, PerformanceDocument measured) 
       } else if (row.predicted == 0) {
         continue;  // a part this plan does not have, and nobody measured it
       }
+      if (section == Section::kCommunication && row.predicted == 0 && row.measured.value_or(0) == 0) continue;  // none of this kind
       c.rows.push_back(std::move(row));
     }
   }
@@ -123,6 +124,7 @@ std::string value_text(Section section, const std::string& key, double value) {
       if (key == "mfu" || key == "hfu") return significant(100 * value) + "%";
       if (key.rfind("tokens_per_second", 0) == 0) return si(value, 4);
       return significant(value);
+    case Section::kCommunication: return significant(value / 1048576.0);  // MiB, said in the table header
   }
   return significant(value);
 }
@@ -165,6 +167,7 @@ std::string label(const std::string& key) {
       {"hardware_tflops_per_gpu", "hardware TFLOP/s per GPU"},
       {"mfu", "MFU"},
       {"hfu", "HFU"},
+      {"cp_bytes_sent_per_step", "context parallelism"},
   };
   const auto it = kLabels.find(key);
   return it == kLabels.end() ? key : it->second;
@@ -175,6 +178,7 @@ const char* table_title(Section section) {
     case Section::kMemory: return "memory per GPU (GiB)";
     case Section::kTime: return "time per step";
     case Section::kThroughput: return "throughput";
+    case Section::kCommunication: return "bytes sent per step, busiest rank (MiB)";
   }
   return "?";
 }
@@ -196,7 +200,7 @@ std::string either(const std::string& predicted, const std::string& measured) { 
 std::string closing_line(const Comparison& c) {
   const ComparisonRow* largest = c.largest_deviation();
   if (!largest) return "Nothing the estimate predicts was measured.";
-  const std::string unit = largest->section == Section::kMemory ? " GiB" : "";
+  const std::string unit = largest->section == Section::kMemory ? " GiB" : largest->section == Section::kCommunication ? " MiB" : "";
   return fmt("Largest deviation: %s %s, %s: measured %s%s against %s%s predicted.", section_name(largest->section),
              label(largest->key).c_str(), difference_text(*largest).c_str(),
              value_text(largest->section, largest->key, *largest->measured).c_str(), unit.c_str(),

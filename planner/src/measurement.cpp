@@ -23,6 +23,7 @@ const char* section_name(Section section) {
     case Section::kMemory: return "memory";
     case Section::kTime: return "time";
     case Section::kThroughput: return "throughput";
+    case Section::kCommunication: return "communication";
   }
   return "?";
 }
@@ -37,10 +38,12 @@ const std::vector<std::string>& section_keys(Section section) {
       "optimizer_seconds", "offload_seconds"};
   static const std::vector<std::string> kThroughput = {
       "tokens_per_second", "tokens_per_second_per_gpu", "model_tflops_per_gpu", "hardware_tflops_per_gpu", "mfu", "hfu"};
+  static const std::vector<std::string> kCommunication = {"cp_bytes_sent_per_step"};
   switch (section) {
     case Section::kMemory: return kMemory;
     case Section::kTime: return kTime;
     case Section::kThroughput: return kThroughput;
+    case Section::kCommunication: return kCommunication;
   }
   return kThroughput;
 }
@@ -61,6 +64,7 @@ const std::map<std::string, double>& PerformanceDocument::quantities(Section sec
     case Section::kMemory: return memory;
     case Section::kTime: return time;
     case Section::kThroughput: return throughput;
+    case Section::kCommunication: return communication;
   }
   return throughput;
 }
@@ -253,6 +257,7 @@ PerformanceDocument read_document(const nlohmann::json& json, const std::string&
   for (Section section : kSections) {
     // A run that ran out of memory may have timed nothing.
     if (d.status == "out_of_memory" && section != Section::kMemory && !r.find(section_name(section))) continue;
+    if (section == Section::kCommunication && !r.find(section_name(section))) continue;  // optional (older documents)
     const LenientReader s = r.object(section_name(section));
     for (const std::string& key : section_keys(section)) {
       if (auto x = s.number(key)) d.quantities(section)[key] = *x;

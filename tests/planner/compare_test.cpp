@@ -114,6 +114,27 @@ TEST(Compare, PartsThePlanDoesNotHaveAreLeftOut) {
   EXPECT_NE(find_row(c, "step_seconds"), nullptr);
 }
 
+// Context parallelism's bytes (issue 13): the estimate's and the executor's
+// communication.cp_bytes_sent_per_step side by side, in MiB; a plan without CP shows no row.
+TEST(Compare, ContextParallelBytesSentAreComparedInMebibytes) {
+  EXPECT_EQ(find_row(sample_comparison(), "cp_bytes_sent_per_step"), nullptr);
+  PerformanceDocument predicted, measured;
+  predicted.communication["cp_bytes_sent_per_step"] = 48.0 * 1048576;
+  measured.communication["cp_bytes_sent_per_step"] = 49.0 * 1048576;
+  const Comparison c = planner::compare(predicted, measured);
+  const ComparisonRow* row = find_row(c, "cp_bytes_sent_per_step");
+  ASSERT_NE(row, nullptr);
+  EXPECT_EQ(row->section, Section::kCommunication);
+  ASSERT_TRUE(row->relative_difference.has_value());
+  EXPECT_NEAR(*row->relative_difference, 1.0 / 48.0, 1e-12);
+  const std::string text = planner::render_comparison(c, planner::Format::kText);
+  EXPECT_NE(text.find("bytes sent per step, busiest rank (MiB)"), std::string::npos) << text;
+  const std::string line = line_of(text, "context parallelism");
+  EXPECT_NE(line.find("48.00"), std::string::npos) << text;
+  EXPECT_NE(line.find("49.00"), std::string::npos) << text;
+  EXPECT_NE(line.find("+2.1%"), std::string::npos) << text;
+}
+
 TEST(Compare, HeaderNamesPlanModelLayoutWorldSizeAndDevice) {
   const std::string text = planner::render_comparison(sample_comparison(), planner::Format::kText);
   EXPECT_NE(text.find("Plan         tinyllama-4x-zero2\n"), std::string::npos) << text;
@@ -300,7 +321,8 @@ TEST(Compare, ATraceEventEndingBeforeItStartsIsAnErrorNamingIt) {
 TEST(SectionKeys, CoverEveryPredictedQuantityOfTheEstimateDocument) {
   const costmodel::Plan plan = testing::make_plan("llama3-8b", "dgx-h100", 8, 4096, 64);
   const auto estimate = costmodel::estimate_to_json(plan, testing::checked_estimate(plan));
-  const std::pair<Section, std::string> suffixes[] = {{Section::kMemory, "_bytes"}, {Section::kTime, "_seconds"}, {Section::kThroughput, ""}};
+  const std::pair<Section, std::string> suffixes[] = {
+      {Section::kMemory, "_bytes"}, {Section::kTime, "_seconds"}, {Section::kThroughput, ""}, {Section::kCommunication, "_per_step"}};
   for (const auto& [section, suffix] : suffixes) {
     std::vector<std::string> in_document;
     for (const auto& [key, value] : estimate.at(planner::section_name(section)).items()) {

@@ -22,8 +22,9 @@ namespace trainplan::planner {
 inline constexpr const char* kEstimateSchema = "trainplan/estimate/v1";
 inline constexpr const char* kMeasurementSchema = "trainplan/measurement/v1";
 
-enum class Section { kMemory, kTime, kThroughput };
-inline constexpr Section kSections[] = {Section::kMemory, Section::kTime, Section::kThroughput};
+// kCommunication (bytes sent per step) is optional in both documents: older ones lack it.
+enum class Section { kMemory, kTime, kThroughput, kCommunication };
+inline constexpr Section kSections[] = {Section::kMemory, Section::kTime, Section::kThroughput, Section::kCommunication};
 
 // The document key of a section: "memory", "time", "throughput".
 [[nodiscard]] const char* section_name(Section section);
@@ -94,7 +95,7 @@ struct PerformanceDocument {
   std::optional<ParallelLayout> layout;  // from `parallel`, when present
   // Quantities by key, only those the document has, in the document's units (bytes, seconds,
   // tokens/s, TFLOP/s, fractions).
-  std::map<std::string, double> memory, time, throughput;
+  std::map<std::string, double> memory, time, throughput, communication;
   std::vector<double> losses;  // per step, from `losses`, when present; null (a diverged step) reads as NaN
   std::optional<Trace> trace;  // measurements with a `trace` section (pipeline runs)
   // Measurements: "ok" (also when absent: older executors) or "out_of_memory".
