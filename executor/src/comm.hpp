@@ -60,6 +60,10 @@ class Communicator {
   [[nodiscard]] virtual at::Device device() const { return at::Device(at::kCPU); }
 };
 
+// `t` as a reduction takes it: MPI reduces float32/float64 only, so reduced-precision CPU tensors
+// travel as float32; others as they are (contiguous).
+[[nodiscard]] at::Tensor reducible(const at::Tensor& t);
+
 // Sum over ranks of a double (loss, norms, flags) through `comm`.
 [[nodiscard]] double all_reduce_scalar(Communicator& comm, double value);
 

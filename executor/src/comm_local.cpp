@@ -57,6 +57,10 @@ std::unique_ptr<Communicator> make_self_communicator(const std::string& name) {
   return std::make_unique<SelfCommunicator>(name);
 }
 
+at::Tensor reducible(const at::Tensor& t) {
+  return t.device().is_cpu() && t.scalar_type() != at::kFloat && t.scalar_type() != at::kDouble ? t.to(at::kFloat) : t.contiguous();
+}
+
 double all_reduce_scalar(Communicator& comm, double value) {
   if (comm.size() == 1) return value;
   at::Tensor t = at::full({1}, value, at::TensorOptions().dtype(at::kDouble).device(comm.device()));

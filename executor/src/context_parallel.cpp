@@ -57,12 +57,6 @@ namespace {
 
 Communicator* comm_of(AutogradContext* ctx) { return reinterpret_cast<Communicator*>(ctx->saved_data["comm"].toInt()); }
 
-// MPI reduces float32/float64 only: reduced-precision CPU tensors travel as float32 (as in
-// tensor_parallel.cpp).
-at::Tensor reducible(const at::Tensor& t) {
-  return t.device().is_cpu() && t.scalar_type() != at::kFloat && t.scalar_type() != at::kDouble ? t.to(at::kFloat) : t.contiguous();
-}
-
 struct GatherContextFn : torch::autograd::Function<GatherContextFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t comm) {
     ctx->saved_data["comm"] = comm;

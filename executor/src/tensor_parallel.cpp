@@ -13,11 +13,6 @@ namespace {
 
 Communicator* comm_of(AutogradContext* ctx) { return reinterpret_cast<Communicator*>(ctx->saved_data["comm"].toInt()); }
 
-// MPI reduces float32/float64 only: reduced-precision CPU tensors travel as float32.
-at::Tensor reducible(const at::Tensor& t) {
-  return t.device().is_cpu() && t.scalar_type() != at::kFloat && t.scalar_type() != at::kDouble ? t.to(at::kFloat) : t.contiguous();
-}
-
 at::Tensor all_reduce(Communicator& comm, const at::Tensor& x) {
   at::Tensor buffer = reducible(x).clone();
   comm.all_reduce_sum(buffer)->wait();

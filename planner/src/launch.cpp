@@ -174,7 +174,7 @@ std::vector<std::string> executor_limitations(const Plan& plan, bool gpu) {
     problems.push_back("tp(" + std::to_string(p.tp) + ") must divide the vocabulary (" + std::to_string(plan.model.vocab) +
                        ") for the vocabulary-parallel embedding and loss");
   }
-  if (p.tp > 1 && p.sequence_parallel && (t.seq_len % p.cp != 0 || (t.seq_len / p.cp) % p.tp != 0)) {
+  if (p.tp > 1 && p.sequence_parallel && (t.seq_len / p.cp) % p.tp != 0) {  // validate_plan: cp divides seq_len
     problems.push_back("sequence parallelism: tp(" + std::to_string(p.tp) + ") must divide each rank's " +
                        (p.cp > 1 ? "seq_len / cp (" + std::to_string(t.seq_len / p.cp) + ")" : "seq_len (" + std::to_string(t.seq_len) + ")"));
   }
