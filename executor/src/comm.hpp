@@ -44,7 +44,9 @@ class Communicator {
   [[nodiscard]] virtual std::unique_ptr<Work> all_gather(const at::Tensor& input, const at::Tensor& output) = 0;
   // Point-to-point (pipeline activations and gradients). `tag` tells messages between the same
   // two ranks apart where the engine supports it (MPI); NCCL matches sends and receives in
-  // order. REQUIRES: contiguous; not touched until wait() returns; peer != rank().
+  // order. A send completes only once the peer has posted the matching receive, in every engine
+  // (NCCL's rule; MPI uses synchronous-mode sends), so an ordering that deadlocks on GPUs
+  // deadlocks on CPU ranks too. REQUIRES: contiguous; not touched until wait() returns; peer != rank().
   [[nodiscard]] virtual std::unique_ptr<Work> send(const at::Tensor& tensor, int peer, int tag) = 0;
   [[nodiscard]] virtual std::unique_ptr<Work> recv(const at::Tensor& tensor, int peer, int tag) = 0;
   virtual void broadcast(const at::Tensor& tensor, int root) = 0;
@@ -52,6 +54,7 @@ class Communicator {
   // Every rank's string, in rank order (small control messages: checkpoint manifests, errors).
   [[nodiscard]] virtual std::vector<std::string> all_gather_strings(const std::string& value) = 0;
   // The ranks with equal `color` form a new group, ordered by `key` (MPI_Comm_split semantics).
+  // A rank with a negative color joins no group and gets null (MPI_UNDEFINED, NCCL_SPLIT_NOCOLOR).
   [[nodiscard]] virtual std::unique_ptr<Communicator> split(int color, int key, const std::string& name) = 0;
   // Ends every rank of the job at once (MPI_Abort / process exit); used after a fatal error.
   [[noreturn]] virtual void abort(int exit_code) = 0;
@@ -85,6 +88,8 @@ struct CommOptions {
 
 // True when the executor was built with MPI.
 [[nodiscard]] bool mpi_available();
+// True when MPI was initialised with MPI_THREAD_MULTIPLE (calls from several threads at once).
+[[nodiscard]] bool mpi_thread_multiple();
 // True when this process was started by an MPI launcher (mpirun, srun with PMI).
 [[nodiscard]] bool launched_by_mpi();
 // MPI_COMM_WORLD. Initialises MPI on first use. REQUIRES: mpi_available().

@@ -43,7 +43,9 @@ class CountingCommunicator final : public Communicator {
   void barrier() override { inner_->barrier(); }
   std::vector<std::string> all_gather_strings(const std::string& value) override { return inner_->all_gather_strings(value); }
   std::unique_ptr<Communicator> split(int color, int key, const std::string& name) override {
-    return std::make_unique<CountingCommunicator>(inner_->split(color, key, name), sent_);
+    std::unique_ptr<Communicator> sub = inner_->split(color, key, name);
+    if (sub == nullptr) return nullptr;
+    return std::make_unique<CountingCommunicator>(std::move(sub), sent_);
   }
   [[noreturn]] void abort(int exit_code) override { inner_->abort(exit_code); }
 

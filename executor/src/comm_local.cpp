@@ -36,7 +36,8 @@ class SelfCommunicator final : public Communicator {
   void broadcast(const at::Tensor&, int) override {}
   void barrier() override {}
   std::vector<std::string> all_gather_strings(const std::string& value) override { return {value}; }
-  std::unique_ptr<Communicator> split(int, int, const std::string& name) override {
+  std::unique_ptr<Communicator> split(int color, int, const std::string& name) override {
+    if (color < 0) return nullptr;
     return std::make_unique<SelfCommunicator>(name);
   }
   [[noreturn]] void abort(int exit_code) override { std::_Exit(exit_code); }

@@ -123,7 +123,7 @@ class MpiCommunicator final : public Communicator {
     require_cpu(t, what);
     MPI_Request r;
     const int bytes = count(t.numel() * static_cast<int64_t>(t.element_size()), what);
-    check(MPI_Isend(t.data_ptr(), bytes, MPI_BYTE, peer, tag % kMaxTag, comm_, &r), what);
+    check(MPI_Issend(t.data_ptr(), bytes, MPI_BYTE, peer, tag % kMaxTag, comm_, &r), what);  // synchronous, as NCCL (comm.hpp)
     return work(r, what);
   }
   std::unique_ptr<Work> recv(const at::Tensor& t, int peer, int tag) override {
@@ -170,7 +170,8 @@ class MpiCommunicator final : public Communicator {
   }
   std::unique_ptr<Communicator> split(int color, int key, const std::string& name) override {
     MPI_Comm sub;
-    check(MPI_Comm_split(comm_, color, key, &sub), "MPI_Comm_split for group " + name);
+    check(MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &sub), "MPI_Comm_split for group " + name);
+    if (sub == MPI_COMM_NULL) return nullptr;
     return std::make_unique<MpiCommunicator>(sub, name, options_);
   }
   [[noreturn]] void abort(int exit_code) override {
@@ -230,9 +231,15 @@ std::unique_ptr<ProgressThread>& progress_thread() {
   return thread;
 }
 
+int& thread_level() {
+  static int level = MPI_THREAD_SINGLE;
+  return level;
+}
+
 }  // namespace
 
 bool mpi_available() { return true; }
+bool mpi_thread_multiple() { return thread_level() == MPI_THREAD_MULTIPLE; }
 
 bool launched_by_mpi() {
   for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS"}) {
@@ -249,6 +256,7 @@ std::unique_ptr<Communicator> make_mpi_communicator(const CommOptions& options) 
     check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided), "MPI_Init_thread");
     int size = 1;
     MPI_Comm_size(MPI_COMM_WORLD, &size);
+    thread_level() = provided;
     if (provided == MPI_THREAD_MULTIPLE && size > 1) progress_thread() = std::make_unique<ProgressThread>();
   }
   return std::make_unique<MpiCommunicator>(MPI_COMM_WORLD, "world", options);

@@ -164,7 +164,8 @@ class NcclCommunicator final : public Communicator {
   }
   std::unique_ptr<Communicator> split(int color, int key, const std::string& name) override {
     ncclComm_t sub = nullptr;
-    check(ncclCommSplit(comm_, color, key, &sub, nullptr), "ncclCommSplit for group " + name);
+    check(ncclCommSplit(comm_, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &sub, nullptr), "ncclCommSplit for group " + name);
+    if (sub == nullptr) return nullptr;
     return std::make_unique<NcclCommunicator>(sub, name, options_);
   }
   [[noreturn]] void abort(int exit_code) override {

@@ -7,6 +7,7 @@ namespace trainplan::executor {
 
 #ifndef TRAINPLAN_HAVE_MPI
 bool mpi_available() { return false; }
+bool mpi_thread_multiple() { return false; }
 bool launched_by_mpi() { return false; }
 std::unique_ptr<Communicator> make_mpi_communicator(const CommOptions&) {
   throw CommError("this executor was built without MPI (install libopenmpi-dev and rebuild)");

@@ -52,19 +52,20 @@ int stage_of_unit(const std::string& name, const std::vector<int>& chunk_layers,
   throw std::logic_error("no pipeline position holds " + name);
 }
 
-PipelineRunner::PipelineRunner(const PipelineConfig& config, DataParallelEngine& engine, Communicator* pp)
-    : config_(config), engine_(engine), pp_(pp) {
+PipelineRunner::PipelineRunner(const PipelineConfig& config, DataParallelEngine& engine, PipelineLinks* links)
+    : config_(config), engine_(engine), links_(links) {
   auto order = cm::pipeline_order(config.schedule, config.stages, config.virtual_stages, config.micro_batches);
   if (!order) throw std::invalid_argument(order.error().message);
   order_ = std::move(*order);
+  if (const std::string why = link_order_mismatch(order_, config.stages, config.virtual_stages); !why.empty()) {
+    throw std::logic_error("pipeline schedule: " + why + " (untagged links match messages in order)");
+  }
 }
 
 double PipelineRunner::run_step(const BatchFn& batch, double loss_multiplier, std::vector<TraceRecord>* trace) {
   using Clock = std::chrono::steady_clock;
   const int p = config_.stages, s = config_.stage, m = config_.micro_batches;
   const int positions = p * config_.virtual_stages;
-  const int previous = (s - 1 + p) % p, next = (s + 1) % p;
-  const auto tag = [&](int kind, int sender_position, int micro_batch) { return (kind * positions + sender_position) * m + micro_batch; };
   const auto options = at::TensorOptions().dtype(config_.activation_dtype).device(config_.device);
 
   PhaseTimer* timer = engine_.phase_timer();
@@ -78,7 +79,6 @@ double PipelineRunner::run_step(const BatchFn& batch, double loss_multiplier, st
     at::Tensor input, output;
   };
   std::map<std::pair<int, int>, Held> held;  // (chunk, micro-batch) between its forward and backward
-  std::vector<std::pair<std::unique_ptr<Work>, at::Tensor>> sends;
   int in_flight = 0, peak = 0;
   at::Tensor loss_sum;  // on the device, read once at the end
 
@@ -96,7 +96,7 @@ double PipelineRunner::run_step(const BatchFn& batch, double loss_multiplier, st
         PhaseScope receiving(timer, Phase::kPipelineReceive, i);
         const auto wait_start = Clock::now();
         input = at::empty(config_.activation_shape, options);
-        pp_->recv(input, previous, tag(0, pos - 1, i))->wait();
+        links_->recv_activation(input);
         record("recv", i, pass.chunk, wait_start);
         input.requires_grad_(true);
       }
@@ -111,8 +111,7 @@ double PipelineRunner::run_step(const BatchFn& batch, double loss_multiplier, st
       if (last) {
         loss_sum = loss_sum.defined() ? loss_sum + loss : loss;
       } else {
-        at::Tensor activation = output.detach().contiguous();
-        sends.emplace_back(pp_->send(activation, next, tag(0, pos, i)), activation);
+        links_->send_activation(output.detach().contiguous());
       }
       held[{pass.chunk, i}] = Held{input, output};
       peak = std::max(peak, ++in_flight);
@@ -126,7 +125,7 @@ double PipelineRunner::run_step(const BatchFn& batch, double loss_multiplier, st
         PhaseScope receiving(timer, Phase::kPipelineReceive, i);
         const auto wait_start = Clock::now();
         grad = at::empty(config_.activation_shape, options);
-        pp_->recv(grad, next, tag(1, pos + 1, i))->wait();
+        links_->recv_gradient(grad);
         record("recv", i, pass.chunk, wait_start);
       }
       const auto start = Clock::now();
@@ -144,13 +143,12 @@ double PipelineRunner::run_step(const BatchFn& batch, double loss_multiplier, st
       engine_.backward_end();
       if (i == m - 1) record("dp_comm", -1, pass.chunk, comm_start);
       if (!first) {
-        at::Tensor input_grad = h.input.grad().contiguous();
-        sends.emplace_back(pp_->send(input_grad, previous, tag(1, pos, i)), input_grad);
+        links_->send_gradient(h.input.grad().contiguous());
       }
       --in_flight;
     }
   }
-  for (auto& send : sends) send.first->wait();
+  if (links_ != nullptr) links_->drain();
   peak_in_flight_ = static_cast<double>(peak) / config_.virtual_stages;
   return loss_sum.defined() ? loss_sum.item<double>() : 0.0;
 }

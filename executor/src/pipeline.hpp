@@ -1,7 +1,8 @@
 #pragma once
 // Pipeline parallelism: which model chunks a stage holds, and one training step run in the
 // order costmodel::pipeline_order gives (GPipe, 1F1B, interleaved 1F1B), with activations sent
-// forward and their gradients backward between neighbouring stages, the loss on the last chunk.
+// forward and their gradients backward between neighbouring stages over one-directional links
+// (pipeline_links.hpp), the loss on the last chunk.
 // Without pipeline parallelism the same runner does forward, backward per micro-batch.
 // Each step can record a timeline (forward, backward, waits for data) for the trace.
 
@@ -12,9 +13,9 @@
 
 #include <ATen/ATen.h>
 
-#include "comm.hpp"
 #include "engine.hpp"
 #include "model.hpp"
+#include "pipeline_links.hpp"
 #include "trainplan/costmodel/schedule.hpp"
 
 namespace trainplan::executor {
@@ -47,8 +48,10 @@ struct PipelineConfig {
 
 class PipelineRunner {
  public:
-  // `pp`: the pipeline group (rank = stage); null without pipeline parallelism.
-  PipelineRunner(const PipelineConfig& config, DataParallelEngine& engine, Communicator* pp);
+  // `links`: this stage's links to its neighbours; null without pipeline parallelism. Throws
+  // std::logic_error if the schedule would have a link's two ends take its messages in different
+  // orders (link_order_mismatch).
+  PipelineRunner(const PipelineConfig& config, DataParallelEngine& engine, PipelineLinks* links);
 
   // One step's forward and backward passes. `batch(i)` gives micro-batch i's tokens and targets.
   // Returns the sum of the micro-batch losses computed on this rank (0 off the last stage).
@@ -63,7 +66,7 @@ class PipelineRunner {
  private:
   PipelineConfig config_;
   DataParallelEngine& engine_;
-  Communicator* pp_;
+  PipelineLinks* links_;
   std::vector<std::vector<costmodel::PipelinePass>> order_;
   double peak_in_flight_ = 0;
 };

@@ -130,11 +130,11 @@ void check_options(const RunOptions& o) {
 }
 
 // What this build of the executor runs (planner::executor_limitations); everything else in a
-// plan is refused with the reasons. `gpu`: the ranks are GPUs.
-void check_supported(const cm::Plan& plan, bool gpu) {
-  const std::vector<std::string> problems = trainplan::planner::executor_limitations(plan, gpu);
+// plan is refused with the reasons.
+void check_supported(const cm::Plan& plan) {
+  const std::vector<std::string> problems = trainplan::planner::executor_limitations(plan);
   if (problems.empty()) return;
-  std::string text = plan.name + ": the executor cannot run this plan" + (gpu ? " on GPUs" : "") + ":";
+  std::string text = plan.name + ": the executor cannot run this plan:";
   for (const auto& s : problems) text += "\n  - " + s;
   throw InputError(text);
 }
@@ -360,7 +360,6 @@ int train(const RunOptions& o, const std::string& command_line, World& w, const 
     throw InputError(o.plan_path + ": the plan is for " + std::to_string(plan.gpus) + " GPUs but " + std::to_string(comm.size()) +
                      " ranks were started: " + why);
   }
-  if (w.device.is_cuda()) check_supported(plan, /*gpu=*/true);
   if (!o.kernel_profile.empty() && !w.device.is_cuda()) {
     throw InputError("--kernel-profile " + o.kernel_profile + ": records GPU kernels, and this run is on the CPU (--device cuda)");
   }
@@ -432,7 +431,10 @@ int train(const RunOptions& o, const std::string& command_line, World& w, const 
   pipeline.activation_shape = {p.micro_batch, sharding.sequence_parallel ? local_seq / p.tp : local_seq, plan.model.hidden};
   pipeline.activation_dtype = config.compute_dtype;
   pipeline.device = w.device;
-  PipelineRunner runner(pipeline, engine, p.pp > 1 ? groups.pp.get() : nullptr);
+  // The stages' one-directional links (collective over the pipeline group; none without one).
+  std::unique_ptr<PipelineLinks> links;
+  if (p.pp > 1) links = std::make_unique<PipelineLinks>(*groups.pp, /*wrap=*/p.virtual_stages > 1);
+  PipelineRunner runner(pipeline, engine, links.get());
 
   DataSpec data_spec;
   data_spec.source = o.data;
@@ -785,7 +787,7 @@ int run_executor(const RunOptions& o, const std::string& command_line) {
   cm::Plan plan;
   try {
     plan = load_plan(o.plan_path);
-    check_supported(plan, /*gpu=*/false);
+    check_supported(plan);
     check_options(o);
   } catch (const std::exception& e) {
     if (env_rank == 0) print_for_rank(env_rank, std::string("executor: error: ") + e.what());

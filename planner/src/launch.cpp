@@ -156,7 +156,7 @@ Result<bool> check_launch(const Plan& plan, const LaunchOptions& options) {
   return true;
 }
 
-std::vector<std::string> executor_limitations(const Plan& plan, bool gpu) {
+std::vector<std::string> executor_limitations(const Plan& plan) {
   namespace cm = costmodel;
   std::vector<std::string> problems;
   const auto& p = plan.parallel;
@@ -211,13 +211,6 @@ std::vector<std::string> executor_limitations(const Plan& plan, bool gpu) {
   if (p.fsdp_wrap_min_params != 0) problems.push_back("fsdp_wrap_min_params: the executor wraps one unit per block");
   if (p.reduce_dtype != cm::Dtype::kFp32) problems.push_back("reduce_dtype: the executor reduces gradients in fp32");
   if (t.seq_len > plan.model.max_seq_len) problems.push_back("seq_len " + std::to_string(t.seq_len) + " exceeds the model's max_seq_len " + std::to_string(plan.model.max_seq_len));
-  if (gpu && p.pp > 1) {
-    // ncclSend blocks the GPU until the peer posts the matching receive, so 1F1B's sends on the
-    // compute stream (an activation forward while the next stage sends a gradient back) deadlock;
-    // sends need their own streams and one-directional links first, and a GPU to prove them on.
-    problems.push_back("pipeline parallelism (pp=" + std::to_string(p.pp) + ") runs on CPU ranks only so far (--device cpu under mpirun); "
-                       "its NCCL point-to-point path is not done");
-  }
   return problems;
 }
 
@@ -225,9 +218,9 @@ namespace {
 
 // The limitations as shell comments, or nothing.
 std::string limitation_comments(const Plan& plan) {
-  const std::vector<std::string> problems = executor_limitations(plan, /*gpu=*/true);
+  const std::vector<std::string> problems = executor_limitations(plan);
   if (problems.empty()) return "";
-  std::string out = "# WARNING: this executor cannot run this plan on GPUs yet:\n";
+  std::string out = "# WARNING: the executor cannot run this plan yet:\n";
   for (const auto& s : problems) out += "#   - " + s + "\n";
   return out;
 }

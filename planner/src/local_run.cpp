@@ -92,7 +92,7 @@ Result<bool> check_local_run(const Plan& plan, const LocalRunOptions& options) {
                  " ranks (its gpus); the executor runs exactly the plan's world size"};
   }
   if (options.steps < 1) return Error{"--steps: must be >= 1 (got " + std::to_string(options.steps) + ")"};
-  const std::vector<std::string> problems = executor_limitations(plan, /*gpu=*/false);
+  const std::vector<std::string> problems = executor_limitations(plan);
   if (!problems.empty()) {
     std::string text = "the executor cannot run this plan:";
     for (const auto& s : problems) text += "\n  - " + s;

@@ -382,14 +382,9 @@ std::string render_search(const PlanRequest& req, const SearchResult& result, co
   if (ctx.plan_path.empty()) out << "  " << ctx.command << " --save-plan plan.json\n";
   else out << "  (plan saved to " << ctx.plan_path << ")\n";
   out << "  " << executor_command(best->plan, path) << "\n";
-  const std::vector<std::string> limitations = executor_limitations(best->plan, /*gpu=*/true);
-  if (!limitations.empty()) out << "  note: the executor cannot run this plan on GPUs yet:\n";
+  const std::vector<std::string> limitations = executor_limitations(best->plan);
+  if (!limitations.empty()) out << "  note: the executor cannot run this plan yet:\n";
   for (const std::string& why : limitations) out << "    - " << why << "\n";
-  std::string fixes;
-  for (const auto& [key, value] : {std::pair{"pp", best->plan.parallel.pp}, std::pair{"cp", best->plan.parallel.cp}, std::pair{"ep", best->plan.parallel.ep}}) {
-    if (value > 1) fixes += std::string(" --fix ") + key + "=1";
-  }
-  if (!limitations.empty() && !fixes.empty()) out << "    for a plan it runs today, search again with" << fixes << "\n";
   const int gpus = best->plan.gpus, per_node = best->plan.cluster.gpus_per_node;
   if (gpus % per_node == 0 || gpus < per_node) {
     out << "  planner launch " << path << " --nodes " << std::max(1, gpus / per_node)

@@ -70,10 +70,14 @@ Outcome run_command(const std::string& command) {
 Outcome run_executor(int ranks, const std::string& args) {
   const std::string exe = TRAINPLAN_EXECUTOR_BIN;
   if (ranks <= 1) return run_command(exe + " " + args);
+  return run_mpi(ranks, exe + " " + args);
+}
+
+Outcome run_mpi(int ranks, const std::string& command) {
   // Root in containers needs the two variables; the single-copy mechanism fails in containers.
   const std::string mpirun = std::string("OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 ") + TRAINPLAN_MPIRUN +
                              " --oversubscribe --mca btl_vader_single_copy_mechanism none -n " + std::to_string(ranks) + " ";
-  return run_command(mpirun + exe + " " + args);
+  return run_command(mpirun + command);
 }
 
 nlohmann::json read_json(const std::string& path) {

@@ -43,6 +43,8 @@ std::string scratch_dir(const std::string& name);
 std::string write_plan(const std::string& dir, const std::string& name, const PlanSpec& spec);
 // Runs the executor on `ranks` ranks (mpirun when ranks > 1) with `args` after the binary.
 Outcome run_executor(int ranks, const std::string& args);
+// Runs `command` (a program and its arguments) on `ranks` ranks under mpirun.
+Outcome run_mpi(int ranks, const std::string& command);
 // Runs a shell command, capturing output.
 Outcome run_command(const std::string& command);
 nlohmann::json read_json(const std::string& path);

@@ -36,14 +36,20 @@ TEST_F(PlannerCli, RecommendsAPlanForLlama70bOn64Gpus) {
   EXPECT_NE(r.out.find("llama3-70b"), std::string::npos) << r.all();
 }
 
-TEST_F(PlannerCli, APipelinePlanSaysTheExecutorRunsItOnCpuRanksOnlyAndHowToGetOneItRuns) {
-  const Outcome piped = run("--model 8b --gpus 16 --fix pp=2 --fix cp=1");
+// Issue 13 item 4: the flagship question ends with a command the executor accepts (pipelines and
+// context parallelism run); a plan it cannot run (experts) says why under the command.
+TEST_F(PlannerCli, TheRecommendationEndsWithACommandTheExecutorAcceptsAndOtherwiseSaysWhyNot) {
+  const Outcome flagship = run("--model 70b --gpus 64");
+  ASSERT_EQ(flagship.exit_code, 0) << flagship.all();
+  EXPECT_NE(flagship.out.find("torchrun"), std::string::npos) << flagship.out;
+  EXPECT_EQ(flagship.out.find("note: the executor cannot run"), std::string::npos) << flagship.out;
+  const Outcome piped = run("--model 8b --gpus 16 --fix pp=2 --fix cp=2");
   ASSERT_EQ(piped.exit_code, 0) << piped.all();
-  EXPECT_NE(piped.out.find("note: the executor cannot run this plan on GPUs yet:\n    - pipeline parallelism (pp=2)"), std::string::npos) << piped.out;
-  EXPECT_NE(piped.out.find("for a plan it runs today, search again with --fix pp=1\n"), std::string::npos) << piped.out;
-  const Outcome flat = run("--model 8b --gpus 16 --fix pp=1 --fix cp=1");
-  ASSERT_EQ(flat.exit_code, 0) << flat.all();
-  EXPECT_EQ(flat.out.find("note: the executor cannot run"), std::string::npos) << flat.out;
+  EXPECT_EQ(piped.out.find("note: the executor cannot run"), std::string::npos) << piped.out;
+  const Outcome experts = run("--model mixtral-8x7b --gpus 64");
+  ASSERT_EQ(experts.exit_code, 0) << experts.all();
+  EXPECT_NE(experts.out.find("note: the executor cannot run this plan yet:\n    - "), std::string::npos) << experts.out;
+  EXPECT_NE(experts.out.find("mixture-of-experts models are not supported by the executor"), std::string::npos) << experts.out;
 }
 
 TEST_F(PlannerCli, JsonOutputIsASearchDocument) {

@@ -62,7 +62,7 @@ TEST(SlurmScript, For70bOn64GpusAsksEightNodesOfEightTasks) {
 TEST(ExecutorLimitations, HuggingFaceModelsTheExecutorCannotBuildAreRefused) {
   const auto limits = [](const std::string& file, long long seq_len) {
     costmodel::Plan plan = testing::make_plan(testing::model(testing::data_path("hf/" + file + ".json")), "dgx-h100", 8, seq_len, 64);
-    return planner::executor_limitations(plan, true);
+    return planner::executor_limitations(plan);
   };
   const auto has = [](const std::vector<std::string>& problems, const std::string& part) {
     for (const auto& p : problems) if (contains(p, part)) return true;
@@ -81,32 +81,30 @@ TEST(ExecutorLimitations, HuggingFaceModelsTheExecutorCannotBuildAreRefused) {
   EXPECT_TRUE(has(v3, "mixture-of-experts models are not supported"));
 }
 
-TEST(ExecutorLimitations, PipelinePlansRunOnCpuRanksOnlyAndContextParallelismEverywhere) {
+TEST(ExecutorLimitations, PipelineAndContextParallelPlansRunAndBadShapesAreRefused) {
   costmodel::Plan plan = llama70b_on_64();
-  EXPECT_TRUE(planner::executor_limitations(plan, true).empty());
+  EXPECT_TRUE(planner::executor_limitations(plan).empty());
+  // Pipelines run on GPU ranks as on CPU ranks (one-directional links, sends on side streams;
+  // issue 13 item 3), context parallelism too (item 1).
   plan.parallel.pp = 2;
   plan.parallel.dp = 4;
-  EXPECT_TRUE(planner::executor_limitations(plan, false).empty());
-  const auto on_gpus = planner::executor_limitations(plan, true);
-  ASSERT_EQ(on_gpus.size(), 1u);
-  EXPECT_TRUE(contains(on_gpus[0], "pipeline parallelism (pp=2) runs on CPU ranks only")) << on_gpus[0];
-  // Context parallelism runs (issue 13); only a sequence that does not split into 2 cp chunks is refused.
+  EXPECT_TRUE(planner::executor_limitations(plan).empty());
   plan.parallel.cp = 2;
   plan.parallel.dp = 2;
-  EXPECT_TRUE(planner::executor_limitations(plan, false).empty());
-  EXPECT_EQ(planner::executor_limitations(plan, true).size(), 1u);
+  EXPECT_TRUE(planner::executor_limitations(plan).empty());
+  // Only a sequence that does not split into 2 cp chunks is refused.
   costmodel::Plan odd = plan;
   odd.parallel.cp = 3;
   odd.parallel.sequence_parallel = false;
   odd.training.seq_len = 4095;  // 3 x 1365: divisible by cp, odd, so not by 2 cp
-  const auto odd_problems = planner::executor_limitations(odd, false);
+  const auto odd_problems = planner::executor_limitations(odd);
   ASSERT_EQ(odd_problems.size(), 1u);
   EXPECT_TRUE(contains(odd_problems[0], "seq_len (4095) must split into 2 x cp(3) = 6 equal chunks")) << odd_problems[0];
   // The launch texts carry them as comments; a plan the executor runs gets none.
-  auto script = planner::slurm_script(plan, "/plans/70b.json", options_for(8));
+  auto script = planner::slurm_script(odd, "/plans/70b.json", options_for(8));
   ASSERT_TRUE(script.ok()) << script.error().message;
-  EXPECT_TRUE(contains(*script, "# WARNING: this executor cannot run this plan on GPUs yet:\n#   - pipeline parallelism")) << *script;
-  auto plain = planner::torchrun_commands(llama70b_on_64(), "/plans/70b.json", options_for(8));
+  EXPECT_TRUE(contains(*script, "# WARNING: the executor cannot run this plan yet:\n#   - context parallelism: seq_len (4095)")) << *script;
+  auto plain = planner::slurm_script(plan, "/plans/70b.json", options_for(8));
   ASSERT_TRUE(plain.ok()) << plain.error().message;
   EXPECT_FALSE(contains(*plain, "WARNING")) << *plain;
 }

@@ -37,16 +37,16 @@ struct LaunchOptions {
 };
 
 // What keeps the executor from running `plan`, one reason each (empty: it runs it): parallelisms,
-// models, modes and options it does not have yet, and shapes its tensor parallelism needs. With
-// `gpu`, also what it does not run on GPU ranks yet (pipeline parallelism over NCCL). The
-// executor refuses such plans with these reasons; launch texts and reports print them.
-[[nodiscard]] std::vector<std::string> executor_limitations(const costmodel::Plan& plan, bool gpu);
+// models, modes and options it does not have yet, and shapes its tensor and context parallelism
+// need; the same on CPU and GPU ranks. The executor refuses such plans with these reasons; launch
+// texts and reports print them.
+[[nodiscard]] std::vector<std::string> executor_limitations(const costmodel::Plan& plan);
 
 // Checks the options against the plan; the error says what the plan needs:
 // "plan needs 64 GPUs = 8 nodes x 8 GPUs; --nodes 4 gives 32".
 [[nodiscard]] costmodel::Result<bool> check_launch(const costmodel::Plan& plan, const LaunchOptions& options);
 
-// A bash script for sbatch (with executor_limitations(plan, true) as comments at the top when
+// A bash script for sbatch (with executor_limitations(plan) as comments at the top when
 // there are any): #SBATCH lines (nodes, one task and one GPU per GPU, exclusive nodes,
 // and the optional partition, account, time and job name), MASTER_ADDR (first node of the
 // allocation) and MASTER_PORT, NCCL hints for the cluster's network as comments, and
