@@ -291,7 +291,10 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
   double experts_local = 1;
   if (mdl.moe) {
     p.linear(T, mdl.moe->experts, h, frozen);  // router
-    tokens_mlp = T * mdl.moe->top_k;
+    // With a capacity factor below 1 no expert takes more than capacity_factor of its balanced
+    // share (the rest is dropped), so the experts multiply at most that many tokens.
+    const double cf = mdl.moe->capacity_factor;
+    tokens_mlp = T * mdl.moe->top_k * (cf > 0 ? std::min(1.0, cf) : 1.0);
     ffn_local = static_cast<double>(mdl.moe->expert_ffn_hidden) / t;
     experts_local = static_cast<double>(mdl.moe->experts) / s.ep;
   }

@@ -187,6 +187,8 @@ Result<ModelSpec> parse_model(const nlohmann::json& json, const std::string& fil
       spec.expert_ffn_hidden = moe.optional_integer("expert_ffn_hidden", 1, 1 << 22).value_or(m.ffn_hidden);
       spec.shared_ffn_hidden = moe.optional_integer("shared_ffn_hidden", 1, 1 << 22).value_or(0);
       spec.dense_layers = static_cast<int>(moe.optional_integer("dense_layers", 0, m.layers - 1).value_or(0));
+      spec.capacity_factor = moe.optional_number("capacity_factor", 0, 64).value_or(0);
+      spec.aux_loss_coeff = moe.optional_number("aux_loss_coeff", 0, 1).value_or(spec.aux_loss_coeff);
       moe.finish();
       m.moe = spec;
     } else {
@@ -241,6 +243,8 @@ nlohmann::json model_to_json(const ModelSpec& m) {
     j["moe"] = {{"experts", m.moe->experts}, {"top_k", m.moe->top_k}, {"expert_ffn_hidden", m.moe->expert_ffn_hidden}};
     if (m.moe->shared_ffn_hidden > 0) j["moe"]["shared_ffn_hidden"] = m.moe->shared_ffn_hidden;
     if (m.moe->dense_layers > 0) j["moe"]["dense_layers"] = m.moe->dense_layers;
+    if (m.moe->capacity_factor > 0) j["moe"]["capacity_factor"] = m.moe->capacity_factor;
+    if (m.moe->aux_loss_coeff != MoeSpec{}.aux_loss_coeff) j["moe"]["aux_loss_coeff"] = m.moe->aux_loss_coeff;
   }
   return j;
 }

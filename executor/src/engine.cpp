@@ -74,12 +74,15 @@ struct RecomputedBlockFn : torch::autograd::Function<RecomputedBlockFn> {
     ctx->saved_data["unit"] = unit;
     ctx->save_for_backward({x});
     DataParallelEngine* e = reinterpret_cast<DataParallelEngine*>(engine);
+    ctx->saved_data["aux_scale"] = e->aux_scale();
     const auto u = static_cast<std::size_t>(unit);
     e->gather(u, +1);
     at::Tensor out;
     {
       torch::autograd::AutoGradMode no_grad(false);
-      out = block_forward(e->model(), e->tp(), e->cp(), e->unit_views(u), x, e->rotary(), AttentionRecompute::kNone, e->config().kernels);  // no graph: no sums
+      // No graph: no sums, no load-balancing gradient; MoE layers count here, not in the recompute.
+      out = block_forward(e->model(), e->tp(), e->cp(), e->unit_views(u), x, e->rotary(), AttentionRecompute::kNone, e->config().kernels, {},
+                          MoeRun{0, &e->moe_tally()});
     }
     e->release(u);
     return out;
@@ -93,8 +96,8 @@ struct RecomputedBlockFn : torch::autograd::Function<RecomputedBlockFn> {
     {
       torch::autograd::AutoGradMode enable(true);
       const variable_list views = UnitViewsFn::apply(e->anchor(u), engine_id(e), unit);
-      const at::Tensor out =
-          block_forward(e->model(), e->tp(), e->cp(), views, x, e->rotary(), AttentionRecompute::kNone, e->config().kernels, e->grad_sums(u));
+      const at::Tensor out = block_forward(e->model(), e->tp(), e->cp(), views, x, e->rotary(), AttentionRecompute::kNone, e->config().kernels,
+                                           e->grad_sums(u), MoeRun{ctx->saved_data["aux_scale"].toDouble(), nullptr});
       torch::autograd::backward({out}, {grads[0]});
     }
     return {x.grad(), at::Tensor(), at::Tensor()};
@@ -253,7 +256,7 @@ at::Tensor DataParallelEngine::run_unit_forward(std::size_t unit, const at::Tens
   gather(unit, +1);
   const variable_list views = UnitViewsFn::apply(anchor(unit), id, index);
   const auto attention = config_.recompute == cm::Recompute::kSelective ? AttentionRecompute::kSelective : AttentionRecompute::kNone;
-  at::Tensor y = block_forward(model_, groups_.tp, groups_.cp, views, x, rotary_, attention, config_.kernels, grad_sums(unit));
+  at::Tensor y = block_forward(model_, groups_.tp, groups_.cp, views, x, rotary_, attention, config_.kernels, grad_sums(unit), MoeRun{aux_scale_, &moe_tally_});
   if (config_.zero_stage == 3) y = BeforeBackwardFn::apply(y, id, index);
   release(unit);
   return y;
@@ -264,6 +267,7 @@ at::Tensor DataParallelEngine::forward_chunk(int chunk, const at::Tensor& input,
   const int64_t id = engine_id(this);
   const bool stage3 = config_.zero_stage == 3;
   const auto [begin, end] = chunk_ranges_.at(static_cast<std::size_t>(chunk));
+  aux_scale_ = model_.moe ? model_.moe->aux_loss_coeff * loss_multiplier : 0.0;  // as if added to the loss
   at::Tensor x = input;
   variable_list embedding;
   std::size_t embedding_unit = 0;

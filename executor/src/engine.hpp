@@ -141,6 +141,10 @@ class DataParallelEngine {
   [[nodiscard]] const TensorParallel& tp() const { return groups_.tp; }
   [[nodiscard]] const ContextParallel& cp() const { return groups_.cp; }
   [[nodiscard]] const EngineConfig& config() const { return config_; }
+  // Mixture of experts: the load-balancing loss's gradient weight for the current micro-batch
+  // (coefficient x loss multiplier), and what the MoE layers counted since the last reset.
+  [[nodiscard]] double aux_scale() const { return aux_scale_; }
+  [[nodiscard]] MoeTally& moe_tally() { return moe_tally_; }
   // The float32 gradient sums the fused path adds into, one per slot of the unit; empty where the
   // fusion does not apply (engine.cpp fused_accumulation).
   [[nodiscard]] std::vector<at::Tensor> grad_sums(std::size_t unit);
@@ -172,6 +176,8 @@ class DataParallelEngine {
   Rotary rotary_;
   bool last_micro_batch_ = false;
   PhaseTimer* timer_ = nullptr;
+  double aux_scale_ = 0;
+  MoeTally moe_tally_;
 };
 
 }  // namespace trainplan::executor

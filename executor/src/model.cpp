@@ -174,6 +174,15 @@ std::vector<UnitLayout> model_layout(const cm::ModelSpec& m, const ModelSharding
       add_slot(b, "mlp.fc1.bias", {f}, InitKind::kZeros, false, c.column);
       add_slot(b, "mlp.fc2.weight", {h, f}, InitKind::kScaledNormal, true, c.row);
       add_slot(b, "mlp.fc2.bias", {h}, InitKind::kZeros, false, c.replicated);
+    } else if (is_moe_layer(m, l)) {  // moe.hpp; REQUIRES tp = 1 (the trainer refuses more)
+      const int64_t fe = m.moe->expert_ffn_hidden;
+      add_slot(b, "moe.router.weight", {m.moe->experts, h}, InitKind::kNormal, true, c.replicated);
+      for (int e = 0; e < m.moe->experts; ++e) {
+        const std::string expert = "moe.experts." + std::to_string(e) + ".";
+        add_slot(b, expert + "gate.weight", {fe, h}, InitKind::kNormal, true, c.replicated);
+        add_slot(b, expert + "up.weight", {fe, h}, InitKind::kNormal, true, c.replicated);
+        add_slot(b, expert + "down.weight", {h, fe}, InitKind::kScaledNormal, true, c.replicated);
+      }
     } else {
       add_slot(b, "mlp.gate.weight", {f, h}, InitKind::kNormal, true, c.column);
       add_slot(b, "mlp.up.weight", {f, h}, InitKind::kNormal, true, c.column);
@@ -274,8 +283,11 @@ at::Tensor embedding_forward(const cm::ModelSpec& m, const TensorParallel& tp, c
   return x;
 }
 
+bool is_moe_layer(const cm::ModelSpec& m, int layer) { return m.moe.has_value() && layer >= m.moe->dense_layers; }
+
 at::Tensor block_forward(const cm::ModelSpec& m, const TensorParallel& tp, const ContextParallel& cp, const std::vector<at::Tensor>& p, const at::Tensor& x,
-                         const Rotary& rotary, AttentionRecompute recompute, Kernels kernels, const std::vector<at::Tensor>& grad_sums) {
+                         const Rotary& rotary, AttentionRecompute recompute, Kernels kernels, const std::vector<at::Tensor>& grad_sums,
+                         const MoeRun& moe) {
   const bool gpt = m.architecture == cm::Architecture::kGpt;
   const int64_t hd = m.head_dim();
   const int64_t heads = m.heads / tp.size();                                    // this rank's query heads
@@ -341,6 +353,8 @@ at::Tensor block_forward(const cm::ModelSpec& m, const TensorParallel& tp, const
     const at::Tensor c = enter_tp_region(tp, norm(m, h1, n2w, n2b));
     const at::Tensor &w1 = p[i], &b1 = p[i + 1], &w2 = p[i + 2], &b2 = p[i + 3];
     mlp = leave_tp_region(tp, at::linear(at::gelu(at::linear(c, w1, b1), "tanh"), w2)) + b2;
+  } else if (m.moe && p.size() - i == 1 + 3 * static_cast<std::size_t>(m.moe->experts)) {  // an MoE layer (model_layout)
+    mlp = moe_mlp(*m.moe, norm(m, h1, n2w, n2b), std::vector<at::Tensor>(p.begin() + static_cast<std::ptrdiff_t>(i), p.end()), moe);
   } else {
     const at::Tensor &gate = p[i], &up = p[i + 1], &down = p[i + 2];
     at::Tensor g, u;

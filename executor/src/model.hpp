@@ -14,6 +14,7 @@
 
 #include "context_parallel.hpp"
 #include "fused_ops.hpp"
+#include "moe.hpp"
 #include "tensor_parallel.hpp"
 #include "trainplan/costmodel/model.hpp"
 
@@ -70,9 +71,13 @@ struct ModelSharding {
 // and row-parallel biases replicated. Key/value heads are split when tp <= kv_heads, else each
 // rank holds the one its query heads use. With tied embeddings (and no split) the output
 // projection is the embedding unit's token table.
-// REQUIRES: no mixture of experts; tp divides heads, ffn_hidden and vocab, and tp and kv_heads
-// divide one another (checked by the trainer).
+// Mixture-of-experts layers (is_moe_layer) hold the router `moe.router.weight` [experts, h] and
+// each expert's `moe.experts.E.{gate,up,down}.weight` in place of the MLP (moe.hpp).
+// REQUIRES: tp divides heads, ffn_hidden and vocab, and tp and kv_heads divide one another; with
+// experts, tp = 1 and a Llama-style (SwiGLU) block (checked by the trainer).
 [[nodiscard]] std::vector<UnitLayout> model_layout(const costmodel::ModelSpec& model, const ModelSharding& sharding = {});
+// True when block `layer`'s MLP is a mixture of experts (after moe.dense_layers dense ones).
+[[nodiscard]] bool is_moe_layer(const costmodel::ModelSpec& model, int layer);
 
 // Initial values of one unit into `flat` (float32, unit.numel elements): N(0, 0.02) for
 // matrices, N(0, 0.02/sqrt(2L)) for the projections that feed the residual stream (GPT-2),
@@ -109,10 +114,11 @@ enum class AttentionRecompute { kNone, kSelective };
 // GEMMs (gradient-accumulation fusion, fused_ops.hpp) and do not come out of backward; elsewhere
 // they are ignored. Under context parallelism (cp.active()) `x` holds this rank's tokens, `rotary`
 // their rows, and attention runs over the whole sequence's keys and values (context_parallel.hpp).
+// An MoE layer routes with `moe` (load-balancing loss weight, where to count; moe.hpp).
 [[nodiscard]] at::Tensor block_forward(const costmodel::ModelSpec& model, const TensorParallel& tp, const ContextParallel& cp,
                                        const std::vector<at::Tensor>& params, const at::Tensor& x, const Rotary& rotary,
                                        AttentionRecompute recompute, Kernels kernels,
-                                       const std::vector<at::Tensor>& grad_sums = {});
+                                       const std::vector<at::Tensor>& grad_sums = {}, const MoeRun& moe = {});
 
 // Final norm, output projection (`output_weight`: this rank's [vocab/tp, h] rows) and mean
 // cross-entropy over every token in float32 (vocabulary-parallel under TP). Returns the scalar loss.

@@ -201,6 +201,42 @@ std::array<double, 4> bytes_sent_so_far(const ProcessGroups& g) {
   return {g.bytes_sent.tp->load(), g.bytes_sent.cp->load(), g.bytes_sent.pp->load(), g.bytes_sent.dp->load()};
 }
 
+// What the MoE layers did in one step, over every rank (collective; the tally is reset).
+struct MoeStep {
+  double assignments = 0, dropped = 0, aux_loss = 0;  // aux: mean over layer passes of experts x sum f P
+};
+MoeStep take_moe_step(Communicator& comm, MoeTally& tally) {
+  const auto read = [](const at::Tensor& t) { return t.defined() ? t.item<double>() : 0.0; };
+  MoeStep s;
+  s.assignments = all_reduce_scalar(comm, read(tally.assignments));
+  s.dropped = all_reduce_scalar(comm, read(tally.dropped));
+  const double passes = all_reduce_scalar(comm, static_cast<double>(tally.layer_passes));
+  s.aux_loss = passes > 0 ? all_reduce_scalar(comm, read(tally.aux_sum)) / passes : 0.0;
+  tally.reset();
+  return s;
+}
+
+// The measurement's `moe` object: tokens routed and dropped per step (every layer, micro-batch
+// and rank; the last step and the run's total) and the mean load-balancing loss.
+nlohmann::json moe_json(const cm::MoeSpec& moe, const std::vector<MoeStep>& steps) {
+  nlohmann::json j = {{"experts", moe.experts}, {"top_k", moe.top_k}, {"capacity_factor", moe.capacity_factor},
+                      {"aux_loss_coeff", moe.aux_loss_coeff}};
+  if (steps.empty()) return j;
+  double routed = 0, dropped = 0;
+  nlohmann::json per_step = nlohmann::json::array();
+  for (const MoeStep& s : steps) {
+    routed += s.assignments;
+    dropped += s.dropped;
+    per_step.push_back(s.dropped);
+  }
+  j["assignments_per_step"] = steps.back().assignments;  // tokens x top_k x MoE layers, before capacity
+  j["tokens_dropped_per_step"] = steps.back().dropped;
+  j["tokens_dropped_per_step_each"] = per_step;
+  j["dropped_fraction"] = routed > 0 ? dropped / routed : 0.0;
+  j["aux_loss"] = steps.back().aux_loss;  // 1 when perfectly balanced
+  return j;
+}
+
 // The pipeline bubble of one step (collective): per rank, the time within the step's compute
 // span (first pass start to last pass end over all ranks) it does not compute, over the time it
 // computes (costmodel/schedule.hpp); the mean over ranks.
@@ -500,6 +536,7 @@ int train(const RunOptions& o, const std::string& command_line, World& w, const 
   nlohmann::json trace_events = nlohmann::json::array();
   std::vector<double> stage_in_flight(static_cast<std::size_t>(p.pp), 0.0);
   std::vector<double> step_bubbles;  // measured pipeline bubble of each step of this run
+  std::vector<MoeStep> moe_steps;     // what the experts did in each step of this run
   try {
     while (state.step < o.steps) {
       const int64_t step = state.step + 1;
@@ -526,6 +563,7 @@ int train(const RunOptions& o, const std::string& command_line, World& w, const 
       };
       const double loss_sum = runner.run_step(batch, state.loss_scale / static_cast<double>(accumulation), timing_pipeline ? &events : nullptr);
       if (p.pp > 1) step_bubbles.push_back(step_bubble(comm, events));
+      if (plan.model.moe) moe_steps.push_back(take_moe_step(comm, engine.moe_tally()));
       const auto t_finish = std::chrono::steady_clock::now();
       engine.finish_step();
       if (tracing) events.push_back({"dp_comm", -1, 0, std::chrono::duration<double>(t_finish - t0).count(),
@@ -757,7 +795,8 @@ int train(const RunOptions& o, const std::string& command_line, World& w, const 
     // model's communication volume: comm.hpp make_counting_communicator for the convention).
     nlohmann::json communication = {{"step", records.back().step}, {"rank", "the most of any rank"}};
     for (std::size_t g = 0; g < most_sent.size(); ++g) communication[std::string(kSentGroups[g]) + "_bytes_sent_per_step"] = most_sent[g];
-    const nlohmann::json m = measurement_json(plan, w, fullest, records, state.losses, command_line, loader.describe(), trace, o.kernels, communication);
+    nlohmann::json m = measurement_json(plan, w, fullest, records, state.losses, command_line, loader.describe(), trace, o.kernels, communication);
+    if (plan.model.moe) m["moe"] = moe_json(*plan.model.moe, moe_steps);
     std::cout << "done: " << records.size() << " step(s), median " << m["time"]["step_seconds"].get<double>() << " s/step, "
               << m["throughput"]["tokens_per_second"].get<double>() << " tokens/s\n";
     if (p.pp > 1) {

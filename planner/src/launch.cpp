@@ -163,7 +163,7 @@ std::vector<std::string> executor_limitations(const Plan& plan) {
   const auto& t = plan.training;
   if (p.ep != 1) {
     problems.push_back("expert parallelism is not in the executor yet (ep=" + std::to_string(p.ep) +
-                       "; tensor, sequence, context, pipeline and data parallelism run)");
+                       "; experts run with ep=1, every rank holding every expert, under pipeline and data parallelism)");
   }
   if (p.cp > 1 && t.seq_len % (2LL * p.cp) != 0) {
     // executor/src/context_parallel.hpp: rank i holds chunks i and 2cp-1-i.
@@ -178,8 +178,16 @@ std::vector<std::string> executor_limitations(const Plan& plan) {
     problems.push_back("sequence parallelism: tp(" + std::to_string(p.tp) + ") must divide each rank's " +
                        (p.cp > 1 ? "seq_len / cp (" + std::to_string(t.seq_len / p.cp) + ")" : "seq_len (" + std::to_string(t.seq_len) + ")"));
   }
-  if (plan.model.moe) problems.push_back("mixture-of-experts models are not supported by the executor");
   const cm::ModelSpec& m = plan.model;
+  if (m.moe) {  // executor/src/moe.hpp: SwiGLU experts, every rank routing its own tokens
+    if (m.architecture != cm::Architecture::kLlama) problems.push_back("mixture of experts: the executor's experts are SwiGLU MLPs in Llama-style blocks");
+    if (m.moe->shared_ffn_hidden > 0) problems.push_back("mixture of experts: shared experts (DeepSeek, Qwen2-MoE) are not in the executor");
+    if (p.tp > 1) problems.push_back("mixture of experts under tensor parallelism (tp=" + std::to_string(p.tp) + ") is not in the executor (experts are not TP-split)");
+    if (p.cp > 1) {
+      problems.push_back("mixture of experts under context parallelism (cp=" + std::to_string(p.cp) +
+                         ") is not in the executor (capacity and the load-balancing loss would be counted per CP rank)");
+    }
+  }
   if (m.mla) problems.push_back("multi-head latent attention (MLA) is not supported by the executor (it builds Q, K, V and O projections)");
   if (!m.mla && m.q_dim() != m.hidden) {
     problems.push_back("heads(" + std::to_string(m.heads) + ") * head_dim(" + std::to_string(m.head_dim()) + ") != hidden(" + std::to_string(m.hidden) +

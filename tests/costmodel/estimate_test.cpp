@@ -180,6 +180,36 @@ TEST(ContextParallel, AllGatheredKvSendsTwoPassesPerLayerAndIsExposed) {
   EXPECT_EQ(checked_estimate(none).communication.cp_sent.value(), 0.0);
 }
 
+// A capacity factor caps the tokens each expert multiplies at ceil(cf x T x top_k / experts)
+// (executor/src/moe.hpp): at or above 1 the balanced share fits, so the estimate is the dropless
+// one; below 1 the experts do cf of the work. The document keeps both keys.
+TEST(MixtureOfExperts, ACapacityFactorBelowOneCutsTheExpertsWorkAndTheDocumentKeepsIt) {
+  Plan plan = make_plan("mixtral-8x7b", "dgx-h100", 64, 4096, 256);
+  const Estimate dropless = checked_estimate(plan);
+  Plan roomy = plan;
+  roomy.model.moe->capacity_factor = 1.25;
+  EXPECT_DOUBLE_EQ(checked_estimate(roomy).time.compute.value(), dropless.time.compute.value());
+  Plan tight = plan;
+  tight.model.moe->capacity_factor = 0.5;
+  EXPECT_LT(checked_estimate(tight).time.compute.value(), 0.9 * dropless.time.compute.value());
+
+  tight.model.moe->aux_loss_coeff = 0.02;
+  const nlohmann::json doc = model_to_json(tight.model);
+  EXPECT_EQ(doc.at("moe").at("capacity_factor"), 0.5);
+  EXPECT_EQ(doc.at("moe").at("aux_loss_coeff"), 0.02);
+  const auto back = parse_model(doc, "m.json");
+  ASSERT_TRUE(back.ok()) << back.error().message;
+  EXPECT_EQ(back->moe->capacity_factor, 0.5);
+  EXPECT_EQ(back->moe->aux_loss_coeff, 0.02);
+  EXPECT_EQ(model_to_json(plan.model).at("moe").count("capacity_factor"), 0u);  // dropless: no key
+  EXPECT_EQ(plan.model.moe->aux_loss_coeff, 0.01);  // Switch Transformer's alpha by default
+  nlohmann::json bad = doc;
+  bad["moe"]["capacity_factor"] = -1;
+  const auto refused = parse_model(bad, "m.json");
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.error().message.find("/moe/capacity_factor"), std::string::npos) << refused.error().message;
+}
+
 TEST(PipelineBubble, IsZeroWithoutPipelining) {
   Plan plan = make_plan("llama3-8b", "dgx-h100", 8, 4096, 64);
   plan.parallel.zero_stage = 3;

@@ -52,6 +52,14 @@ struct MoeSpec {
   // Leading layers whose MLP is dense, of ffn_hidden (DeepSeek's first_k_dense_replace).
   // Default: 0. REQUIRES: < layers.
   int dense_layers = 0;
+  // Tokens an expert takes per micro-batch and rank: ceil(capacity_factor x tokens x top_k /
+  // experts) (GShard, Switch Transformer); the assignments past it are dropped (the token keeps
+  // its residual). Default: 0, no capacity (dropless, as Mixtral). REQUIRES: 0 or > 0.
+  double capacity_factor = 0;
+  // Weight of the load-balancing loss experts x sum_e f_e P_e added to the loss (f_e: share of
+  // the top-k assignments routed to e, P_e: mean router probability of e). Default: 0.01, Switch
+  // Transformer's alpha (Fedus et al. 2021, section 2.2).
+  double aux_loss_coeff = 0.01;
 };
 
 // Multi-head latent attention (DeepSeek-V2/V3): Q through a low-rank bottleneck (or one plain

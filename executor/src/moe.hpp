@@ -1,0 +1,59 @@
+#pragma once
+// Mixture-of-experts MLP (Mixtral-style): a router picks each token's top-k experts by softmax
+// probability, their weights renormalised over the k; each expert (a SwiGLU MLP) takes the tokens
+// routed to it up to its capacity, and the token's output is the weighted sum of its kept experts'
+// outputs (a dropped assignment contributes nothing; the token keeps its residual). The
+// load-balancing loss (Switch Transformer) is added to the training loss through the backward
+// pass (AttachAuxLoss), so it reaches the router on any pipeline stage.
+//
+// Capacity is counted per rank and micro-batch: ceil(capacity_factor x tokens x top_k / experts),
+// filled in GShard's order: every token's first choice before any second choice, tokens in order.
+
+#include <cstdint>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+#include "trainplan/costmodel/model.hpp"
+
+namespace trainplan::executor {
+
+struct Routing {
+  at::Tensor probs;    // [T, E] float32: softmax of the router logits
+  at::Tensor experts;  // [T, k] int64: the chosen experts, most probable first
+  at::Tensor weights;  // [T, k] float32: their probabilities renormalised over the k
+  at::Tensor kept;     // [T, k] bool: false where the expert was already full
+};
+
+// Tokens one expert takes: ceil(capacity_factor x tokens x top_k / experts); 0 (no limit) when
+// capacity_factor is 0.
+[[nodiscard]] int64_t expert_capacity(int64_t tokens, int top_k, int experts, double capacity_factor);
+
+// Routes T tokens given their router logits [T, E] (any float dtype; computed in float32).
+// capacity 0: no limit.
+[[nodiscard]] Routing route(const at::Tensor& logits, int top_k, int64_t capacity);
+
+// experts x sum_e f_e P_e, f_e the share of the top-k assignments (before capacity) routed to e,
+// P_e the mean probability of e over the tokens: 1 when perfectly balanced. A float32 scalar
+// with the router's graph.
+[[nodiscard]] at::Tensor load_balancing_loss(const Routing& routing);
+
+// What the MoE layers did over a step on this rank (device scalars; read once per step).
+struct MoeTally {
+  at::Tensor assignments, dropped;  // top-k assignments, and those dropped by capacity
+  at::Tensor aux_sum;               // sum of the layers' load-balancing losses (before the coefficient)
+  int64_t layer_passes = 0;         // layer forward passes counted (layers x micro-batches)
+  void reset() { *this = MoeTally{}; }
+};
+
+struct MoeRun {
+  double aux_scale = 0;        // gradient weight of the load-balancing loss: coefficient x loss multiplier
+  MoeTally* tally = nullptr;   // where to count (null: a recompute pass, already counted)
+};
+
+// The MoE MLP of one block on the normed input `x` [b, s, h]: `params` are the router [E, h],
+// then each expert's gate [f, h], up [f, h] and down [h, f].
+[[nodiscard]] at::Tensor moe_mlp(const costmodel::MoeSpec& moe, const at::Tensor& x, const std::vector<at::Tensor>& params,
+                                 const MoeRun& run);
+
+}  // namespace trainplan::executor
