@@ -65,29 +65,38 @@ at::Tensor moe_mlp(const costmodel::MoeSpec& moe, const at::Tensor& x, const std
   const int64_t tokens = flat.size(0);
   const Routing r = route(at::linear(flat, p[0]), moe.top_k, expert_capacity(tokens, moe.top_k, experts, moe.capacity_factor));
   at::Tensor out = at::zeros_like(flat);
-  const at::Tensor chosen = r.experts.masked_fill(r.kept.logical_not(), -1);  // [T, k], -1 where dropped
+  // The assignments grouped by expert with one read of the counts to the host (not one per
+  // expert): a stable sort keeps them in token order within each expert; dropped ones sort last.
+  const int k = moe.top_k;
+  const at::Tensor chosen = r.experts.masked_fill(r.kept.logical_not(), experts).reshape({-1});  // [T k]
+  const at::Tensor order = std::get<1>(at::sort(chosen, /*stable=*/std::optional<bool>(true), /*dim=*/0));
+  const at::Tensor counts = at::bincount(chosen, {}, experts + 1).cpu();
+  const at::Tensor weights = r.weights.reshape({-1});
+  int64_t start = 0;
   for (int e = 0; e < experts; ++e) {
-    const at::Tensor where = (chosen == e).nonzero();  // [n, 2]: token, slot
-    if (where.size(0) == 0) continue;
-    const at::Tensor token = where.select(1, 0), slot = where.select(1, 1);
+    const int64_t n = counts[e].item<int64_t>();
+    if (n == 0) continue;
+    const at::Tensor assignment = order.narrow(0, start, n);
+    start += n;
+    const at::Tensor token = assignment.div(k, "floor");
     const at::Tensor in = flat.index_select(0, token);
     const at::Tensor &gate = p[1 + 3 * e], &up = p[2 + 3 * e], &down = p[3 + 3 * e];
     const at::Tensor y = at::linear(at::silu(at::linear(in, gate)) * at::linear(in, up), down);
-    const at::Tensor weight = r.weights.index({token, slot}).unsqueeze(1).to(y.scalar_type());
-    out = out.index_add(0, token, y * weight);
+    out = out.index_add(0, token, y * weights.index_select(0, assignment).unsqueeze(1).to(y.scalar_type()));
   }
+  const bool attach = run.aux_scale != 0 && at::GradMode::is_enabled();
+  if (run.tally == nullptr && !attach) return out.view_as(x);
   const at::Tensor aux = load_balancing_loss(r);
   if (run.tally != nullptr) {
     MoeTally& t = *run.tally;
     const auto add = [](at::Tensor& sum, const at::Tensor& v) { sum = sum.defined() ? sum + v : v; };
-    add(t.dropped, r.kept.logical_not().sum().to(at::kDouble));
-    add(t.assignments, at::full({}, static_cast<double>(r.kept.numel()), aux.options().dtype(at::kDouble)));
+    add(t.dropped, counts[experts].to(at::kDouble));
     add(t.aux_sum, aux.detach().to(at::kDouble));
+    t.assignments += static_cast<double>(r.kept.numel());
     ++t.layer_passes;
   }
   out = out.view_as(x);
-  if (run.aux_scale != 0 && at::GradMode::is_enabled()) out = AttachAuxLoss::apply(out, aux, run.aux_scale);
-  return out;
+  return attach ? AttachAuxLoss::apply(out, aux, run.aux_scale) : out;
 }
 
 }  // namespace trainplan::executor

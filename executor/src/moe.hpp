@@ -38,11 +38,12 @@ struct Routing {
 // with the router's graph.
 [[nodiscard]] at::Tensor load_balancing_loss(const Routing& routing);
 
-// What the MoE layers did over a step on this rank (device scalars; read once per step).
+// What the MoE layers did over a step on this rank (read once per step).
 struct MoeTally {
-  at::Tensor assignments, dropped;  // top-k assignments, and those dropped by capacity
-  at::Tensor aux_sum;               // sum of the layers' load-balancing losses (before the coefficient)
-  int64_t layer_passes = 0;         // layer forward passes counted (layers x micro-batches)
+  at::Tensor dropped;        // top-k assignments dropped by capacity (int64 scalar, host)
+  at::Tensor aux_sum;        // sum of the layers' load-balancing losses, before the coefficient (device)
+  double assignments = 0;    // top-k assignments
+  int64_t layer_passes = 0;  // layer forward passes counted (layers x micro-batches)
   void reset() { *this = MoeTally{}; }
 };
 

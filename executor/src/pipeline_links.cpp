@@ -163,7 +163,7 @@ std::unique_ptr<SendLane> make_send_lane(Communicator& link, int peer, LaneKind 
 struct PipelineLinks::Link {
   std::unique_ptr<Communicator> comm;
   int peer = 0;
-  std::unique_ptr<SendLane> lane;  // outgoing links only
+  std::unique_ptr<SendLane> lane;  // outgoing links only; declared after `comm`, so it goes first
 };
 
 PipelineLinks::PipelineLinks(Communicator& pp, bool wrap, LaneKind lanes) {
@@ -203,12 +203,7 @@ PipelineLinks::PipelineLinks(Communicator& pp, bool wrap, LaneKind lanes) {
   }
 }
 
-PipelineLinks::~PipelineLinks() {
-  // Lanes go before the links whose communicators they use.
-  for (auto* link : {&activations_out_, &gradients_out_}) {
-    if (*link) (*link)->lane.reset();
-  }
-}
+PipelineLinks::~PipelineLinks() = default;
 
 PipelineLinks::Link& PipelineLinks::need(const std::unique_ptr<Link>& link, const char* what) {
   if (!link) throw std::logic_error(std::string("pipeline: this stage has no link to ") + what);

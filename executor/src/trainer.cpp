@@ -207,13 +207,13 @@ struct MoeStep {
 };
 MoeStep take_moe_step(Communicator& comm, MoeTally& tally) {
   const auto read = [](const at::Tensor& t) { return t.defined() ? t.item<double>() : 0.0; };
-  MoeStep s;
-  s.assignments = all_reduce_scalar(comm, read(tally.assignments));
-  s.dropped = all_reduce_scalar(comm, read(tally.dropped));
-  const double passes = all_reduce_scalar(comm, static_cast<double>(tally.layer_passes));
-  s.aux_loss = passes > 0 ? all_reduce_scalar(comm, read(tally.aux_sum)) / passes : 0.0;
+  at::Tensor sums = at::tensor({tally.assignments, read(tally.dropped), static_cast<double>(tally.layer_passes), read(tally.aux_sum)},
+                               at::TensorOptions().dtype(at::kDouble)).to(comm.device());
   tally.reset();
-  return s;
+  if (comm.size() > 1) comm.all_reduce_sum(sums)->wait();  // one collective for the four sums
+  sums = sums.cpu();
+  const double* v = sums.data_ptr<double>();
+  return {v[0], v[1], v[2] > 0 ? v[3] / v[2] : 0.0};
 }
 
 // The measurement's `moe` object: tokens routed and dropped per step (every layer, micro-batch

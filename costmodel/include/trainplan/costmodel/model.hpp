@@ -54,7 +54,7 @@ struct MoeSpec {
   int dense_layers = 0;
   // Tokens an expert takes per micro-batch and rank: ceil(capacity_factor x tokens x top_k /
   // experts) (GShard, Switch Transformer); the assignments past it are dropped (the token keeps
-  // its residual). Default: 0, no capacity (dropless, as Mixtral). REQUIRES: 0 or > 0.
+  // its residual). Default: 0, no capacity (dropless, as Mixtral). REQUIRES: >= 0.
   double capacity_factor = 0;
   // Weight of the load-balancing loss experts x sum_e f_e P_e added to the loss (f_e: share of
   // the top-k assignments routed to e, P_e: mean router probability of e). Default: 0.01, Switch
