@@ -371,11 +371,17 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
       c.cp_bytes = 3.0 * (s.cp - 1) * kv_chunk;  // K/V round the ring forward; K/V and their gradients backward
     }
   }
-  double ep_forward = 0;
+  double ep_forward = 0, ep_forward_bytes = 0;
   if (mdl.moe && s.ep > 1) {
     const Bytes routed(tokens_mlp * h * e);
     ep_forward = 2.0 * collective_time(hw, Collective::kAllToAll, routed, s.ep_group).value();  // dispatch + combine
     c.ep_comm = 2.0 * ep_forward;  // forward and backward
+    // Token copies out and back, and first each rank's count of them per expert of every other
+    // rank (int64; executor/src/moe.cpp, Megatron-Core's all-to-all dispatcher likewise).
+    const double counts = 8.0 * mdl.moe->experts * (s.ep - 1) / s.ep;
+    const double tokens = 2.0 * routed.value() * (s.ep - 1) / s.ep;
+    ep_forward_bytes = counts + tokens;
+    c.ep_bytes = counts + 2.0 * tokens;  // the backward sends the gradients the same ways
   }
 
   // --- activations kept for backward (bytes) ---
@@ -451,6 +457,7 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
       c.recompute = c.forward;
       c.tp_comm_recompute = c.tp_comm_forward;
       c.ep_comm += ep_forward;
+      c.ep_bytes += ep_forward_bytes;  // the recomputed forward dispatches and combines again
       c.cp_comm += cp_gather;  // the recomputed forward gathers K/V again; a ring passes them round again
       if (s.cp > 1) c.cp_bytes += (s.cp - 1) * T * (k_local + v_local) * e;
       // The forward runs without a graph: every tensor of the layer is alive at once, then cached.
@@ -510,6 +517,7 @@ LayerCost blend(const LayerCost& a, const LayerCost& b, double f) {
   c.cp_comm = mix(a.cp_comm, b.cp_comm);
   c.cp_bytes = mix(a.cp_bytes, b.cp_bytes);
   c.ep_comm = mix(a.ep_comm, b.ep_comm);
+  c.ep_bytes = mix(a.ep_bytes, b.ep_bytes);
   c.model_flops = mix(a.model_flops, b.model_flops);
   c.hardware_flops = mix(a.hardware_flops, b.hardware_flops);
   c.kernels = mix(a.kernels, b.kernels);

@@ -590,6 +590,7 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
   tm.tp_comm = Seconds(static_cast<double>(m) * L * (lc.tp_comm_forward + lc.tp_comm_backward + lc.tp_comm_recompute));
   tm.cp_comm = Seconds(static_cast<double>(m) * L * lc.cp_comm);
   est.communication.cp_sent = Bytes(static_cast<double>(m) * *std::max_element(layers.begin(), layers.end()) * lc.cp_bytes);
+  est.communication.ep_sent = Bytes(static_cast<double>(m) * *std::max_element(layers.begin(), layers.end()) * lc.ep_bytes);
   tm.ep_comm = Seconds(static_cast<double>(m) * L * lc.ep_comm);
   double p2p = 0;
   if (stages > 1) {
@@ -696,7 +697,7 @@ nlohmann::json estimate_to_json(const Plan& plan, const Estimate& e) {
         {"bubble_seconds", t.bubble.value()},
         {"optimizer_seconds", t.optimizer.value()},
         {"offload_seconds", t.offload.value()}}},
-      {"communication", {{"cp_bytes_sent_per_step", e.communication.cp_sent.value()}}},
+      {"communication", {{"cp_bytes_sent_per_step", e.communication.cp_sent.value()}, {"ep_bytes_sent_per_step", e.communication.ep_sent.value()}}},
       {"throughput",
        {{"tokens_per_second", th.tokens_per_second},
         {"tokens_per_second_per_gpu", th.tokens_per_second_per_gpu},

@@ -151,12 +151,14 @@ nlohmann::json checkpoint_layout(const DataParallelEngine& engine, int world_siz
                                  const nlohmann::json& parallel) {
   int64_t parameters = 0;
   for (const UnitLayout& u : model_layout(engine.model())) parameters += u.numel;
-  return {{"world_size", world_size},
-          {"zero_stage", engine.config().zero_stage},
-          {"shard_size", engine.shard_size()},
-          {"parallel", parallel},
-          {"precision", precision},
-          {"model", {{"name", engine.model().name}, {"parameters", parameters}}}};
+  nlohmann::json layout = {{"world_size", world_size},
+                           {"zero_stage", engine.config().zero_stage},
+                           {"shard_size", engine.shard_size()},
+                           {"parallel", parallel},
+                           {"precision", precision},
+                           {"model", {{"name", engine.model().name}, {"parameters", parameters}}}};
+  if (engine.expert_shard_size() > 0) layout["expert_shard_size"] = engine.expert_shard_size();  // only then: older layouts still match
+  return layout;
 }
 
 std::string save_checkpoint(const std::string& dir, DataParallelEngine& engine, Communicator& world, const TrainerState& state,
@@ -170,14 +172,15 @@ std::string save_checkpoint(const std::string& dir, DataParallelEngine& engine, 
     return ec ? partial + ": cannot create checkpoint directory: " + ec.message() : std::string();
   });
 
-  nlohmann::json mine;  // empty on ranks that hold a replica another rank writes
+  nlohmann::json mine = nlohmann::json::array();  // empty on ranks that hold replicas other ranks write
   std::string error;
-  if (engine.writes_checkpoint()) {
-    const std::string name = shard_file(engine.config().shard_prefix, engine.shard_rank());
+  for (const DataParallelEngine::StatePart& part : engine.state_parts()) {
+    if (!part.writes || !error.empty()) continue;
+    const std::string name = shard_file(part.prefix, part.shard);
     try {
       FileWriter w((fs::path(partial) / (name + ".tmp")).string());
       w.write(kMagic, sizeof(kMagic));
-      for (const OwnedState& s : engine.owned_states()) {
+      for (const OwnedState& s : part.states) {
         w.write_tensor(s.master);
         w.write_tensor(s.exp_avg);
         w.write_tensor(s.exp_avg_sq);
@@ -185,7 +188,7 @@ std::string save_checkpoint(const std::string& dir, DataParallelEngine& engine, 
       w.close_synced();
       const auto tmp = fs::path(partial) / (name + ".tmp");
       fs::rename(tmp, fs::path(partial) / name);
-      mine = {{"file", name}, {"bytes", w.size()}, {"crc32", w.crc()}};
+      mine.push_back({{"file", name}, {"bytes", w.size()}, {"crc32", w.crc()}});
     } catch (const std::exception& e) {
       error = e.what();
     }
@@ -197,7 +200,7 @@ std::string save_checkpoint(const std::string& dir, DataParallelEngine& engine, 
   agree(world, [&] {
     nlohmann::json files = nlohmann::json::array();
     for (const std::string& r : reports) {
-      if (r != "null" && !r.empty()) files.push_back(nlohmann::json::parse(r));
+      for (const auto& file : nlohmann::json::parse(r)) files.push_back(file);
     }
     nlohmann::json manifest = {
         {"schema", "trainplan/checkpoint/v1"},
@@ -298,20 +301,22 @@ namespace {
 // Every rank: this rank's shard and the trainer state of a checkpoint rank 0 has verified.
 TrainerState load_verified(const std::string& step_dir, DataParallelEngine& engine) {
   const nlohmann::json manifest = read_manifest(step_dir);
-  const std::string path = (fs::path(step_dir) / shard_file(engine.config().shard_prefix, engine.shard_rank())).string();
-  std::ifstream in(path, std::ios::binary);
-  char magic[sizeof(kMagic)] = {};
-  in.read(magic, sizeof(magic));
-  if (!in || std::memcmp(magic, kMagic, sizeof(kMagic)) != 0) throw CheckpointError(path + ": not a trainplan checkpoint shard");
-  for (OwnedState& s : engine.owned_states()) {
-    for (at::Tensor* t : {&s.master, &s.exp_avg, &s.exp_avg_sq}) {
-      at::Tensor host = at::empty({t->numel()}, at::TensorOptions().dtype(at::kFloat));
-      in.read(static_cast<char*>(host.data_ptr()), static_cast<std::streamsize>(host.numel() * 4));
-      if (!in) throw CheckpointError(path + ": ends early");
-      t->variable_data().copy_(host);
+  for (DataParallelEngine::StatePart& part : engine.state_parts()) {
+    const std::string path = (fs::path(step_dir) / shard_file(part.prefix, part.shard)).string();
+    std::ifstream in(path, std::ios::binary);
+    char magic[sizeof(kMagic)] = {};
+    in.read(magic, sizeof(magic));
+    if (!in || std::memcmp(magic, kMagic, sizeof(kMagic)) != 0) throw CheckpointError(path + ": not a trainplan checkpoint shard");
+    for (OwnedState& s : part.states) {
+      for (at::Tensor* t : {&s.master, &s.exp_avg, &s.exp_avg_sq}) {
+        at::Tensor host = at::empty({t->numel()}, at::TensorOptions().dtype(at::kFloat));
+        in.read(static_cast<char*>(host.data_ptr()), static_cast<std::streamsize>(host.numel() * 4));
+        if (!in) throw CheckpointError(path + ": ends early");
+        t->variable_data().copy_(host);
+      }
     }
+    if (in.peek() != std::char_traits<char>::eof()) throw CheckpointError(path + ": longer than this rank's state (another plan's shard?)");
   }
-  if (in.peek() != std::char_traits<char>::eof()) throw CheckpointError(path + ": longer than this rank's state (another plan's shard?)");
   engine.load_masters_done();
 
   TrainerState state;
@@ -376,7 +381,7 @@ void export_safetensors(const std::string& dir, DataParallelEngine& engine, Comm
   std::vector<std::pair<std::unique_ptr<Work>, at::Tensor>> sends;
   for (std::size_t i = 0; i < engine.layout().size(); ++i) {
     const at::Tensor full = engine.full_master(i);
-    if (!plan.sender) continue;
+    if (!plan.sends(engine.layout()[i])) continue;
     for (const ParamSlot& s : engine.layout()[i].slots) {
       if (!s.primary || s.tied_copy) continue;
       at::Tensor piece = full.narrow(0, s.offset, s.numel).contiguous().clone();

@@ -76,7 +76,8 @@ struct Resumed {
 
 // Where the pieces of every parameter live, for consolidating them (the trainer knows the layout).
 struct ExportPlan {
-  bool sender = false;  // this rank sends its pieces (the first data-parallel replica)
+  // Whether this rank sends its pieces of `unit` (the first replica holding them).
+  std::function<bool(const UnitLayout& unit)> sends;
   // The cut of parameter `slot` of unit `unit` as held by the TP rank with piece `piece`.
   std::function<const ParamSlot&(const std::string& unit, const std::string& slot, int piece)> piece_slot;
   // The world rank that sends piece `piece` of parameter `slot` of unit `unit`.
@@ -84,7 +85,7 @@ struct ExportPlan {
 };
 
 // Collective. Rank 0 writes `<dir>/model.safetensors` (float32, one whole tensor per parameter,
-// the TP pieces joined and pipeline stages gathered) and `<dir>/config.json` (the
+// the TP pieces joined, pipeline stages and expert-parallel ranks gathered) and `<dir>/config.json` (the
 // trainplan/model/v1 document).
 void export_safetensors(const std::string& dir, DataParallelEngine& engine, Communicator& world, int64_t step,
                         const ExportPlan& plan);

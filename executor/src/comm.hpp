@@ -1,6 +1,6 @@
 #pragma once
 // Collective communication for the executor: a small Communicator interface (sum all-reduce,
-// reduce-scatter, all-gather, broadcast, send/receive, split into sub-groups) with three engines: MPI (CPU
+// reduce-scatter, all-gather, all-to-all, broadcast, send/receive, split into sub-groups) with three engines: MPI (CPU
 // tensors), NCCL (CUDA tensors) and a single-rank one. Every collective is asynchronous and
 // returns a Work whose wait() rethrows a failure; a wait that exceeds the communicator's timeout
 // throws CommError naming the collective and the group, so a dead peer never hangs the run.
@@ -42,6 +42,13 @@ class Communicator {
   [[nodiscard]] virtual std::unique_ptr<Work> reduce_scatter_sum(const at::Tensor& input, const at::Tensor& output) = 0;
   // output (size()*n elements) = concatenation of every rank's input (n elements).
   [[nodiscard]] virtual std::unique_ptr<Work> all_gather(const at::Tensor& input, const at::Tensor& output) = 0;
+  // Every rank sends send_counts[j] elements of `input` (in rank order) to rank j and receives
+  // recv_counts[i] elements from rank i into `output` (in rank order): MPI_Alltoallv; NCCL's
+  // grouped sends and receives. Counts are elements, one per rank; a rank's recv_counts[i] equals
+  // rank i's send_counts[rank()]. The mixture of experts' token dispatch and combine.
+  // REQUIRES: contiguous, same dtype; input has sum(send_counts) and output sum(recv_counts) elements.
+  [[nodiscard]] virtual std::unique_ptr<Work> all_to_all(const at::Tensor& input, const std::vector<int64_t>& send_counts,
+                                                         const at::Tensor& output, const std::vector<int64_t>& recv_counts) = 0;
   // Point-to-point (pipeline activations and gradients). `tag` tells messages between the same
   // two ranks apart where the engine supports it (MPI); NCCL matches sends and receives in
   // order. A send completes only once the peer has posted the matching receive, in every engine
@@ -79,7 +86,8 @@ struct CommOptions {
 
 // `inner`, counting into `*sent` the bytes this rank sends in its tensor collectives (and in the
 // groups split from it), as the ring algorithms move them: all-reduce 2 (n-1)/n of the buffer,
-// reduce-scatter (n-1)/n of the input, all-gather (n-1)/n of the output, a send all of it (the
+// reduce-scatter (n-1)/n of the input, all-gather (n-1)/n of the output, an all-to-all what it
+// sends to other ranks, a send all of it (the
 // convention of the cost model's communication volume). Tensors count at the element size they
 // are handed over in (on CPU, MPI reduces 16-bit tensors as float32). Control traffic (broadcast,
 // strings, barriers) is not counted.

@@ -20,7 +20,7 @@ class CountingCommunicator final : public Communicator {
 
   // The ring algorithms' bytes per rank (NCCL's "bus bandwidth" convention, nccl-tests
   // doc/PERFORMANCE.md): all-reduce 2 (n-1)/n of the buffer, reduce-scatter (n-1)/n of the
-  // input, all-gather (n-1)/n of the output, a send all of it.
+  // input, all-gather (n-1)/n of the output, a send all of it; an all-to-all what goes to others.
   std::unique_ptr<Work> all_reduce_sum(const at::Tensor& tensor) override {
     add(2.0 * share() * bytes_of(tensor));
     return inner_->all_reduce_sum(tensor);
@@ -32,6 +32,15 @@ class CountingCommunicator final : public Communicator {
   std::unique_ptr<Work> all_gather(const at::Tensor& input, const at::Tensor& output) override {
     add(share() * bytes_of(output));
     return inner_->all_gather(input, output);
+  }
+  std::unique_ptr<Work> all_to_all(const at::Tensor& input, const std::vector<int64_t>& send_counts, const at::Tensor& output,
+                                   const std::vector<int64_t>& recv_counts) override {
+    double elements = 0;  // what leaves this rank: its own share stays
+    for (std::size_t j = 0; j < send_counts.size(); ++j) {
+      if (static_cast<int>(j) != rank()) elements += static_cast<double>(send_counts[j]);
+    }
+    add(elements * static_cast<double>(input.element_size()));
+    return inner_->all_to_all(input, send_counts, output, recv_counts);
   }
   std::unique_ptr<Work> send(const at::Tensor& tensor, int peer, int tag) override {
     add(bytes_of(tensor));

@@ -69,6 +69,18 @@ class MpiWork final : public Work {
   std::chrono::seconds timeout_;
 };
 
+// A Work that keeps arrays the pending call reads (Ialltoallv's counts and displacements).
+class MpiArraysWork final : public Work {
+ public:
+  MpiArraysWork(std::unique_ptr<Work> inner, std::vector<int> a, std::vector<int> b, std::vector<int> c, std::vector<int> d)
+      : inner_(std::move(inner)), arrays_{std::move(a), std::move(b), std::move(c), std::move(d)} {}
+  void wait() override { inner_->wait(); }
+
+ private:
+  std::unique_ptr<Work> inner_;  // destroyed (waited for) before the arrays
+  std::vector<int> arrays_[4];
+};
+
 class MpiCommunicator final : public Communicator {
   static constexpr int kMaxTag = 32767;  // the least MPI_TAG_UB the standard allows
 
@@ -117,6 +129,33 @@ class MpiCommunicator final : public Communicator {
     const int bytes = count(in.numel() * static_cast<int64_t>(in.element_size()), what);
     check(MPI_Iallgather(in.data_ptr(), bytes, MPI_BYTE, out.data_ptr(), bytes, MPI_BYTE, comm_, &r), what);
     return work(r, what);
+  }
+  std::unique_ptr<Work> all_to_all(const at::Tensor& in, const std::vector<int64_t>& send_counts, const at::Tensor& out,
+                                   const std::vector<int64_t>& recv_counts) override {
+    const std::string what = label("all-to-all", in.numel());
+    require_cpu(in, what);
+    require_cpu(out, what);
+    const auto bytes = [&](const std::vector<int64_t>& counts, int64_t total, const at::Tensor& t, std::vector<int>& n, std::vector<int>& at) {
+      if (static_cast<int>(counts.size()) != size_ || t.scalar_type() != in.scalar_type()) {
+        throw CommError(what + ": one count per rank and one dtype expected");
+      }
+      int64_t sum = 0;
+      for (int64_t c : counts) {
+        at.push_back(count(sum * static_cast<int64_t>(t.element_size()), what));
+        n.push_back(count(c * static_cast<int64_t>(t.element_size()), what));
+        sum += c;
+      }
+      if (sum != total) throw CommError(what + ": counts add up to " + std::to_string(sum) + " elements, the tensor has " + std::to_string(total));
+    };
+    std::vector<int> send_bytes, send_at, recv_bytes, recv_at;
+    bytes(send_counts, in.numel(), in, send_bytes, send_at);
+    bytes(recv_counts, out.numel(), out, recv_bytes, recv_at);
+    MPI_Request r;
+    check(MPI_Ialltoallv(in.data_ptr(), send_bytes.data(), send_at.data(), MPI_BYTE, out.data_ptr(), recv_bytes.data(), recv_at.data(),
+                         MPI_BYTE, comm_, &r),
+          what);
+    // The count arrays must outlive the request (MPI-3 non-blocking collectives read them later).
+    return std::make_unique<MpiArraysWork>(work(r, what), std::move(send_bytes), std::move(send_at), std::move(recv_bytes), std::move(recv_at));
   }
   std::unique_ptr<Work> send(const at::Tensor& t, int peer, int tag) override {
     const std::string what = label("send", t.numel()) + " to rank " + std::to_string(peer);

@@ -121,6 +121,38 @@ class NcclCommunicator final : public Communicator {
     check(ncclAllGather(in.data_ptr(), out.data_ptr(), static_cast<size_t>(in.numel()), nccl_type(in, what), comm_, stream()), what);
     return work(what);
   }
+  // Grouped sends and receives (NCCL has no all-to-all-v; this is how PyTorch's does it).
+  std::unique_ptr<Work> all_to_all(const at::Tensor& in, const std::vector<int64_t>& send_counts, const at::Tensor& out,
+                                   const std::vector<int64_t>& recv_counts) override {
+    const std::string what = label("all-to-all", in.numel());
+    require(in, what);
+    require(out, what);
+    if (static_cast<int>(send_counts.size()) != size_ || static_cast<int>(recv_counts.size()) != size_ || in.scalar_type() != out.scalar_type()) {
+      throw CommError(what + ": one count per rank and one dtype expected");
+    }
+    const ncclDataType_t type = nccl_type(in, what);
+    const auto element = static_cast<int64_t>(in.element_size());
+    auto* send_base = static_cast<char*>(in.data_ptr());
+    auto* recv_base = static_cast<char*>(out.data_ptr());
+    int64_t sent = 0, received = 0;
+    for (int j = 0; j < size_; ++j) {
+      sent += send_counts[static_cast<std::size_t>(j)];
+      received += recv_counts[static_cast<std::size_t>(j)];
+    }
+    if (sent != in.numel() || received != out.numel()) throw CommError(what + ": counts do not add up to the tensors' sizes");
+    sent = received = 0;
+    check(ncclGroupStart(), what);
+    for (int j = 0; j < size_; ++j) {
+      const auto n = static_cast<size_t>(send_counts[static_cast<std::size_t>(j)]);
+      const auto m = static_cast<size_t>(recv_counts[static_cast<std::size_t>(j)]);
+      if (n > 0) check(ncclSend(send_base + sent * element, n, type, j, comm_, stream()), what);
+      if (m > 0) check(ncclRecv(recv_base + received * element, m, type, j, comm_, stream()), what);
+      sent += static_cast<int64_t>(n);
+      received += static_cast<int64_t>(m);
+    }
+    check(ncclGroupEnd(), what);
+    return work(what);
+  }
   std::unique_ptr<Work> send(const at::Tensor& t, int peer, int /*tag: NCCL matches in order*/) override {
     const std::string what = label("send", t.numel()) + " to rank " + std::to_string(peer);
     require(t, what);

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -76,28 +77,42 @@ struct RecomputedBlockFn : torch::autograd::Function<RecomputedBlockFn> {
     DataParallelEngine* e = reinterpret_cast<DataParallelEngine*>(engine);
     ctx->saved_data["aux_scale"] = e->aux_scale();
     const auto u = static_cast<std::size_t>(unit);
+    const int64_t experts = e->experts_of(u);
     e->gather(u, +1);
+    std::vector<at::Tensor> views = e->unit_views(u);
+    if (experts >= 0) {
+      e->gather(static_cast<std::size_t>(experts), +1);
+      for (at::Tensor& v : e->unit_views(static_cast<std::size_t>(experts))) views.push_back(std::move(v));
+    }
     at::Tensor out;
     {
       torch::autograd::AutoGradMode no_grad(false);
       // No graph: no sums, no load-balancing gradient; MoE layers count here, not in the recompute.
-      out = block_forward(e->model(), e->tp(), e->cp(), e->unit_views(u), x, e->rotary(), AttentionRecompute::kNone, e->config().kernels, {},
-                          MoeRun{0, &e->moe_tally()});
+      out = block_forward(e->model(), e->tp(), e->cp(), views, x, e->rotary(), AttentionRecompute::kNone, e->config().kernels, {},
+                          e->moe_run(0, &e->moe_tally()));
     }
     e->release(u);
+    if (experts >= 0) e->release(static_cast<std::size_t>(experts));
     return out;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     DataParallelEngine* e = engine_of(ctx);
     const int64_t unit = ctx->saved_data["unit"].toInt();
     const auto u = static_cast<std::size_t>(unit);
+    const int64_t experts = e->experts_of(u);
     at::Tensor x = ctx->get_saved_variables()[0].detach().requires_grad_(true);
+    if (experts >= 0) e->gather(static_cast<std::size_t>(experts), -1);
     e->gather(u, -1);
     {
       torch::autograd::AutoGradMode enable(true);
-      const variable_list views = UnitViewsFn::apply(e->anchor(u), engine_id(e), unit);
+      variable_list views = UnitViewsFn::apply(e->anchor(u), engine_id(e), unit);
+      std::vector<at::Tensor> sums = e->grad_sums(u);
+      if (experts >= 0) {
+        for (at::Tensor& v : UnitViewsFn::apply(e->anchor(static_cast<std::size_t>(experts)), engine_id(e), experts)) views.push_back(std::move(v));
+        for (at::Tensor& g : e->grad_sums(static_cast<std::size_t>(experts))) sums.push_back(std::move(g));
+      }
       const at::Tensor out = block_forward(e->model(), e->tp(), e->cp(), views, x, e->rotary(), AttentionRecompute::kNone, e->config().kernels,
-                                           e->grad_sums(u), MoeRun{ctx->saved_data["aux_scale"].toDouble(), nullptr});
+                                           sums, e->moe_run(ctx->saved_data["aux_scale"].toDouble(), nullptr));
       torch::autograd::backward({out}, {grads[0]});
     }
     return {x.grad(), at::Tensor(), at::Tensor()};
@@ -124,6 +139,8 @@ class Unit {
   std::vector<std::pair<int64_t, int64_t>> decay_ranges;  // (start, length) within the owned range
   std::vector<std::pair<int64_t, int64_t>> norm_ranges;   // owned elements this rank counts in the norm
   at::Tensor tied_grad;      // ZeRO-2/3 with a split tied embedding: the token table's gradient
+  Communicator* shard_comm = nullptr;    // the ranks this unit is sharded over
+  Communicator* replica_comm = nullptr;  // the ranks holding the same shard
 
   [[nodiscard]] at::Tensor owned_grad(int stage) const { return stage <= 1 ? grad.narrow(0, offset, shard) : grad; }
 };
@@ -153,6 +170,13 @@ DataParallelEngine::DataParallelEngine(const cm::ModelSpec& model, const EngineC
   const int s = stage == 0 ? 1 : stage == 3 && config.shard_group > 0 ? config.shard_group : dp;
   shard_comm_ = dp_.split(dp_.rank() / s, dp_.rank(), "shard");
   replica_comm_ = dp_.split(dp_.rank() % s, dp_.rank(), "replica");
+  bool has_experts = false;  // the same on every rank of the expert-data-parallel group (one stage)
+  for (const UnitLayout& l : layout_) has_experts |= l.kind == UnitKind::kExperts;
+  if (has_experts) {  // the expert-data-parallel ranks within this rank's shard group shard the experts
+    Communicator& edp = groups.edp != nullptr ? *groups.edp : dp_;
+    expert_shard_comm_ = edp.split(dp_.rank() / s, edp.rank(), "expert-shard");
+    expert_replica_comm_ = edp.split(expert_shard_comm_->rank(), edp.rank(), "expert-replica");
+  }
   rotary_ = make_rotary(model, seq_len, config.device, config.compute_dtype);
   if (groups.cp.active()) {  // the rows of this rank's tokens (context_parallel.hpp)
     const at::Tensor rows = groups.cp.positions.to(config.device);
@@ -165,9 +189,13 @@ DataParallelEngine::DataParallelEngine(const cm::ModelSpec& model, const EngineC
   for (const UnitLayout& l : layout_) {
     auto u = std::make_unique<Unit>();
     u->layout = l;
-    u->padded = (l.numel + s - 1) / s * s;
-    u->shard = u->padded / s;
-    u->offset = shard_comm_->rank() * u->shard;
+    const bool expert = l.kind == UnitKind::kExperts;
+    u->shard_comm = expert ? expert_shard_comm_.get() : shard_comm_.get();
+    u->replica_comm = expert ? expert_replica_comm_.get() : replica_comm_.get();
+    const int shards = u->shard_comm->size();
+    u->padded = (l.numel + shards - 1) / shards * shards;
+    u->shard = u->padded / shards;
+    u->offset = u->shard_comm->rank() * u->shard;
     at::Tensor init = at::zeros({u->padded}, at::TensorOptions().dtype(at::kFloat));
     init_unit(l, model, config.seed, init);
     const at::Tensor owned = init.narrow(0, u->offset, u->shard);
@@ -186,7 +214,7 @@ DataParallelEngine::DataParallelEngine(const cm::ModelSpec& model, const EngineC
     u->exp_avg = at::zeros({u->shard}, f32);
     u->exp_avg_sq = at::zeros({u->shard}, f32);
     u->anchor = at::zeros({}, at::TensorOptions().dtype(at::kFloat)).requires_grad_(true);
-    const bool counts = replica_comm_->rank() == 0;  // replicas hold the same gradient shard
+    const bool counts = u->replica_comm->rank() == 0;  // replicas hold the same gradient shard
     for (const ParamSlot& slot : l.slots) {
       const int64_t begin = std::max(slot.offset, u->offset), end = std::min(slot.offset + slot.numel, u->offset + u->shard);
       if (begin >= end) continue;
@@ -219,7 +247,7 @@ void DataParallelEngine::gather(std::size_t unit, int prefetch_direction) {
   const auto start_gather = [&](Unit& u) {
     PhaseScope scope(timer_, Phase::kDataParallelWait);
     allocate_storage(u.full, static_cast<std::size_t>(u.padded) * u.full.element_size());
-    u.gather_work = shard_comm_->all_gather(u.shard_param, u.full);
+    u.gather_work = u.shard_comm->all_gather(u.shard_param, u.full);
   };
   Unit& u = *units_[unit];
   if (!u.gathered) {
@@ -249,16 +277,35 @@ void DataParallelEngine::release(std::size_t unit) {
 
 void DataParallelEngine::before_unit_backward(std::size_t unit) { gather(unit, -1); }
 
+int64_t DataParallelEngine::experts_of(std::size_t unit) const {
+  const std::size_t next = unit + 1;
+  return next < units_.size() && units_[next]->layout.kind == UnitKind::kExperts ? static_cast<int64_t>(next) : -1;
+}
+
+// A block, and the experts unit after it when it is an MoE layer: block_forward takes the
+// block's parameters followed by the experts'.
 at::Tensor DataParallelEngine::run_unit_forward(std::size_t unit, const at::Tensor& x) {
   const int64_t id = engine_id(this), index = static_cast<int64_t>(unit);
   const int layer = units_[unit]->layout.layer;
   if (recompute_block(layer)) return RecomputedBlockFn::apply(x, id, index);
+  const int64_t experts = experts_of(unit);
   gather(unit, +1);
-  const variable_list views = UnitViewsFn::apply(anchor(unit), id, index);
+  variable_list views = UnitViewsFn::apply(anchor(unit), id, index);
+  std::vector<at::Tensor> sums = grad_sums(unit);
+  if (experts >= 0) {
+    const auto e = static_cast<std::size_t>(experts);
+    gather(e, +1);
+    for (at::Tensor& v : UnitViewsFn::apply(anchor(e), id, experts)) views.push_back(std::move(v));
+    for (at::Tensor& g : grad_sums(e)) sums.push_back(std::move(g));
+  }
   const auto attention = config_.recompute == cm::Recompute::kSelective ? AttentionRecompute::kSelective : AttentionRecompute::kNone;
-  at::Tensor y = block_forward(model_, groups_.tp, groups_.cp, views, x, rotary_, attention, config_.kernels, grad_sums(unit), MoeRun{aux_scale_, &moe_tally_});
-  if (config_.zero_stage == 3) y = BeforeBackwardFn::apply(y, id, index);
+  at::Tensor y = block_forward(model_, groups_.tp, groups_.cp, views, x, rotary_, attention, config_.kernels, sums, moe_run(aux_scale_, &moe_tally_));
+  if (config_.zero_stage == 3) {
+    y = BeforeBackwardFn::apply(y, id, index);
+    if (experts >= 0) y = BeforeBackwardFn::apply(y, id, experts);  // runs first: the experts' backward comes first
+  }
   release(unit);
+  if (experts >= 0) release(static_cast<std::size_t>(experts));
   return y;
 }
 
@@ -285,6 +332,7 @@ at::Tensor DataParallelEngine::forward_chunk(int chunk, const at::Tensor& input,
         break;
       }
       case UnitKind::kBlock: x = run_unit_forward(i, x); break;
+      case UnitKind::kExperts: break;  // with its block
       case UnitKind::kHead: {
         gather(i, +1);
         const variable_list head_params = UnitViewsFn::apply(anchor(i), id, index);
@@ -365,9 +413,11 @@ void DataParallelEngine::finish_step() {
   }
   tied_deferred_.clear();
   drain();
-  if (stage >= 2 && replica_comm_->size() > 1) {
+  if (stage >= 2) {
     std::vector<std::unique_ptr<Work>> works;
-    for (auto& u : units_) works.push_back(replica_comm_->all_reduce_sum(u->grad));
+    for (auto& u : units_) {
+      if (u->replica_comm->size() > 1) works.push_back(u->replica_comm->all_reduce_sum(u->grad));
+    }
     for (auto& w : works) w->wait();
   }
   if (dp_.size() > 1) {
@@ -430,10 +480,10 @@ void DataParallelEngine::launch_reduction(std::size_t unit, at::Tensor full_grad
   Pending p;
   p.unit = unit;
   if (config_.zero_stage == 0) {
-    p.work = replica_comm_->all_reduce_sum(full_grad);
+    p.work = u.replica_comm->all_reduce_sum(full_grad);
   } else {
     p.result = at::empty({u.shard}, full_grad.options());
-    p.work = shard_comm_->reduce_scatter_sum(full_grad, p.result);
+    p.work = u.shard_comm->reduce_scatter_sum(full_grad, p.result);
   }
   p.source = std::move(full_grad);
   pending_.push_back(std::move(p));
@@ -546,7 +596,7 @@ void DataParallelEngine::refresh_compute_copies() {
       if (u.separate_master) u.full.copy_(u.master);
     } else if (stage < 3) {
       at::Tensor mine = u.master.to(u.full.scalar_type(), false, /*copy=*/true);
-      gathers.emplace_back(shard_comm_->all_gather(mine, u.full), mine);
+      gathers.emplace_back(u.shard_comm->all_gather(mine, u.full), mine);
     } else if (u.separate_master) {
       u.shard_param.copy_(u.master);
     }
@@ -570,24 +620,33 @@ StateBytes DataParallelEngine::state_bytes() const {
   return b;
 }
 
-std::vector<OwnedState> DataParallelEngine::owned_states() {
-  std::vector<OwnedState> out;
-  for (auto& u : units_) out.push_back(OwnedState{u->master, u->exp_avg, u->exp_avg_sq});
-  return out;
+std::vector<DataParallelEngine::StatePart> DataParallelEngine::state_parts() {
+  StatePart dense{config_.shard_prefix, shard_comm_->rank(), replica_comm_->rank() == 0, {}};
+  StatePart experts;
+  if (expert_shard_comm_) {
+    char prefix[16];
+    std::snprintf(prefix, sizeof(prefix), "ep%02d_", groups_.ep == nullptr ? 0 : groups_.ep->rank());
+    experts = StatePart{config_.shard_prefix + prefix, expert_shard_comm_->rank(), expert_replica_comm_->rank() == 0, {}};
+  }
+  for (auto& u : units_) {
+    (u->layout.kind == UnitKind::kExperts ? experts : dense).states.push_back(OwnedState{u->master, u->exp_avg, u->exp_avg_sq});
+  }
+  std::vector<StatePart> parts{std::move(dense)};
+  if (expert_shard_comm_) parts.push_back(std::move(experts));
+  return parts;
 }
 
-bool DataParallelEngine::writes_checkpoint() const { return replica_comm_->rank() == 0; }
-int DataParallelEngine::shard_rank() const { return shard_comm_->rank(); }
 int DataParallelEngine::shard_size() const { return shard_comm_->size(); }
+int DataParallelEngine::expert_shard_size() const { return expert_shard_comm_ ? expert_shard_comm_->size() : 0; }
 int64_t DataParallelEngine::shard_numel(std::size_t unit) const { return units_[unit]->shard; }
 
 void DataParallelEngine::load_masters_done() { refresh_compute_copies(); }
 
 at::Tensor DataParallelEngine::full_master(std::size_t unit) {
   Unit& u = *units_[unit];
-  if (shard_comm_->size() == 1) return u.master.narrow(0, 0, u.layout.numel);
+  if (u.shard_comm->size() == 1) return u.master.narrow(0, 0, u.layout.numel);
   at::Tensor out = at::empty({u.padded}, u.master.options());
-  shard_comm_->all_gather(u.master.contiguous(), out)->wait();
+  u.shard_comm->all_gather(u.master.contiguous(), out)->wait();
   return out.narrow(0, 0, u.layout.numel);
 }
 

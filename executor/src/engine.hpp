@@ -11,6 +11,10 @@
 //   stage 3         params sharded too: a unit is all-gathered before its forward and its backward
 //                   (the next unit prefetched) and freed after each; shard_group < dp is hybrid
 //                   shard (S = shard_group; gradient shards then all-reduced over the R replicas).
+// Expert units (mixture of experts) take the same shape over the expert-data-parallel group
+// instead: its ranks within this rank's shard group shard them, the others replicate them. Every
+// gradient is then divided by the dp group's size, since each rank's loss is the mean over its
+// own tokens and an expert's gradient already sums what every rank's tokens sent it.
 // Gradient reductions start from the autograd callbacks of each unit, so they overlap the rest
 // of backward. Master weights, gradients and AdamW moments are float32; the compute copy is the
 // plan's precision (fp32, bf16 or fp16).
@@ -39,6 +43,8 @@ struct EngineGroups {
   Communicator* kv = nullptr;     // TP ranks that share a key/value head (tp > kv_heads)
   TensorParallel tp;
   ContextParallel cp;             // under CP, `dp` spans dp x cp ranks (parallel_dims.hpp)
+  Communicator* ep = nullptr;     // expert parallelism: the ranks this rank's tokens are dispatched over
+  Communicator* edp = nullptr;    // the ranks holding the same experts (null: dp)
 };
 
 struct EngineConfig {
@@ -116,13 +122,20 @@ class DataParallelEngine {
   void set_phase_timer(PhaseTimer* timer) { timer_ = timer; }
   [[nodiscard]] PhaseTimer* phase_timer() const { return timer_; }
 
-  // Checkpoint support: units in order, each rank's owned state, and whether this rank writes it
-  // (the first replica does; replicas hold identical shards).
+  // Checkpoint support: units in order, and this rank's owned state in parts: the dense units'
+  // (shard `shard` of the data-parallel shard group) and, with experts, the expert units' (prefix
+  // "ep<e>_": shard `shard` of expert-parallel rank e's experts). The first replica of each part
+  // writes it; replicas hold identical shards.
+  struct StatePart {
+    std::string prefix;  // config().shard_prefix, then "ep<e>_" for the experts
+    int shard = 0;
+    bool writes = false;
+    std::vector<OwnedState> states;
+  };
   [[nodiscard]] const std::vector<UnitLayout>& layout() const { return layout_; }
-  [[nodiscard]] std::vector<OwnedState> owned_states();
-  [[nodiscard]] bool writes_checkpoint() const;
-  [[nodiscard]] int shard_rank() const;
+  [[nodiscard]] std::vector<StatePart> state_parts();
   [[nodiscard]] int shard_size() const;
+  [[nodiscard]] int expert_shard_size() const;  // 0 without experts
   [[nodiscard]] int64_t shard_numel(std::size_t unit) const;
   // After master weights were loaded: refresh the compute copies.
   void load_masters_done();
@@ -136,6 +149,10 @@ class DataParallelEngine {
   void release(std::size_t unit);
   [[nodiscard]] std::vector<at::Tensor> unit_views(std::size_t unit);
   [[nodiscard]] at::Tensor anchor(std::size_t unit);
+  // The experts unit that follows block `unit` (an MoE layer), or -1.
+  [[nodiscard]] int64_t experts_of(std::size_t unit) const;
+  // How block forwards run their MoE layers: `tally` null in a recompute pass.
+  [[nodiscard]] MoeRun moe_run(double aux_scale, MoeTally* tally) const { return MoeRun{aux_scale, tally, groups_.ep}; }
   [[nodiscard]] const costmodel::ModelSpec& model() const { return model_; }
   [[nodiscard]] const Rotary& rotary() const { return rotary_; }
   [[nodiscard]] const TensorParallel& tp() const { return groups_.tp; }
@@ -165,7 +182,8 @@ class DataParallelEngine {
   EngineConfig config_;
   EngineGroups groups_;
   Communicator& dp_;  // the data-parallel group (groups_.dp)
-  std::unique_ptr<Communicator> shard_comm_, replica_comm_;
+  std::unique_ptr<Communicator> shard_comm_, replica_comm_;                // dense units
+  std::unique_ptr<Communicator> expert_shard_comm_, expert_replica_comm_;  // expert units
   std::vector<UnitLayout> layout_;
   std::vector<std::unique_ptr<Unit>> units_;
   std::vector<Pending> pending_;

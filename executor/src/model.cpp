@@ -33,7 +33,7 @@ struct Cut {
 void add_slot(UnitLayout& u, const std::string& name, std::vector<int64_t> full_shape, InitKind init, bool decay,
               const Cut& cut = {}) {
   ParamSlot s;
-  s.name = u.name + "." + name;
+  s.name = (u.kind == UnitKind::kExperts ? "layers." + std::to_string(u.layer) : u.name) + "." + name;
   s.full_shape = full_shape;
   s.shape = std::move(full_shape);
   if (cut.split_dim >= 0) s.shape[static_cast<std::size_t>(cut.split_dim)] /= cut.shard_count;
@@ -175,20 +175,26 @@ std::vector<UnitLayout> model_layout(const cm::ModelSpec& m, const ModelSharding
       add_slot(b, "mlp.fc2.weight", {h, f}, InitKind::kScaledNormal, true, c.row);
       add_slot(b, "mlp.fc2.bias", {h}, InitKind::kZeros, false, c.replicated);
     } else if (is_moe_layer(m, l)) {  // moe.hpp; REQUIRES tp = 1 (the trainer refuses more)
-      const int64_t fe = m.moe->expert_ffn_hidden;
       add_slot(b, "moe.router.weight", {m.moe->experts, h}, InitKind::kNormal, true, c.replicated);
-      for (int e = 0; e < m.moe->experts; ++e) {
-        const std::string expert = "moe.experts." + std::to_string(e) + ".";
-        add_slot(b, expert + "gate.weight", {fe, h}, InitKind::kNormal, true, c.replicated);
-        add_slot(b, expert + "up.weight", {fe, h}, InitKind::kNormal, true, c.replicated);
-        add_slot(b, expert + "down.weight", {h, fe}, InitKind::kScaledNormal, true, c.replicated);
-      }
     } else {
       add_slot(b, "mlp.gate.weight", {f, h}, InitKind::kNormal, true, c.column);
       add_slot(b, "mlp.up.weight", {f, h}, InitKind::kNormal, true, c.column);
       add_slot(b, "mlp.down.weight", {h, f}, InitKind::kScaledNormal, true, c.row);
     }
     units.push_back(std::move(b));
+    if (!gpt && is_moe_layer(m, l)) {
+      const int64_t fe = m.moe->expert_ffn_hidden;
+      const int local = m.moe->experts / sharding.ep;
+      UnitLayout x{"layers." + std::to_string(l) + ".experts", UnitKind::kExperts, l, {}, 0};
+      for (int e = sharding.ep_rank * local; e < (sharding.ep_rank + 1) * local; ++e) {
+        const std::string expert = "moe.experts." + std::to_string(e) + ".";
+        add_slot(x, expert + "gate.weight", {fe, h}, InitKind::kNormal, true, c.replicated);
+        add_slot(x, expert + "up.weight", {fe, h}, InitKind::kNormal, true, c.replicated);
+        add_slot(x, expert + "down.weight", {h, fe}, InitKind::kScaledNormal, true, c.replicated);
+        for (std::size_t k = x.slots.size() - 3; k < x.slots.size(); ++k) x.slots[k].expert = e;
+      }
+      units.push_back(std::move(x));
+    }
   }
 
   UnitLayout head{"head", UnitKind::kHead, -1, {}, 0};
@@ -353,7 +359,8 @@ at::Tensor block_forward(const cm::ModelSpec& m, const TensorParallel& tp, const
     const at::Tensor c = enter_tp_region(tp, norm(m, h1, n2w, n2b));
     const at::Tensor &w1 = p[i], &b1 = p[i + 1], &w2 = p[i + 2], &b2 = p[i + 3];
     mlp = leave_tp_region(tp, at::linear(at::gelu(at::linear(c, w1, b1), "tanh"), w2)) + b2;
-  } else if (m.moe && p.size() - i == 1 + 3 * static_cast<std::size_t>(m.moe->experts)) {  // an MoE layer (model_layout)
+  } else if (m.moe && p.size() - i == 1 + 3 * static_cast<std::size_t>(m.moe->experts / (moe.ep == nullptr ? 1 : moe.ep->size()))) {
+    // An MoE layer: the router, then this rank's experts (model_layout).
     mlp = moe_mlp(*m.moe, norm(m, h1, n2w, n2b), std::vector<at::Tensor>(p.begin() + static_cast<std::ptrdiff_t>(i), p.end()), moe);
   } else {
     const at::Tensor &gate = p[i], &up = p[i + 1], &down = p[i + 2];

@@ -43,14 +43,17 @@ struct ParamSlot {
   int64_t numel = 0;
   InitKind init = InitKind::kNormal;
   bool weight_decay = true;      // matrices decay; norms, biases and embeddings of positions do not
+  int expert = -1;               // mixture of experts: the (global) expert this matrix belongs to
 };
 
-enum class UnitKind { kEmbedding, kBlock, kHead };
+// kExperts: the routed experts of an MoE block that this rank holds, a unit of their own right
+// after the block's (their gradients are reduced over another group; engine.hpp).
+enum class UnitKind { kEmbedding, kBlock, kExperts, kHead };
 
 struct UnitLayout {
-  std::string name;  // "embedding", "layers.3", "head"
+  std::string name;  // "embedding", "layers.3", "layers.3.experts", "head"
   UnitKind kind = UnitKind::kBlock;
-  int layer = -1;    // block index for kBlock
+  int layer = -1;    // block index for kBlock and kExperts
   std::vector<ParamSlot> slots;
   int64_t numel = 0;
 };
@@ -63,6 +66,9 @@ struct ModelSharding {
   // unit gets its own copy of the token table (`head.output.weight`, tied_copy), kept equal to
   // the embedding's by summing their gradients (Megatron's embedding group).
   bool split_tied_embedding = false;
+  // Expert parallelism: this rank holds experts [ep_rank x E/ep, (ep_rank + 1) x E/ep) of every
+  // MoE layer (parallel_dims.hpp).
+  int ep = 1, ep_rank = 0;
 };
 
 // Units in execution order: embedding, layers.0 .. layers.L-1, head, with this rank's TP pieces:
@@ -71,8 +77,10 @@ struct ModelSharding {
 // and row-parallel biases replicated. Key/value heads are split when tp <= kv_heads, else each
 // rank holds the one its query heads use. With tied embeddings (and no split) the output
 // projection is the embedding unit's token table.
-// Mixture-of-experts layers (is_moe_layer) hold the router `moe.router.weight` [experts, h] and
-// each expert's `moe.experts.E.{gate,up,down}.weight` in place of the MLP (moe.hpp).
+// Mixture-of-experts layers (is_moe_layer) hold the router `moe.router.weight` [experts, h] in
+// place of the MLP, and are followed by a kExperts unit "layers.L.experts" with this rank's
+// experts' `layers.L.moe.experts.E.{gate,up,down}.weight` (moe.hpp); block_forward takes the
+// block's parameters followed by the experts'.
 // REQUIRES: tp divides heads, ffn_hidden and vocab, and tp and kv_heads divide one another; with
 // experts, tp = 1 and a Llama-style (SwiGLU) block (checked by the trainer).
 [[nodiscard]] std::vector<UnitLayout> model_layout(const costmodel::ModelSpec& model, const ModelSharding& sharding = {});

@@ -57,33 +57,127 @@ at::Tensor load_balancing_loss(const Routing& r) {
   return static_cast<double>(experts) * (share * r.probs.mean(0)).sum();
 }
 
+namespace {
+
+// Rows of `x` ([n, h]) exchanged over `comm`: send_rows[j] rows to rank j, recv_rows[i] from rank
+// i, in rank order. The backward sends the gradients back the way the rows came.
+at::Tensor exchange_rows(Communicator& comm, const at::Tensor& x, const std::vector<int64_t>& send_rows, const std::vector<int64_t>& recv_rows) {
+  const int64_t h = x.size(1);
+  std::vector<int64_t> send_counts, recv_counts;
+  int64_t rows = 0;
+  for (int64_t n : send_rows) send_counts.push_back(n * h);
+  for (int64_t n : recv_rows) {
+    recv_counts.push_back(n * h);
+    rows += n;
+  }
+  const at::Tensor in = x.contiguous();
+  at::Tensor out = at::empty({rows, h}, in.options());
+  comm.all_to_all(in, send_counts, out, recv_counts)->wait();
+  return out;
+}
+
+struct AllToAllRows : torch::autograd::Function<AllToAllRows> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, int64_t comm, std::vector<int64_t> send_rows,
+                            std::vector<int64_t> recv_rows) {
+    ctx->saved_data["comm"] = comm;
+    ctx->saved_data["send"] = send_rows;
+    ctx->saved_data["recv"] = recv_rows;
+    return exchange_rows(*reinterpret_cast<Communicator*>(comm), x, send_rows, recv_rows);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list grads) {
+    auto* comm = reinterpret_cast<Communicator*>(ctx->saved_data["comm"].toInt());
+    const at::Tensor back = exchange_rows(*comm, grads[0], ctx->saved_data["recv"].toIntVector(), ctx->saved_data["send"].toIntVector());
+    return {back, at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
 at::Tensor moe_mlp(const costmodel::MoeSpec& moe, const at::Tensor& x, const std::vector<at::Tensor>& p, const MoeRun& run) {
-  const int experts = moe.experts;
-  if (static_cast<int>(p.size()) != 1 + 3 * experts) throw std::logic_error("moe_mlp: router and 3 matrices per expert expected");
+  const int experts = moe.experts, k = moe.top_k;
+  const int ep = run.ep == nullptr ? 1 : run.ep->size();
+  const int local = experts / ep;  // this rank's experts: [ep rank x local, ...)
+  if (static_cast<int>(p.size()) != 1 + 3 * local) throw std::logic_error("moe_mlp: router and 3 matrices per local expert expected");
   const int64_t h = x.size(-1);
   const at::Tensor flat = x.reshape({-1, h});
   const int64_t tokens = flat.size(0);
-  const Routing r = route(at::linear(flat, p[0]), moe.top_k, expert_capacity(tokens, moe.top_k, experts, moe.capacity_factor));
-  at::Tensor out = at::zeros_like(flat);
-  // The assignments grouped by expert with one read of the counts to the host (not one per
-  // expert): a stable sort keeps them in token order within each expert; dropped ones sort last.
-  const int k = moe.top_k;
+  const Routing r = route(at::linear(flat, p[0]), k, expert_capacity(tokens, k, experts, moe.capacity_factor));
+  // The kept assignments grouped by expert with one read of the counts to the host: a stable sort
+  // keeps them in token order within each expert; dropped ones sort last. Grouped by expert they
+  // are grouped by the rank holding it, which is the dispatch's order.
   const at::Tensor chosen = r.experts.masked_fill(r.kept.logical_not(), experts).reshape({-1});  // [T k]
   const at::Tensor order = std::get<1>(at::sort(chosen, /*stable=*/std::optional<bool>(true), /*dim=*/0));
-  const at::Tensor counts = at::bincount(chosen, {}, experts + 1).cpu();
-  const at::Tensor weights = r.weights.reshape({-1});
-  int64_t start = 0;
-  for (int e = 0; e < experts; ++e) {
-    const int64_t n = counts[e].item<int64_t>();
-    if (n == 0) continue;
-    const at::Tensor assignment = order.narrow(0, start, n);
-    start += n;
-    const at::Tensor token = assignment.div(k, "floor");
-    const at::Tensor in = flat.index_select(0, token);
-    const at::Tensor &gate = p[1 + 3 * e], &up = p[2 + 3 * e], &down = p[3 + 3 * e];
-    const at::Tensor y = at::linear(at::silu(at::linear(in, gate)) * at::linear(in, up), down);
-    out = out.index_add(0, token, y * weights.index_select(0, assignment).unsqueeze(1).to(y.scalar_type()));
+  const at::Tensor counts = at::bincount(chosen, {}, experts + 1).cpu();  // assignments per expert, then dropped
+  const int64_t kept = tokens * k - counts[experts].item<int64_t>();
+  const at::Tensor assignment = order.narrow(0, 0, kept);
+  const at::Tensor token = assignment.div(k, "floor");
+  at::Tensor rows = flat.index_select(0, token);  // [kept, h], by expert
+
+  // Dispatch: rank j gets the rows of its experts; per_source[i][e] rows come from rank i for local expert e.
+  std::vector<std::vector<int64_t>> per_source(static_cast<std::size_t>(ep), std::vector<int64_t>(static_cast<std::size_t>(local)));
+  std::vector<int64_t> send_rows(static_cast<std::size_t>(ep), 0), recv_rows(static_cast<std::size_t>(ep), 0);
+  const auto* c = counts.data_ptr<int64_t>();
+  if (ep == 1) {
+    for (int e = 0; e < local; ++e) per_source[0][static_cast<std::size_t>(e)] = c[e];
+  } else {
+    // Each rank tells each other how many rows of each of its experts it sends (ep x local int64).
+    at::Tensor mine = counts.narrow(0, 0, experts).to(run.ep->device());
+    at::Tensor theirs = at::empty({experts}, mine.options());
+    run.ep->all_to_all(mine, std::vector<int64_t>(static_cast<std::size_t>(ep), local), theirs,
+                       std::vector<int64_t>(static_cast<std::size_t>(ep), local))->wait();
+    const at::Tensor host = theirs.cpu();
+    for (int i = 0; i < ep; ++i) {
+      for (int e = 0; e < local; ++e) per_source[static_cast<std::size_t>(i)][static_cast<std::size_t>(e)] = host.data_ptr<int64_t>()[i * local + e];
+    }
+    for (int j = 0; j < ep; ++j) {
+      for (int e = j * local; e < (j + 1) * local; ++e) send_rows[static_cast<std::size_t>(j)] += c[e];
+    }
+    for (int i = 0; i < ep; ++i) {
+      for (int64_t n : per_source[static_cast<std::size_t>(i)]) recv_rows[static_cast<std::size_t>(i)] += n;
+    }
+    rows = AllToAllRows::apply(rows, reinterpret_cast<int64_t>(run.ep), send_rows, recv_rows);
   }
+  // The received rows come by source, then expert; the experts take theirs source by source.
+  std::vector<int64_t> by_expert;  // received row of each expert-ordered row
+  std::vector<int64_t> starts(static_cast<std::size_t>(ep * local), 0);
+  for (int64_t i = 0, at_row = 0; i < ep; ++i) {
+    for (int e = 0; e < local; ++e) {
+      starts[static_cast<std::size_t>(i * local + e)] = at_row;
+      at_row += per_source[static_cast<std::size_t>(i)][static_cast<std::size_t>(e)];
+    }
+  }
+  for (int e = 0; e < local; ++e) {
+    for (int i = 0; i < ep; ++i) {
+      const int64_t from = starts[static_cast<std::size_t>(i * local + e)];
+      for (int64_t n = 0; n < per_source[static_cast<std::size_t>(i)][static_cast<std::size_t>(e)]; ++n) by_expert.push_back(from + n);
+    }
+  }
+  const auto index = [&](const std::vector<int64_t>& v) {
+    return at::tensor(v, at::TensorOptions().dtype(at::kLong)).to(rows.device());
+  };
+  const bool identity = ep == 1;  // one rank: the rows already come expert by expert
+  const at::Tensor grouped = identity ? rows : rows.index_select(0, index(by_expert));
+  std::vector<at::Tensor> outputs(static_cast<std::size_t>(local));
+  int64_t start = 0;
+  for (int e = 0; e < local; ++e) {
+    int64_t n = 0;
+    for (int i = 0; i < ep; ++i) n += per_source[static_cast<std::size_t>(i)][static_cast<std::size_t>(e)];
+    // Every local expert runs, on no rows if none came: its weights are then in the graph on every
+    // rank, so their gradient reduction starts everywhere.
+    const at::Tensor in = grouped.narrow(0, start, n);
+    start += n;
+    const at::Tensor &gate = p[1 + 3 * e], &up = p[2 + 3 * e], &down = p[3 + 3 * e];
+    outputs[static_cast<std::size_t>(e)] = at::linear(at::silu(at::linear(in, gate)) * at::linear(in, up), down);
+  }
+  at::Tensor y = at::cat(outputs, 0);
+  if (!identity) {  // back to source order, then combine: every row returns to the rank of its token
+    std::vector<int64_t> inverse(by_expert.size());
+    for (std::size_t j = 0; j < by_expert.size(); ++j) inverse[static_cast<std::size_t>(by_expert[j])] = static_cast<int64_t>(j);
+    y = AllToAllRows::apply(y.index_select(0, index(inverse)), reinterpret_cast<int64_t>(run.ep), recv_rows, send_rows);
+  }
+  const at::Tensor weight = r.weights.reshape({-1}).index_select(0, assignment).unsqueeze(1).to(y.scalar_type());
+  at::Tensor out = at::zeros_like(flat).index_add(0, token, y * weight);
+
   const bool attach = run.aux_scale != 0 && at::GradMode::is_enabled();
   if (run.tally == nullptr && !attach) return out.view_as(x);
   const at::Tensor aux = load_balancing_loss(r);
@@ -94,6 +188,8 @@ at::Tensor moe_mlp(const costmodel::MoeSpec& moe, const at::Tensor& x, const std
     add(t.aux_sum, aux.detach().to(at::kDouble));
     t.assignments += static_cast<double>(r.kept.numel());
     ++t.layer_passes;
+    t.kept_per_expert.resize(static_cast<std::size_t>(experts), 0.0);
+    for (int e = 0; e < experts; ++e) t.kept_per_expert[static_cast<std::size_t>(e)] += static_cast<double>(c[e]);
   }
   out = out.view_as(x);
   return attach ? AttachAuxLoss::apply(out, aux, run.aux_scale) : out;

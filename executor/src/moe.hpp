@@ -14,6 +14,7 @@
 
 #include <ATen/ATen.h>
 
+#include "comm.hpp"
 #include "trainplan/costmodel/model.hpp"
 
 namespace trainplan::executor {
@@ -44,12 +45,14 @@ struct MoeTally {
   at::Tensor aux_sum;        // sum of the layers' load-balancing losses, before the coefficient (device)
   double assignments = 0;    // top-k assignments
   int64_t layer_passes = 0;  // layer forward passes counted (layers x micro-batches)
+  std::vector<double> kept_per_expert;  // assignments each expert took (after capacity)
   void reset() { *this = MoeTally{}; }
 };
 
 struct MoeRun {
   double aux_scale = 0;        // gradient weight of the load-balancing loss: coefficient x loss multiplier
   MoeTally* tally = nullptr;   // where to count (null: a recompute pass, already counted)
+  Communicator* ep = nullptr;  // the expert-parallel group (null or one rank: every expert is here)
 };
 
 // The MoE MLP of one block on the normed input `x` [b, s, h]: `params` are the router [E, h],

@@ -39,6 +39,10 @@ ProcessGroups make_process_groups(const ParallelDims& dims, Communicator& world)
   g.cp = counted((c.dp * dims.pp + c.pp) * dims.tp + c.tp, c.cp, "cp", g.bytes_sent.cp);
   g.pp = counted((c.dp * dims.cp + c.cp) * dims.tp + c.tp, c.pp, "pp", g.bytes_sent.pp);
   g.dp = counted(c.pp * dims.tp + c.tp, c.dp * dims.cp + c.cp, "dp", g.bytes_sent.dp);
+  const int ep = dims.ep;
+  g.ep = counted((((c.dp / ep) * dims.pp + c.pp) * dims.cp + c.cp) * dims.tp + c.tp, c.dp % ep, "ep", g.bytes_sent.ep);
+  g.edp = make_counting_communicator(world.split(((c.dp % ep) * dims.pp + c.pp) * dims.tp + c.tp, (c.dp / ep) * dims.cp + c.cp, "edp"),
+                                     g.bytes_sent.dp);
   const bool end_stage = dims.pp > 1 && (c.pp == 0 || c.pp == dims.pp - 1);
   const int pipeline = (c.dp * dims.cp + c.cp) * dims.tp + c.tp;
   g.tied = world.split(end_stage ? pipeline : world.size() + rank, c.pp, end_stage ? "tied-embedding" : "self");

@@ -2,6 +2,9 @@
 // The process-group layout of a plan (torchtitan's ParallelDims): ranks are numbered with TP
 // innermost (within a node), then CP, then PP, then DP:
 //   rank = ((dp_index * pp + pp_index) * cp + cp_index) * tp + tp_index.
+// Expert parallelism is carved out of data parallelism (Megatron-Core's layout, and the cost
+// model's): ep consecutive data-parallel indices form an expert-parallel group, and the ranks
+// with the same dp_index % ep (and pp, tp) hold the same experts: the expert-data-parallel group.
 // Validated once; the error names every factor.
 
 #include <memory>
@@ -13,6 +16,7 @@ namespace trainplan::executor {
 
 struct ParallelDims {
   int tp = 1, cp = 1, pp = 1, dp = 1;
+  int ep = 1;  // divides dp; not a factor of the world size
 
   [[nodiscard]] int world_size() const { return tp * cp * pp * dp; }
   // "tp(2) * cp(1) * pp(2) * dp(2) = 8 != world size (4)", or empty when they agree.
@@ -44,12 +48,19 @@ struct ProcessGroups {
   // The first and the last stage of one pipeline (same dp, cp, tp), which both hold the tied
   // embedding when pp > 1; a one-rank group on every other rank.
   std::unique_ptr<Communicator> tied;
+  // Same pp, cp, tp and dp_index / ep: the ranks the experts are split over (group rank =
+  // dp_index % ep, the experts [rank x E/ep, (rank + 1) x E/ep) of every MoE layer; moe.hpp).
+  std::unique_ptr<Communicator> ep;
+  // Same pp, tp and dp_index % ep: the ranks holding the same experts, whose gradients are
+  // averaged and ZeRO shards taken over it (group rank = (dp_index / ep) x cp + cp index). Its
+  // bytes count as data-parallel traffic.
+  std::unique_ptr<Communicator> edp;
   struct Sent {
-    std::shared_ptr<std::atomic<double>> tp, cp, pp, dp;
+    std::shared_ptr<std::atomic<double>> tp, cp, pp, dp, ep;
   } bytes_sent;
 };
 
-// REQUIRES: dims.mismatch(world.size()) is empty.
+// REQUIRES: dims.mismatch(world.size()) is empty and dims.ep divides dims.dp.
 [[nodiscard]] ProcessGroups make_process_groups(const ParallelDims& dims, Communicator& world);
 
 }  // namespace trainplan::executor

@@ -31,7 +31,7 @@ StageUnits stage_units(const std::vector<UnitLayout>& all, const std::vector<int
     const int pos = c * stages + stage;
     for (const UnitLayout& u : all) {
       const bool take = (u.kind == UnitKind::kEmbedding && pos == 0) || (u.kind == UnitKind::kHead && pos == positions - 1) ||
-                        (u.kind == UnitKind::kBlock && u.layer >= starts[pos] && u.layer < starts[pos + 1]);
+                        ((u.kind == UnitKind::kBlock || u.kind == UnitKind::kExperts) && u.layer >= starts[pos] && u.layer < starts[pos + 1]);
       if (!take) continue;
       out.units.push_back(u);
       out.chunk_of_unit.push_back(c);

@@ -185,6 +185,8 @@ std::string gib(double bytes) {
   return s;
 }
 
+using SentBytes = std::array<double, 5>;
+
 struct StepRecord {
   int64_t step = 0;
   double loss = 0, seconds = 0, tokens_per_second = 0, grad_norm = 0, lr = 0;
@@ -192,28 +194,31 @@ struct StepRecord {
   double forward_seconds = 0, backward_seconds = 0, optimizer_seconds = 0, dp_wait_seconds = 0;
   double peak_memory_bytes = 0, mfu = 0;
   bool skipped = false;
-  std::array<double, 4> bytes_sent{};  // this rank's step, by group: tp, cp, pp, dp (kSentGroups)
+  SentBytes bytes_sent{};  // this rank's step, by group: tp, cp, pp, dp, ep (kSentGroups)
 };
 
-constexpr const char* kSentGroups[] = {"tp", "cp", "pp", "dp"};
+constexpr const char* kSentGroups[] = {"tp", "cp", "pp", "dp", "ep"};
 
-std::array<double, 4> bytes_sent_so_far(const ProcessGroups& g) {
-  return {g.bytes_sent.tp->load(), g.bytes_sent.cp->load(), g.bytes_sent.pp->load(), g.bytes_sent.dp->load()};
+SentBytes bytes_sent_so_far(const ProcessGroups& g) {
+  return {g.bytes_sent.tp->load(), g.bytes_sent.cp->load(), g.bytes_sent.pp->load(), g.bytes_sent.dp->load(), g.bytes_sent.ep->load()};
 }
 
 // What the MoE layers did in one step, over every rank (collective; the tally is reset).
 struct MoeStep {
   double assignments = 0, dropped = 0, aux_loss = 0;  // aux: mean over layer passes of experts x sum f P
+  std::vector<double> kept_per_expert;                 // assignments each expert took
 };
-MoeStep take_moe_step(Communicator& comm, MoeTally& tally) {
+MoeStep take_moe_step(Communicator& comm, MoeTally& tally, int experts) {
   const auto read = [](const at::Tensor& t) { return t.defined() ? t.item<double>() : 0.0; };
-  at::Tensor sums = at::tensor({tally.assignments, read(tally.dropped), static_cast<double>(tally.layer_passes), read(tally.aux_sum)},
-                               at::TensorOptions().dtype(at::kDouble)).to(comm.device());
+  std::vector<double> values = {tally.assignments, read(tally.dropped), static_cast<double>(tally.layer_passes), read(tally.aux_sum)};
+  tally.kept_per_expert.resize(static_cast<std::size_t>(experts), 0.0);  // stages without MoE layers counted none
+  values.insert(values.end(), tally.kept_per_expert.begin(), tally.kept_per_expert.end());
+  at::Tensor sums = at::tensor(values, at::TensorOptions().dtype(at::kDouble)).to(comm.device());
   tally.reset();
-  if (comm.size() > 1) comm.all_reduce_sum(sums)->wait();  // one collective for the four sums
+  if (comm.size() > 1) comm.all_reduce_sum(sums)->wait();  // one collective for every sum
   sums = sums.cpu();
   const double* v = sums.data_ptr<double>();
-  return {v[0], v[1], v[2] > 0 ? v[3] / v[2] : 0.0};
+  return {v[0], v[1], v[2] > 0 ? v[3] / v[2] : 0.0, std::vector<double>(v + 4, v + 4 + experts)};
 }
 
 // The measurement's `moe` object: tokens routed and dropped per step (every layer, micro-batch
@@ -234,6 +239,17 @@ nlohmann::json moe_json(const cm::MoeSpec& moe, const std::vector<MoeStep>& step
   j["tokens_dropped_per_step_each"] = per_step;
   j["dropped_fraction"] = routed > 0 ? dropped / routed : 0.0;
   j["aux_loss"] = steps.back().aux_loss;  // 1 when perfectly balanced
+  // The last step's load: assignments each expert took, and the busiest over the mean (1 when
+  // balanced). Under expert parallelism the rank holding the busiest experts receives, and sends
+  // back, more rows than a balanced all-to-all (the cost model's).
+  const std::vector<double>& load = steps.back().kept_per_expert;
+  j["tokens_per_expert_per_step"] = load;
+  double total = 0, most = 0;
+  for (double n : load) {
+    total += n;
+    most = std::max(most, n);
+  }
+  j["load_imbalance"] = total > 0 ? most * static_cast<double>(load.size()) / total : 1.0;
   return j;
 }
 
@@ -391,7 +407,7 @@ int train(const RunOptions& o, const std::string& command_line, World& w, const 
   Communicator& comm = *w.comm;
   const int rank = comm.rank();
   const bool talk = rank == 0;
-  const ParallelDims dims{plan.parallel.tp, plan.parallel.cp, plan.parallel.pp, plan.parallel.dp};
+  const ParallelDims dims{plan.parallel.tp, plan.parallel.cp, plan.parallel.pp, plan.parallel.dp, plan.parallel.ep};
   if (const std::string why = dims.mismatch(comm.size()); !why.empty()) {
     throw InputError(o.plan_path + ": the plan is for " + std::to_string(plan.gpus) + " GPUs but " + std::to_string(comm.size()) +
                      " ranks were started: " + why);
@@ -428,11 +444,13 @@ int train(const RunOptions& o, const std::string& command_line, World& w, const 
   sharding.tp_rank = at.tp;
   sharding.sequence_parallel = p.sequence_parallel && p.tp > 1;
   sharding.split_tied_embedding = plan.model.tied_embeddings && p.pp > 1;
+  sharding.ep = p.ep;
+  sharding.ep_rank = at.dp % p.ep;
   StageUnits mine = stage_units(model_layout(plan.model, sharding), chunk_layers, p.pp, at.pp);
   // Context parallelism: this rank's load-balanced chunks of every sequence (context_parallel.hpp).
   const ContextParallel context = make_context_parallel(groups.cp.get(), t.seq_len, w.device, torch_dtype(t.precision));
   EngineGroups engine_groups{groups.dp.get(), &comm, groups.tied.get(), kv_group.get(), TensorParallel{groups.tp.get(), sharding.sequence_parallel},
-                             context};
+                             context, groups.ep.get(), groups.edp.get()};
 
   EngineConfig config;
   config.zero_stage = p.zero_stage;
@@ -483,6 +501,7 @@ int train(const RunOptions& o, const std::string& command_line, World& w, const 
   nlohmann::json parallel_layout = {{"tp", p.tp}, {"pp", p.pp}, {"dp", p.dp}, {"sequence_parallel", sharding.sequence_parallel},
                                     {"virtual_stages", p.virtual_stages}, {"chunk_layers", chunk_layers}};
   if (p.cp > 1) parallel_layout["cp"] = p.cp;  // only then: checkpoints written before CP existed still resume
+  if (p.ep > 1) parallel_layout["ep"] = p.ep;
   const nlohmann::json layout = checkpoint_layout(engine, comm.size(), precision, parallel_layout);
   TrainerState state;
   state.loss_scale = t.precision == cm::Precision::kFp16 ? 65536.0 : 1.0;
@@ -556,14 +575,14 @@ int train(const RunOptions& o, const std::string& command_line, World& w, const 
       if (timing_pipeline) comm.barrier();  // every rank's step starts together: one clock for the timeline
       const auto t0 = std::chrono::steady_clock::now();
       phases.begin_step(step);
-      const std::array<double, 4> sent_before = bytes_sent_so_far(groups);
+      const SentBytes sent_before = bytes_sent_so_far(groups);
       const auto batch = [&](int k) {
         MicroBatch mb = loader.micro_batch(step, at.dp, p.dp, t.global_batch, p.micro_batch, k, w.device);
         return std::make_pair(context_slice(context, mb.tokens), context_slice(context, mb.targets));
       };
       const double loss_sum = runner.run_step(batch, state.loss_scale / static_cast<double>(accumulation), timing_pipeline ? &events : nullptr);
       if (p.pp > 1) step_bubbles.push_back(step_bubble(comm, events));
-      if (plan.model.moe) moe_steps.push_back(take_moe_step(comm, engine.moe_tally()));
+      if (plan.model.moe) moe_steps.push_back(take_moe_step(comm, engine.moe_tally(), plan.model.moe->experts));
       const auto t_finish = std::chrono::steady_clock::now();
       engine.finish_step();
       if (tracing) events.push_back({"dp_comm", -1, 0, std::chrono::duration<double>(t_finish - t0).count(),
@@ -592,7 +611,7 @@ int train(const RunOptions& o, const std::string& command_line, World& w, const 
         engine.zero_gradients();
       }
       phases.end_step();
-      const std::array<double, 4> sent_after = bytes_sent_so_far(groups);
+      const SentBytes sent_after = bytes_sent_so_far(groups);
       if (w.device.is_cuda()) cuda_synchronize();
       const auto t1 = std::chrono::steady_clock::now();
       if (kernel_profiler) {
@@ -718,11 +737,13 @@ int train(const RunOptions& o, const std::string& command_line, World& w, const 
 
   if (!o.export_dir.empty()) {
     // Piece j of a parameter comes from the first data-parallel replica's TP rank holding it, on
-    // the stage that holds its unit.
+    // the stage that holds its unit; an expert's from the first replica of the ep rank holding it.
     std::vector<std::vector<UnitLayout>> tp_layouts;
     for (int r = 0; r < p.tp; ++r) {
       ModelSharding other = sharding;
       other.tp_rank = r;
+      other.ep = 1;  // every expert's slot (ep cuts none of them)
+      other.ep_rank = 0;
       tp_layouts.push_back(model_layout(plan.model, other));
     }
     const auto find_slot = [&](int tp_rank, const std::string& unit, const std::string& slot) -> const ParamSlot& {
@@ -742,12 +763,15 @@ int train(const RunOptions& o, const std::string& command_line, World& w, const 
       throw std::logic_error("export: no TP rank holds piece " + std::to_string(piece) + " of " + slot);
     };
     ExportPlan export_plan;
-    export_plan.sender = at.dp == 0 && at.cp == 0;
+    export_plan.sends = [&](const UnitLayout& unit) { return at.cp == 0 && (unit.kind == UnitKind::kExperts ? at.dp < p.ep : at.dp == 0); };
     export_plan.piece_slot = [&](const std::string& unit, const std::string& slot, int piece) -> const ParamSlot& {
       return find_slot(holder(unit, slot, piece), unit, slot);
     };
     export_plan.owner_rank = [&](const std::string& unit, const std::string& slot, int piece) {
-      return rank_of(dims, RankCoords{holder(unit, slot, piece), 0, stage_of_unit(unit, chunk_layers, p.pp), 0});
+      const int tp_rank = holder(unit, slot, piece);
+      const int expert = find_slot(tp_rank, unit, slot).expert;
+      const int dp_index = expert < 0 ? 0 : expert / (plan.model.moe->experts / p.ep);  // ep rank = dp index % ep
+      return rank_of(dims, RankCoords{tp_rank, 0, stage_of_unit(unit, chunk_layers, p.pp), dp_index});
     };
     export_safetensors(o.export_dir, engine, comm, state.step, export_plan);
     if (talk) std::cout << "exported: " << (std::filesystem::path(o.export_dir) / "model.safetensors").string() << "\n";
@@ -760,13 +784,19 @@ int train(const RunOptions& o, const std::string& command_line, World& w, const 
   }
   const nlohmann::json memory_json = {{"w", memory.states.weights}, {"g", memory.states.gradients}, {"o", memory.states.optimizer},
                                       {"peak", memory.peak_bytes}, {"reserved", memory.reserved_bytes},
-                                      {"sent", records.empty() ? std::array<double, 4>{} : records.back().bytes_sent}};
+                                      {"sent", records.empty() ? SentBytes{} : records.back().bytes_sent}};
   RankMemory fullest = memory;
-  std::array<double, 4> most_sent{};  // per group, the most any rank sent in the last step
+  SentBytes most_sent{};  // per group, the most any rank sent in the last step
+  double ep_sent_total = 0;  // and the expert-parallel bytes over the ranks that sent any
+  int ep_senders = 0;
   for (const std::string& text : comm.all_gather_strings(memory_json.dump())) {
     const nlohmann::json j = nlohmann::json::parse(text);
-    const auto sent = j["sent"].get<std::array<double, 4>>();
+    const auto sent = j["sent"].get<SentBytes>();
     for (std::size_t g = 0; g < most_sent.size(); ++g) most_sent[g] = std::max(most_sent[g], sent[g]);
+    if (sent[4] > 0) {
+      ep_sent_total += sent[4];
+      ++ep_senders;
+    }
     const RankMemory other{{j["w"].get<double>(), j["g"].get<double>(), j["o"].get<double>()}, j["peak"].get<double>(), j["reserved"].get<double>()};
     if (other.total() > fullest.total()) fullest = other;
   }
@@ -795,6 +825,10 @@ int train(const RunOptions& o, const std::string& command_line, World& w, const 
     // model's communication volume: comm.hpp make_counting_communicator for the convention).
     nlohmann::json communication = {{"step", records.back().step}, {"rank", "the most of any rank"}};
     for (std::size_t g = 0; g < most_sent.size(); ++g) communication[std::string(kSentGroups[g]) + "_bytes_sent_per_step"] = most_sent[g];
+    // Routing is never quite balanced, so the busiest rank's all-to-all bytes exceed the mean
+    // (moe.load_imbalance); the mean over ranks is what balanced routing predicts, since every
+    // rank's tokens are drawn alike.
+    if (ep_senders > 0) communication["ep_bytes_sent_per_step_mean"] = ep_sent_total / ep_senders;
     nlohmann::json m = measurement_json(plan, w, fullest, records, state.losses, command_line, loader.describe(), trace, o.kernels, communication);
     if (plan.model.moe) m["moe"] = moe_json(*plan.model.moe, moe_steps);
     std::cout << "done: " << records.size() << " step(s), median " << m["time"]["step_seconds"].get<double>() << " s/step, "

@@ -168,6 +168,7 @@ std::string label(const std::string& key) {
       {"mfu", "MFU"},
       {"hfu", "HFU"},
       {"cp_bytes_sent_per_step", "context parallelism"},
+      {"ep_bytes_sent_per_step", "expert parallelism"},
   };
   const auto it = kLabels.find(key);
   return it == kLabels.end() ? key : it->second;
@@ -289,6 +290,42 @@ std::string pipeline_table(const Trace& t, bool markdown) {
   return out.str();
 }
 
+// What the experts did in the measured run, beside what the cost model assumes (balanced
+// routing; min(1, capacity factor) of the routed tokens computed).
+std::string moe_table(const MoeReport& m, bool markdown) {
+  const std::string title = fmt("Mixture of experts: %d experts, top-%d, ", m.experts, m.top_k) +
+                            (m.capacity_factor > 0 ? fmt("capacity factor %g", m.capacity_factor) : std::string("dropless")) +
+                            "; the last step over every rank and layer";
+  const double assumed = m.capacity_factor > 0 ? std::max(0.0, 1.0 - m.capacity_factor) : 0.0;
+  std::vector<std::array<std::string, 3>> rows = {
+      {"token copies routed", "", fmt("%.0f", m.assignments_per_step)},
+      {"dropped by capacity", fmt("at most %.1f%%", 100.0 * assumed),
+       fmt("%.0f (%.1f%%; run %.1f%%)", m.tokens_dropped_per_step, m.assignments_per_step > 0 ? 100.0 * m.tokens_dropped_per_step / m.assignments_per_step : 0.0,
+           100.0 * m.dropped_fraction)},
+  };
+  if (m.load_imbalance) rows.push_back({"load imbalance (busiest / mean expert)", "1 (balanced)", fmt("%.3f", *m.load_imbalance)});
+  if (m.aux_loss) rows.push_back({"load-balancing loss (experts x sum f P)", "1 (balanced)", fmt("%.3f", *m.aux_loss)});
+  std::ostringstream out;
+  if (markdown) {
+    out << "## " << title << "\n\n| quantity | cost model | measured |\n|---|---:|---:|\n";
+    for (const auto& r : rows) out << "| " << r[0] << " | " << (r[1].empty() ? "-" : r[1]) << " | " << r[2] << " |\n";
+    return out.str();
+  }
+  std::size_t w0 = 8, w1 = 10, w2 = 8;
+  for (const auto& r : rows) {
+    w0 = std::max(w0, r[0].size());
+    w1 = std::max(w1, r[1].size());
+    w2 = std::max(w2, r[2].size());
+  }
+  const auto pad = [](std::size_t n) { return std::string(n, ' '); };
+  out << title << "\n  quantity" << pad(w0 - 8 + 2 + w1 - 10) << "cost model" << pad(2 + w2 - 8) << "measured\n";
+  for (const auto& r : rows) {
+    const std::string model = r[1].empty() ? "-" : r[1];
+    out << "  " << r[0] << pad(w0 - r[0].size() + 2 + w1 - model.size()) << model << pad(2 + w2 - r[2].size()) << r[2] << "\n";
+  }
+  return out.str();
+}
+
 }  // namespace
 
 nlohmann::json comparison_to_json(const Comparison& c) {
@@ -344,6 +381,15 @@ nlohmann::json comparison_to_json(const Comparison& c) {
                                         {"in_flight_measured", c.measured.trace->peak_in_flight},
                                         {"in_flight_predicted", c.measured.trace->predicted_in_flight}}
                        : nlohmann::json(nullptr)},
+      {"moe", c.measured.moe ? nlohmann::json{{"experts", c.measured.moe->experts},
+                                              {"top_k", c.measured.moe->top_k},
+                                              {"capacity_factor", c.measured.moe->capacity_factor},
+                                              {"assignments_per_step", c.measured.moe->assignments_per_step},
+                                              {"tokens_dropped_per_step", c.measured.moe->tokens_dropped_per_step},
+                                              {"dropped_fraction", c.measured.moe->dropped_fraction},
+                                              {"load_imbalance", optional(c.measured.moe->load_imbalance)},
+                                              {"aux_loss", optional(c.measured.moe->aux_loss)}}
+                             : nlohmann::json(nullptr)},
   };
 }
 
@@ -359,6 +405,7 @@ std::string render_comparison(const Comparison& c, Format format) {
     if (!table.empty()) out << table << "\n";
   }
   if (c.measured.trace && c.measured.trace->stages > 1) out << pipeline_table(*c.measured.trace, markdown) << "\n";
+  if (c.measured.moe) out << moe_table(*c.measured.moe, markdown) << "\n";
   out << closing_line(c) << "\n";
   return out.str();
 }

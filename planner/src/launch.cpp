@@ -161,9 +161,10 @@ std::vector<std::string> executor_limitations(const Plan& plan) {
   std::vector<std::string> problems;
   const auto& p = plan.parallel;
   const auto& t = plan.training;
-  if (p.ep != 1) {
-    problems.push_back("expert parallelism is not in the executor yet (ep=" + std::to_string(p.ep) +
-                       "; experts run with ep=1, every rank holding every expert, under pipeline and data parallelism)");
+  if (p.ep > 1 && p.zero_stage == 3 && p.shard_group > 0 && p.shard_group % p.ep != 0 && p.ep % p.shard_group != 0) {
+    // executor/src/engine.cpp: experts are sharded over the expert-data-parallel ranks within a shard group.
+    problems.push_back("expert parallelism with hybrid shard: shard_group (" + std::to_string(p.shard_group) + ") and ep(" + std::to_string(p.ep) +
+                       ") must divide one another, so that every shard group holds the same number of each expert's copies");
   }
   if (p.cp > 1 && t.seq_len % (2LL * p.cp) != 0) {
     // executor/src/context_parallel.hpp: rank i holds chunks i and 2cp-1-i.

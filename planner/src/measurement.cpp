@@ -38,7 +38,7 @@ const std::vector<std::string>& section_keys(Section section) {
       "optimizer_seconds", "offload_seconds"};
   static const std::vector<std::string> kThroughput = {
       "tokens_per_second", "tokens_per_second_per_gpu", "model_tflops_per_gpu", "hardware_tflops_per_gpu", "mfu", "hfu"};
-  static const std::vector<std::string> kCommunication = {"cp_bytes_sent_per_step"};
+  static const std::vector<std::string> kCommunication = {"cp_bytes_sent_per_step", "ep_bytes_sent_per_step"};
   switch (section) {
     case Section::kMemory: return kMemory;
     case Section::kTime: return kTime;
@@ -158,6 +158,19 @@ ParallelLayout read_layout(const LenientReader& r) {
   return l;
 }
 
+MoeReport read_moe(const LenientReader& r) {
+  MoeReport m;
+  m.experts = static_cast<int>(r.integer("experts", 1, 1 << 24).value_or(0));
+  m.top_k = static_cast<int>(r.integer("top_k", 1, 1 << 24).value_or(0));
+  m.capacity_factor = r.number("capacity_factor").value_or(0);
+  m.assignments_per_step = r.number("assignments_per_step").value_or(0);
+  m.tokens_dropped_per_step = r.number("tokens_dropped_per_step").value_or(0);
+  m.dropped_fraction = r.number("dropped_fraction").value_or(0);
+  m.load_imbalance = r.number("load_imbalance");
+  m.aux_loss = r.number("aux_loss");
+  return m;
+}
+
 Trace read_trace(const LenientReader& r) {
   Trace t;
   t.step = r.integer("step", 0, 1 << 30).value_or(0);
@@ -272,6 +285,7 @@ PerformanceDocument read_document(const nlohmann::json& json, const std::string&
     }
   }
   if (r.find("trace")) d.trace = read_trace(r.object("trace"));
+  if (r.find("moe")) d.moe = read_moe(r.object("moe"));
   return d;
 }
 

@@ -210,6 +210,27 @@ TEST(MixtureOfExperts, ACapacityFactorBelowOneCutsTheExpertsWorkAndTheDocumentKe
   EXPECT_NE(refused.error().message.find("/moe/capacity_factor"), std::string::npos) << refused.error().message;
 }
 
+// Expert parallelism's all-to-all bytes per step, by hand (executor/src/moe.cpp moves the same):
+// Mixtral 8x7B (32 MoE layers, hidden 4096, 8 experts, top-2), seq 4096, micro-batch 1, bf16,
+// ep 4: each layer and micro-batch routes 4096 x 2 token copies of 4096 x 2 B = 64 MiB, of which
+// 3/4 go to other ranks with balanced routing, out (dispatch) and back (combine), forward and
+// again backward: 4 x 48 MiB; plus the counts per expert before each dispatch, 8 experts x 8 B
+// x 3/4 = 48 B. Full recompute dispatches and combines once more (with its counts).
+TEST(MixtureOfExperts, ExpertParallelAllToAllBytesAreTheRoutedCopiesOtherRanksHold) {
+  Plan plan = make_plan("mixtral-8x7b", "dgx-h100", 64, 4096, 256);
+  plan.parallel.tp = 1; plan.parallel.cp = 1; plan.parallel.dp = 16; plan.parallel.pp = 4; plan.parallel.ep = 4; plan.parallel.zero_stage = 1; plan.parallel.micro_batch = 1;
+  const Estimate e = checked_estimate(plan);
+  const double copies = 4096.0 * 2 * 4096 * 2;  // bytes of one micro-batch's routed token copies
+  const double per_layer = 4.0 * 0.75 * copies + 48.0;
+  EXPECT_DOUBLE_EQ(e.communication.ep_sent.value(), per_layer * 8 * e.micro_batches);  // 32 layers over 4 stages
+  Plan full = plan;
+  full.parallel.recompute = Recompute::kFull;
+  EXPECT_DOUBLE_EQ(checked_estimate(full).communication.ep_sent.value(), (per_layer + 2.0 * 0.75 * copies + 48.0) * 8 * e.micro_batches);
+  Plan none = plan;
+  none.parallel.ep = 1;
+  EXPECT_EQ(checked_estimate(none).communication.ep_sent.value(), 0.0);
+}
+
 TEST(PipelineBubble, IsZeroWithoutPipelining) {
   Plan plan = make_plan("llama3-8b", "dgx-h100", 8, 4096, 64);
   plan.parallel.zero_stage = 3;

@@ -24,6 +24,7 @@ struct PlanSpec {
   int tp = 1;
   int pp = 1;
   int cp = 1;
+  int ep = 1;  // carved out of dp (`ranks`)
   int virtual_stages = 1;
   std::string schedule = "1f1b";
   bool sequence_parallel = false;

@@ -37,7 +37,8 @@ TEST_F(PlannerCli, RecommendsAPlanForLlama70bOn64Gpus) {
 }
 
 // Issue 13 item 4: the flagship question ends with a command the executor accepts (pipelines and
-// context parallelism run); a plan it cannot run (experts) says why under the command.
+// context parallelism run), expert-parallel plans too; a plan it cannot run (experts under context
+// parallelism, the mixtral recommendation) says why under the command.
 TEST_F(PlannerCli, TheRecommendationEndsWithACommandTheExecutorAcceptsAndOtherwiseSaysWhyNot) {
   const Outcome flagship = run("--model 70b --gpus 64");
   ASSERT_EQ(flagship.exit_code, 0) << flagship.all();
@@ -46,10 +47,14 @@ TEST_F(PlannerCli, TheRecommendationEndsWithACommandTheExecutorAcceptsAndOtherwi
   const Outcome piped = run("--model 8b --gpus 16 --fix pp=2 --fix cp=2");
   ASSERT_EQ(piped.exit_code, 0) << piped.all();
   EXPECT_EQ(piped.out.find("note: the executor cannot run"), std::string::npos) << piped.out;
-  const Outcome experts = run("--model mixtral-8x7b --gpus 64");
+  const Outcome experts = run("--model mixtral-8x7b --gpus 64 --fix tp=1 --fix cp=1 --fix ep=4");
   ASSERT_EQ(experts.exit_code, 0) << experts.all();
-  EXPECT_NE(experts.out.find("note: the executor cannot run this plan yet:\n    - "), std::string::npos) << experts.out;
-  EXPECT_NE(experts.out.find("expert parallelism is not in the executor yet (ep="), std::string::npos) << experts.out;
+  EXPECT_NE(experts.out.find("torchrun"), std::string::npos) << experts.out;
+  EXPECT_EQ(experts.out.find("note: the executor cannot run"), std::string::npos) << experts.out;
+  const Outcome context = run("--model mixtral-8x7b --gpus 64 --fix cp=4");
+  ASSERT_EQ(context.exit_code, 0) << context.all();
+  EXPECT_NE(context.out.find("note: the executor cannot run this plan yet:\n    - "), std::string::npos) << context.out;
+  EXPECT_NE(context.out.find("mixture of experts under context parallelism (cp=4"), std::string::npos) << context.out;
 }
 
 TEST_F(PlannerCli, JsonOutputIsASearchDocument) {

@@ -360,6 +360,33 @@ TEST(MeasurementDocument, NullLossesReadAsNotANumber) {
   EXPECT_TRUE(std::isnan(m->losses[1]));
 }
 
+// A mixture-of-experts run's `moe` object is read and shown beside what the cost model assumes:
+// balanced routing, at most 1 - capacity factor of the routed copies dropped. The numbers are the
+// executor's ep2 run of moe_test.cpp (4 experts, top-2, capacity factor 1, the last step).
+TEST(Compare, AnExpertRunShowsTokensDroppedAndLoadImbalance) {
+  const auto json = nlohmann::json::parse(R"({"schema": "trainplan/measurement/v1", "memory": {}, "time": {}, "throughput": {},
+      "communication": {"ep_bytes_sent_per_step": 433344, "ep_bytes_sent_per_step_mean": 406208},
+      "moe": {"experts": 4, "top_k": 2, "capacity_factor": 1, "assignments_per_step": 2048, "tokens_dropped_per_step": 233,
+              "dropped_fraction": 0.131640625, "load_imbalance": 1.121, "aux_loss": 1.0114896930754185}})");
+  auto m = planner::read_performance_document(json, "m.json", planner::kMeasurementSchema);
+  ASSERT_TRUE(m.ok()) << m.error().message;
+  ASSERT_TRUE(m->moe.has_value());
+  EXPECT_EQ(m->moe->experts, 4);
+  EXPECT_EQ(m->moe->tokens_dropped_per_step, 233.0);
+  PerformanceDocument predicted;
+  predicted.communication["ep_bytes_sent_per_step"] = 393408;
+  const Comparison c = planner::compare(predicted, *m);
+  const std::string text = planner::render_comparison(c, planner::Format::kText);
+  EXPECT_NE(text.find("Mixture of experts: 4 experts, top-2, capacity factor 1; the last step over every rank and layer"), std::string::npos) << text;
+  EXPECT_NE(line_of(text, "dropped by capacity").find("233 (11.4%; run 13.2%)"), std::string::npos) << text;
+  EXPECT_NE(line_of(text, "dropped by capacity").find("at most 0.0%"), std::string::npos) << text;
+  EXPECT_NE(line_of(text, "load imbalance").find("1.121"), std::string::npos) << text;
+  EXPECT_NE(line_of(text, "expert parallelism").find("+10.2%"), std::string::npos) << text;  // 433344 / 393408
+  const nlohmann::json doc = planner::comparison_to_json(c);
+  EXPECT_EQ(doc.at("moe").at("tokens_dropped_per_step"), 233.0);
+  EXPECT_EQ(planner::comparison_to_json(planner::compare(predicted, predicted)).at("moe"), nullptr);
+}
+
 TEST(MeasurementDocument, ErrorsNameTheFileAndThePointer) {
   struct Case {
     const char* what;

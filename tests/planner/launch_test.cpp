@@ -81,6 +81,34 @@ TEST(ExecutorLimitations, HuggingFaceModelsTheExecutorCannotBuildAreRefused) {
   EXPECT_TRUE(has(v3, "shared experts (DeepSeek, Qwen2-MoE) are not in the executor"));
 }
 
+// Expert parallelism runs (issue 13 item 2); under hybrid shard only where shard_group and ep
+// divide one another (executor/src/engine.cpp shards experts within a shard group), and experts
+// under context parallelism are still refused.
+TEST(ExecutorLimitations, ExpertParallelPlansRunAndTheirRemainingLimitsAreNamed) {
+  costmodel::Plan plan = testing::make_plan("mixtral-8x7b", "dgx-h100", 64, 4096, 256);
+  plan.parallel.tp = 1; plan.parallel.cp = 1; plan.parallel.pp = 4; plan.parallel.dp = 16; plan.parallel.ep = 4;
+  plan.parallel.zero_stage = 1;
+  EXPECT_TRUE(planner::executor_limitations(plan).empty());
+  plan.parallel.zero_stage = 3;
+  plan.parallel.shard_group = 8;  // 8 and 4 divide one another
+  EXPECT_TRUE(planner::executor_limitations(plan).empty());
+  plan.parallel.ep = 8;
+  plan.parallel.shard_group = 4;  // still
+  EXPECT_TRUE(planner::executor_limitations(plan).empty());
+  costmodel::Plan odd = testing::make_plan("mixtral-8x7b", "dgx-h100", 48, 4096, 240);
+  odd.parallel.tp = 1; odd.parallel.cp = 1; odd.parallel.pp = 4; odd.parallel.dp = 12; odd.parallel.ep = 4;
+  odd.parallel.zero_stage = 3; odd.parallel.shard_group = 6;  // 6 and 4: shard groups would hold 1 or 2 copies of an expert
+  const auto hybrid = planner::executor_limitations(odd);
+  ASSERT_EQ(hybrid.size(), 1u);
+  EXPECT_TRUE(contains(hybrid[0], "shard_group (6) and ep(4) must divide one another")) << hybrid[0];
+  plan.parallel.shard_group = 0;
+  plan.parallel.ep = 2;
+  plan.parallel.cp = 2; plan.parallel.dp = 8;
+  const auto problems = planner::executor_limitations(plan);
+  ASSERT_EQ(problems.size(), 1u);
+  EXPECT_TRUE(contains(problems[0], "mixture of experts under context parallelism (cp=2)")) << problems[0];
+}
+
 TEST(ExecutorLimitations, PipelineAndContextParallelPlansRunAndBadShapesAreRefused) {
   costmodel::Plan plan = llama70b_on_64();
   EXPECT_TRUE(planner::executor_limitations(plan).empty());

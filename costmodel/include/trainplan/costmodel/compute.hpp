@@ -46,6 +46,11 @@ struct LayerCost {
   // algorithms move them (a (cp-1)/cp share of each all-gather's output and reduce-scatter's input).
   double cp_bytes = 0;
   double ep_comm = 0;          // expert-parallel all-to-all, fwd + bwd (+ recompute)
+  // Bytes this rank sends for expert parallelism, fwd + bwd (+ recompute): the all-to-all dispatch
+  // and combine move the routed token copies held by other ranks' experts, (ep-1)/ep of them
+  // with balanced routing, in both directions and again for their gradients; each dispatch is
+  // preceded by the counts per expert (int64).
+  double ep_bytes = 0;
   double model_flops = 0;      // forward + backward FLOPs of the model convention (no recompute)
   double hardware_flops = 0;   // FLOPs executed, recompute included
   double kernels = 0;          // kernel launches of forward + backward (+ recompute)

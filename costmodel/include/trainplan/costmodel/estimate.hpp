@@ -95,9 +95,10 @@ struct PipelineTimeline {
 
 // Bytes one rank sends per optimizer step, on the rank that sends the most, as the ring
 // algorithms move them (compute.hpp cp_bytes). The executor's measurement counts the same way
-// (its "communication" object). Context parallelism so far.
+// (its "communication" object). Context and expert parallelism so far.
 struct CommunicationVolume {
   Bytes cp_sent;
+  Bytes ep_sent;  // balanced routing; the measurement counts the rows really sent
 };
 
 struct Estimate {

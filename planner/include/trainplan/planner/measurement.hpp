@@ -82,6 +82,18 @@ struct OutOfMemoryReport {
   std::optional<int> rank;
 };
 
+// A measurement's `moe` object (executor/src/trainer.cpp moe_json): what the experts did in the
+// run's last step, over every rank and layer.
+struct MoeReport {
+  int experts = 0, top_k = 0;
+  double capacity_factor = 0;               // 0: dropless
+  double assignments_per_step = 0;          // token copies routed (tokens x top_k x MoE layers)
+  double tokens_dropped_per_step = 0;       // of them, dropped by capacity
+  double dropped_fraction = 0;              // over the whole run
+  std::optional<double> load_imbalance;     // busiest expert over the mean (1: balanced)
+  std::optional<double> aux_loss;           // experts x sum f P (1: balanced)
+};
+
 struct PerformanceDocument {
   std::string file;    // where it was read (for messages); may be empty for one made in memory
   std::string schema;  // kEstimateSchema or kMeasurementSchema
@@ -98,6 +110,7 @@ struct PerformanceDocument {
   std::map<std::string, double> memory, time, throughput, communication;
   std::vector<double> losses;  // per step, from `losses`, when present; null (a diverged step) reads as NaN
   std::optional<Trace> trace;  // measurements with a `trace` section (pipeline runs)
+  std::optional<MoeReport> moe;  // measurements of mixture-of-experts models
   // Measurements: "ok" (also when absent: older executors) or "out_of_memory".
   std::string status = "ok";
   std::optional<OutOfMemoryReport> out_of_memory;  // when status is "out_of_memory"
