@@ -260,34 +260,40 @@ std::string numbers(const std::vector<double>& xs) {
   return out.empty() ? "-" : out;
 }
 
-// The pipeline schedule the executor recorded beside the cost model's: bubble and activations.
-std::string pipeline_table(const Trace& t, bool markdown) {
-  const double closed = (t.stages - 1.0) / (static_cast<double>(t.virtual_stages) * t.micro_batches);
+// A titled table of quantities with two value columns (`left`, then "measured"), plain text
+// (aligned) or markdown.
+std::string quantity_table(const std::string& title, const std::string& left, const std::vector<std::array<std::string, 3>>& rows,
+                           bool markdown) {
   std::ostringstream out;
-  const std::string title = "Pipeline: " + t.schedule + ", " + count_text(t.stages, "stage", "stages") +
-                            (t.virtual_stages > 1 ? fmt(" x %d chunks", t.virtual_stages) : std::string()) + ", " +
-                            count_text(t.micro_batches, "micro-batch", "micro-batches") + fmt("; closed-form bubble (p-1)/(v m) = %.3f", closed);
-  const std::string predicted_bubble = t.predicted_bubble_fraction ? fmt("%.3f", *t.predicted_bubble_fraction) : "-";
-  const std::vector<std::array<std::string, 3>> rows = {
-      {"bubble (idle / compute)", predicted_bubble, fmt("%.3f", t.bubble_fraction)},
-      {"micro-batches in flight per stage", numbers(t.predicted_in_flight), numbers(t.peak_in_flight)},
-  };
   if (markdown) {
-    out << "## " << title << "\n\n| quantity | predicted | measured |\n|---|---:|---:|\n";
+    out << "## " << title << "\n\n| quantity | " << left << " | measured |\n|---|---:|---:|\n";
     for (const auto& r : rows) out << "| " << r[0] << " | " << r[1] << " | " << r[2] << " |\n";
     return out.str();
   }
   out << title << "\n";
-  std::size_t w0 = 8, w1 = 9, w2 = 8;
+  std::size_t w0 = 8, w1 = left.size(), w2 = 8;
   for (const auto& r : rows) {
     w0 = std::max(w0, r[0].size());
     w1 = std::max(w1, r[1].size());
     w2 = std::max(w2, r[2].size());
   }
   const auto pad = [](std::size_t n) { return std::string(n, ' '); };
-  out << "  quantity" << pad(w0 - 8 + 2 + w1 - 9) << "predicted" << pad(2 + w2 - 8) << "measured\n";
+  out << "  quantity" << pad(w0 - 8 + 2 + w1 - left.size()) << left << pad(2 + w2 - 8) << "measured\n";
   for (const auto& r : rows) out << "  " << r[0] << pad(w0 - r[0].size() + 2 + w1 - r[1].size()) << r[1] << pad(2 + w2 - r[2].size()) << r[2] << "\n";
   return out.str();
+}
+
+// The pipeline schedule the executor recorded beside the cost model's: bubble and activations.
+std::string pipeline_table(const Trace& t, bool markdown) {
+  const double closed = (t.stages - 1.0) / (static_cast<double>(t.virtual_stages) * t.micro_batches);
+  const std::string title = "Pipeline: " + t.schedule + ", " + count_text(t.stages, "stage", "stages") +
+                            (t.virtual_stages > 1 ? fmt(" x %d chunks", t.virtual_stages) : std::string()) + ", " +
+                            count_text(t.micro_batches, "micro-batch", "micro-batches") + fmt("; closed-form bubble (p-1)/(v m) = %.3f", closed);
+  const std::string predicted_bubble = t.predicted_bubble_fraction ? fmt("%.3f", *t.predicted_bubble_fraction) : "-";
+  return quantity_table(title, "predicted",
+                        {{"bubble (idle / compute)", predicted_bubble, fmt("%.3f", t.bubble_fraction)},
+                         {"micro-batches in flight per stage", numbers(t.predicted_in_flight), numbers(t.peak_in_flight)}},
+                        markdown);
 }
 
 // What the experts did in the measured run, beside what the cost model assumes (balanced
@@ -298,32 +304,14 @@ std::string moe_table(const MoeReport& m, bool markdown) {
                             "; the last step over every rank and layer";
   const double assumed = m.capacity_factor > 0 ? std::max(0.0, 1.0 - m.capacity_factor) : 0.0;
   std::vector<std::array<std::string, 3>> rows = {
-      {"token copies routed", "", fmt("%.0f", m.assignments_per_step)},
+      {"token copies routed", "-", fmt("%.0f", m.assignments_per_step)},
       {"dropped by capacity", fmt("at most %.1f%%", 100.0 * assumed),
        fmt("%.0f (%.1f%%; run %.1f%%)", m.tokens_dropped_per_step, m.assignments_per_step > 0 ? 100.0 * m.tokens_dropped_per_step / m.assignments_per_step : 0.0,
            100.0 * m.dropped_fraction)},
   };
   if (m.load_imbalance) rows.push_back({"load imbalance (busiest / mean expert)", "1 (balanced)", fmt("%.3f", *m.load_imbalance)});
   if (m.aux_loss) rows.push_back({"load-balancing loss (experts x sum f P)", "1 (balanced)", fmt("%.3f", *m.aux_loss)});
-  std::ostringstream out;
-  if (markdown) {
-    out << "## " << title << "\n\n| quantity | cost model | measured |\n|---|---:|---:|\n";
-    for (const auto& r : rows) out << "| " << r[0] << " | " << (r[1].empty() ? "-" : r[1]) << " | " << r[2] << " |\n";
-    return out.str();
-  }
-  std::size_t w0 = 8, w1 = 10, w2 = 8;
-  for (const auto& r : rows) {
-    w0 = std::max(w0, r[0].size());
-    w1 = std::max(w1, r[1].size());
-    w2 = std::max(w2, r[2].size());
-  }
-  const auto pad = [](std::size_t n) { return std::string(n, ' '); };
-  out << title << "\n  quantity" << pad(w0 - 8 + 2 + w1 - 10) << "cost model" << pad(2 + w2 - 8) << "measured\n";
-  for (const auto& r : rows) {
-    const std::string model = r[1].empty() ? "-" : r[1];
-    out << "  " << r[0] << pad(w0 - r[0].size() + 2 + w1 - model.size()) << model << pad(2 + w2 - r[2].size()) << r[2] << "\n";
-  }
-  return out.str();
+  return quantity_table(title, "cost model", rows, markdown);
 }
 
 }  // namespace

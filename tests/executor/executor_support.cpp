@@ -17,6 +17,8 @@
 #include <fstream>
 #include <stdexcept>
 
+#include "trainplan/costmodel/plan.hpp"
+
 namespace trainplan::testing {
 
 namespace fs = std::filesystem;
@@ -26,6 +28,14 @@ std::string scratch_dir(const std::string& name) {
   fs::remove_all(dir);
   fs::create_directories(dir);
   return dir.string();
+}
+
+costmodel::Estimate estimate_plan_file(const std::string& path) {
+  auto request = costmodel::load_plan_file(path);
+  if (!request.ok()) throw std::runtime_error(request.error().message);
+  auto plan = costmodel::plan_with_defaults(*request);
+  if (!plan.ok()) throw std::runtime_error(plan.error().message);
+  return costmodel::estimate(*plan);
 }
 
 std::string write_plan(const std::string& dir, const std::string& name, const PlanSpec& s) {

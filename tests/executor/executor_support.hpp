@@ -9,6 +9,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "trainplan/costmodel/estimate.hpp"
+
 namespace trainplan::testing {
 
 struct PlanSpec {
@@ -42,6 +44,9 @@ struct Outcome {
 std::string scratch_dir(const std::string& name);
 // Writes a trainplan/plan/v1 document for `spec` into `dir`; returns its path.
 std::string write_plan(const std::string& dir, const std::string& name, const PlanSpec& spec);
+// The cost model's estimate of the plan file at `path`, defaults filled in as the planner does.
+// Throws std::runtime_error naming the problem when the plan does not load.
+costmodel::Estimate estimate_plan_file(const std::string& path);
 // Runs the executor on `ranks` ranks (mpirun when ranks > 1) with `args` after the binary.
 Outcome run_executor(int ranks, const std::string& args);
 // Runs `command` (a program and its arguments) on `ranks` ranks under mpirun.

@@ -15,8 +15,6 @@
 #include <gtest/gtest.h>
 
 #include "executor_support.hpp"
-#include "trainplan/costmodel/estimate.hpp"
-#include "trainplan/costmodel/plan.hpp"
 
 namespace trainplan::testing {
 namespace {
@@ -157,11 +155,7 @@ TEST(ExpertParallelBytes, MeasuredBytesSentPerStepMatchTheCostModel) {
     const double busiest = m.at("communication").at("ep_bytes_sent_per_step").get<double>();
     const double measured = m.at("communication").at("ep_bytes_sent_per_step_mean").get<double>();
     EXPECT_GE(busiest, measured) << row.name;
-    auto request = costmodel::load_plan_file(plan_path);
-    ASSERT_TRUE(request.ok()) << request.error().message;
-    auto plan = costmodel::plan_with_defaults(*request);
-    ASSERT_TRUE(plan.ok()) << plan.error().message;
-    const double predicted = costmodel::estimate(*plan).communication.ep_sent.value();
+    const double predicted = estimate_plan_file(plan_path).communication.ep_sent.value();
     EXPECT_NEAR(measured, predicted, 0.05 * predicted) << row.name;
     if (row.by_hand > 0) {
       EXPECT_EQ(measured, row.by_hand) << row.name;

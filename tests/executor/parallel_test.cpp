@@ -12,8 +12,6 @@
 #include <gtest/gtest.h>
 
 #include "executor_support.hpp"
-#include "trainplan/costmodel/estimate.hpp"
-#include "trainplan/costmodel/plan.hpp"
 
 namespace trainplan::testing {
 namespace {
@@ -170,11 +168,7 @@ TEST(ContextParallelBytes, MeasuredBytesSentPerStepMatchTheCostModel) {
     const Outcome o = run_executor(c.ranks, "--plan " + plan_path + " --steps 2 --threads 1 --quiet --measurement " + dir + "/m.json");
     ASSERT_EQ(o.exit_code, 0) << c.name << "\n" << o.output;
     const double measured = read_json(dir + "/m.json").at("communication").at("cp_bytes_sent_per_step").get<double>();
-    auto request = costmodel::load_plan_file(plan_path);
-    ASSERT_TRUE(request.ok()) << request.error().message;
-    auto plan = costmodel::plan_with_defaults(*request);
-    ASSERT_TRUE(plan.ok()) << plan.error().message;
-    const double predicted = costmodel::estimate(*plan).communication.cp_sent.value();
+    const double predicted = estimate_plan_file(plan_path).communication.cp_sent.value();
     EXPECT_NEAR(measured, predicted, 0.05 * predicted) << c.name;
     if (row.by_hand > 0) EXPECT_EQ(measured, row.by_hand) << c.name;
     EXPECT_GT(measured, 0.0) << c.name;
