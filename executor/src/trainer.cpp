@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint.hpp"
+#include "cpu_memory.hpp"
 #include "comm.hpp"
 #include "data.hpp"
 #include "engine.hpp"
@@ -316,6 +317,12 @@ nlohmann::json measurement_json(const cm::Plan& plan, const World& w, const Rank
   nlohmann::json throughput = {{"tokens_per_second", tokens_per_second},
                                {"tokens_per_second_per_gpu", tokens_per_second / world},
                                {"model_tflops_per_gpu", model_tflops}};
+  if (!w.device.is_cuda() && fullest.peak_bytes > 0) {
+    // CPU ranks: the counted allocator's peak (cpu_memory.hpp). No total_bytes: the estimate's
+    // total holds GPU communication buffers a CPU rank does not have.
+    memory["activations_bytes"] = std::max(0.0, fullest.peak_bytes - states.weights - states.gradients - states.optimizer);
+    memory["peak_allocated_bytes"] = fullest.peak_bytes;
+  }
   if (w.device.is_cuda()) {
     const double peak_bytes = fullest.peak_bytes;
     memory["total_bytes"] = peak_bytes;
@@ -564,6 +571,7 @@ int train(const RunOptions& o, const std::string& command_line, World& w, const 
         std::raise(SIGKILL);
       }
       if (w.device.is_cuda()) cuda_reset_peak();
+      else cpu_reset_peak();
       const bool tracing = step == trace_step;
       std::unique_ptr<KernelProfiler> kernel_profiler;
       if (tracing && talk && !o.kernel_profile.empty()) {
@@ -656,8 +664,8 @@ int train(const RunOptions& o, const std::string& command_line, World& w, const 
         }
       }
       r.tokens_per_second = static_cast<double>(t.global_batch * t.seq_len) / r.seconds;
+      r.peak_memory_bytes = w.device.is_cuda() ? cuda_peak_allocated_bytes() : cpu_peak_allocated_bytes();
       if (w.device.is_cuda()) {
-        r.peak_memory_bytes = cuda_peak_allocated_bytes();
         r.mfu = peak_flops > 0 ? r.tokens_per_second * flops_per_token / comm.size() / peak_flops : 0;
       }
       state.step = step;
@@ -778,10 +786,8 @@ int train(const RunOptions& o, const std::string& command_line, World& w, const 
   }
   // The fullest rank's memory (the estimate reports the worst pipeline stage).
   RankMemory memory{engine.state_bytes(), 0, 0};
-  if (w.device.is_cuda() && !records.empty()) {
-    for (const auto& rec : records) memory.peak_bytes = std::max(memory.peak_bytes, rec.peak_memory_bytes);
-    memory.reserved_bytes = cuda_peak_reserved_bytes();
-  }
+  for (const auto& rec : records) memory.peak_bytes = std::max(memory.peak_bytes, rec.peak_memory_bytes);
+  if (w.device.is_cuda() && !records.empty()) memory.reserved_bytes = cuda_peak_reserved_bytes();
   const nlohmann::json memory_json = {{"w", memory.states.weights}, {"g", memory.states.gradients}, {"o", memory.states.optimizer},
                                       {"peak", memory.peak_bytes}, {"reserved", memory.reserved_bytes},
                                       {"sent", records.empty() ? SentBytes{} : records.back().bytes_sent}};

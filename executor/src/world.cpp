@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 
+#include "cpu_memory.hpp"
 #include "gpu.hpp"
 
 namespace trainplan::executor {
@@ -51,6 +52,8 @@ World make_world(const std::string& device, int timeout_seconds) {
   if (want_cuda) {
     w.device = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(gpu));
     w.device_name = cuda_device_name();
+  } else {
+    install_cpu_memory_counter();  // before the model exists: its tensors count (cpu_memory.hpp)
   }
   return w;
 }

@@ -95,7 +95,14 @@ TEST(Environment, NamesLibTorchAndTheCommitAndNoGpuOnCpu) {
   EXPECT_TRUE(commit == "unknown" || commit.size() >= 40) << commit;
   for (const char* key : {"gpu_name", "sm_clock_max_mhz", "memory_clock_max_mhz"}) EXPECT_TRUE(e.at(key).is_null()) << key;
   for (const char* key : {"cuda_version", "cuda_driver_version", "nccl_version"}) EXPECT_TRUE(e.contains(key)) << key;
-  EXPECT_FALSE(read_json(dir + "/m.json").at("memory").contains("peak_allocated_bytes"));  // CUDA only
+  // CPU ranks count LibTorch's CPU allocator (cpu_memory.hpp): the peak holds the model states
+  // and the activations on top of them; nothing is reserved beyond it, and no GPU total is claimed.
+  const nlohmann::json memory = read_json(dir + "/m.json").at("memory");
+  const double states = memory.at("weights_bytes").get<double>() + memory.at("gradients_bytes").get<double>() + memory.at("optimizer_bytes").get<double>();
+  EXPECT_GT(memory.at("activations_bytes").get<double>(), 0.0) << memory.dump();
+  EXPECT_DOUBLE_EQ(memory.at("peak_allocated_bytes").get<double>(), states + memory.at("activations_bytes").get<double>()) << memory.dump();
+  EXPECT_FALSE(memory.contains("total_bytes")) << memory.dump();
+  EXPECT_FALSE(memory.contains("reserved_bytes")) << memory.dump();
 }
 
 // What every out-of-memory report must be: exit 3, one line per reporting rank with no stack
