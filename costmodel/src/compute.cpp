@@ -402,10 +402,15 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
   const double mlp_saved = mlp_width_elements * (mlp_width_saved - 1.0) * e;
   const double mlp_act_out = mlp_width_elements * lin_in;  // input of fc2 / down
   const double routed_input = mdl.moe ? tokens_mlp * h * lin_in : 0.0;
+  // Mixture of experts, kept besides the experts' inputs: the MLP norm's output, which the router
+  // and the token permutation take (no norm fused into a linear before a router), the router's
+  // float32 probabilities, and the experts' outputs, kept to weight them by the routing
+  // probabilities (Megatron-Core's unpermute with probs; executor/src/moe.cpp).
+  const double moe_kept = mdl.moe ? (norm_recomputed ? Tn * h * lin_in : 0.0) + 4.0 * T * mdl.moe->experts + tokens_mlp * h * e : 0.0;
   double adapters = 0;
   if (lora) adapters = static_cast<double>(s.lora.targets.size()) * T * r * e;
   c.full_activation_bytes = norm_inputs + norm_outputs + qkv + score_bytes + proj_input + masks + mlp_saved +
-                            mlp_act_out + routed_input + adapters;
+                            mlp_act_out + routed_input + moe_kept + adapters;
   // Temporaries of one forward: eager rotate-half holds q, the rotated copy, x*cos, rotated*sin
   // and the negated half (4.5 x q); fused rotary the unrotated q; GPT the projection output.
   c.forward_transient_bytes = feat.learned_positions && !mla ? T * h * e : (stack.fused_elementwise ? 1.0 : 4.5) * T * q_local * e;

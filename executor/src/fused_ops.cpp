@@ -9,6 +9,7 @@
 #include <optional>
 #include <stdexcept>
 
+#include <ATen/OpMathType.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/grad_mode.h>
@@ -334,7 +335,18 @@ struct LinearCrossEntropyFn : torch::autograd::Function<LinearCrossEntropyFn> {
         g = logits;
       }
 #endif
-      if (!g.defined()) {
+      if (!g.defined() && logits.scalar_type() == at::kFloat) {
+        // float32 logits: in place, as the CUDA kernel, so one chunk of logits is all the loss
+        // holds. Shifted by the row maximum, the target's shifted logit taken, exponentiated and
+        // summed: the loss is log(sum) - shifted target; the gradient (softmax - one_hot) x scale.
+        logits.sub_(at::amax(logits, 1, /*keepdim=*/true));
+        const at::Tensor target_logit = logits.gather(1, tc);
+        const at::Tensor sum = logits.exp_().sum(1, /*keepdim=*/true);
+        loss.add_((sum.log() - target_logit).sum());
+        logits.div_(sum).scatter_add_(1, tc, at::full({rows_here, 1}, -1.0, f32)).mul_(gradient_scale);
+        g = logits;
+      }
+      if (!g.defined()) {  // 16-bit logits on CPU: log-softmax in float32, as the reference path
         at::Tensor probs = at::log_softmax(logits, 1, at::kFloat);
         logits.reset();
         loss.sub_(probs.gather(1, tc).sum());
@@ -370,6 +382,48 @@ struct LinearCrossEntropyFn : torch::autograd::Function<LinearCrossEntropyFn> {
 };
 
 }  // namespace
+
+namespace {
+
+// at::rms_norm's composite (upcast, rsqrt of the mean square plus eps, multiply, cast back, times
+// the weight) keeping only the input and the reciprocal RMS; the backward is the composite's
+// autograd backward, op for op in the same precision.
+struct RmsNormFn : torch::autograd::Function<RmsNormFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight, double eps) {
+    const at::ScalarType opmath = at::toOpMathType(x.scalar_type());
+    const at::Tensor up = x.to(opmath);
+    const at::Tensor rstd = at::rsqrt(up.pow(2).mean(-1, /*keepdim=*/true).add_(eps));
+    ctx->save_for_backward({x, rstd, weight});
+    return up.mul(rstd).type_as(x).mul(weight);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &x = saved[0], &rstd = saved[1], &weight = saved[2];
+    const at::ScalarType opmath = at::toOpMathType(x.scalar_type());
+    const at::Tensor up = x.to(opmath);
+    const at::Tensor normed = up.mul(rstd).type_as(x);  // recomputed: not kept
+    const at::Tensor& dy = grads[0];
+    at::Tensor dweight;
+    if (weight.requires_grad()) {
+      dweight = dy.mul(normed);
+      const int64_t rows = dweight.numel() / weight.numel();
+      dweight = dweight.reshape({rows, weight.numel()}).sum(0).view(weight.sizes());
+    }
+    const at::Tensor dnormed = dy.mul(weight).to(opmath);
+    // d(up * rstd): rstd's part through rsqrt(mean(up^2) + eps): -rstd^3 / 2 x 2 up / h.
+    const at::Tensor drstd = dnormed.mul(up).sum(-1, /*keepdim=*/true);
+    const double h = static_cast<double>(x.size(-1));
+    const at::Tensor dx = dnormed.mul(rstd).add_(up.mul(drstd.mul(rstd.pow(3)).mul_(-1.0 / h)));
+    return {dx.to(x.scalar_type()), dweight, at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  if (x.is_cuda()) return at::rms_norm(x, {x.size(-1)}, weight, eps);
+  return RmsNormFn::apply(x, weight, eps);
+}
 
 at::Tensor rotate_half(const at::Tensor& t) {
   const int64_t half = t.size(-1) / 2;

@@ -30,6 +30,13 @@ enum class Kernels { kReference, kFused };
 // backward as usual. The gradient added is the one backward would return (already times the
 // caller's loss multiplier), summed in float32 instead of rounded to 16 bits first.
 
+// at::rms_norm(x, {h}, weight, eps), keeping for backward what CUDA's fused kernel keeps: the
+// input and the float32 reciprocal RMS per row. On CUDA it is at::rms_norm; on CPU, where
+// at::rms_norm is ATen's composite (which also keeps the normalised input, one more [.., h]
+// tensor), an autograd function with the same forward and the composite's backward, so a CPU
+// rank holds the activations a GPU rank holds.
+[[nodiscard]] at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
+
 // rms_norm(x, norm_weight) then linear(normed, w) for each w, keeping x (not the normed
 // activation, which each linear would keep) for backward, where the norm is recomputed.
 // x: [..., h]; each w: [out_i, h]. Returns one [..., out_i] tensor per weight. `grad_sums`: empty,

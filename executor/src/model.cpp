@@ -134,7 +134,7 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
 
 at::Tensor norm(const cm::ModelSpec& m, const at::Tensor& x, const at::Tensor& weight, const at::Tensor* bias) {
   if (m.architecture == cm::Architecture::kGpt) return at::layer_norm(x, {m.hidden}, weight, *bias, kNormEps);
-  return at::rms_norm(x, {m.hidden}, weight, kNormEps);
+  return rms_norm(x, weight, kNormEps);  // fused_ops.hpp: what CUDA's kernel keeps, on CPU too
 }
 
 // Rotates pairs (i, i + d/2) of the last dim ("rotate half", as in the Llama reference code).

@@ -167,7 +167,8 @@ at::Tensor moe_mlp(const costmodel::MoeSpec& moe, const at::Tensor& x, const std
     const at::Tensor in = grouped.narrow(0, start, n);
     start += n;
     const at::Tensor &gate = p[1 + 3 * e], &up = p[2 + 3 * e], &down = p[3 + 3 * e];
-    outputs[static_cast<std::size_t>(e)] = at::linear(at::silu(at::linear(in, gate)) * at::linear(in, up), down);
+    outputs[static_cast<std::size_t>(e)] = run.kernels == Kernels::kFused ? swiglu_down(at::linear(in, gate), at::linear(in, up), down, {})
+                                                                          : at::linear(at::silu(at::linear(in, gate)) * at::linear(in, up), down);
   }
   at::Tensor y = at::cat(outputs, 0);
   if (!identity) {  // back to source order, then combine: every row returns to the rank of its token

@@ -15,6 +15,7 @@
 #include <ATen/ATen.h>
 
 #include "comm.hpp"
+#include "fused_ops.hpp"
 #include "trainplan/costmodel/model.hpp"
 
 namespace trainplan::executor {
@@ -53,6 +54,7 @@ struct MoeRun {
   double aux_scale = 0;        // gradient weight of the load-balancing loss: coefficient x loss multiplier
   MoeTally* tally = nullptr;   // where to count (null: a recompute pass, already counted)
   Communicator* ep = nullptr;  // the expert-parallel group (null or one rank: every expert is here)
+  Kernels kernels = Kernels::kReference;  // kFused: the experts' SwiGLU keeps gate and up only (fused_ops.hpp)
 };
 
 // The MoE MLP of one block on the normed input `x` [b, s, h]: `params` are the router [E, h],

@@ -2,6 +2,7 @@
 // cost model's model-state figures for the same plan (ZeRO Table 1 accounting) within 2%.
 
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 
 #include <gtest/gtest.h>
@@ -73,6 +74,60 @@ INSTANTIATE_TEST_SUITE_P(Strategies, ModelStates,
                                            MemoryCase{"hybrid_4ranks", 4, 3, 2, "fp32"}, MemoryCase{"ddp_2ranks_bf16", 2, 0, 0, "bf16"},
                                            MemoryCase{"zero3_2ranks_bf16", 2, 3, 0, "bf16"}),
                          [](const ::testing::TestParamInfo<MemoryCase>& info) { return info.param.name; });
+
+}  // namespace
+}  // namespace trainplan::testing
+
+namespace trainplan::testing {
+namespace {
+
+// Activations on CPU ranks (the executor counts LibTorch's CPU allocator, cpu_memory.hpp): what
+// each added layer keeps for backward, the difference between 8-layer and 4-layer runs of the
+// same plan, must equal the cost model's per-layer activation bytes. The rest of the peak (the
+// loss and the backward's temporaries, a few [tokens x hidden] tensors on a model this small)
+// is left out: on CPU it is the ATen fallbacks', not the CUDA kernels' the cost model describes.
+// By hand for the dense one-rank case (tiny-llama, micro-batch 8 x seq 32 = 256 tokens, fp32):
+// 593920 B per layer = 2320 B per token; tp2 without SP keeps both norms' outputs (each rank
+// all of them) on top of its half of the rest.
+TEST(ActivationBytes, EachLayerKeepsWhatTheCostModelCounts) {
+  struct Case {
+    std::string name;
+    PlanSpec spec;
+    double tolerance;  // relative
+  };
+  const auto dense = [](int ranks, int tp, int cp, int pp, int micro_batch) {
+    PlanSpec s;
+    s.ranks = ranks;
+    s.tp = tp;
+    s.cp = cp;
+    s.pp = pp;
+    s.micro_batch = micro_batch;
+    return s;
+  };
+  const std::vector<Case> cases = {
+      {"act_one_rank", dense(1, 1, 1, 1, 8), 1e-4}, {"act_tp2", dense(1, 2, 1, 1, 8), 0.01},  // the norms' float32 1/RMS: 2 x 4 B per token
+      {"act_cp2", dense(1, 1, 2, 1, 8), 1e-4},      {"act_pp2", dense(1, 1, 1, 2, 1), 1e-4},
+  };
+  for (const Case& c : cases) {
+    double measured[2] = {0, 0}, predicted[2] = {0, 0};
+    for (int i = 0; i < 2; ++i) {
+      PlanSpec spec = c.spec;
+      spec.layers = 4 * (i + 1);
+      const std::string name = c.name + "_" + std::to_string(spec.layers);
+      const std::string dir = scratch_dir(name);
+      const std::string plan = write_plan(dir, name, spec);
+      const Outcome o = run_executor(spec.ranks * spec.tp * spec.cp * spec.pp, "--plan " + plan + " --steps 2 --threads 1 --quiet --measurement " + dir + "/m.json");
+      ASSERT_EQ(o.exit_code, 0) << name << "\n" << o.output;
+      measured[i] = read_json(dir + "/m.json").at("memory").at("activations_bytes").get<double>();
+      predicted[i] = estimate_plan_file(plan).memory.activations.value();
+    }
+    const double per_layer = (measured[1] - measured[0]) / 4, model = (predicted[1] - predicted[0]) / 4;
+    EXPECT_NEAR(per_layer, model, c.tolerance * model) << c.name;
+    if (c.name == "act_one_rank") EXPECT_EQ(model, 593920.0);
+    std::printf("%-14s per layer: measured %8.0f B, cost model %8.0f B (%+.2f%%); 8 layers in all: %+.1f%%\n", c.name.c_str(), per_layer, model,
+                100.0 * (per_layer / model - 1.0), 100.0 * (measured[1] / predicted[1] - 1.0));
+  }
+}
 
 }  // namespace
 }  // namespace trainplan::testing
