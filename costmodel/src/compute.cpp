@@ -404,9 +404,11 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
   const double routed_input = mdl.moe ? tokens_mlp * h * lin_in : 0.0;
   // Mixture of experts, kept besides the experts' inputs: the MLP norm's output, which the router
   // and the token permutation take (no norm fused into a linear before a router), the router's
-  // float32 probabilities, and the experts' outputs, kept to weight them by the routing
-  // probabilities (Megatron-Core's unpermute with probs; executor/src/moe.cpp).
-  const double moe_kept = mdl.moe ? (norm_recomputed ? Tn * h * lin_in : 0.0) + 4.0 * T * mdl.moe->experts + tokens_mlp * h * e : 0.0;
+  // float32 probabilities, the experts' outputs, kept to weight them by the routing
+  // probabilities (Megatron-Core's unpermute with probs; executor/src/moe.cpp), and per routed
+  // copy its token's int64 index and its float32 weight.
+  const double moe_kept =
+      mdl.moe ? (norm_recomputed ? Tn * h * lin_in : 0.0) + 4.0 * T * mdl.moe->experts + tokens_mlp * (h * e + 12.0) : 0.0;
   double adapters = 0;
   if (lora) adapters = static_cast<double>(s.lora.targets.size()) * T * r * e;
   c.full_activation_bytes = norm_inputs + norm_outputs + qkv + score_bytes + proj_input + masks + mlp_saved +

@@ -76,6 +76,18 @@ at::Tensor exchange_rows(Communicator& comm, const at::Tensor& x, const std::vec
   return out;
 }
 
+// out[index[i]] += rows[i] into `tokens` zero rows, keeping only the index for backward
+// (at::index_add keeps its source, one more [routed copies x h] tensor per layer).
+struct ScatterAddRows : torch::autograd::Function<ScatterAddRows> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& rows, const at::Tensor& index, int64_t tokens) {
+    ctx->save_for_backward({index});
+    return at::zeros({tokens, rows.size(1)}, rows.options()).index_add_(0, index, rows);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list grads) {
+    return {grads[0].index_select(0, ctx->get_saved_variables()[0]), at::Tensor(), at::Tensor()};
+  }
+};
+
 struct AllToAllRows : torch::autograd::Function<AllToAllRows> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, int64_t comm, std::vector<int64_t> send_rows,
                             std::vector<int64_t> recv_rows) {
@@ -177,7 +189,7 @@ at::Tensor moe_mlp(const costmodel::MoeSpec& moe, const at::Tensor& x, const std
     y = AllToAllRows::apply(y.index_select(0, index(inverse)), reinterpret_cast<int64_t>(run.ep), recv_rows, send_rows);
   }
   const at::Tensor weight = r.weights.reshape({-1}).index_select(0, assignment).unsqueeze(1).to(y.scalar_type());
-  at::Tensor out = at::zeros_like(flat).index_add(0, token, y * weight);
+  at::Tensor out = ScatterAddRows::apply(y * weight, token, tokens);
 
   const bool attach = run.aux_scale != 0 && at::GradMode::is_enabled();
   if (run.tally == nullptr && !attach) return out.view_as(x);
