@@ -371,6 +371,10 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
       c.cp_bytes = 3.0 * (s.cp - 1) * kv_chunk;  // K/V round the ring forward; K/V and their gradients backward
     }
   }
+  // Mixture of experts under CP: the load-balancing loss's counts per expert (float32) summed over
+  // the CP group, an all-reduce per layer and forward (executor/src/moe.cpp).
+  const double moe_counts_bytes = mdl.moe && s.cp > 1 ? 2.0 * (s.cp - 1) / s.cp * 4.0 * mdl.moe->experts : 0.0;
+  c.cp_bytes += moe_counts_bytes;
   double ep_forward = 0, ep_forward_bytes = 0;
   if (mdl.moe && s.ep > 1) {
     const Bytes routed(tokens_mlp * h * e);
@@ -466,7 +470,7 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
       c.ep_comm += ep_forward;
       c.ep_bytes += ep_forward_bytes;  // the recomputed forward dispatches and combines again
       c.cp_comm += cp_gather;  // the recomputed forward gathers K/V again; a ring passes them round again
-      if (s.cp > 1) c.cp_bytes += (s.cp - 1) * T * (k_local + v_local) * e;
+      if (s.cp > 1) c.cp_bytes += (s.cp - 1) * T * (k_local + v_local) * e + moe_counts_bytes;
       // The forward runs without a graph: every tensor of the layer is alive at once, then cached.
       c.forward_transient_bytes += c.full_activation_bytes;
       c.smallest_saved_tensor_bytes = Tn * h * e;

@@ -152,7 +152,7 @@ class DataParallelEngine {
   // The experts unit that follows block `unit` (an MoE layer), or -1.
   [[nodiscard]] int64_t experts_of(std::size_t unit) const;
   // How block forwards run their MoE layers: `tally` null in a recompute pass.
-  [[nodiscard]] MoeRun moe_run(double aux_scale, MoeTally* tally) const { return MoeRun{aux_scale, tally, groups_.ep, config_.kernels}; }
+  [[nodiscard]] MoeRun moe_run(double aux_scale, MoeTally* tally) const { return MoeRun{aux_scale, tally, groups_.ep, config_.kernels, groups_.cp.comm}; }
   [[nodiscard]] const costmodel::ModelSpec& model() const { return model_; }
   [[nodiscard]] const Rotary& rotary() const { return rotary_; }
   [[nodiscard]] const TensorParallel& tp() const { return groups_.tp; }

@@ -50,11 +50,14 @@ Routing route(const at::Tensor& logits, int top_k, int64_t capacity) {
   return r;
 }
 
-at::Tensor load_balancing_loss(const Routing& r) {
-  const int64_t tokens = r.probs.size(0), experts = r.probs.size(1), k = r.experts.size(1);
-  const at::Tensor counts = at::one_hot(r.experts.reshape({-1}), experts).sum(0).to(at::kFloat);  // assignments per expert
-  const at::Tensor share = counts / static_cast<double>(tokens * k);                              // f_e
-  return static_cast<double>(experts) * (share * r.probs.mean(0)).sum();
+at::Tensor load_balancing_loss(const Routing& r, Communicator* sequence) {
+  const int group = sequence == nullptr ? 1 : sequence->size();
+  const int64_t tokens = r.probs.size(0) * group, experts = r.probs.size(1), k = r.experts.size(1);
+  at::Tensor counts = at::one_hot(r.experts.reshape({-1}), experts).sum(0).to(at::kFloat).contiguous();  // assignments per expert
+  if (group > 1) sequence->all_reduce_sum(counts)->wait();                                             // over the whole sequence
+  const at::Tensor share = counts / static_cast<double>(tokens * k);                                    // f_e
+  const at::Tensor mean_probability = r.probs.sum(0) / static_cast<double>(tokens);                     // this rank's part of P_e
+  return static_cast<double>(experts * group) * (share * mean_probability).sum();
 }
 
 namespace {
@@ -193,7 +196,7 @@ at::Tensor moe_mlp(const costmodel::MoeSpec& moe, const at::Tensor& x, const std
 
   const bool attach = run.aux_scale != 0 && at::GradMode::is_enabled();
   if (run.tally == nullptr && !attach) return out.view_as(x);
-  const at::Tensor aux = load_balancing_loss(r);
+  const at::Tensor aux = load_balancing_loss(r, run.sequence);
   if (run.tally != nullptr) {
     MoeTally& t = *run.tally;
     const auto add = [](at::Tensor& sum, const at::Tensor& v) { sum = sum.defined() ? sum + v : v; };

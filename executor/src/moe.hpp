@@ -8,6 +8,8 @@
 //
 // Capacity is counted per rank and micro-batch: ceil(capacity_factor x tokens x top_k / experts),
 // filled in GShard's order: every token's first choice before any second choice, tokens in order.
+// Under context parallelism a rank's tokens are its part of each sequence, so capacity is per CP
+// rank (as in Megatron-Core): only dropless routing drops what one rank with whole sequences would.
 
 #include <cstdint>
 #include <vector>
@@ -37,8 +39,12 @@ struct Routing {
 
 // experts x sum_e f_e P_e, f_e the share of the top-k assignments (before capacity) routed to e,
 // P_e the mean probability of e over the tokens: 1 when perfectly balanced. A float32 scalar
-// with the router's graph.
-[[nodiscard]] at::Tensor load_balancing_loss(const Routing& routing);
+// with the router's graph. With `sequence` (context parallelism: the ranks holding the rest of
+// each sequence; collective) f_e and P_e are over the whole sequence, as Megatron-Core reduces
+// the counts over its TP x CP group: this rank's value is the group size times its tokens' part
+// of the sum, so the group's mean, which the gradient average over CP ranks takes, is the whole
+// sequence's loss.
+[[nodiscard]] at::Tensor load_balancing_loss(const Routing& routing, Communicator* sequence = nullptr);
 
 // What the MoE layers did over a step on this rank (read once per step).
 struct MoeTally {
@@ -55,6 +61,7 @@ struct MoeRun {
   MoeTally* tally = nullptr;   // where to count (null: a recompute pass, already counted)
   Communicator* ep = nullptr;  // the expert-parallel group (null or one rank: every expert is here)
   Kernels kernels = Kernels::kReference;  // kFused: the experts' SwiGLU keeps gate and up only (fused_ops.hpp)
+  Communicator* sequence = nullptr;  // context parallelism: the load-balancing loss over the whole sequence
 };
 
 // The MoE MLP of one block on the normed input `x` [b, s, h]: `params` are the router [E, h],

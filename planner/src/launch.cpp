@@ -184,10 +184,6 @@ std::vector<std::string> executor_limitations(const Plan& plan) {
     if (m.architecture != cm::Architecture::kLlama) problems.push_back("mixture of experts: the executor's experts are SwiGLU MLPs in Llama-style blocks");
     if (m.moe->shared_ffn_hidden > 0) problems.push_back("mixture of experts: shared experts (DeepSeek, Qwen2-MoE) are not in the executor");
     if (p.tp > 1) problems.push_back("mixture of experts under tensor parallelism (tp=" + std::to_string(p.tp) + ") is not in the executor (experts are not TP-split)");
-    if (p.cp > 1) {
-      problems.push_back("mixture of experts under context parallelism (cp=" + std::to_string(p.cp) +
-                         ") is not in the executor (capacity and the load-balancing loss would be counted per CP rank)");
-    }
   }
   if (m.mla) problems.push_back("multi-head latent attention (MLA) is not supported by the executor (it builds Q, K, V and O projections)");
   if (!m.mla && m.q_dim() != m.hidden) {

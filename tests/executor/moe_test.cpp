@@ -44,7 +44,7 @@ struct MoeRunResult {
 MoeRunResult train(const std::string& name, const PlanSpec& spec, const std::string& extra = "") {
   const std::string dir = scratch_dir(name);
   const std::string plan = write_plan(dir, name, spec);
-  const Outcome o = run_executor(spec.ranks * spec.pp, "--plan " + plan + " --steps " + std::to_string(kSteps) +
+  const Outcome o = run_executor(spec.ranks * spec.tp * spec.pp * spec.cp, "--plan " + plan + " --steps " + std::to_string(kSteps) +
                                                            " --lr 3e-3 --threads 1 --quiet --measurement " + dir + "/m.json --export " + dir +
                                                            "/export " + extra);
   if (o.exit_code != 0) throw std::runtime_error(name + " failed (exit " + std::to_string(o.exit_code) + "):\n" + o.output);
@@ -104,6 +104,28 @@ INSTANTIATE_TEST_SUITE_P(Layouts, MoeEquivalence,
                                                     return s;
                                                   }(), ""}),
                          [](const auto& info) { return info.param.name; });
+
+// Experts under context parallelism: each CP rank routes its part of every sequence and the
+// load-balancing loss is the whole sequence's (moe.hpp). Capacity is per CP rank, as in
+// Megatron-Core, so these runs are dropless: then cp2, and cp2 x ep2 x dp2 under ZeRO-1 (4
+// ranks), give the one-rank losses, weights and load-balancing loss.
+TEST(MoeContextParallel, DroplessRunsEqualTheOneRankRun) {
+  const MoeRunResult one = train("moe-dropless-one-rank", mixtral_spec(1, 1, 0, 0.0));
+  PlanSpec cp2 = mixtral_spec(1, 1, 0, 0.0);
+  cp2.cp = 2;
+  PlanSpec cp2_ep2 = mixtral_spec(2, 1, 1, 0.0, 4, 2);
+  cp2_ep2.cp = 2;
+  for (const auto& [name, spec] : {std::pair<std::string, PlanSpec>{"moe_cp2", cp2}, {"moe_cp2_ep2_dp2_zero1", cp2_ep2}}) {
+    const MoeRunResult many = train(name, spec);
+    ASSERT_EQ(many.losses.size(), static_cast<std::size_t>(kSteps)) << name;
+    for (int i = 0; i < kSteps; ++i) EXPECT_NEAR(many.losses[i], one.losses[i], kTolerance * std::abs(one.losses[i])) << name << " step " << i + 1;
+    expect_parameters_close(one.parameters, many.parameters, kTolerance);
+    EXPECT_EQ(many.moe.at("tokens_dropped_per_step").get<double>(), 0.0) << name;
+    EXPECT_EQ(many.moe.at("assignments_per_step"), one.moe.at("assignments_per_step")) << name;
+    EXPECT_EQ(many.moe.at("tokens_per_expert_per_step"), one.moe.at("tokens_per_expert_per_step")) << name;  // the same choices
+    EXPECT_NEAR(many.moe.at("aux_loss").get<double>(), one.moe.at("aux_loss").get<double>(), 1e-5) << name;
+  }
+}
 
 // Two experts, top-2: every token goes to both, so each expert receives all 32 tokens of a
 // micro-batch whatever the router says, and keeps ceil(0.25 x 32 x 2 / 2) = 8 of them: 24

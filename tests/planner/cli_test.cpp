@@ -37,8 +37,8 @@ TEST_F(PlannerCli, RecommendsAPlanForLlama70bOn64Gpus) {
 }
 
 // Issue 13 item 4: the flagship question ends with a command the executor accepts (pipelines and
-// context parallelism run), expert-parallel plans too; a plan it cannot run (experts under context
-// parallelism, the mixtral recommendation) says why under the command.
+// context parallelism run), and so does mixtral's (experts under context and expert
+// parallelism); a plan it cannot run (experts under tensor parallelism) says why under the command.
 TEST_F(PlannerCli, TheRecommendationEndsWithACommandTheExecutorAcceptsAndOtherwiseSaysWhyNot) {
   const Outcome flagship = run("--model 70b --gpus 64");
   ASSERT_EQ(flagship.exit_code, 0) << flagship.all();
@@ -51,10 +51,14 @@ TEST_F(PlannerCli, TheRecommendationEndsWithACommandTheExecutorAcceptsAndOtherwi
   ASSERT_EQ(experts.exit_code, 0) << experts.all();
   EXPECT_NE(experts.out.find("torchrun"), std::string::npos) << experts.out;
   EXPECT_EQ(experts.out.find("note: the executor cannot run"), std::string::npos) << experts.out;
-  const Outcome context = run("--model mixtral-8x7b --gpus 64 --fix cp=4");
-  ASSERT_EQ(context.exit_code, 0) << context.all();
-  EXPECT_NE(context.out.find("note: the executor cannot run this plan yet:\n    - "), std::string::npos) << context.out;
-  EXPECT_NE(context.out.find("mixture of experts under context parallelism (cp=4"), std::string::npos) << context.out;
+  const Outcome mixtral = run("--model mixtral-8x7b --gpus 64");
+  ASSERT_EQ(mixtral.exit_code, 0) << mixtral.all();
+  EXPECT_NE(mixtral.out.find("torchrun"), std::string::npos) << mixtral.out;
+  EXPECT_EQ(mixtral.out.find("note: the executor cannot run"), std::string::npos) << mixtral.out;
+  const Outcome tensor = run("--model mixtral-8x7b --gpus 64 --fix tp=2");
+  ASSERT_EQ(tensor.exit_code, 0) << tensor.all();
+  EXPECT_NE(tensor.out.find("note: the executor cannot run this plan yet:\n    - "), std::string::npos) << tensor.out;
+  EXPECT_NE(tensor.out.find("mixture of experts under tensor parallelism (tp=2)"), std::string::npos) << tensor.out;
 }
 
 TEST_F(PlannerCli, JsonOutputIsASearchDocument) {

@@ -81,9 +81,9 @@ TEST(ExecutorLimitations, HuggingFaceModelsTheExecutorCannotBuildAreRefused) {
   EXPECT_TRUE(has(v3, "shared experts (DeepSeek, Qwen2-MoE) are not in the executor"));
 }
 
-// Expert parallelism runs (issue 13 item 2); under hybrid shard only where shard_group and ep
-// divide one another (executor/src/engine.cpp shards experts within a shard group), and experts
-// under context parallelism are still refused.
+// Expert parallelism runs (issue 13 item 2), with context parallelism too; under hybrid shard
+// only where shard_group and ep divide one another (executor/src/engine.cpp shards experts within
+// a shard group), and experts under tensor parallelism are still refused.
 TEST(ExecutorLimitations, ExpertParallelPlansRunAndTheirRemainingLimitsAreNamed) {
   costmodel::Plan plan = testing::make_plan("mixtral-8x7b", "dgx-h100", 64, 4096, 256);
   plan.parallel.tp = 1; plan.parallel.cp = 1; plan.parallel.pp = 4; plan.parallel.dp = 16; plan.parallel.ep = 4;
@@ -104,9 +104,11 @@ TEST(ExecutorLimitations, ExpertParallelPlansRunAndTheirRemainingLimitsAreNamed)
   plan.parallel.shard_group = 0;
   plan.parallel.ep = 2;
   plan.parallel.cp = 2; plan.parallel.dp = 8;
+  EXPECT_TRUE(planner::executor_limitations(plan).empty());
+  plan.parallel.cp = 1; plan.parallel.tp = 2;
   const auto problems = planner::executor_limitations(plan);
   ASSERT_EQ(problems.size(), 1u);
-  EXPECT_TRUE(contains(problems[0], "mixture of experts under context parallelism (cp=2)")) << problems[0];
+  EXPECT_TRUE(contains(problems[0], "mixture of experts under tensor parallelism (tp=2)")) << problems[0];
 }
 
 TEST(ExecutorLimitations, PipelineAndContextParallelPlansRunAndBadShapesAreRefused) {
