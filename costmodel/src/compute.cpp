@@ -410,9 +410,12 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
   // and the token permutation take (no norm fused into a linear before a router), the router's
   // float32 probabilities, the experts' outputs, kept to weight them by the routing
   // probabilities (Megatron-Core's unpermute with probs; executor/src/moe.cpp), and per routed
-  // copy its token's int64 index and its float32 weight.
-  const double moe_kept =
-      mdl.moe ? (norm_recomputed ? Tn * h * lin_in : 0.0) + 4.0 * T * mdl.moe->experts + tokens_mlp * (h * e + 12.0) : 0.0;
+  // copy the routing's small tensors: its top-k index (int64) and probability (float32), its
+  // token's index (int64) and its float32 weight, and under expert parallelism the two int64
+  // indices that order the received copies by expert and back.
+  const double moe_kept = mdl.moe ? (norm_recomputed ? Tn * h * lin_in : 0.0) + 4.0 * T * mdl.moe->experts +
+                                        tokens_mlp * (h * e + 24.0 + (s.ep > 1 ? 16.0 : 0.0))
+                                  : 0.0;
   double adapters = 0;
   if (lora) adapters = static_cast<double>(s.lora.targets.size()) * T * r * e;
   c.full_activation_bytes = norm_inputs + norm_outputs + qkv + score_bytes + proj_input + masks + mlp_saved +

@@ -155,7 +155,7 @@ struct NormLinearsFn : torch::autograd::Function<NormLinearsFn> {
     const auto count = static_cast<std::size_t>(ctx->saved_data["count"].toInt());
     const int64_t h = saved[0].size(-1);
     // The norm's backward: the CUDA kernel (one pass for the input's gradient and the weight's
-    // partial sums), else autograd through ATen's rms_norm.
+    // partial sums), else autograd through rms_norm (on CPU the lean one above ATen's composite).
     bool kernel = false;
 #ifdef TRAINPLAN_HAVE_CUDA_KERNELS
     kernel = kernel_for(saved[0]) && kernel_for(saved[1]) && saved[0].is_contiguous() && saved[1].is_contiguous() &&
@@ -170,7 +170,7 @@ struct NormLinearsFn : torch::autograd::Function<NormLinearsFn> {
       x.requires_grad_(true);
       nw.requires_grad_(true);
       torch::autograd::AutoGradMode enable(true);
-      normed = at::rms_norm(x, {h}, nw, eps);
+      normed = trainplan::executor::rms_norm(x, nw, eps);
     }
     const at::Tensor input = rows(normed.detach());
     at::Tensor grad_normed;
@@ -289,11 +289,12 @@ struct SwigluDownFn : torch::autograd::Function<SwigluDownFn> {
                                     grad_up.data_ptr(), gate.numel(), stream_of(gate));
     }
 #endif
-    if (!product.defined()) {
-      const at::Tensor activated = at::silu(gate);
-      product = activated * up;
-      grad_up = grad_product * activated;
-      grad_gate = at::silu_backward(grad_product * up, gate);
+    if (!product.defined()) {  // in place where the kernel writes: 3 [tokens x ffn] tensors at once, not 6
+      product = at::silu(gate);
+      grad_up = grad_product * product;
+      grad_gate = grad_product.mul_(up);
+      at::silu_backward_out(grad_gate, grad_gate, gate);
+      product.mul_(up);
     }
     std::optional<at::Tensor> sum = kept_sum(ctx, "sum");
     const at::Tensor grad_down = weight_gradient(sum, g, rows(product));
@@ -401,19 +402,19 @@ struct RmsNormFn : torch::autograd::Function<RmsNormFn> {
     const at::Tensor &x = saved[0], &rstd = saved[1], &weight = saved[2];
     const at::ScalarType opmath = at::toOpMathType(x.scalar_type());
     const at::Tensor up = x.to(opmath);
-    const at::Tensor normed = up.mul(rstd).type_as(x);  // recomputed: not kept
     const at::Tensor& dy = grads[0];
+    // In place where it can be: at most two [rows x h] temporaries at once.
     at::Tensor dweight;
     if (weight.requires_grad()) {
-      dweight = dy.mul(normed);
-      const int64_t rows = dweight.numel() / weight.numel();
-      dweight = dweight.reshape({rows, weight.numel()}).sum(0).view(weight.sizes());
+      at::Tensor product = up.mul(rstd).type_as(x).mul_(dy);  // the normalised input (recomputed) times dy
+      const int64_t rows = product.numel() / weight.numel();
+      dweight = product.reshape({rows, weight.numel()}).sum(0).view(weight.sizes());
     }
-    const at::Tensor dnormed = dy.mul(weight).to(opmath);
+    at::Tensor dx = dy.mul(weight).to(opmath);  // d normalised input
     // d(up * rstd): rstd's part through rsqrt(mean(up^2) + eps): -rstd^3 / 2 x 2 up / h.
-    const at::Tensor drstd = dnormed.mul(up).sum(-1, /*keepdim=*/true);
+    const at::Tensor drstd = dx.mul(up).sum(-1, /*keepdim=*/true);
     const double h = static_cast<double>(x.size(-1));
-    const at::Tensor dx = dnormed.mul(rstd).add_(up.mul(drstd.mul(rstd.pow(3)).mul_(-1.0 / h)));
+    dx.mul_(rstd).add_(up.mul(drstd.mul(rstd.pow(3)).mul_(-1.0 / h)));
     return {dx.to(x.scalar_type()), dweight, at::Tensor()};
   }
 };

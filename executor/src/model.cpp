@@ -361,7 +361,9 @@ at::Tensor block_forward(const cm::ModelSpec& m, const TensorParallel& tp, const
     mlp = leave_tp_region(tp, at::linear(at::gelu(at::linear(c, w1, b1), "tanh"), w2)) + b2;
   } else if (m.moe && p.size() - i == 1 + 3 * static_cast<std::size_t>(m.moe->experts / (moe.ep == nullptr ? 1 : moe.ep->size()))) {
     // An MoE layer: the router, then this rank's experts (model_layout).
-    mlp = moe_mlp(*m.moe, norm(m, h1, n2w, n2b), std::vector<at::Tensor>(p.begin() + static_cast<std::ptrdiff_t>(i), p.end()), moe);
+    const auto from = static_cast<std::ptrdiff_t>(i);
+    mlp = moe_mlp(*m.moe, norm(m, h1, n2w, n2b), std::vector<at::Tensor>(p.begin() + from, p.end()), moe,
+                  into_sums ? std::vector<at::Tensor>(grad_sums.begin() + from, grad_sums.end()) : std::vector<at::Tensor>{});
   } else {
     const at::Tensor &gate = p[i], &up = p[i + 1], &down = p[i + 2];
     at::Tensor g, u;

@@ -108,7 +108,8 @@ struct AllToAllRows : torch::autograd::Function<AllToAllRows> {
 
 }  // namespace
 
-at::Tensor moe_mlp(const costmodel::MoeSpec& moe, const at::Tensor& x, const std::vector<at::Tensor>& p, const MoeRun& run) {
+at::Tensor moe_mlp(const costmodel::MoeSpec& moe, const at::Tensor& x, const std::vector<at::Tensor>& p, const MoeRun& run,
+                   const std::vector<at::Tensor>& grad_sums) {
   const int experts = moe.experts, k = moe.top_k;
   const int ep = run.ep == nullptr ? 1 : run.ep->size();
   const int local = experts / ep;  // this rank's experts: [ep rank x local, ...)
@@ -116,7 +117,9 @@ at::Tensor moe_mlp(const costmodel::MoeSpec& moe, const at::Tensor& x, const std
   const int64_t h = x.size(-1);
   const at::Tensor flat = x.reshape({-1, h});
   const int64_t tokens = flat.size(0);
-  const Routing r = route(at::linear(flat, p[0]), k, expert_capacity(tokens, k, experts, moe.capacity_factor));
+  if (!grad_sums.empty() && grad_sums.size() != p.size()) throw std::logic_error("moe_mlp: one gradient sum per parameter expected");
+  const auto sum = [&](std::size_t i) { return grad_sums.empty() ? at::Tensor() : grad_sums[i]; };
+  const Routing r = route(linear_into(flat, p[0], sum(0)), k, expert_capacity(tokens, k, experts, moe.capacity_factor));
   // The kept assignments grouped by expert with one read of the counts to the host: a stable sort
   // keeps them in token order within each expert; dropped ones sort last. Grouped by expert they
   // are grouped by the rank holding it, which is the dispatch's order.
@@ -181,9 +184,11 @@ at::Tensor moe_mlp(const costmodel::MoeSpec& moe, const at::Tensor& x, const std
     // rank, so their gradient reduction starts everywhere.
     const at::Tensor in = grouped.narrow(0, start, n);
     start += n;
-    const at::Tensor &gate = p[1 + 3 * e], &up = p[2 + 3 * e], &down = p[3 + 3 * e];
-    outputs[static_cast<std::size_t>(e)] = run.kernels == Kernels::kFused ? swiglu_down(at::linear(in, gate), at::linear(in, up), down, {})
-                                                                          : at::linear(at::silu(at::linear(in, gate)) * at::linear(in, up), down);
+    const auto i = static_cast<std::size_t>(3 * e);
+    const at::Tensor &gate = p[1 + i], &up = p[2 + i], &down = p[3 + i];
+    outputs[static_cast<std::size_t>(e)] = run.kernels == Kernels::kFused
+                                               ? swiglu_down(linear_into(in, gate, sum(1 + i)), linear_into(in, up, sum(2 + i)), down, sum(3 + i))
+                                               : at::linear(at::silu(at::linear(in, gate)) * at::linear(in, up), down);
   }
   at::Tensor y = at::cat(outputs, 0);
   if (!identity) {  // back to source order, then combine: every row returns to the rank of its token

@@ -65,8 +65,10 @@ struct MoeRun {
 };
 
 // The MoE MLP of one block on the normed input `x` [b, s, h]: `params` are the router [E, h],
-// then each expert's gate [f, h], up [f, h] and down [h, f].
+// then each of this rank's experts' gate [f, h], up [f, h] and down [h, f]. `grad_sums`: empty,
+// or one float32 sum per parameter that its weight-gradient GEMM adds into (gradient-accumulation
+// fusion, fused_ops.hpp), as the dense MLP's.
 [[nodiscard]] at::Tensor moe_mlp(const costmodel::MoeSpec& moe, const at::Tensor& x, const std::vector<at::Tensor>& params,
-                                 const MoeRun& run);
+                                 const MoeRun& run, const std::vector<at::Tensor>& grad_sums = {});
 
 }  // namespace trainplan::executor

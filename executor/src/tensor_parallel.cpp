@@ -74,19 +74,21 @@ struct VocabParallelCrossEntropyFn : torch::autograd::Function<VocabParallelCros
     const at::Tensor local_max = std::get<0>(logits.max(1)).contiguous();
     at::Tensor maxima = at::empty({c.size(), n}, logits.options());
     c.all_gather(local_max, maxima)->wait();
-    const at::Tensor shifted = logits - std::get<0>(maxima.max(0)).unsqueeze(1);
-    const at::Tensor exp = shifted.exp();
-    at::Tensor sum_exp = exp.sum(1);
-    c.all_reduce_sum(sum_exp)->wait();
+    // One [rows x columns] tensor besides the logits: shifted, exponentiated, then normalised in
+    // place into the softmax that backward keeps.
+    at::Tensor softmax = logits - std::get<0>(maxima.max(0)).unsqueeze(1);
     // The target's logit lives on one rank; the others add zero.
     const at::Tensor local = targets - vocab_start;
     const at::Tensor mine = (local >= 0).logical_and(local < columns);
     const at::Tensor index = at::where(mine, local, at::zeros_like(local));
-    at::Tensor target_logit = shifted.gather(1, index.unsqueeze(1)).squeeze(1) * mine.to(shifted.scalar_type());
+    at::Tensor target_logit = softmax.gather(1, index.unsqueeze(1)).squeeze(1) * mine.to(softmax.scalar_type());
     target_logit = target_logit.contiguous();
+    at::Tensor sum_exp = softmax.exp_().sum(1);
+    c.all_reduce_sum(sum_exp)->wait();
     c.all_reduce_sum(target_logit)->wait();
     const at::Tensor loss = (sum_exp.log() - target_logit).mean();
-    ctx->save_for_backward({exp / sum_exp.unsqueeze(1), index, mine});
+    softmax.div_(sum_exp.unsqueeze(1));
+    ctx->save_for_backward({softmax, index, mine});
     return loss;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {

@@ -83,15 +83,15 @@ namespace {
 
 // Activations on CPU ranks (the executor counts LibTorch's CPU allocator, cpu_memory.hpp): what
 // each added layer keeps for backward, the difference between 8-layer and 4-layer runs of the
-// same plan, must equal the cost model's per-layer activation bytes. The rest of the peak (the
-// loss and the backward's temporaries, a few [tokens x hidden] tensors on a model this small)
-// is left out: on CPU it is the ATen fallbacks', not the CUDA kernels' the cost model describes.
+// same plan, must equal the cost model's per-layer activation bytes, and the whole peak of the
+// 8-layer run (the layers' activations, the loss's and the backward's temporaries, which the CPU
+// paths keep as lean as the CUDA kernels the cost model describes) its figure within 5% (issue 13).
 // By hand for the dense one-rank case (tiny-llama, micro-batch 8 x seq 32 = 256 tokens, fp32):
 // 593920 B per layer = 2320 B per token; tp2 without SP keeps both norms' outputs (each rank
 // all of them) on top of its half of the rest. The MoE case: every layer 2 SwiGLU experts of
 // width 64, top-2, dropless, ep2 x dp2 with micro-batches of one 32-token sequence, so each
 // rank's expert takes 64 rows (its tokens and the other rank's) whatever the router says; it
-// keeps some int64 indices the cost model leaves out (about 2%).
+// keeps a few small tensors the cost model leaves out (under 1%).
 TEST(ActivationBytes, EachLayerKeepsWhatTheCostModelCounts) {
   struct Case {
     std::string name;
@@ -118,7 +118,7 @@ TEST(ActivationBytes, EachLayerKeepsWhatTheCostModelCounts) {
          s.micro_batch = 1;
          s.model_patch = {{"moe", {{"experts", 2}, {"top_k", 2}, {"expert_ffn_hidden", 64}}}};
          return s;
-       }(), 0.03},
+       }(), 0.01},
   };
   for (const Case& c : cases) {
     double measured[2] = {0, 0}, predicted[2] = {0, 0};
@@ -135,6 +135,7 @@ TEST(ActivationBytes, EachLayerKeepsWhatTheCostModelCounts) {
     }
     const double per_layer = (measured[1] - measured[0]) / 4, model = (predicted[1] - predicted[0]) / 4;
     EXPECT_NEAR(per_layer, model, c.tolerance * model) << c.name;
+    EXPECT_NEAR(measured[1], predicted[1], 0.05 * predicted[1]) << c.name;
     if (c.name == "act_one_rank") EXPECT_EQ(model, 593920.0);
     std::printf("%-14s per layer: measured %8.0f B, cost model %8.0f B (%+.2f%%); 8 layers in all: %+.1f%%\n", c.name.c_str(), per_layer, model,
                 100.0 * (per_layer / model - 1.0), 100.0 * (measured[1] / predicted[1] - 1.0));

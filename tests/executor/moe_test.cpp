@@ -127,6 +127,30 @@ TEST(MoeContextParallel, DroplessRunsEqualTheOneRankRun) {
   }
 }
 
+// The mixtral preset at a tiny size: its document (8 experts, top-2, SwiGLU, grouped-query
+// attention) with 2 layers and the widths shrunk to tiny-llama's, dropless. Its experts split over
+// 4 ranks (2 each, ZeRO-1) give the one-rank run's losses, weights and tokens per expert.
+TEST(MixtralPreset, RunsAtATinySizeWithItsExpertsSplitOverFourRanks) {
+  PlanSpec spec;
+  spec.model = "mixtral-8x7b";
+  spec.layers = 2;
+  spec.model_patch = {{"hidden", 64}, {"heads", 4}, {"kv_heads", 2}, {"ffn_hidden", 64}, {"vocab", 256}, {"max_seq_len", 64},
+                      {"moe", {{"experts", 8}, {"top_k", 2}, {"expert_ffn_hidden", 64}}}};
+  spec.micro_batch = 1;
+  const MoeRunResult one = train("mixtral-one-rank", spec);
+  spec.ranks = 4;
+  spec.ep = 4;
+  spec.zero_stage = 1;
+  const MoeRunResult ep4 = train("mixtral-ep4", spec);
+  ASSERT_EQ(ep4.losses.size(), static_cast<std::size_t>(kSteps));
+  for (int i = 0; i < kSteps; ++i) EXPECT_NEAR(ep4.losses[i], one.losses[i], kTolerance * std::abs(one.losses[i])) << "step " << i + 1;
+  EXPECT_LT(one.losses.back(), one.losses.front() - 0.3);  // it learns
+  expect_parameters_close(one.parameters, ep4.parameters, kTolerance);
+  EXPECT_EQ(ep4.moe.at("experts"), 8);
+  EXPECT_EQ(ep4.moe.at("tokens_per_expert_per_step"), one.moe.at("tokens_per_expert_per_step"));
+  EXPECT_EQ(ep4.moe.at("tokens_dropped_per_step").get<double>(), 0.0);
+}
+
 // Two experts, top-2: every token goes to both, so each expert receives all 32 tokens of a
 // micro-batch whatever the router says, and keeps ceil(0.25 x 32 x 2 / 2) = 8 of them: 24
 // dropped per expert, 48 per layer and micro-batch. 4 layers x 8 micro-batches per step (over
