@@ -53,6 +53,23 @@ struct UnitViewsFn : torch::autograd::Function<UnitViewsFn> {
   }
 };
 
+// A block's parameter views in the graph, followed by those of its experts unit when it is an MoE
+// layer (block_forward takes them in that order), with their gradient sums likewise. The units
+// are gathered already.
+struct BlockParams {
+  variable_list views;
+  std::vector<at::Tensor> sums;
+};
+BlockParams block_params(DataParallelEngine* e, std::size_t unit) {
+  BlockParams b{UnitViewsFn::apply(e->anchor(unit), engine_id(e), static_cast<int64_t>(unit)), e->grad_sums(unit)};
+  if (const int64_t experts = e->experts_of(unit); experts >= 0) {
+    const auto x = static_cast<std::size_t>(experts);
+    for (at::Tensor& v : UnitViewsFn::apply(e->anchor(x), engine_id(e), experts)) b.views.push_back(std::move(v));
+    for (at::Tensor& g : e->grad_sums(x)) b.sums.push_back(std::move(g));
+  }
+  return b;
+}
+
 // Identity whose backward runs just before the backward of the unit that produced its input:
 // ZeRO-3 gathers that unit's parameters again there.
 struct BeforeBackwardFn : torch::autograd::Function<BeforeBackwardFn> {
@@ -105,14 +122,9 @@ struct RecomputedBlockFn : torch::autograd::Function<RecomputedBlockFn> {
     e->gather(u, -1);
     {
       torch::autograd::AutoGradMode enable(true);
-      variable_list views = UnitViewsFn::apply(e->anchor(u), engine_id(e), unit);
-      std::vector<at::Tensor> sums = e->grad_sums(u);
-      if (experts >= 0) {
-        for (at::Tensor& v : UnitViewsFn::apply(e->anchor(static_cast<std::size_t>(experts)), engine_id(e), experts)) views.push_back(std::move(v));
-        for (at::Tensor& g : e->grad_sums(static_cast<std::size_t>(experts))) sums.push_back(std::move(g));
-      }
-      const at::Tensor out = block_forward(e->model(), e->tp(), e->cp(), views, x, e->rotary(), AttentionRecompute::kNone, e->config().kernels,
-                                           sums, e->moe_run(ctx->saved_data["aux_scale"].toDouble(), nullptr));
+      const BlockParams params = block_params(e, u);
+      const at::Tensor out = block_forward(e->model(), e->tp(), e->cp(), params.views, x, e->rotary(), AttentionRecompute::kNone,
+                                           e->config().kernels, params.sums, e->moe_run(ctx->saved_data["aux_scale"].toDouble(), nullptr));
       torch::autograd::backward({out}, {grads[0]});
     }
     return {x.grad(), at::Tensor(), at::Tensor()};
@@ -290,16 +302,11 @@ at::Tensor DataParallelEngine::run_unit_forward(std::size_t unit, const at::Tens
   if (recompute_block(layer)) return RecomputedBlockFn::apply(x, id, index);
   const int64_t experts = experts_of(unit);
   gather(unit, +1);
-  variable_list views = UnitViewsFn::apply(anchor(unit), id, index);
-  std::vector<at::Tensor> sums = grad_sums(unit);
-  if (experts >= 0) {
-    const auto e = static_cast<std::size_t>(experts);
-    gather(e, +1);
-    for (at::Tensor& v : UnitViewsFn::apply(anchor(e), id, experts)) views.push_back(std::move(v));
-    for (at::Tensor& g : grad_sums(e)) sums.push_back(std::move(g));
-  }
+  if (experts >= 0) gather(static_cast<std::size_t>(experts), +1);
+  const BlockParams params = block_params(this, unit);
   const auto attention = config_.recompute == cm::Recompute::kSelective ? AttentionRecompute::kSelective : AttentionRecompute::kNone;
-  at::Tensor y = block_forward(model_, groups_.tp, groups_.cp, views, x, rotary_, attention, config_.kernels, sums, moe_run(aux_scale_, &moe_tally_));
+  at::Tensor y = block_forward(model_, groups_.tp, groups_.cp, params.views, x, rotary_, attention, config_.kernels, params.sums,
+                               moe_run(aux_scale_, &moe_tally_));
   if (config_.zero_stage == 3) {
     y = BeforeBackwardFn::apply(y, id, index);
     if (experts >= 0) y = BeforeBackwardFn::apply(y, id, experts);  // runs first: the experts' backward comes first

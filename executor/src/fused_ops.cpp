@@ -382,10 +382,6 @@ struct LinearCrossEntropyFn : torch::autograd::Function<LinearCrossEntropyFn> {
   }
 };
 
-}  // namespace
-
-namespace {
-
 // at::rms_norm's composite (upcast, rsqrt of the mean square plus eps, multiply, cast back, times
 // the weight) keeping only the input and the reciprocal RMS; the backward is the composite's
 // autograd backward, op for op in the same precision.

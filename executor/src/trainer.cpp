@@ -199,6 +199,7 @@ struct StepRecord {
 };
 
 constexpr const char* kSentGroups[] = {"tp", "cp", "pp", "dp", "ep"};
+constexpr std::size_t kSentEp = 4;  // kSentGroups[kSentEp] == "ep"
 
 SentBytes bytes_sent_so_far(const ProcessGroups& g) {
   return {g.bytes_sent.tp->load(), g.bytes_sent.cp->load(), g.bytes_sent.pp->load(), g.bytes_sent.dp->load(), g.bytes_sent.ep->load()};
@@ -317,20 +318,16 @@ nlohmann::json measurement_json(const cm::Plan& plan, const World& w, const Rank
   nlohmann::json throughput = {{"tokens_per_second", tokens_per_second},
                                {"tokens_per_second_per_gpu", tokens_per_second / world},
                                {"model_tflops_per_gpu", model_tflops}};
-  if (!w.device.is_cuda() && fullest.peak_bytes > 0) {
-    // CPU ranks: the counted allocator's peak (cpu_memory.hpp). No total_bytes: the estimate's
-    // total holds GPU communication buffers a CPU rank does not have.
+  if (w.device.is_cuda() || fullest.peak_bytes > 0) {
+    // The allocator's peak: CUDA's, or on CPU ranks the counted one (cpu_memory.hpp).
     memory["activations_bytes"] = std::max(0.0, fullest.peak_bytes - states.weights - states.gradients - states.optimizer);
     memory["peak_allocated_bytes"] = fullest.peak_bytes;
   }
-  if (w.device.is_cuda()) {
-    const double peak_bytes = fullest.peak_bytes;
-    memory["total_bytes"] = peak_bytes;
-    memory["activations_bytes"] = std::max(0.0, peak_bytes - states.weights - states.gradients - states.optimizer);
+  if (w.device.is_cuda()) {  // not on CPU ranks: the estimate's total holds GPU communication buffers
+    // total_bytes and reserved_bytes are the estimate's names for the allocator's two peaks, kept
+    // so that planner compare sets them side by side.
+    memory["total_bytes"] = fullest.peak_bytes;
     memory["reserved_bytes"] = fullest.reserved_bytes;
-    // The allocator's two peaks under their own names (total_bytes and reserved_bytes are the
-    // estimate's names for the same figures, kept so that planner compare sets them side by side).
-    memory["peak_allocated_bytes"] = peak_bytes;
     memory["peak_reserved_bytes"] = fullest.reserved_bytes;
     const double peak_flops = plan.cluster.gpu.peak_for(cm::compute_dtype(plan.training.precision)).value();
     if (peak_flops > 0) throughput["mfu"] = model_tflops * 1e12 / peak_flops;
@@ -799,8 +796,8 @@ int train(const RunOptions& o, const std::string& command_line, World& w, const 
     const nlohmann::json j = nlohmann::json::parse(text);
     const auto sent = j["sent"].get<SentBytes>();
     for (std::size_t g = 0; g < most_sent.size(); ++g) most_sent[g] = std::max(most_sent[g], sent[g]);
-    if (sent[4] > 0) {
-      ep_sent_total += sent[4];
+    if (sent[kSentEp] > 0) {
+      ep_sent_total += sent[kSentEp];
       ++ep_senders;
     }
     const RankMemory other{{j["w"].get<double>(), j["g"].get<double>(), j["o"].get<double>()}, j["peak"].get<double>(), j["reserved"].get<double>()};
