@@ -57,8 +57,11 @@ install_torch() {
     echo "setup: installing torch==$torch_version into $venv (LibTorch for the executor; large download)"
     "$venv/bin/pip" install --progress-bar off "torch==$torch_version"
   fi
-  # safetensors + numpy: the test that reads the executor's export with the Python library.
+  # safetensors + numpy: the test that reads the executor's export with the Python library;
+  # transformers: the tests that load Hugging Face checkpoints with LlamaForCausalLM itself
+  # (tests/executor/hf_transformers_logits.py).
   "$venv/bin/python" -c "import safetensors.numpy" 2>/dev/null || "$venv/bin/pip" install -q safetensors numpy
+  "$venv/bin/python" -c "import transformers" 2>/dev/null || "$venv/bin/pip" install -q "transformers==4.57.1"
 }
 
 build() {

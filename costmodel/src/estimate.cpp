@@ -63,19 +63,31 @@ NodeShare node_share(const ParallelConfig& p, int gpus_per_node) {
   return n;
 }
 
-double lora_params_per_layer(const ModelSpec& m, const LoraConfig& lora) {
+// Adapter parameters of one layer on one TP rank of `tp`: an adapter (B A, A [rank x in], B
+// [out x rank]) is split as its projection is, and only where the projection splits: a
+// column-parallel projection's B by output rows (A whole on every rank), a row-parallel one's
+// (o, down) A by input columns (B whole); key/value outputs over min(tp, kv_heads) ranks (Megatron
+// replicates a key/value head over tp / kv_heads ranks). tp = 1: the layer's whole count.
+double lora_params_per_layer(const ModelSpec& m, const LoraConfig& lora, int tp = 1) {
+  const double t = tp;
   const double h = static_cast<double>(m.hidden);
   const double f = m.moe ? static_cast<double>(m.moe->expert_ffn_hidden) : static_cast<double>(m.ffn_hidden);
   const double copies = m.moe ? m.moe->experts : 1.0;
+  const double kv_split = std::min(t, static_cast<double>(m.kv_heads));
   const std::vector<LinearShape> attention = attention_linears(m);
   double total = 0;
-  for (const auto& t : lora.targets) {
-    if (t == "q" || t == "k" || t == "v" || t == "o") {
+  for (const auto& target : lora.targets) {
+    if (target == "q" || target == "k" || target == "v" || target == "o") {
       for (const LinearShape& l : attention) {
-        if (t == lora_target_of(l.name)) total += lora.rank * (l.in + l.out);
+        if (target != lora_target_of(l.name)) continue;
+        const bool kv = !m.mla && (target == "k" || target == "v");
+        if (l.split == TpSplit::kRow) total += lora.rank * (l.in / t + l.out);
+        else if (l.split == TpSplit::kColumn) total += lora.rank * (l.in + l.out / (kv ? kv_split : t));
+        else total += lora.rank * (l.in + l.out);
       }
-    } else if (t == "gate" && m.features().gated_mlp) total += copies * lora.rank * (h + f);
-    else if (t == "up" || t == "down") total += copies * lora.rank * (h + f);
+    } else if (target == "gate" && m.features().gated_mlp) total += copies * lora.rank * (h + f / t);
+    else if (target == "up") total += copies * lora.rank * (h + f / t);
+    else if (target == "down") total += copies * lora.rank * (f / t + h);
   }
   return total;
 }
@@ -227,7 +239,7 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
   // MLA's replicated down projections are counted as split, a small under-count under TP.
   const double dense_layer = (pc.attention + pc.norms + (pc.mlp - pc.routed_experts)) / t;
   const double expert_layer = mdl.moe ? pc.routed_experts / (t * p.ep) : 0.0;
-  const double lora_layer = lora ? lora_params_per_layer(mdl, tr.lora) / t : 0.0;
+  const double lora_layer = lora ? lora_params_per_layer(mdl, tr.lora, p.tp) : 0.0;
 
   const StateWidths w = state_widths(tr.precision, tr.optimizer);
   const double reduce_bytes = fp32 ? 4.0 : dtype_bytes(p.reduce_dtype);
@@ -287,7 +299,14 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
       x.optimizer = x.dense * w.optimizer / (p.zero_stage >= 1 ? dense_shard : 1) + x.expert * w.optimizer / (p.zero_stage >= 1 ? expert_shard : 1);
     }
     if (p.offload_optimizer != Offload::kNone) {
-      x.host += x.optimizer;
+      // ZeRO-Offload keeps a float32 master copy with the moments on the host even in fp32
+      // training (the device's weights are the compute copy), and stages each unit's float32
+      // gradient shard there for the CPU update (the executor's buffer holds the largest unit's).
+      const double master_in_states = fp32 ? 0.0 : 4.0;
+      const double shard = p.zero_stage >= 1 ? static_cast<double>(dense_shard) : 1.0;
+      const double largest_unit = std::max({lora ? lora_layer : dense_layer + expert_layer, first && !lora ? pc.embedding / t : 0.0,
+                                            last && !lora && (!mdl.tied_embeddings || stages > 1) ? pc.embedding / t : 0.0});
+      x.host += x.optimizer + x.trainable * (4.0 - master_in_states) / shard + 4.0 * largest_unit / shard;
       x.optimizer = 0;
     }
     if (p.offload_params != Offload::kNone) {
@@ -408,6 +427,7 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
   double host = 0;
   for (const auto& x : st) host = std::max(host, x.host);
   mem.cpu_offload_per_node = Bytes(host * gpn);
+  mem.cpu_offload_per_gpu = Bytes(host);
 
   const std::string where = stages > 1 ? "stage " + std::to_string(worst) + " needs " : "needs ";
   if (W.required > mem.capacity.value()) {
@@ -683,7 +703,7 @@ nlohmann::json estimate_to_json(const Plan& plan, const Estimate& e) {
         {"capacity_bytes", m.capacity.value()},
         {"worst_stage", m.worst_stage},
         {"micro_batches_in_flight", m.micro_batches_in_flight},
-        {"cpu_offload_per_node_bytes", m.cpu_offload_per_node.value()}}},
+        {"cpu_offload_per_node_bytes", m.cpu_offload_per_node.value()}, {"cpu_offload_per_gpu_bytes", m.cpu_offload_per_gpu.value()}}},
       {"time",
        {{"step_seconds", t.step.value()},
         {"compute_seconds", t.compute.value()},

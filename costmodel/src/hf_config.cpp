@@ -121,6 +121,10 @@ ModelSpec read_llama_like(ObjectReader& r, const std::string& type) {
   if (type == "qwen2_moe") f.qkv_bias = r.optional_boolean("qkv_bias").value_or(true);
   if (f != architecture_features(Architecture::kLlama)) m.feature_overrides = f;
 
+  // The executor's arithmetic (model.hpp): rotary base and the RMSNorm epsilon, transformers'
+  // defaults where absent (10000 everywhere; 1e-5 for Mixtral, 1e-6 for the others).
+  m.rope_theta = r.optional_number("rope_theta", 1.0, 1e12).value_or(10000.0);
+  m.norm_eps = r.optional_number("rms_norm_eps", 1e-12, 0.1).value_or(type == "mixtral" ? 1e-5 : 1e-6);
   if (type == "mistral") m.sliding_window = optional_dim(r, "sliding_window", 4096).value_or(0);
   if (type == "mixtral" || type == "phi3") m.sliding_window = optional_dim(r, "sliding_window", std::nullopt).value_or(0);
   if (type == "qwen2" || type == "qwen3" || type == "qwen2_moe" || type == "qwen3_moe") {

@@ -166,6 +166,8 @@ Result<ModelSpec> parse_model(const nlohmann::json& json, const std::string& fil
     f.mlp_bias = r.optional_boolean("mlp_bias").value_or(f.mlp_bias);
     if (f != architecture_features(m.architecture)) m.feature_overrides = f;
     m.sliding_window = r.optional_integer("sliding_window", 1, 1 << 24).value_or(0);
+    m.rope_theta = r.optional_number("rope_theta", 1.0, 1e12).value_or(10000.0);
+    m.norm_eps = r.optional_number("norm_eps", 1e-12, 0.1).value_or(1e-5);
     if (r.has("mla")) {
       detail::ObjectReader a = r.object("mla");
       MlaSpec spec;
@@ -234,6 +236,8 @@ nlohmann::json model_to_json(const ModelSpec& m) {
   if (f.o_bias != d.o_bias) j["o_bias"] = f.o_bias;
   if (f.mlp_bias != d.mlp_bias) j["mlp_bias"] = f.mlp_bias;
   if (m.sliding_window > 0) j["sliding_window"] = m.sliding_window;
+  if (m.rope_theta != 10000.0) j["rope_theta"] = m.rope_theta;
+  if (m.norm_eps != 1e-5) j["norm_eps"] = m.norm_eps;
   if (m.mla) {
     j["mla"] = {{"kv_lora_rank", m.mla->kv_lora_rank}, {"qk_nope_head_dim", m.mla->qk_nope_head_dim},
                 {"qk_rope_head_dim", m.mla->qk_rope_head_dim}, {"v_head_dim", m.mla->v_head_dim}};

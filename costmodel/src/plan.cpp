@@ -209,12 +209,15 @@ TrainingConfig parse_training(ObjectReader r) {
       }
     }
     if (auto f = l.optional_one_of("base_format", {"nf4", "int8"})) t.lora.base_format = *f == "int8" ? QuantFormat::kInt8 : QuantFormat::kNf4;
+    t.lora.alpha = l.optional_number("alpha", 1e-6, 1e6).value_or(16.0);
+    t.lora.dropout = l.optional_number("dropout", 0, 0.99).value_or(0.0);
     l.finish();
   } else {
     r.optional_string("lora");
   }
   t.train_tokens = r.optional_number("train_tokens", 0, 1e18, true).value_or(0);
   t.dropout = r.optional_boolean("dropout").value_or(false);
+  t.dropout_rate = r.optional_number("dropout_rate", 0, 0.99).value_or(0.1);
   t.attention = r.optional_one_of("attention", {"flash", "standard"}).value_or("flash") == "standard"
                     ? AttentionKernel::kStandard : AttentionKernel::kFlash;
   if (const auto name = r.optional_string("stack")) {
@@ -454,12 +457,12 @@ nlohmann::json training_to_json(const TrainingConfig& t) {
   nlohmann::json j = {
       {"seq_len", t.seq_len}, {"global_batch", t.global_batch}, {"precision", precision_name(t.precision)},
       {"optimizer", optimizer_name(t.optimizer)}, {"mode", mode_name(t.mode)}, {"train_tokens", t.train_tokens},
-      {"dropout", t.dropout}, {"attention", t.attention == AttentionKernel::kFlash ? "flash" : "standard"},
+      {"dropout", t.dropout}, {"dropout_rate", t.dropout_rate}, {"attention", t.attention == AttentionKernel::kFlash ? "flash" : "standard"},
       {"stack", stack_name(t.stack)},
   };
   if (t.mode == TrainingMode::kLora || t.mode == TrainingMode::kQlora) {
     j["lora"] = {{"rank", t.lora.rank}, {"targets", t.lora.targets},
-                 {"base_format", t.lora.base_format == QuantFormat::kNf4 ? "nf4" : "int8"}};
+                 {"base_format", t.lora.base_format == QuantFormat::kNf4 ? "nf4" : "int8"}, {"alpha", t.lora.alpha}, {"dropout", t.lora.dropout}};
   }
   return j;
 }

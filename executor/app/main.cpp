@@ -29,7 +29,9 @@ int main(int argc, char** argv) {
   app.add_flag("--quick", profile.quick, "--profile: fewer shapes and repeats");
   app.add_option("--steps", o.steps, "optimizer steps to reach, resumed ones included")->capture_default_str();
   app.add_option("--device", o.device, "auto, cpu or cuda")->capture_default_str();
-  app.add_option("--data", o.data, "\"synthetic\" or a flat token file")->capture_default_str();
+  app.add_option("--data", o.data, "\"synthetic\", a flat token file, or instruction examples (*.jsonl or *.json: prompt/response, the loss on the response)")
+      ->capture_default_str();
+  app.add_option("--vocab", o.vocab, "instruction data: a vocabulary (JSON piece -> id, or a tokenizer.json); default: byte-level tokens");
   app.add_option("--data-dtype", o.data_dtype, "token file element type: uint16 or uint32")->capture_default_str();
   app.add_option("--seed", o.seed, "initialisation and synthetic-data seed")->capture_default_str();
   app.add_option("--lr", o.lr, "peak learning rate")->capture_default_str();
@@ -42,6 +44,11 @@ int main(int argc, char** argv) {
   app.add_option("--checkpoint-every", o.checkpoint_every, "steps between checkpoints (0: at the end only)")->capture_default_str();
   app.add_option("--resume", o.resume, "continue from the newest complete checkpoint in this directory");
   app.add_option("--export", o.export_dir, "write model.safetensors + config.json here at the end");
+  app.add_option("--export-format", o.export_format, "trainplan (the executor's names and model document) or hf (transformers' Llama layout)")
+      ->capture_default_str();
+  app.add_option("--export-lora", o.export_lora, "LoRA runs: merged (base + adapters), adapters (PEFT's adapter_model.safetensors) or both")
+      ->capture_default_str();
+  app.add_option("--init-from", o.init_from, "start from this Hugging Face Llama checkpoint (config.json and *.safetensors, sharded or not)");
   app.add_option("--measurement", o.measurement_path, "write the trainplan/measurement/v1 document here");
   app.add_option("--stop-after", o.stop_after, "stop (and checkpoint) after this many steps of this run")->capture_default_str();
   app.add_option("--timeout", o.timeout_seconds, "seconds a collective may wait before the run fails")->capture_default_str();

@@ -1,6 +1,7 @@
 // Sharded checkpoints with a checksummed manifest, and safetensors export (see checkpoint.hpp).
 
 #include "checkpoint.hpp"
+#include "hf_checkpoint.hpp"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -369,12 +370,14 @@ Resumed resume_newest_intact(const std::string& dir, DataParallelEngine& engine,
   return resumed;
 }
 
-void export_safetensors(const std::string& dir, DataParallelEngine& engine, Communicator& world, int64_t step,
-                        const ExportPlan& plan) {
-  const bool writer = world.rank() == 0;
-  const std::vector<UnitLayout> whole = model_layout(engine.model());
-  constexpr int kTag = 29000;
+namespace {
 
+// Collective. Every parameter of `whole` (the whole model's layout) joined from its TP pieces, in
+// layout order, handed to `consume` on rank 0.
+void gather_parameters(DataParallelEngine& engine, Communicator& world, const ExportPlan& plan, const std::vector<UnitLayout>& whole,
+                       const std::function<void(const UnitLayout&, const ParamSlot&, const at::Tensor&)>& consume) {
+  const bool writer = world.rank() == 0;
+  constexpr int kTag = 29000;
   // Every rank gathers its units' data-parallel shards (collective within the shard group); the
   // first data-parallel replica sends its pieces to rank 0 in model order.
   std::map<std::string, at::Tensor> local;  // rank 0's own pieces, by "name#piece"
@@ -393,26 +396,7 @@ void export_safetensors(const std::string& dir, DataParallelEngine& engine, Comm
       }
     }
   }
-
   if (writer) {
-    nlohmann::ordered_json header;
-    header["__metadata__"] = {{"format", "pt"}, {"producer", "trainplan executor"}, {"step", std::to_string(step)}};
-    uint64_t offset = 0;
-    for (const UnitLayout& u : whole) {
-      for (const ParamSlot& s : u.slots) {
-        const uint64_t bytes = static_cast<uint64_t>(s.numel) * 4;
-        header[s.name] = {{"dtype", "F32"}, {"shape", s.shape}, {"data_offsets", {offset, offset + bytes}}};
-        offset += bytes;
-      }
-    }
-    std::string text = header.dump();
-    text.append((8 - text.size() % 8) % 8, ' ');  // the data starts 8-byte aligned
-    const std::string path = (fs::path(dir) / "model.safetensors").string();
-    fs::create_directories(dir);
-    FileWriter w(path + ".tmp");
-    const uint64_t length = text.size();  // little-endian on every platform we build for
-    w.write(&length, 8);
-    w.write(text.data(), text.size());
     for (const UnitLayout& u : whole) {
       for (const ParamSlot& s : u.slots) {
         // The pieces of this parameter, from the ranks that hold them, joined along the TP split.
@@ -430,15 +414,118 @@ void export_safetensors(const std::string& dir, DataParallelEngine& engine, Comm
           }
           pieces.push_back(piece.view(piece_slot.shape));
         }
-        const at::Tensor joined = cut.split_dim < 0 ? pieces[0] : at::cat(pieces, cut.split_dim).contiguous();
-        w.write_tensor(joined.reshape({-1}));
+        consume(u, s, cut.split_dim < 0 ? pieces[0] : at::cat(pieces, cut.split_dim).contiguous());
       }
     }
-    w.close_synced();
-    fs::rename(path + ".tmp", path);
-    write_text_atomically((fs::path(dir) / "config.json").string(), costmodel::model_to_json(engine.model()).dump(2) + "\n");
   }
   for (auto& s : sends) s.first->wait();
+}
+
+// The streaming writer of a model without adapters: the header from the layout, then each tensor
+// as it arrives.
+void export_streamed(const std::string& dir, DataParallelEngine& engine, Communicator& world, int64_t step, const ExportPlan& plan,
+                     const ExportOptions& options) {
+  const std::vector<UnitLayout> whole = model_layout(engine.model());
+  const std::string path = (fs::path(dir) / "model.safetensors").string();
+  std::unique_ptr<FileWriter> w;
+  if (world.rank() == 0) {
+    nlohmann::ordered_json header;
+    header["__metadata__"] = {{"format", "pt"}, {"producer", "trainplan executor"}, {"step", std::to_string(step)}};
+    uint64_t offset = 0;
+    for (const UnitLayout& u : whole) {
+      for (const ParamSlot& s : u.slots) {
+        const uint64_t bytes = static_cast<uint64_t>(s.numel) * 4;
+        header[options.hugging_face ? hf_name(s.name) : s.name] = {{"dtype", "F32"}, {"shape", s.shape}, {"data_offsets", {offset, offset + bytes}}};
+        offset += bytes;
+      }
+    }
+    std::string text = header.dump();
+    text.append((8 - text.size() % 8) % 8, ' ');  // the data starts 8-byte aligned
+    fs::create_directories(dir);
+    w = std::make_unique<FileWriter>(path + ".tmp");
+    const uint64_t length = text.size();  // little-endian on every platform we build for
+    w->write(&length, 8);
+    w->write(text.data(), text.size());
+  }
+  gather_parameters(engine, world, plan, whole, [&](const UnitLayout&, const ParamSlot&, const at::Tensor& t) { w->write_tensor(t.reshape({-1})); });
+  if (w) {
+    w->close_synced();
+    fs::rename(path + ".tmp", path);
+  }
+}
+
+// A LoRA run: each block's base weights held until its adapters arrive, then merged
+// (W + scale B A) and/or the adapters kept.
+void export_lora(const std::string& dir, DataParallelEngine& engine, Communicator& world, int64_t step, const ExportPlan& plan,
+                 const ExportOptions& options) {
+  const LoraSpec& lora = engine.config().lora;
+  ModelSharding whole_model;
+  whole_model.lora = lora;
+  const std::vector<UnitLayout> whole = model_layout(engine.model(), whole_model);
+  const auto name_of = [&](const std::string& name) { return options.hugging_face ? hf_name(name) : name; };
+  std::vector<std::pair<std::string, at::Tensor>> model, adapters;
+  std::map<std::string, at::Tensor> block;  // the current block's base weights, by slot name
+  std::vector<std::string> block_order;
+  std::map<std::string, at::Tensor> unit_adapters;
+  const auto flush_block = [&]() {
+    for (const std::string& name : block_order) model.emplace_back(name_of(name), block.at(name));
+    block.clear();
+    block_order.clear();
+  };
+  gather_parameters(engine, world, plan, whole, [&](const UnitLayout& u, const ParamSlot& s, const at::Tensor& t) {
+    if (u.kind == UnitKind::kBlock) {
+      block[s.name] = t.view(s.full_shape);
+      block_order.push_back(s.name);
+      return;
+    }
+    if (u.kind != UnitKind::kAdapters) {
+      flush_block();
+      model.emplace_back(name_of(s.name), t.view(s.full_shape));
+      return;
+    }
+    const at::Tensor value = t.view(s.full_shape);
+    if (options.adapters) {
+      std::string name = options.hugging_face ? hf_name(s.name) : s.name;
+      adapters.emplace_back(name, value);
+    }
+    unit_adapters[s.name] = value;
+    if (&s == &u.slots.back()) {  // the unit's last adapter: merge them into the block
+      for (const std::string& target : lora_target_order()) {
+        if (!lora.has(target)) continue;
+        const std::string base = "layers." + std::to_string(u.layer) + "." + lora_base_slot(target);
+        at::Tensor& w = block.at(base + ".weight");
+        w = w + lora.scale * at::mm(unit_adapters.at(base + ".lora_B.weight"), unit_adapters.at(base + ".lora_A.weight"));
+      }
+      unit_adapters.clear();
+      flush_block();
+    }
+  });
+  if (world.rank() == 0) {
+    flush_block();
+    const std::map<std::string, std::string> metadata = {{"format", "pt"}, {"producer", "trainplan executor"}, {"step", std::to_string(step)}};
+    if (options.merged) write_safetensors((fs::path(dir) / "model.safetensors").string(), model, metadata);
+    if (options.adapters) write_safetensors((fs::path(dir) / "adapter_model.safetensors").string(), adapters, metadata);
+  }
+}
+
+}  // namespace
+
+void export_safetensors(const std::string& dir, DataParallelEngine& engine, Communicator& world, int64_t step,
+                        const ExportPlan& plan, const ExportOptions& options) {
+  if (world.rank() == 0) fs::create_directories(dir);
+  if (engine.config().lora.active()) export_lora(dir, engine, world, step, plan, options);
+  else export_streamed(dir, engine, world, step, plan, options);
+  if (world.rank() == 0 && (options.merged || !engine.config().lora.active())) {
+    const std::string config = options.hugging_face ? hf_llama_config(engine.model(), "float32").dump(2) : costmodel::model_to_json(engine.model()).dump(2);
+    write_text_atomically((fs::path(dir) / "config.json").string(), config + "\n");
+  }
+  if (world.rank() == 0 && options.adapters && engine.config().lora.active()) {
+    costmodel::LoraConfig config;
+    config.rank = engine.config().lora.rank;
+    config.alpha = engine.config().lora.scale * config.rank;
+    config.targets = engine.config().lora.targets;
+    write_text_atomically((fs::path(dir) / "adapter_config.json").string(), peft_adapter_config(config, options.base_model).dump(2) + "\n");
+  }
   world.barrier();
 }
 

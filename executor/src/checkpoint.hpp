@@ -84,10 +84,21 @@ struct ExportPlan {
   std::function<int(const std::string& unit, const std::string& slot, int piece)> owner_rank;
 };
 
+// What an export writes (--export-format, --export-lora).
+struct ExportOptions {
+  bool hugging_face = false;  // true: transformers' LlamaForCausalLM names and config.json; false: the executor's names and model document
+  bool merged = true;         // LoRA: the base weights with the adapters merged in (W + scale B A), under the base's names
+  bool adapters = false;      // LoRA: the adapters alone (PEFT's adapter_model.safetensors and adapter_config.json)
+  std::string base_model;     // LoRA: adapter_config.json's base_model_name_or_path
+};
+
 // Collective. Rank 0 writes `<dir>/model.safetensors` (float32, one whole tensor per parameter,
-// the TP pieces joined, pipeline stages and expert-parallel ranks gathered) and `<dir>/config.json` (the
-// trainplan/model/v1 document).
+// the TP pieces joined, pipeline stages and expert-parallel ranks gathered) and `<dir>/config.json`
+// (the trainplan/model/v1 document, or transformers' config with `hugging_face`); and, for a
+// LoRA run, `adapter_model.safetensors` and `adapter_config.json` (PEFT) when asked. Without LoRA
+// the model file is streamed one parameter at a time; with it rank 0 holds a block and its
+// adapters at once (merging needs both).
 void export_safetensors(const std::string& dir, DataParallelEngine& engine, Communicator& world, int64_t step,
-                        const ExportPlan& plan);
+                        const ExportPlan& plan, const ExportOptions& options = {});
 
 }  // namespace trainplan::executor

@@ -1,6 +1,7 @@
 #pragma once
-// Training data: deterministic synthetic sequences, or a flat token file (uint16 or uint32,
-// memory-mapped). The sampler is a pure function of (step, data-parallel rank, micro-batch), so
+// Training data: deterministic synthetic sequences, a flat token file (uint16 or uint32,
+// memory-mapped), or instruction-tuning examples (prompt and response, JSON Lines or a JSON array)
+// tokenised byte by byte or with a given vocabulary, the loss taken on the response tokens only. The sampler is a pure function of (step, data-parallel rank, micro-batch), so
 // every data-parallel rank reads distinct samples, a 1-rank run with the same global batch sees
 // the same samples, and a resumed run continues exactly where it stopped.
 
@@ -22,11 +23,17 @@ struct DataSpec {
   std::string source = "synthetic";  // "synthetic" or a path to a token file
   int token_bytes = 2;               // 2 (uint16) or 4 (uint32) for token files
   uint64_t seed = 1234;
+  // Instruction data (a source ending in .jsonl or .json): a vocabulary file (a JSON object of
+  // piece -> id, or a Hugging Face tokenizer.json, whose model.vocab is read); empty: byte-level.
+  std::string vocab;
 };
+
+// Targets that take no loss (instruction data: the prompt and the padding).
+constexpr int64_t kIgnoredTarget = -1;
 
 struct MicroBatch {
   at::Tensor tokens;   // [micro_batch, seq] int64
-  at::Tensor targets;  // [micro_batch, seq] int64: tokens shifted by one
+  at::Tensor targets;  // [micro_batch, seq] int64: tokens shifted by one, kIgnoredTarget where no loss is taken
 };
 
 class TokenSource;
@@ -43,6 +50,11 @@ class DataLoader {
   [[nodiscard]] MicroBatch micro_batch(int64_t step, int dp_rank, int dp, int64_t global_batch, int64_t micro_batch,
                                        int64_t micro_index, const at::Device& device);
   [[nodiscard]] std::string describe() const;
+  // Whether some targets are kIgnoredTarget (instruction data).
+  [[nodiscard]] bool masked() const;
+  // The targets that take a loss in step `step` over the whole global batch: the loss of a step is
+  // their mean, whichever rank holds them (the trainer divides by this, not by each rank's count).
+  [[nodiscard]] int64_t step_targets(int64_t step, int64_t global_batch);
 
  private:
   std::unique_ptr<TokenSource> source_;

@@ -1,6 +1,7 @@
 // The data-parallel engine (see engine.hpp for the stages and their state).
 
 #include "engine.hpp"
+#include "quantize.hpp"
 
 #include <chrono>
 #include <cmath>
@@ -61,10 +62,10 @@ struct BlockParams {
   std::vector<at::Tensor> sums;
 };
 BlockParams block_params(DataParallelEngine* e, std::size_t unit) {
-  BlockParams b{UnitViewsFn::apply(e->anchor(unit), engine_id(e), static_cast<int64_t>(unit)), e->grad_sums(unit)};
-  if (const int64_t experts = e->experts_of(unit); experts >= 0) {
+  BlockParams b{e->views_in_graph(unit), e->grad_sums(unit)};
+  if (const int64_t experts = e->companion_of(unit); experts >= 0) {
     const auto x = static_cast<std::size_t>(experts);
-    for (at::Tensor& v : UnitViewsFn::apply(e->anchor(x), engine_id(e), experts)) b.views.push_back(std::move(v));
+    for (at::Tensor& v : e->views_in_graph(x)) b.views.push_back(std::move(v));
     for (at::Tensor& g : e->grad_sums(x)) b.sums.push_back(std::move(g));
   }
   return b;
@@ -94,7 +95,9 @@ struct RecomputedBlockFn : torch::autograd::Function<RecomputedBlockFn> {
     DataParallelEngine* e = reinterpret_cast<DataParallelEngine*>(engine);
     ctx->saved_data["aux_scale"] = e->aux_scale();
     const auto u = static_cast<std::size_t>(unit);
-    const int64_t experts = e->experts_of(u);
+    const DropoutRun drop = e->dropout_run(e->layout()[u].layer);
+    if (drop.samples.defined()) ctx->saved_data["samples"] = drop.samples;  // the backward's recompute draws the same masks
+    const int64_t experts = e->companion_of(u);
     e->gather(u, +1);
     std::vector<at::Tensor> views = e->unit_views(u);
     if (experts >= 0) {
@@ -106,7 +109,7 @@ struct RecomputedBlockFn : torch::autograd::Function<RecomputedBlockFn> {
       torch::autograd::AutoGradMode no_grad(false);
       // No graph: no sums, no load-balancing gradient; MoE layers count here, not in the recompute.
       out = block_forward(e->model(), e->tp(), e->cp(), views, x, e->rotary(), AttentionRecompute::kNone, e->config().kernels, {},
-                          e->moe_run(0, &e->moe_tally()));
+                          e->moe_run(0, &e->moe_tally()), e->config().lora, drop);
     }
     e->release(u);
     if (experts >= 0) e->release(static_cast<std::size_t>(experts));
@@ -116,15 +119,18 @@ struct RecomputedBlockFn : torch::autograd::Function<RecomputedBlockFn> {
     DataParallelEngine* e = engine_of(ctx);
     const int64_t unit = ctx->saved_data["unit"].toInt();
     const auto u = static_cast<std::size_t>(unit);
-    const int64_t experts = e->experts_of(u);
+    const int64_t experts = e->companion_of(u);
     at::Tensor x = ctx->get_saved_variables()[0].detach().requires_grad_(true);
+    DropoutRun drop = e->dropout_run(e->layout()[u].layer);
+    if (ctx->saved_data.count("samples") != 0) drop.samples = ctx->saved_data["samples"].toTensor();
     if (experts >= 0) e->gather(static_cast<std::size_t>(experts), -1);
     e->gather(u, -1);
     {
       torch::autograd::AutoGradMode enable(true);
       const BlockParams params = block_params(e, u);
       const at::Tensor out = block_forward(e->model(), e->tp(), e->cp(), params.views, x, e->rotary(), AttentionRecompute::kNone,
-                                           e->config().kernels, params.sums, e->moe_run(ctx->saved_data["aux_scale"].toDouble(), nullptr));
+                                           e->config().kernels, params.sums, e->moe_run(ctx->saved_data["aux_scale"].toDouble(), nullptr),
+                                           e->config().lora, drop);
       torch::autograd::backward({out}, {grads[0]});
     }
     return {x.grad(), at::Tensor(), at::Tensor()};
@@ -148,6 +154,13 @@ class Unit {
   at::Tensor anchor;         // 0-dim leaf that makes the unit's views part of the graph
   bool gathered = true;
   std::unique_ptr<Work> gather_work;
+  bool frozen = false;       // LoRA's base: compute-dtype weights only (no master, gradient or moments)
+  // QLoRA's frozen blocks: the linear weights quantised (one entry per slot, codes undefined for
+  // the others), the other slots' values in the compute dtype; `full` holds the dequantised unit
+  // only while it runs.
+  bool quantized = false;
+  std::vector<QuantizedMatrix> quantized_slots;
+  std::vector<at::Tensor> plain_slots;
   std::vector<std::pair<int64_t, int64_t>> decay_ranges;  // (start, length) within the owned range
   std::vector<std::pair<int64_t, int64_t>> norm_ranges;   // owned elements this rank counts in the norm
   at::Tensor tied_grad;      // ZeRO-2/3 with a split tied embedding: the token table's gradient
@@ -155,6 +168,8 @@ class Unit {
   Communicator* replica_comm = nullptr;  // the ranks holding the same shard
 
   [[nodiscard]] at::Tensor owned_grad(int stage) const { return stage <= 1 ? grad.narrow(0, offset, shard) : grad; }
+  // The compute-dtype weights this rank keeps between uses: the whole unit, or its ZeRO-3 shard.
+  [[nodiscard]] at::Tensor kept_weights(int stage) const { return stage < 3 ? full : shard_param; }
 };
 
 struct DataParallelEngine::Pending {
@@ -190,6 +205,7 @@ DataParallelEngine::DataParallelEngine(const cm::ModelSpec& model, const EngineC
     expert_replica_comm_ = edp.split(expert_shard_comm_->rank(), edp.rank(), "expert-replica");
   }
   rotary_ = make_rotary(model, seq_len, config.device, config.compute_dtype);
+  positions_ = groups.cp.active() ? groups.cp.positions.to(config.device) : at::arange(seq_len, at::TensorOptions().dtype(at::kLong).device(config.device));
   if (groups.cp.active()) {  // the rows of this rank's tokens (context_parallel.hpp)
     const at::Tensor rows = groups.cp.positions.to(config.device);
     rotary_ = Rotary{rotary_.cos.index_select(0, rows), rotary_.sin.index_select(0, rows)};
@@ -198,6 +214,10 @@ DataParallelEngine::DataParallelEngine(const cm::ModelSpec& model, const EngineC
   const auto f32 = at::TensorOptions().dtype(at::kFloat).device(config.device);
   const auto compute = f32.dtype(config.compute_dtype);
   const bool fp32 = config.compute_dtype == at::kFloat;
+  // Optimizer offload: master and moments in host memory, pinned for asynchronous copies on GPUs.
+  const bool offload = config.offload_optimizer;
+  const auto state_options = offload ? at::TensorOptions().dtype(at::kFloat).device(at::kCPU).pinned_memory(config.device.is_cuda()) : f32;
+  int64_t largest_shard = 0;
   for (const UnitLayout& l : layout_) {
     auto u = std::make_unique<Unit>();
     u->layout = l;
@@ -209,23 +229,43 @@ DataParallelEngine::DataParallelEngine(const cm::ModelSpec& model, const EngineC
     u->shard = u->padded / shards;
     u->offset = u->shard_comm->rank() * u->shard;
     at::Tensor init = at::zeros({u->padded}, at::TensorOptions().dtype(at::kFloat));
-    init_unit(l, model, config.seed, init);
+    init_unit(l, model, config.seed, init, config.lora);
     const at::Tensor owned = init.narrow(0, u->offset, u->shard);
+    u->anchor = at::zeros({}, at::TensorOptions().dtype(at::kFloat)).requires_grad_(true);
+    if (l.frozen) {  // the compute copy alone
+      u->frozen = true;
+      if (config.quantized_base && l.kind == UnitKind::kBlock) {  // QLoRA: quantised, dequantised on use
+        u->quantized = true;
+        store_quantized(*u, init);
+        u->full = at::empty({u->padded}, compute);
+        free_storage(u->full);
+        u->gathered = false;
+      } else if (stage < 3) {
+        u->full = init.to(compute, false, true);
+      } else {
+        u->shard_param = owned.to(compute, false, true);
+        u->full = at::empty({u->padded}, compute);
+        free_storage(u->full);
+        u->gathered = false;
+      }
+      units_.push_back(std::move(u));
+      continue;
+    }
+    u->separate_master = !fp32 || offload;  // offloaded: a host copy even in fp32
     if (stage < 3) {
       u->full = init.to(compute, /*non_blocking=*/false, /*copy=*/true);
-      u->master = fp32 ? u->full.narrow(0, u->offset, u->shard) : owned.to(f32, false, true);
+      u->master = u->separate_master ? owned.to(state_options, false, true) : u->full.narrow(0, u->offset, u->shard);
     } else {
       u->shard_param = owned.to(compute, false, true);
-      u->master = fp32 ? u->shard_param : owned.to(f32, false, true);
+      u->master = u->separate_master ? owned.to(state_options, false, true) : u->shard_param;
       u->full = at::empty({u->padded}, compute);
       free_storage(u->full);
       u->gathered = false;
     }
-    u->separate_master = !fp32;
     u->grad = at::zeros({stage <= 1 ? u->padded : u->shard}, f32);
-    u->exp_avg = at::zeros({u->shard}, f32);
-    u->exp_avg_sq = at::zeros({u->shard}, f32);
-    u->anchor = at::zeros({}, at::TensorOptions().dtype(at::kFloat)).requires_grad_(true);
+    u->exp_avg = at::zeros({u->shard}, state_options);
+    u->exp_avg_sq = at::zeros({u->shard}, state_options);
+    largest_shard = std::max(largest_shard, u->shard);
     const bool counts = u->replica_comm->rank() == 0;  // replicas hold the same gradient shard
     for (const ParamSlot& slot : l.slots) {
       const int64_t begin = std::max(slot.offset, u->offset), end = std::min(slot.offset + slot.numel, u->offset + u->shard);
@@ -235,11 +275,38 @@ DataParallelEngine::DataParallelEngine(const cm::ModelSpec& model, const EngineC
     }
     units_.push_back(std::move(u));
   }
+  if (offload) staging_ = at::empty({largest_shard}, state_options);
 }
 
-DataParallelEngine::~DataParallelEngine() = default;
+DataParallelEngine::~DataParallelEngine() {
+  if (offload_thread_.joinable()) offload_thread_.join();
+}
+
+void DataParallelEngine::set_step_samples(int64_t first_sample, int64_t micro_batch) {
+  first_sample_ = first_sample;
+  micro_batch_size_ = micro_batch;
+  begin_micro_batch(0);
+}
+
+void DataParallelEngine::begin_micro_batch(int micro_batch) {
+  if (config_.hidden_dropout <= 0 && config_.lora_dropout <= 0) return;
+  const int64_t first = first_sample_ + static_cast<int64_t>(micro_batch) * micro_batch_size_;
+  samples_ = at::arange(first, first + micro_batch_size_, at::TensorOptions().dtype(at::kLong).device(config_.device));
+}
+
+DropoutRun DataParallelEngine::dropout_run(int layer) const {
+  DropoutRun run;
+  run.hidden = config_.hidden_dropout;
+  run.lora = config_.lora_dropout;
+  run.seed = config_.seed;
+  run.samples = samples_;
+  run.positions = positions_;
+  run.layer = layer;
+  return run;
+}
 
 std::vector<at::Tensor> DataParallelEngine::unit_views(std::size_t unit) {
+  await_update(unit);
   Unit& u = *units_[unit];
   std::vector<at::Tensor> views;
   const at::Tensor base = u.full.variable_data();
@@ -249,35 +316,69 @@ std::vector<at::Tensor> DataParallelEngine::unit_views(std::size_t unit) {
 
 at::Tensor DataParallelEngine::anchor(std::size_t unit) { return units_[unit]->anchor; }
 
+std::vector<at::Tensor> DataParallelEngine::views_in_graph(std::size_t unit) {
+  if (units_[unit]->frozen) return unit_views(unit);
+  return UnitViewsFn::apply(anchor(unit), engine_id(this), static_cast<int64_t>(unit));
+}
+
+bool DataParallelEngine::gathered_on_use(std::size_t unit) const { return config_.zero_stage == 3 || units_[unit]->quantized; }
+
+void DataParallelEngine::store_quantized(Unit& u, const at::Tensor& values) {
+  u.quantized_slots.assign(u.layout.slots.size(), QuantizedMatrix{});
+  u.plain_slots.assign(u.layout.slots.size(), at::Tensor());
+  const auto compute = at::TensorOptions().dtype(config_.compute_dtype).device(config_.device);
+  for (std::size_t k = 0; k < u.layout.slots.size(); ++k) {
+    const ParamSlot& s = u.layout.slots[k];
+    const at::Tensor v = values.narrow(0, s.offset, s.numel).to(config_.device).view(s.shape);
+    if (s.shape.size() == 2) u.quantized_slots[k] = quantize(v, *config_.quantized_base);  // the block's linear weights
+    else u.plain_slots[k] = v.to(compute, false, true);
+  }
+}
+
 bool DataParallelEngine::recompute_block(int layer) const {
   if (config_.recompute != cm::Recompute::kFull) return false;
   return config_.recompute_layers == 0 || layer < config_.recompute_layers;
 }
 
 void DataParallelEngine::gather(std::size_t unit, int prefetch_direction) {
-  if (config_.zero_stage != 3) return;
-  const auto start_gather = [&](Unit& u) {
+  if (!gathered_on_use(unit)) return;
+  const auto start_gather = [&](std::size_t index) {
+    await_update(index);  // an offloaded update's new shard
+    Unit& u = *units_[index];
+    if (u.quantized) {  // dequantised into the compute dtype, at once
+      allocate_storage(u.full, static_cast<std::size_t>(u.padded) * u.full.element_size());
+      for (std::size_t k = 0; k < u.layout.slots.size(); ++k) {
+        const ParamSlot& s = u.layout.slots[k];
+        at::Tensor dst = u.full.narrow(0, s.offset, s.numel);
+        if (u.quantized_slots[k].codes.defined()) dequantize_into(u.quantized_slots[k], dst);
+        else dst.copy_(u.plain_slots[k].reshape({-1}));
+      }
+      u.gathered = true;
+      return;
+    }
     PhaseScope scope(timer_, Phase::kDataParallelWait);
     allocate_storage(u.full, static_cast<std::size_t>(u.padded) * u.full.element_size());
     u.gather_work = u.shard_comm->all_gather(u.shard_param, u.full);
   };
   Unit& u = *units_[unit];
   if (!u.gathered) {
-    if (!u.gather_work) start_gather(u);
-    PhaseScope scope(timer_, Phase::kDataParallelWait);
-    u.gather_work->wait();
-    u.gather_work.reset();
+    if (!u.gather_work) start_gather(unit);
+    if (u.gather_work) {
+      PhaseScope scope(timer_, Phase::kDataParallelWait);
+      u.gather_work->wait();
+      u.gather_work.reset();
+    }
     u.gathered = true;
   }
   const auto next = static_cast<int64_t>(unit) + prefetch_direction;
-  if (config_.prefetch && next >= 0 && next < static_cast<int64_t>(units_.size())) {
+  if (config_.prefetch && config_.zero_stage == 3 && next >= 0 && next < static_cast<int64_t>(units_.size())) {
     Unit& n = *units_[static_cast<std::size_t>(next)];
-    if (!n.gathered && !n.gather_work) start_gather(n);
+    if (!n.gathered && !n.gather_work) start_gather(static_cast<std::size_t>(next));
   }
 }
 
 void DataParallelEngine::release(std::size_t unit) {
-  if (config_.zero_stage != 3) return;
+  if (!gathered_on_use(unit)) return;
   Unit& u = *units_[unit];
   if (u.gather_work) {
     u.gather_work->wait();
@@ -287,11 +388,25 @@ void DataParallelEngine::release(std::size_t unit) {
   u.gathered = false;
 }
 
-void DataParallelEngine::before_unit_backward(std::size_t unit) { gather(unit, -1); }
+// Frozen units have no gradients to announce the end of their backward (on_unit_gradients
+// releases the others): a frozen unit gathered for backward is released once the backward of a
+// unit before it begins, or at the end of the micro-batch's backward.
+void DataParallelEngine::release_frozen_after(int64_t unit) {
+  for (auto i = static_cast<std::size_t>(unit + 1); i < units_.size(); ++i) {
+    if (units_[i]->frozen && gathered_on_use(i) && (units_[i]->gathered || units_[i]->gather_work)) release(i);
+  }
+}
 
-int64_t DataParallelEngine::experts_of(std::size_t unit) const {
+void DataParallelEngine::before_unit_backward(std::size_t unit) {
+  release_frozen_after(static_cast<int64_t>(unit));
+  gather(unit, -1);
+}
+
+int64_t DataParallelEngine::companion_of(std::size_t unit) const {
   const std::size_t next = unit + 1;
-  return next < units_.size() && units_[next]->layout.kind == UnitKind::kExperts ? static_cast<int64_t>(next) : -1;
+  if (next >= units_.size()) return -1;
+  const UnitKind kind = units_[next]->layout.kind;
+  return kind == UnitKind::kExperts || kind == UnitKind::kAdapters ? static_cast<int64_t>(next) : -1;
 }
 
 // A block, and the experts unit after it when it is an MoE layer: block_forward takes the
@@ -300,14 +415,14 @@ at::Tensor DataParallelEngine::run_unit_forward(std::size_t unit, const at::Tens
   const int64_t id = engine_id(this), index = static_cast<int64_t>(unit);
   const int layer = units_[unit]->layout.layer;
   if (recompute_block(layer)) return RecomputedBlockFn::apply(x, id, index);
-  const int64_t experts = experts_of(unit);
+  const int64_t experts = companion_of(unit);
   gather(unit, +1);
   if (experts >= 0) gather(static_cast<std::size_t>(experts), +1);
   const BlockParams params = block_params(this, unit);
   const auto attention = config_.recompute == cm::Recompute::kSelective ? AttentionRecompute::kSelective : AttentionRecompute::kNone;
   at::Tensor y = block_forward(model_, groups_.tp, groups_.cp, params.views, x, rotary_, attention, config_.kernels, params.sums,
-                               moe_run(aux_scale_, &moe_tally_));
-  if (config_.zero_stage == 3) {
+                               moe_run(aux_scale_, &moe_tally_), config_.lora, dropout_run(layer));
+  if (gathered_on_use(unit)) {
     y = BeforeBackwardFn::apply(y, id, index);
     if (experts >= 0) y = BeforeBackwardFn::apply(y, id, experts);  // runs first: the experts' backward comes first
   }
@@ -330,9 +445,13 @@ at::Tensor DataParallelEngine::forward_chunk(int chunk, const at::Tensor& input,
     switch (units_[i]->layout.kind) {
       case UnitKind::kEmbedding: {
         gather(i, +1);
-        embedding = UnitViewsFn::apply(anchor(i), id, index);
+        embedding = views_in_graph(i);
         const std::vector<at::Tensor> sums = grad_sums(i);
         x = embedding_forward(model_, groups_.tp, groups_.cp, embedding, input, sums.empty() ? at::Tensor() : sums.front());
+        if (const DropoutRun drop = dropout_run(-1); drop.active() && drop.hidden > 0) {
+          const at::Tensor rows = groups_.tp.sharded_sequence() ? positions_.narrow(0, groups_.tp.rank() * x.size(1), x.size(1)) : positions_;
+          x = dropout(x, drop, drop.hidden, dropout_site(-1, static_cast<uint64_t>(DropoutSite::kEmbedding)), rows, 0);
+        }
         if (stage3) x = BeforeBackwardFn::apply(x, id, index);
         embedding_unit = i;
         if (!local_tied_) release(i);
@@ -342,10 +461,10 @@ at::Tensor DataParallelEngine::forward_chunk(int chunk, const at::Tensor& input,
       case UnitKind::kExperts: break;  // with its block
       case UnitKind::kHead: {
         gather(i, +1);
-        const variable_list head_params = UnitViewsFn::apply(anchor(i), id, index);
+        const variable_list head_params = views_in_graph(i);
         const at::Tensor& output_weight = local_tied_ ? embedding[0] : head_params.back();
         const at::Tensor loss = head_loss(model_, groups_.tp, head_params, output_weight, x, targets, config_.kernels,
-                                          output_weight_grad_sum(local_tied_ ? embedding_unit : i), loss_multiplier);
+                                          output_weight_grad_sum(local_tied_ ? embedding_unit : i), loss_multiplier, loss_denominator_);
         at::Tensor scaled = loss * loss_multiplier;
         if (stage3) {
           scaled = BeforeBackwardFn::apply(scaled, id, index);
@@ -373,6 +492,7 @@ bool DataParallelEngine::fused_accumulation() const {
 std::vector<at::Tensor> DataParallelEngine::grad_sums(std::size_t unit) {
   if (!fused_accumulation()) return {};
   Unit& u = *units_[unit];
+  if (u.frozen) return std::vector<at::Tensor>(u.layout.slots.size());
   std::vector<at::Tensor> views;
   for (const ParamSlot& s : u.layout.slots) views.push_back(u.grad.narrow(0, s.offset, s.numel).view(s.shape));
   return views;
@@ -388,7 +508,10 @@ at::Tensor DataParallelEngine::output_weight_grad_sum(std::size_t unit) {
 
 void DataParallelEngine::backward_begin(bool last) { last_micro_batch_ = last; }
 
-void DataParallelEngine::backward_end() { drain(); }
+void DataParallelEngine::backward_end() {
+  drain();
+  release_frozen_after(-1);
+}
 
 int DataParallelEngine::tied_slot(std::size_t unit) const {
   if (groups_.tied == nullptr || groups_.tied->size() == 1 || !model_.tied_embeddings) return -1;
@@ -423,13 +546,15 @@ void DataParallelEngine::finish_step() {
   if (stage >= 2) {
     std::vector<std::unique_ptr<Work>> works;
     for (auto& u : units_) {
-      if (u->replica_comm->size() > 1) works.push_back(u->replica_comm->all_reduce_sum(u->grad));
+      if (!u->frozen && u->replica_comm->size() > 1) works.push_back(u->replica_comm->all_reduce_sum(u->grad));
     }
     for (auto& w : works) w->wait();
   }
   if (dp_.size() > 1) {
     const double inverse = 1.0 / dp_.size();
-    for (auto& u : units_) u->owned_grad(stage).mul_(inverse);
+    for (auto& u : units_) {
+      if (!u->frozen) u->owned_grad(stage).mul_(inverse);
+    }
   }
 }
 
@@ -516,6 +641,7 @@ double DataParallelEngine::gradient_norm() {
   // the device and read once (one host synchronisation per step).
   std::vector<at::Tensor> parts;
   for (auto& u : units_) {
+    if (u->frozen) continue;
     const at::Tensor g = u->owned_grad(config_.zero_stage);
     for (const auto& [start, length] : u->norm_ranges) parts.push_back(g.narrow(0, start, length));
   }
@@ -528,6 +654,7 @@ bool DataParallelEngine::gradients_finite() {
   double bad = 0;
   at::Tensor count;
   for (auto& u : units_) {
+    if (u->frozen) continue;
     const at::Tensor part = at::isfinite(u->owned_grad(config_.zero_stage)).logical_not().sum();
     count = count.defined() ? count + part : part;
   }
@@ -535,7 +662,104 @@ bool DataParallelEngine::gradients_finite() {
   return all_reduce_scalar(*groups_.world, bad) == 0;
 }
 
+void DataParallelEngine::offloaded_update(std::size_t index, const AdamWSettings& a, double lr, double gradient_multiplier, int64_t step) {
+  Unit& u = *units_[index];
+  if (u.frozen) return;
+  at::Tensor grad = staging_.narrow(0, 0, u.shard);
+  grad.copy_(u.owned_grad(config_.zero_stage));  // device to host (a memcpy on CPU ranks)
+  u.grad.zero_();
+  if (config_.kernels == Kernels::kFused) {
+    std::vector<at::Tensor> lists[2][4];  // [decay?][param, grad, exp_avg, exp_avg_sq]
+    int64_t at_element = 0;
+    const auto add = [&](int decay, int64_t start, int64_t length) {
+      if (length <= 0) return;
+      for (auto [k, t] : {std::pair<int, at::Tensor*>{0, &u.master}, {1, &grad}, {2, &u.exp_avg}, {3, &u.exp_avg_sq}}) {
+        lists[decay][k].push_back(t->narrow(0, start, length));
+      }
+    };
+    for (const auto& [start, length] : u.decay_ranges) {
+      add(0, at_element, start - at_element);
+      add(1, start, length);
+      at_element = start + length;
+    }
+    add(0, at_element, u.shard - at_element);
+    const auto host = at::TensorOptions().dtype(at::kFloat);
+    const at::Tensor step_tensor = at::full({}, static_cast<double>(step), host);
+    const at::Tensor grad_scale = at::full({}, 1.0 / gradient_multiplier, host);
+    for (int decay = 0; decay < 2; ++decay) {
+      if (lists[decay][0].empty()) continue;
+      const std::vector<at::Tensor> steps(lists[decay][0].size(), step_tensor);
+      at::_fused_adamw_(lists[decay][0], lists[decay][1], lists[decay][2], lists[decay][3], {}, steps, lr, a.beta1, a.beta2,
+                        decay ? a.weight_decay : 0.0, a.eps, false, false, grad_scale, std::nullopt);
+    }
+  } else {  // the plain update of optimizer_step
+    const double bc1 = 1.0 - std::pow(a.beta1, static_cast<double>(step));
+    const double bc2 = 1.0 - std::pow(a.beta2, static_cast<double>(step));
+    const at::Tensor g = grad * gradient_multiplier;
+    u.exp_avg.mul_(a.beta1).add_(g, 1.0 - a.beta1);
+    u.exp_avg_sq.mul_(a.beta2).addcmul_(g, g, 1.0 - a.beta2);
+    const at::Tensor denom = (u.exp_avg_sq.sqrt() / std::sqrt(bc2)).add_(a.eps);
+    for (const auto& [start, length] : u.decay_ranges) u.master.narrow(0, start, length).mul_(1.0 - lr * a.weight_decay);
+    u.master.addcdiv_(u.exp_avg, denom, -lr / bc1);
+  }
+  // Host to device: ZeRO-0 the whole unit, ZeRO-3 the shard; ZeRO-1/2 gather in refresh_compute_copies.
+  if (config_.zero_stage == 0) u.full.copy_(u.master);
+  else if (config_.zero_stage == 3) u.shard_param.copy_(u.master);
+}
+
+void DataParallelEngine::await_update(std::size_t unit) {
+  if (!offload_thread_.joinable()) return;
+  std::unique_lock<std::mutex> lock(offload_mutex_);
+  offload_cv_.wait(lock, [&] { return offload_ready_ > unit || offload_error_; });
+  if (offload_error_) {
+    lock.unlock();
+    finish_offload();
+  }
+}
+
+void DataParallelEngine::finish_offload() {
+  if (!offload_thread_.joinable()) return;
+  offload_thread_.join();
+  if (offload_error_) {
+    std::exception_ptr error = offload_error_;
+    offload_error_ = nullptr;
+    std::rethrow_exception(error);
+  }
+}
+
 void DataParallelEngine::optimizer_step(const AdamWSettings& a, double lr, double gradient_multiplier, int64_t step) {
+  if (config_.offload_optimizer) {
+    finish_offload();
+    if (config_.device.is_cuda()) (void)units_.front()->anchor.cpu();  // the gradients are complete
+    if (config_.zero_stage == 1 || config_.zero_stage == 2) {
+      for (std::size_t i = 0; i < units_.size(); ++i) offloaded_update(i, a, lr, gradient_multiplier, step);
+      refresh_compute_copies();
+      offload_zeroes_ = true;
+      return;
+    }
+    offload_ready_ = 0;
+    offload_zeroes_ = true;
+    offload_thread_ = std::thread([this, a, lr, gradient_multiplier, step] {
+      try {
+        at::NoGradGuard no_grad;
+        for (std::size_t i = 0; i < units_.size(); ++i) {
+          offloaded_update(i, a, lr, gradient_multiplier, step);
+          {
+            std::lock_guard<std::mutex> lock(offload_mutex_);
+            offload_ready_ = i + 1;
+          }
+          offload_cv_.notify_all();
+        }
+      } catch (...) {
+        {
+          std::lock_guard<std::mutex> lock(offload_mutex_);
+          offload_error_ = std::current_exception();
+        }
+        offload_cv_.notify_all();
+      }
+    });
+    return;
+  }
   if (config_.kernels == Kernels::kFused) {
     fused_optimizer_step(a, lr, gradient_multiplier, step);
     refresh_compute_copies();
@@ -545,6 +769,7 @@ void DataParallelEngine::optimizer_step(const AdamWSettings& a, double lr, doubl
   const double bc2 = 1.0 - std::pow(a.beta2, static_cast<double>(step));
   for (auto& up : units_) {
     Unit& u = *up;
+    if (u.frozen) continue;
     const at::Tensor g = u.owned_grad(config_.zero_stage) * gradient_multiplier;
     u.exp_avg.mul_(a.beta1).add_(g, 1.0 - a.beta1);
     u.exp_avg_sq.mul_(a.beta2).addcmul_(g, g, 1.0 - a.beta2);
@@ -569,6 +794,7 @@ void DataParallelEngine::fused_optimizer_step(const AdamWSettings& a, double lr,
   const at::Tensor step_tensor = at::full({}, static_cast<double>(step), options);
   for (auto& up : units_) {
     Unit& u = *up;
+    if (u.frozen) continue;
     const at::Tensor g = u.owned_grad(config_.zero_stage);
     int64_t at_element = 0;
     const auto add = [&](Lists& l, int64_t start, int64_t length) {
@@ -599,10 +825,11 @@ void DataParallelEngine::refresh_compute_copies() {
   std::vector<std::pair<std::unique_ptr<Work>, at::Tensor>> gathers;
   for (auto& up : units_) {
     Unit& u = *up;
+    if (u.frozen) continue;
     if (stage == 0) {
       if (u.separate_master) u.full.copy_(u.master);
     } else if (stage < 3) {
-      at::Tensor mine = u.master.to(u.full.scalar_type(), false, /*copy=*/true);
+      at::Tensor mine = u.master.to(u.full.options(), false, /*copy=*/true);  // to the device too, when offloaded
       gathers.emplace_back(u.shard_comm->all_gather(mine, u.full), mine);
     } else if (u.separate_master) {
       u.shard_param.copy_(u.master);
@@ -612,22 +839,36 @@ void DataParallelEngine::refresh_compute_copies() {
 }
 
 void DataParallelEngine::zero_gradients() {
-  for (auto& u : units_) u->grad.zero_();
+  if (offload_zeroes_) {  // the offloaded update zeroed each unit's after reading it
+    offload_zeroes_ = false;
+    return;
+  }
+  for (auto& u : units_) {
+    if (!u->frozen) u->grad.zero_();
+  }
 }
 
 StateBytes DataParallelEngine::state_bytes() const {
   StateBytes b;
+  const auto bytes = [](const at::Tensor& t) { return static_cast<double>(t.numel()) * t.element_size(); };
   for (const auto& up : units_) {
     const Unit& u = *up;
-    const auto bytes = [](const at::Tensor& t) { return static_cast<double>(t.numel()) * t.element_size(); };
-    b.weights += config_.zero_stage < 3 ? bytes(u.full) : bytes(u.shard_param);
+    if (u.quantized) {
+      for (const QuantizedMatrix& q : u.quantized_slots) b.weights += q.bytes();
+      for (const at::Tensor& t : u.plain_slots) b.weights += t.defined() ? bytes(t) : 0.0;
+      continue;
+    }
+    b.weights += bytes(u.kept_weights(config_.zero_stage));
+    if (u.frozen) continue;
     b.gradients += bytes(u.grad);
-    b.optimizer += bytes(u.exp_avg) + bytes(u.exp_avg_sq) + (u.separate_master ? bytes(u.master) : 0.0);
+    (config_.offload_optimizer ? b.host : b.optimizer) += bytes(u.exp_avg) + bytes(u.exp_avg_sq) + (u.separate_master ? bytes(u.master) : 0.0);
   }
+  if (staging_.defined()) b.host += bytes(staging_);
   return b;
 }
 
 std::vector<DataParallelEngine::StatePart> DataParallelEngine::state_parts() {
+  finish_offload();
   StatePart dense{config_.shard_prefix, shard_comm_->rank(), replica_comm_->rank() == 0, {}};
   StatePart experts;
   if (expert_shard_comm_) {
@@ -636,6 +877,7 @@ std::vector<DataParallelEngine::StatePart> DataParallelEngine::state_parts() {
     experts = StatePart{config_.shard_prefix + prefix, expert_shard_comm_->rank(), expert_replica_comm_->rank() == 0, {}};
   }
   for (auto& u : units_) {
+    if (u->frozen) continue;  // LoRA: a checkpoint holds the adapters; the base comes from where it was loaded
     (u->layout.kind == UnitKind::kExperts ? experts : dense).states.push_back(OwnedState{u->master, u->exp_avg, u->exp_avg_sq});
   }
   std::vector<StatePart> parts{std::move(dense)};
@@ -650,11 +892,44 @@ int64_t DataParallelEngine::shard_numel(std::size_t unit) const { return units_[
 void DataParallelEngine::load_masters_done() { refresh_compute_copies(); }
 
 at::Tensor DataParallelEngine::full_master(std::size_t unit) {
+  finish_offload();
   Unit& u = *units_[unit];
-  if (u.shard_comm->size() == 1) return u.master.narrow(0, 0, u.layout.numel);
-  at::Tensor out = at::empty({u.padded}, u.master.options());
-  u.shard_comm->all_gather(u.master.contiguous(), out)->wait();
+  if (u.quantized) {  // the dequantised weights
+    at::Tensor out = at::zeros({u.layout.numel}, at::TensorOptions().dtype(at::kFloat).device(config_.device));
+    for (std::size_t k = 0; k < u.layout.slots.size(); ++k) {
+      const ParamSlot& s = u.layout.slots[k];
+      at::Tensor dst = out.narrow(0, s.offset, s.numel);
+      if (u.quantized_slots[k].codes.defined()) dequantize_into(u.quantized_slots[k], dst);
+      else dst.copy_(u.plain_slots[k].reshape({-1}));
+    }
+    return out;
+  }
+  const at::Tensor owned = u.frozen ? u.kept_weights(config_.zero_stage).narrow(0, u.offset * (config_.zero_stage < 3), u.shard).to(at::kFloat)
+                                    : u.master.to(config_.device);  // offloaded: from the host
+  if (u.shard_comm->size() == 1) return owned.narrow(0, 0, u.layout.numel);
+  at::Tensor out = at::empty({u.padded}, owned.options());
+  u.shard_comm->all_gather(owned.contiguous(), out)->wait();
   return out.narrow(0, 0, u.layout.numel);
+}
+
+void DataParallelEngine::load_unit(std::size_t unit, const at::Tensor& values) {
+  finish_offload();
+  Unit& u = *units_[unit];
+  if (values.numel() != u.layout.numel) {
+    throw std::logic_error("load_unit: " + u.layout.name + " has " + std::to_string(u.layout.numel) + " elements, got " +
+                           std::to_string(values.numel()));
+  }
+  at::Tensor padded = at::zeros({u.padded}, values.options().dtype(at::kFloat));
+  padded.narrow(0, 0, u.layout.numel).copy_(values.reshape({-1}));
+  const at::Tensor owned = padded.narrow(0, u.offset, u.shard);
+  if (u.quantized) {
+    store_quantized(u, padded);
+  } else if (u.frozen) {
+    if (config_.zero_stage < 3) u.full.copy_(padded);
+    else u.shard_param.copy_(owned);
+  } else {
+    u.master.copy_(owned);
+  }
 }
 
 }  // namespace trainplan::executor

@@ -19,8 +19,13 @@
 // of backward. Master weights, gradients and AdamW moments are float32; the compute copy is the
 // plan's precision (fp32, bf16 or fp16).
 
+#include <condition_variable>
 #include <cstdint>
+#include <exception>
 #include <memory>
+#include <mutex>
+#include <optional>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -59,6 +64,15 @@ struct EngineConfig {
   at::Device device = at::kCPU;
   uint64_t seed = 1234;
   std::string shard_prefix;       // checkpoint shard files of this TP/PP position ("pp01_tp00_")
+  LoraSpec lora;                  // LoRA: the units' layout has frozen base units and adapters units (model.hpp)
+  double hidden_dropout = 0;      // dropout.hpp: the embedding's and every block's residual branches
+  double lora_dropout = 0;        // and the adapters' inputs
+  // ZeRO-Offload (Ren et al. 2021): the float32 master weights and AdamW moments of this rank's
+  // shards live in host memory (pinned on a GPU run), the update runs on the CPU; see optimizer_step.
+  bool offload_optimizer = false;
+  // QLoRA: the frozen blocks' linear weights stored in this format (quantize.hpp), dequantised
+  // into the compute dtype while their block runs (gathered and released as ZeRO-3 units are).
+  std::optional<costmodel::QuantFormat> quantized_base;
 };
 
 struct AdamWSettings {
@@ -69,6 +83,7 @@ struct AdamWSettings {
 // optimizer, ZeRO accounting: a separate fp32 master copy counts as optimizer state).
 struct StateBytes {
   double weights = 0, gradients = 0, optimizer = 0;
+  double host = 0;  // optimizer offload: the master weights and moments in host memory, and the gradient staging buffer
 };
 
 // The owned part of one unit's optimizer state (checkpoint shards).
@@ -97,6 +112,16 @@ class DataParallelEngine {
   [[nodiscard]] at::Tensor forward_chunk(int chunk, const at::Tensor& input, const at::Tensor& targets,
                                          double loss_multiplier, at::Tensor* loss);
   [[nodiscard]] int chunks() const { return static_cast<int>(chunk_ranges_.size()); }
+  // Dropout's coordinates (dropout.hpp): this step's first sequence on this rank and the
+  // micro-batch size, then, before each forward, the micro-batch's index in the step.
+  void set_step_samples(int64_t first_sample, int64_t micro_batch);
+  void begin_micro_batch(int micro_batch);
+  // Masked targets (instruction data): each micro-batch's loss is the sum over its targets that
+  // take a loss divided by this (data.hpp step_targets / (dp x cp x accumulation), so that the
+  // step's loss is the mean over the whole global batch's); 0: the mean over its tokens.
+  void set_loss_denominator(double denominator) { loss_denominator_ = denominator; }
+  // What block `layer`'s forward draws its masks from (inactive without dropout).
+  [[nodiscard]] DropoutRun dropout_run(int layer) const;
   // Around the autograd backward of one chunk's micro-batch: `last` marks the chunk's last
   // micro-batch of the step (gradient reductions start during it); end waits for the reductions.
   void backward_begin(bool last);
@@ -111,7 +136,14 @@ class DataParallelEngine {
   [[nodiscard]] bool gradients_finite();
   // AdamW on the owned shards with gradients multiplied by `gradient_multiplier` (clipping and
   // loss-scale removal), then the compute copies refreshed. `step` counts from 1.
+  // With optimizer offload each unit's gradient goes to a host staging buffer, the CPU updates the
+  // host master and moments, and the new weights go back to the device, unit by unit in forward
+  // order. Under ZeRO-0 and ZeRO-3 (no collective in the refresh) this runs on a thread of its
+  // own and the call returns at once: the next step's forward waits for each unit's update only
+  // when it reaches that unit, so the CPU updates later units while the device computes earlier
+  // ones. ZeRO-1/2 all-gather the new weights, a collective, so the update finishes in the call.
   void optimizer_step(const AdamWSettings& settings, double lr, double gradient_multiplier, int64_t step);
+  // Zeroes the gradients (an offloaded update zeroes each unit's after reading it).
   void zero_gradients();
 
   [[nodiscard]] StateBytes state_bytes() const;
@@ -139,7 +171,12 @@ class DataParallelEngine {
   [[nodiscard]] int64_t shard_numel(std::size_t unit) const;
   // After master weights were loaded: refresh the compute copies.
   void load_masters_done();
-  // The full float32 master weights of one unit (unpadded), on every rank of its shard group.
+  // Sets unit `unit`'s values from `values` (float32, unit.numel elements: this rank's TP pieces
+  // in slot order, as init_unit writes them): the owned range of the master weights, or of a
+  // frozen unit's compute-dtype weights. Call load_masters_done() after the last one.
+  void load_unit(std::size_t unit, const at::Tensor& values);
+  // The full float32 master weights of one unit (unpadded), on every rank of its shard group; a
+  // frozen unit's are its compute-dtype weights, widened.
   [[nodiscard]] at::Tensor full_master(std::size_t unit);
 
   // Callbacks from the autograd functions (not for other callers).
@@ -149,8 +186,12 @@ class DataParallelEngine {
   void release(std::size_t unit);
   [[nodiscard]] std::vector<at::Tensor> unit_views(std::size_t unit);
   [[nodiscard]] at::Tensor anchor(std::size_t unit);
-  // The experts unit that follows block `unit` (an MoE layer), or -1.
-  [[nodiscard]] int64_t experts_of(std::size_t unit) const;
+  // The unit that runs with block `unit`, right after it: its experts (an MoE layer) or its LoRA
+  // adapters; -1 when none.
+  [[nodiscard]] int64_t companion_of(std::size_t unit) const;
+  // A unit's parameter views as block_forward takes them: through UnitViewsFn (their gradients
+  // reach on_unit_gradients), or plain tensors for a frozen unit.
+  [[nodiscard]] std::vector<at::Tensor> views_in_graph(std::size_t unit);
   // How block forwards run their MoE layers: `tally` null in a recompute pass.
   [[nodiscard]] MoeRun moe_run(double aux_scale, MoeTally* tally) const { return MoeRun{aux_scale, tally, groups_.ep, config_.kernels, groups_.cp.comm}; }
   [[nodiscard]] const costmodel::ModelSpec& model() const { return model_; }
@@ -162,8 +203,8 @@ class DataParallelEngine {
   // (coefficient x loss multiplier), and what the MoE layers counted since the last reset.
   [[nodiscard]] double aux_scale() const { return aux_scale_; }
   [[nodiscard]] MoeTally& moe_tally() { return moe_tally_; }
-  // The float32 gradient sums the fused path adds into, one per slot of the unit; empty where the
-  // fusion does not apply (engine.cpp fused_accumulation).
+  // The float32 gradient sums the fused path adds into, one per slot of the unit (undefined for a
+  // frozen unit's); empty where the fusion does not apply (engine.cpp fused_accumulation).
   [[nodiscard]] std::vector<at::Tensor> grad_sums(std::size_t unit);
 
  private:
@@ -176,6 +217,14 @@ class DataParallelEngine {
   [[nodiscard]] bool fused_accumulation() const;
   [[nodiscard]] at::Tensor output_weight_grad_sum(std::size_t unit);
   void refresh_compute_copies();
+  void release_frozen_after(int64_t unit);
+  // Whether a unit's weights are materialised only while it runs (ZeRO-3, or quantised).
+  [[nodiscard]] bool gathered_on_use(std::size_t unit) const;
+  void store_quantized(Unit& u, const at::Tensor& values);
+  // Optimizer offload (optimizer_step).
+  void offloaded_update(std::size_t unit, const AdamWSettings& settings, double lr, double gradient_multiplier, int64_t step);
+  void await_update(std::size_t unit);  // until the running offloaded update has reached `unit`
+  void finish_offload();                // until it has finished (rethrows its error)
   void fused_optimizer_step(const AdamWSettings& settings, double lr, double gradient_multiplier, int64_t step);
 
   costmodel::ModelSpec model_;
@@ -196,6 +245,17 @@ class DataParallelEngine {
   PhaseTimer* timer_ = nullptr;
   double aux_scale_ = 0;
   MoeTally moe_tally_;
+  int64_t first_sample_ = 0, micro_batch_size_ = 0;
+  double loss_denominator_ = 0;
+  at::Tensor samples_;    // the current micro-batch's sequences (dropout)
+  at::Tensor positions_;  // this rank's token positions per sequence
+  at::Tensor staging_;    // optimizer offload: host float32, the largest owned gradient shard
+  std::thread offload_thread_;
+  std::mutex offload_mutex_;
+  std::condition_variable offload_cv_;
+  std::size_t offload_ready_ = 0;  // units the running update has finished
+  std::exception_ptr offload_error_;
+  bool offload_zeroes_ = false;    // the running update zeroes the gradients
 };
 
 }  // namespace trainplan::executor

@@ -128,6 +128,13 @@ std::optional<at::Tensor> checked_sum(const at::Tensor& sum, const at::Tensor& w
 void keep_sum(AutogradContext* ctx, const std::string& key, const std::optional<at::Tensor>& sum) {
   if (sum.has_value()) ctx->saved_data[key] = *sum;
 }
+
+// Frozen weights (LoRA's base, model.hpp) need no gradient: forward notes which of its weights
+// require none, and backward skips their weight-gradient GEMMs.
+void note_frozen(AutogradContext* ctx, const std::string& key, const at::Tensor& weight) {
+  if (!weight.requires_grad()) ctx->saved_data[key] = true;
+}
+bool frozen(AutogradContext* ctx, const std::string& key) { return ctx->saved_data.count(key) != 0; }
 std::optional<at::Tensor> kept_sum(AutogradContext* ctx, const std::string& key) {
   const auto found = ctx->saved_data.find(key);
   if (found == ctx->saved_data.end()) return std::nullopt;
@@ -140,6 +147,7 @@ struct NormLinearsFn : torch::autograd::Function<NormLinearsFn> {
     ctx->saved_data["eps"] = eps;
     ctx->saved_data["count"] = static_cast<int64_t>(weights.size());
     for (std::size_t i = 0; i < sums.size(); ++i) keep_sum(ctx, "sum" + std::to_string(i), sums[i]);
+    for (std::size_t i = 0; i < weights.size(); ++i) note_frozen(ctx, "frozen" + std::to_string(i), weights[i]);
     keep_sum(ctx, "norm_sum", norm_sum);
     variable_list saved{x, norm_weight};
     saved.insert(saved.end(), weights.begin(), weights.end());
@@ -180,7 +188,7 @@ struct NormLinearsFn : torch::autograd::Function<NormLinearsFn> {
       const at::Tensor& w = saved[2 + i];
       const at::Tensor g = rows(grads[i]);
       std::optional<at::Tensor> sum = kept_sum(ctx, "sum" + std::to_string(i));
-      weight_grads[i] = weight_gradient(sum, g, input);
+      if (!frozen(ctx, "frozen" + std::to_string(i))) weight_grads[i] = weight_gradient(sum, g, input);
       if (grad_normed.defined()) grad_normed.addmm_(g, w);  // the GEMM adds into the running sum (beta = 1)
       else grad_normed = g.mm(w);
     }
@@ -214,6 +222,7 @@ struct NormLinearsFn : torch::autograd::Function<NormLinearsFn> {
 struct LinearIntoFn : torch::autograd::Function<LinearIntoFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w, std::optional<at::Tensor> sum) {
     keep_sum(ctx, "sum", sum);
+    note_frozen(ctx, "frozen", w);
     ctx->save_for_backward({x, w});
     return at::linear(x, w);
   }
@@ -222,7 +231,7 @@ struct LinearIntoFn : torch::autograd::Function<LinearIntoFn> {
     const at::Tensor &x = saved[0], &w = saved[1];
     const at::Tensor g = rows(grads[0]);
     std::optional<at::Tensor> sum = kept_sum(ctx, "sum");
-    const at::Tensor grad_w = weight_gradient(sum, g, rows(x));
+    const at::Tensor grad_w = frozen(ctx, "frozen") ? at::Tensor() : weight_gradient(sum, g, rows(x));
     return {g.mm(w).view(x.sizes()), grad_w, at::Tensor()};
   }
 };
@@ -271,6 +280,7 @@ struct SwigluDownFn : torch::autograd::Function<SwigluDownFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate, const at::Tensor& up, const at::Tensor& down,
                             std::optional<at::Tensor> down_sum) {
     keep_sum(ctx, "sum", down_sum);
+    note_frozen(ctx, "frozen", down);
     ctx->save_for_backward({gate, up, down});
     return at::linear(swiglu_product(gate, up), down);
   }
@@ -297,15 +307,16 @@ struct SwigluDownFn : torch::autograd::Function<SwigluDownFn> {
       product.mul_(up);
     }
     std::optional<at::Tensor> sum = kept_sum(ctx, "sum");
-    const at::Tensor grad_down = weight_gradient(sum, g, rows(product));
+    const at::Tensor grad_down = frozen(ctx, "frozen") ? at::Tensor() : weight_gradient(sum, g, rows(product));
     return {grad_gate, grad_up, grad_down, at::Tensor()};
   }
 };
 
 struct LinearCrossEntropyFn : torch::autograd::Function<LinearCrossEntropyFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight, const at::Tensor& targets,
-                            int64_t chunk, std::optional<at::Tensor> weight_grad_sum_in, double multiplier) {
+                            int64_t chunk, std::optional<at::Tensor> weight_grad_sum_in, double multiplier, double denominator) {
     const int64_t n = x.size(0);
+    const bool masked = denominator > 0;  // negative targets take no loss (linear_cross_entropy)
     const auto f32 = x.options().dtype(at::kFloat);
     at::Tensor grad_x = at::empty_like(x);
     // Every gradient is computed times `multiplier` (the factor the caller applies to the loss:
@@ -314,14 +325,20 @@ struct LinearCrossEntropyFn : torch::autograd::Function<LinearCrossEntropyFn> {
     // keeps the small probabilities representable. The weight's gradient goes straight into the
     // caller's float32 sum, or into a float32 buffer of its own returned by backward.
     const bool into_sum = weight_grad_sum_in.has_value();
-    at::Tensor grad_weight = into_sum ? *weight_grad_sum_in : at::zeros(weight.sizes(), f32);
+    const bool weight_frozen = !weight.requires_grad();  // LoRA's frozen output layer: no [vocab x h] gradient
+    at::Tensor grad_weight = into_sum ? *weight_grad_sum_in : weight_frozen ? at::Tensor() : at::zeros(weight.sizes(), f32);
     at::Tensor loss = at::zeros({}, f32);
-    const double inverse = 1.0 / static_cast<double>(n);
+    const double inverse = 1.0 / (masked ? denominator : static_cast<double>(n));
     const double gradient_scale = inverse * multiplier;
     for (int64_t start = 0; start < n; start += chunk) {
       const int64_t rows_here = std::min(chunk, n - start);
       const at::Tensor xc = x.narrow(0, start, rows_here);
-      const at::Tensor tc = targets.narrow(0, start, rows_here).unsqueeze(1);
+      at::Tensor tc = targets.narrow(0, start, rows_here).unsqueeze(1);
+      at::Tensor valid;  // [rows, 1]: the rows that take a loss (masked only)
+      if (masked) {
+        valid = tc.ge(0);
+        tc = tc.clamp_min(0);
+      }
       // As the reference path: logits in the compute dtype, log-softmax in float32; the gradient
       // d loss / d logits = (softmax - one_hot(target)) / n, rounded to the compute dtype once.
       at::Tensor logits = at::mm(xc, weight.t());
@@ -332,6 +349,10 @@ struct LinearCrossEntropyFn : torch::autograd::Function<LinearCrossEntropyFn> {
         at::Tensor row_loss = at::empty({rows_here}, f32);
         cuda_kernels::cross_entropy_backward_in_place(logits.data_ptr(), row_targets.data_ptr<int64_t>(), row_loss.data_ptr<float>(),
                                                       rows_here, logits.size(1), static_cast<float>(gradient_scale), stream_of(logits));
+        if (masked) {
+          row_loss.mul_(valid.squeeze(1));
+          logits.mul_(valid);
+        }
         loss.add_(row_loss.sum());
         g = logits;
       }
@@ -343,24 +364,26 @@ struct LinearCrossEntropyFn : torch::autograd::Function<LinearCrossEntropyFn> {
         logits.sub_(at::amax(logits, 1, /*keepdim=*/true));
         const at::Tensor target_logit = logits.gather(1, tc);
         const at::Tensor sum = logits.exp_().sum(1, /*keepdim=*/true);
-        loss.add_((sum.log() - target_logit).sum());
+        loss.add_(masked ? ((sum.log() - target_logit) * valid).sum() : (sum.log() - target_logit).sum());
         logits.div_(sum).scatter_add_(1, tc, at::full({rows_here, 1}, -1.0, f32)).mul_(gradient_scale);
+        if (masked) logits.mul_(valid);
         g = logits;
       }
       if (!g.defined()) {  // 16-bit logits on CPU: log-softmax in float32, as the reference path
         at::Tensor probs = at::log_softmax(logits, 1, at::kFloat);
         logits.reset();
-        loss.sub_(probs.gather(1, tc).sum());
+        loss.sub_(masked ? (probs.gather(1, tc) * valid).sum() : probs.gather(1, tc).sum());
         probs.exp_().scatter_add_(1, tc, at::full({rows_here, 1}, -1.0, f32)).mul_(gradient_scale);
+        if (masked) probs.mul_(valid);
         g = probs.to(x.scalar_type());
       }
       at::Tensor gx = grad_x.narrow(0, start, rows_here);
       at::mm_out(gx, g, weight);
-      add_weight_gradient(grad_weight, g, xc);
+      if (grad_weight.defined()) add_weight_gradient(grad_weight, g, xc);
     }
     ctx->saved_data["grad_x"] = grad_x;
     ctx->saved_data["multiplier"] = multiplier;
-    if (!into_sum) ctx->saved_data["grad_weight"] = grad_weight;
+    if (!into_sum && grad_weight.defined()) ctx->saved_data["grad_weight"] = grad_weight;
     return loss.mul_(inverse);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -378,7 +401,7 @@ struct LinearCrossEntropyFn : torch::autograd::Function<LinearCrossEntropyFn> {
       weight_out = at::empty(grad_weight.sizes(), grad_x.options());
       at::mul_out(weight_out, grad_weight, scale);
     }
-    return {grad_x.mul_(scale), weight_out, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {grad_x.mul_(scale), weight_out, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -457,12 +480,13 @@ at::Tensor swiglu_down(const at::Tensor& gate, const at::Tensor& up, const at::T
 }
 
 at::Tensor linear_cross_entropy(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& targets, int64_t chunk_tokens,
-                                const at::Tensor& weight_grad_sum, double multiplier) {
+                                const at::Tensor& weight_grad_sum, double multiplier, double denominator) {
   if (chunk_tokens < 0) throw std::invalid_argument("linear_cross_entropy: chunk_tokens must not be negative");
   // The kernel turns bf16 logits into the gradient in place; the ATen path adds float32 ones.
   const int64_t bytes_per_logit = kernel_for(x) ? 2 : 4;
   const int64_t chunk = chunk_tokens > 0 ? chunk_tokens : cross_entropy_chunk_tokens(weight.size(0), bytes_per_logit);
-  return LinearCrossEntropyFn::apply(x, weight, targets, chunk, checked_sum(weight_grad_sum, weight, "linear_cross_entropy"), multiplier);
+  return LinearCrossEntropyFn::apply(x, weight, targets, chunk, checked_sum(weight_grad_sum, weight, "linear_cross_entropy"), multiplier,
+                                     denominator);
 }
 
 int64_t cross_entropy_chunk_tokens(int64_t vocab, int64_t bytes_per_logit) {

@@ -82,9 +82,11 @@ enum class Kernels { kReference, kFused };
 // backward returns none for the weight (Megatron's gradient-accumulation fusion for the largest
 // matrix: no float32 buffer of its own, no scaling, cast or add pass); without a sum the weight's
 // gradient comes out of backward like any other. Returns a 0-dim float32 loss.
+// `denominator` > 0: the loss is the sum over the rows whose target is >= 0 (negative targets take
+// no loss and no gradient: instruction data's prompt and padding) divided by it, not the mean.
 [[nodiscard]] at::Tensor linear_cross_entropy(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& targets,
                                               int64_t chunk_tokens = 0, const at::Tensor& weight_grad_sum = {},
-                                              double multiplier = 1.0);
+                                              double multiplier = 1.0, double denominator = 0);
 // Tokens per chunk for a vocabulary: a chunk's logits (`bytes_per_logit` each) stay within
 // 1 GiB, a multiple of 64 tokens (at least 64). Fewer chunks mean fewer passes over the float32
 // sum of the weight's gradient ([vocab x h], read and written once per chunk).

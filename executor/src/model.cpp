@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <initializer_list>
+#include <map>
 #include <stdexcept>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -18,8 +19,6 @@ namespace cm = trainplan::costmodel;
 namespace {
 
 constexpr double kInitStd = 0.02;
-constexpr double kNormEps = 1e-5;
-constexpr double kRopeTheta = 10000.0;
 
 // How one parameter is cut over the TP group.
 struct Cut {
@@ -33,7 +32,7 @@ struct Cut {
 void add_slot(UnitLayout& u, const std::string& name, std::vector<int64_t> full_shape, InitKind init, bool decay,
               const Cut& cut = {}) {
   ParamSlot s;
-  s.name = (u.kind == UnitKind::kExperts ? "layers." + std::to_string(u.layer) : u.name) + "." + name;
+  s.name = (u.kind == UnitKind::kExperts || u.kind == UnitKind::kAdapters ? "layers." + std::to_string(u.layer) : u.name) + "." + name;
   s.full_shape = full_shape;
   s.shape = std::move(full_shape);
   if (cut.split_dim >= 0) s.shape[static_cast<std::size_t>(cut.split_dim)] /= cut.shard_count;
@@ -133,14 +132,53 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
 }
 
 at::Tensor norm(const cm::ModelSpec& m, const at::Tensor& x, const at::Tensor& weight, const at::Tensor* bias) {
-  if (m.architecture == cm::Architecture::kGpt) return at::layer_norm(x, {m.hidden}, weight, *bias, kNormEps);
-  return rms_norm(x, weight, kNormEps);  // fused_ops.hpp: what CUDA's kernel keeps, on CPU too
+  if (m.architecture == cm::Architecture::kGpt) return at::layer_norm(x, {m.hidden}, weight, *bias, m.norm_eps);
+  return rms_norm(x, weight, m.norm_eps);  // fused_ops.hpp: what CUDA's kernel keeps, on CPU too
 }
 
 // Rotates pairs (i, i + d/2) of the last dim ("rotate half", as in the Llama reference code).
 at::Tensor apply_rotary(const at::Tensor& x, const Rotary& r) { return x * r.cos + rotate_half(x) * r.sin; }
 
+// The adapters of one block (LoraSpec): for each target, A [rank x in] and B [out x rank], cut as
+// the base projection is where it is cut (model.hpp) and whole elsewhere, their gradients then
+// summed over the TP group: a column-parallel projection's A meets every rank's part of the
+// output gradient; a row-parallel one's B every rank's partial product.
+UnitLayout adapters_unit(const cm::ModelSpec& m, const ModelSharding& sharding, const Cuts& c, int layer) {
+  const int64_t h = m.hidden, kv = m.kv_dim(), f = m.ffn_hidden;
+  Cut summed{-1, 0, 1, sharding.tp_rank == 0, sharding.tp > 1 ? GradSum::kTensorParallel : GradSum::kNone, false};
+  UnitLayout u{"layers." + std::to_string(layer) + ".lora", UnitKind::kAdapters, layer, {}, 0};
+  const int64_t r = sharding.lora.rank;
+  for (const std::string& t : lora_target_order()) {
+    if (!sharding.lora.has(t)) continue;
+    const bool row = t == "o" || t == "down";
+    const int64_t in = t == "down" ? f : h;
+    const int64_t out = t == "k" || t == "v" ? kv : t == "gate" || t == "up" ? f : h;
+    const Cut& base = row ? c.row : t == "k" || t == "v" ? c.kv : c.column;
+    const std::string name = lora_base_slot(t);
+    add_slot(u, name + ".lora_A.weight", {r, in}, InitKind::kFanInUniform, true, row ? base : summed);
+    add_slot(u, name + ".lora_B.weight", {out, r}, InitKind::kZeros, true, row ? summed : base);
+  }
+  return u;
+}
+
 }  // namespace
+
+const std::vector<std::string>& lora_target_order() {
+  static const std::vector<std::string> order{"q", "k", "v", "o", "gate", "up", "down"};
+  return order;
+}
+
+std::string lora_base_slot(const std::string& target) {
+  if (target == "q" || target == "k" || target == "v" || target == "o") return "attention.w" + target;
+  return "mlp." + target;
+}
+
+bool LoraSpec::has(const std::string& target) const {
+  for (const std::string& t : targets) {
+    if (t == target) return true;
+  }
+  return false;
+}
 
 std::vector<UnitLayout> model_layout(const cm::ModelSpec& m, const ModelSharding& sharding) {
   const bool gpt = m.architecture == cm::Architecture::kGpt;
@@ -181,7 +219,9 @@ std::vector<UnitLayout> model_layout(const cm::ModelSpec& m, const ModelSharding
       add_slot(b, "mlp.up.weight", {f, h}, InitKind::kNormal, true, c.column);
       add_slot(b, "mlp.down.weight", {h, f}, InitKind::kScaledNormal, true, c.row);
     }
+    b.frozen = sharding.lora.active();
     units.push_back(std::move(b));
+    if (sharding.lora.active()) units.push_back(adapters_unit(m, sharding, c, l));
     if (!gpt && is_moe_layer(m, l)) {
       const int64_t fe = m.moe->expert_ffn_hidden;
       const int local = m.moe->experts / sharding.ep;
@@ -208,6 +248,9 @@ std::vector<UnitLayout> model_layout(const cm::ModelSpec& m, const ModelSharding
     add_slot(head, "output.weight", {m.vocab, h}, InitKind::kNormal, true, copy);
   }
   units.push_back(std::move(head));
+  if (sharding.lora.active()) {
+    for (UnitLayout& u : units) u.frozen = u.kind != UnitKind::kAdapters;
+  }
   return units;
 }
 
@@ -232,6 +275,11 @@ at::Tensor init_whole_unit(const UnitLayout& whole, const cm::ModelSpec& m, uint
       case InitKind::kScaledNormal: dst.copy_(at::normal(0.0, scaled, {s.numel}, gen)); break;
       case InitKind::kOnes: dst.fill_(1.0); break;
       case InitKind::kZeros: dst.zero_(); break;
+      case InitKind::kFanInUniform: {
+        const double bound = 1.0 / std::sqrt(static_cast<double>(s.full_shape.back()));
+        dst.copy_(at::empty({s.numel}, at::TensorOptions().dtype(at::kFloat)).uniform_(-bound, bound, gen));
+        break;
+      }
     }
   }
   return flat;
@@ -246,8 +294,10 @@ const UnitLayout& find_unit(const std::vector<UnitLayout>& units, const std::str
 
 }  // namespace
 
-void init_unit(const UnitLayout& unit, const cm::ModelSpec& m, uint64_t seed, at::Tensor& flat) {
-  const std::vector<UnitLayout> whole_units = model_layout(m);
+void init_unit(const UnitLayout& unit, const cm::ModelSpec& m, uint64_t seed, at::Tensor& flat, const LoraSpec& lora) {
+  ModelSharding whole_model;
+  whole_model.lora = lora;
+  const std::vector<UnitLayout> whole_units = model_layout(m, whole_model);
   const UnitLayout& whole = find_unit(whole_units, unit.name);
   const at::Tensor values = init_whole_unit(whole, m, seed);
   for (const ParamSlot& s : unit.slots) {
@@ -270,7 +320,7 @@ void init_unit(const UnitLayout& unit, const cm::ModelSpec& m, uint64_t seed, at
 Rotary make_rotary(const cm::ModelSpec& m, int64_t seq_len, const at::Device& device, at::ScalarType dtype) {
   const int64_t d = m.head_dim();
   const auto f32 = at::TensorOptions().dtype(at::kFloat);
-  const at::Tensor inv = at::pow(kRopeTheta, -at::arange(0, d, 2, f32) / static_cast<double>(d));  // [d/2]
+  const at::Tensor inv = at::pow(m.rope_theta, -at::arange(0, d, 2, f32) / static_cast<double>(d));  // [d/2]
   const at::Tensor angles = at::outer(at::arange(seq_len, f32), inv);                              // [s, d/2]
   const at::Tensor both = at::cat({angles, angles}, -1);                                           // [s, d]
   return Rotary{both.cos().to(device, dtype), both.sin().to(device, dtype)};
@@ -293,14 +343,106 @@ bool is_moe_layer(const cm::ModelSpec& m, int layer) { return m.moe.has_value() 
 
 at::Tensor block_forward(const cm::ModelSpec& m, const TensorParallel& tp, const ContextParallel& cp, const std::vector<at::Tensor>& p, const at::Tensor& x,
                          const Rotary& rotary, AttentionRecompute recompute, Kernels kernels, const std::vector<at::Tensor>& grad_sums,
-                         const MoeRun& moe) {
+                         const MoeRun& moe, const LoraSpec& lora, const DropoutRun& drop) {
   const bool gpt = m.architecture == cm::Architecture::kGpt;
   const int64_t hd = m.head_dim();
   const int64_t heads = m.heads / tp.size();                                    // this rank's query heads
   const int64_t kv_heads = tp.size() <= m.kv_heads ? m.kv_heads / tp.size() : 1;  // and key/value heads
+  const bool fused = kernels == Kernels::kFused && !gpt;
+  const bool lora_dropout = lora.active() && drop.active() && drop.lora > 0;
+  const bool fused_norm = fused && !tp.active() && !lora_dropout;  // the TP region begins at the norm's output
+  // The float32 gradient sums of the fused path's weights (model.hpp), by parameter index.
+  const bool into_sums = fused_norm && !grad_sums.empty();
+  if (into_sums && grad_sums.size() != p.size()) throw std::logic_error("block_forward: one gradient sum per parameter expected");
+  const auto sum = [&](std::size_t k) { return into_sums ? grad_sums[k] : at::Tensor(); };
+
+  // LoRA adapters: after the block's parameters, A then B of each target in lora_target_order().
+  struct Adapter {
+    std::size_t a = 0;  // parameter index of A (B follows it)
+    bool on = false;
+  };
+  std::map<std::string, Adapter> adapters;
+  std::size_t block_params = p.size();
+  if (lora.active()) {
+    std::size_t n = 0;
+    for (const std::string& t : lora_target_order()) n += lora.has(t) ? 2 : 0;
+    if (n > p.size()) throw std::logic_error("block_forward: fewer parameters than the LoRA adapters");
+    block_params = p.size() - n;
+    std::size_t at_param = block_params;
+    for (const std::string& t : lora_target_order()) {
+      if (!lora.has(t)) continue;
+      adapters[t] = Adapter{at_param, true};
+      at_param += 2;
+    }
+  }
+  const auto adapted = [&](const std::string& t) {
+    const auto found = adapters.find(t);
+    return found != adapters.end() && found->second.on;
+  };
+  // scale x B (A x) from A x ([.., rank]): the small tensor is scaled, not the output.
+  const auto adapter_up = [&](const std::string& t, const at::Tensor& ax) {
+    const std::size_t b_index = adapters.at(t).a + 1;
+    const at::Tensor scaled = ax * lora.scale;
+    return into_sums ? linear_into(scaled, p[b_index], sum(b_index)) : at::linear(scaled, p[b_index]);
+  };
+  // The adapter's input dropped (PEFT's lora_dropout), a mask per target: the whole sequence of
+  // this rank's tokens, and a row-parallel projection's (o, down) features from this TP rank's.
+  const auto adapter_a = [&](const std::string& t, const at::Tensor& input) {
+    const std::size_t a_index = adapters.at(t).a;
+    at::Tensor in = input;
+    if (lora_dropout) {
+      uint64_t site = static_cast<uint64_t>(DropoutSite::kLoraFirst);
+      for (const std::string& o : lora_target_order()) {
+        if (o == t) break;
+        ++site;
+      }
+      const int64_t offset = t == "o" || t == "down" ? tp.rank() * input.size(-1) : 0;
+      in = dropout(input, drop, drop.lora, dropout_site(drop.layer, site), drop.positions, offset);
+    }
+    return into_sums ? linear_into(in, p[a_index], sum(a_index)) : at::linear(in, p[a_index]);
+  };
+  // A residual branch's output dropped: this rank's rows (its sequence shard under sequence
+  // parallelism), every feature.
+  const auto drop_branch = [&](const at::Tensor& y, DropoutSite site) {
+    if (!drop.active() || drop.hidden <= 0) return y;
+    const at::Tensor rows = tp.sharded_sequence() ? drop.positions.narrow(0, tp.rank() * y.size(1), y.size(1)) : drop.positions;
+    return dropout(y, drop, drop.hidden, dropout_site(drop.layer, static_cast<uint64_t>(site)), rows, 0);
+  };
+  // linear(input, w) plus its adapter where `t` has one.
+  const auto projection = [&](const std::string& t, const at::Tensor& input, const at::Tensor& w, const at::Tensor& bias, std::size_t w_index) {
+    at::Tensor y = into_sums && !bias.defined() ? linear_into(input, w, sum(w_index)) : at::linear(input, w, bias);
+    if (adapted(t)) y = y + adapter_up(t, adapter_a(t, input));
+    return y;
+  };
+  // The fused norm and its linears (the adapters' A matrices among them): one output per base
+  // weight, the adapters' added.
+  const auto norm_projections = [&](const at::Tensor& input, std::size_t norm_index, const std::vector<std::pair<std::string, std::size_t>>& targets) {
+    std::vector<at::Tensor> weights, sums;
+    std::vector<std::string> with_adapter;
+    for (const auto& [t, w] : targets) {
+      weights.push_back(p[w]);
+      if (into_sums) sums.push_back(grad_sums[w]);
+    }
+    for (const auto& [t, w] : targets) {
+      if (!adapted(t)) continue;
+      weights.push_back(p[adapters.at(t).a]);
+      if (into_sums) sums.push_back(grad_sums[adapters.at(t).a]);
+      with_adapter.push_back(t);
+    }
+    std::vector<at::Tensor> out = norm_linears(input, p[norm_index], m.norm_eps, weights, sums, sum(norm_index));
+    for (std::size_t k = 0; k < with_adapter.size(); ++k) {
+      for (std::size_t j = 0; j < targets.size(); ++j) {
+        if (targets[j].first == with_adapter[k]) out[j] = out[j] + adapter_up(with_adapter[k], out[targets.size() + k]);
+      }
+    }
+    out.resize(targets.size());
+    return out;
+  };
+
   std::size_t i = 0;
   const at::Tensor& n1w = p[i++];
   const at::Tensor* n1b = gpt ? &p[i++] : nullptr;
+  const std::size_t iq = i;
   const at::Tensor &wq = p[i++], &wk = p[i++], &wv = p[i++], &wo = p[i++];
   at::Tensor bq, bk, bv, bo;
   if (gpt) {
@@ -309,34 +451,22 @@ at::Tensor block_forward(const cm::ModelSpec& m, const TensorParallel& tp, const
     bv = p[i++];
     bo = p[i++];
   }
+  const std::size_t n2 = i;
   const at::Tensor& n2w = p[i++];
   const at::Tensor* n2b = gpt ? &p[i++] : nullptr;
 
-  const bool fused = kernels == Kernels::kFused && !gpt;
-  const bool fused_norm = fused && !tp.active();  // the TP region begins at the norm's output
-  // The float32 gradient sums of the fused path's weights (model.hpp), by parameter index.
-  const bool into_sums = fused_norm && !grad_sums.empty();
-  if (into_sums && grad_sums.size() != p.size()) throw std::logic_error("block_forward: one gradient sum per parameter expected");
-  const auto sums = [&](std::initializer_list<std::size_t> at) {
-    std::vector<at::Tensor> out;
-    if (into_sums) {
-      for (std::size_t k : at) out.push_back(grad_sums[k]);
-    }
-    return out;
-  };
-  const auto sum = [&](std::size_t k) { return into_sums ? grad_sums[k] : at::Tensor(); };
   const int64_t b = x.size(0), s = tp.sharded_sequence() ? x.size(1) * tp.size() : x.size(1);
   at::Tensor q, k, v;
   if (fused_norm) {
-    const std::vector<at::Tensor> qkv = norm_linears(x, n1w, kNormEps, {wq, wk, wv}, sums({1, 2, 3}), sum(0));
+    const std::vector<at::Tensor> qkv = norm_projections(x, 0, {{"q", iq}, {"k", iq + 1}, {"v", iq + 2}});
     q = qkv[0];
     k = qkv[1];
     v = qkv[2];
   } else {
     const at::Tensor a = enter_tp_region(tp, norm(m, x, n1w, n1b));  // [b, s, h], the whole sequence
-    q = at::linear(a, wq, bq);
-    k = at::linear(a, wk, bk);
-    v = at::linear(a, wv, bv);
+    q = projection("q", a, wq, bq, iq);
+    k = projection("k", a, wk, bk, iq + 1);
+    v = projection("v", a, wv, bv, iq + 2);
   }
   q = q.view({b, s, heads, hd}).transpose(1, 2);
   k = k.view({b, s, kv_heads, hd}).transpose(1, 2);
@@ -350,16 +480,17 @@ at::Tensor block_forward(const cm::ModelSpec& m, const TensorParallel& tp, const
   }
   at::Tensor attn = attention(q, k, v, cp, recompute, kv_heads != heads);
   attn = attn.transpose(1, 2).reshape({b, s, heads * hd});
-  at::Tensor projected = leave_tp_region(tp, into_sums ? linear_into(attn, wo, sum(4)) : at::linear(attn, wo));  // row-parallel: bias after the sum
+  // Row-parallel: the bias after the sum, the adapter's partial product before it.
+  at::Tensor projected = leave_tp_region(tp, projection("o", attn, wo, at::Tensor(), iq + 3));
   if (bo.defined()) projected = projected + bo;
-  const at::Tensor h1 = x + projected;
+  const at::Tensor h1 = x + drop_branch(projected, DropoutSite::kAttention);
 
   at::Tensor mlp;
   if (gpt) {
     const at::Tensor c = enter_tp_region(tp, norm(m, h1, n2w, n2b));
     const at::Tensor &w1 = p[i], &b1 = p[i + 1], &w2 = p[i + 2], &b2 = p[i + 3];
     mlp = leave_tp_region(tp, at::linear(at::gelu(at::linear(c, w1, b1), "tanh"), w2)) + b2;
-  } else if (m.moe && p.size() - i == 1 + 3 * static_cast<std::size_t>(m.moe->experts / (moe.ep == nullptr ? 1 : moe.ep->size()))) {
+  } else if (m.moe && block_params - i == 1 + 3 * static_cast<std::size_t>(m.moe->experts / (moe.ep == nullptr ? 1 : moe.ep->size()))) {
     // An MoE layer: the router, then this rank's experts (model_layout).
     const auto from = static_cast<std::ptrdiff_t>(i);
     mlp = moe_mlp(*m.moe, norm(m, h1, n2w, n2b), std::vector<at::Tensor>(p.begin() + from, p.end()), moe,
@@ -368,31 +499,39 @@ at::Tensor block_forward(const cm::ModelSpec& m, const TensorParallel& tp, const
     const at::Tensor &gate = p[i], &up = p[i + 1], &down = p[i + 2];
     at::Tensor g, u;
     if (fused_norm) {
-      const std::vector<at::Tensor> gu = norm_linears(h1, n2w, kNormEps, {gate, up}, sums({i, i + 1}), sum(5));
+      const std::vector<at::Tensor> gu = norm_projections(h1, n2, {{"gate", i}, {"up", i + 1}});
       g = gu[0];
       u = gu[1];
     } else {
       const at::Tensor c = enter_tp_region(tp, norm(m, h1, n2w, n2b));
-      g = at::linear(c, gate);
-      u = at::linear(c, up);
+      g = projection("gate", c, gate, at::Tensor(), i);
+      u = projection("up", c, up, at::Tensor(), i + 1);
     }
-    mlp = leave_tp_region(tp, fused ? swiglu_down(g, u, down, sum(i + 2)) : at::linear(at::silu(g) * u, down));
+    // The fused SwiGLU keeps gate and up, not their product; an adapted down projection needs
+    // the product as its adapter's input, so it takes the plain path.
+    mlp = leave_tp_region(tp, fused && !adapted("down") ? swiglu_down(g, u, down, sum(i + 2))
+                                                        : projection("down", at::silu(g) * u, down, at::Tensor(), i + 2));
   }
-  return h1 + mlp;
+  return h1 + drop_branch(mlp, DropoutSite::kMlp);
 }
 
 at::Tensor head_loss(const cm::ModelSpec& m, const TensorParallel& tp, const std::vector<at::Tensor>& p,
                      const at::Tensor& output_weight, const at::Tensor& x, const at::Tensor& targets, Kernels kernels,
-                     const at::Tensor& output_weight_grad_sum, double loss_multiplier) {
+                     const at::Tensor& output_weight_grad_sum, double loss_multiplier, double denominator) {
   const bool gpt = m.architecture == cm::Architecture::kGpt;
   const at::Tensor normed = enter_tp_region(tp, norm(m, x, p[0], gpt ? &p[1] : nullptr));
   if (kernels == Kernels::kFused && !tp.active()) {
     return linear_cross_entropy(normed.reshape({-1, normed.size(-1)}), output_weight, targets.reshape({-1}), 0, output_weight_grad_sum,
-                                loss_multiplier);
+                                loss_multiplier, denominator);
   }
   const at::Tensor logits = at::linear(normed, output_weight);  // [b, s, vocab / tp]
   return vocab_parallel_cross_entropy(tp, logits.reshape({-1, logits.size(-1)}).to(at::kFloat), targets.reshape({-1}),
-                                      tp.rank() * output_weight.size(0));
+                                      tp.rank() * output_weight.size(0), denominator);
+}
+
+at::Tensor head_logits(const cm::ModelSpec& m, const std::vector<at::Tensor>& p, const at::Tensor& output_weight, const at::Tensor& x) {
+  const bool gpt = m.architecture == cm::Architecture::kGpt;
+  return at::linear(norm(m, x, p[0], gpt ? &p[1] : nullptr), output_weight).to(at::kFloat);
 }
 
 }  // namespace trainplan::executor

@@ -13,6 +13,7 @@
 #include <ATen/ATen.h>
 
 #include "context_parallel.hpp"
+#include "dropout.hpp"
 #include "fused_ops.hpp"
 #include "moe.hpp"
 #include "tensor_parallel.hpp"
@@ -20,7 +21,9 @@
 
 namespace trainplan::executor {
 
-enum class InitKind { kNormal, kScaledNormal, kOnes, kZeros };
+// kFanInUniform: U(-1/sqrt(in), 1/sqrt(in)), in = the matrix's full input width (PEFT's
+// kaiming_uniform_(a=sqrt(5)) of a LoRA A matrix).
+enum class InitKind { kNormal, kScaledNormal, kOnes, kZeros, kFanInUniform };
 
 // How a parameter's gradient is completed across the TP group before data-parallel reduction.
 enum class GradSum {
@@ -48,15 +51,34 @@ struct ParamSlot {
 
 // kExperts: the routed experts of an MoE block that this rank holds, a unit of their own right
 // after the block's (their gradients are reduced over another group; engine.hpp).
-enum class UnitKind { kEmbedding, kBlock, kExperts, kHead };
+// kAdapters: a block's LoRA adapters, likewise right after it (the block itself is frozen).
+enum class UnitKind { kEmbedding, kBlock, kExperts, kAdapters, kHead };
 
 struct UnitLayout {
-  std::string name;  // "embedding", "layers.3", "layers.3.experts", "head"
+  std::string name;  // "embedding", "layers.3", "layers.3.experts", "layers.3.lora", "head"
   UnitKind kind = UnitKind::kBlock;
-  int layer = -1;    // block index for kBlock and kExperts
+  int layer = -1;    // block index for kBlock, kExperts and kAdapters
   std::vector<ParamSlot> slots;
   int64_t numel = 0;
+  bool frozen = false;  // LoRA: no gradient, no optimizer state, only the compute-dtype weights
 };
+
+// LoRA (Hu et al. 2021): every base parameter frozen, and each targeted projection W of every
+// block given an adapter, y = W x + scale x B (A x), A [rank x in], B [out x rank]; A starts
+// U(-1/sqrt(in), 1/sqrt(in)) and B at zero (PEFT), so training starts from the base model.
+// Targets: q, k, v, o (attention.wq..wo), gate, up, down (mlp.gate..down).
+struct LoraSpec {
+  int rank = 0;  // 0: no adapters, every parameter trained
+  double scale = 0;  // alpha / rank
+  std::vector<std::string> targets;
+  [[nodiscard]] bool active() const { return rank > 0; }
+  [[nodiscard]] bool has(const std::string& target) const;
+};
+// The targets in the order their adapters sit in a layers.L.lora unit (each A then B).
+[[nodiscard]] const std::vector<std::string>& lora_target_order();
+// "attention.wq" for "q", ..., "mlp.down" for "down": the base projection's slot name without
+// the layer prefix and ".weight".
+[[nodiscard]] std::string lora_base_slot(const std::string& target);
 
 // How this rank's copy of the model is cut (tensor_parallel.hpp for the operators).
 struct ModelSharding {
@@ -69,6 +91,8 @@ struct ModelSharding {
   // Expert parallelism: this rank holds experts [ep_rank x E/ep, (ep_rank + 1) x E/ep) of every
   // MoE layer (parallel_dims.hpp).
   int ep = 1, ep_rank = 0;
+  // LoRA: base units frozen, a "layers.L.lora" adapters unit after each block (LoraSpec).
+  LoraSpec lora;
 };
 
 // Units in execution order: embedding, layers.0 .. layers.L-1, head, with this rank's TP pieces:
@@ -91,7 +115,8 @@ struct ModelSharding {
 // matrices, N(0, 0.02/sqrt(2L)) for the projections that feed the residual stream (GPT-2),
 // ones for norm weights, zeros for biases. Deterministic in (seed, unit name) for the whole
 // unit, then cut to this rank's pieces, so every layout starts from the same model.
-void init_unit(const UnitLayout& unit, const costmodel::ModelSpec& model, uint64_t seed, at::Tensor& flat);
+// `lora`: the layout's LoRA adapters (ModelSharding::lora), which adapters units are cut from.
+void init_unit(const UnitLayout& unit, const costmodel::ModelSpec& model, uint64_t seed, at::Tensor& flat, const LoraSpec& lora = {});
 
 // This rank's piece of a whole parameter (`full` has slot.full_shape), as a new tensor.
 [[nodiscard]] at::Tensor slot_piece(const ParamSlot& slot, const at::Tensor& full);
@@ -123,10 +148,16 @@ enum class AttentionRecompute { kNone, kSelective };
 // they are ignored. Under context parallelism (cp.active()) `x` holds this rank's tokens, `rotary`
 // their rows, and attention runs over the whole sequence's keys and values (context_parallel.hpp).
 // An MoE layer routes with `moe` (load-balancing loss weight, where to count; moe.hpp).
+// With `lora` active the block's parameters are followed by its adapters unit's (LoraSpec); the
+// row-parallel adapters (o, down) add their partial sums before the TP reduction, as the base does.
+// `dropout` (dropout.hpp) drops the attention and MLP outputs before their residual adds and the
+// adapters' inputs; with adapter dropout the norms are not fused into the linears (the adapters
+// need the normalised input itself).
 [[nodiscard]] at::Tensor block_forward(const costmodel::ModelSpec& model, const TensorParallel& tp, const ContextParallel& cp,
                                        const std::vector<at::Tensor>& params, const at::Tensor& x, const Rotary& rotary,
                                        AttentionRecompute recompute, Kernels kernels,
-                                       const std::vector<at::Tensor>& grad_sums = {}, const MoeRun& moe = {});
+                                       const std::vector<at::Tensor>& grad_sums = {}, const MoeRun& moe = {}, const LoraSpec& lora = {},
+                                       const DropoutRun& dropout = {});
 
 // Final norm, output projection (`output_weight`: this rank's [vocab/tp, h] rows) and mean
 // cross-entropy over every token in float32 (vocabulary-parallel under TP). Returns the scalar loss.
@@ -136,6 +167,10 @@ enum class AttentionRecompute { kNone, kSelective };
 [[nodiscard]] at::Tensor head_loss(const costmodel::ModelSpec& model, const TensorParallel& tp,
                                    const std::vector<at::Tensor>& head_params, const at::Tensor& output_weight,
                                    const at::Tensor& x, const at::Tensor& targets, Kernels kernels,
-                                   const at::Tensor& output_weight_grad_sum = {}, double loss_multiplier = 1.0);
+                                   const at::Tensor& output_weight_grad_sum = {}, double loss_multiplier = 1.0, double denominator = 0);
+
+// Final norm and output projection without a loss, one rank (no TP): float32 logits [.., vocab].
+[[nodiscard]] at::Tensor head_logits(const costmodel::ModelSpec& model, const std::vector<at::Tensor>& head_params,
+                                     const at::Tensor& output_weight, const at::Tensor& x);
 
 }  // namespace trainplan::executor

@@ -31,7 +31,7 @@ StageUnits stage_units(const std::vector<UnitLayout>& all, const std::vector<int
     const int pos = c * stages + stage;
     for (const UnitLayout& u : all) {
       const bool take = (u.kind == UnitKind::kEmbedding && pos == 0) || (u.kind == UnitKind::kHead && pos == positions - 1) ||
-                        ((u.kind == UnitKind::kBlock || u.kind == UnitKind::kExperts) && u.layer >= starts[pos] && u.layer < starts[pos + 1]);
+                        ((u.kind == UnitKind::kBlock || u.kind == UnitKind::kExperts || u.kind == UnitKind::kAdapters) && u.layer >= starts[pos] && u.layer < starts[pos + 1]);
       if (!take) continue;
       out.units.push_back(u);
       out.chunk_of_unit.push_back(c);
@@ -105,6 +105,7 @@ double PipelineRunner::run_step(const BatchFn& batch, double loss_multiplier, st
       at::Tensor output;
       {
         PhaseScope forward(timer, Phase::kForward, i);
+        engine_.begin_micro_batch(i);
         output = engine_.forward_chunk(pass.chunk, input, targets, loss_multiplier, &loss);
       }
       record("forward", i, pass.chunk, start);

@@ -66,10 +66,14 @@ struct LeaveFn : torch::autograd::Function<LeaveFn> {
 };
 
 struct VocabParallelCrossEntropyFn : torch::autograd::Function<VocabParallelCrossEntropyFn> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& logits, const at::Tensor& targets, int64_t comm,
-                            int64_t vocab_start) {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& logits, const at::Tensor& targets_in, int64_t comm,
+                            int64_t vocab_start, double denominator) {
     Communicator& c = *reinterpret_cast<Communicator*>(comm);
     const int64_t n = logits.size(0), columns = logits.size(1);
+    // Negative targets take no loss (denominator > 0): their rows are masked out of both passes.
+    const at::Tensor valid = targets_in.ge(0);
+    const at::Tensor targets = targets_in.clamp_min(0);
+    const double divisor = denominator > 0 ? denominator : static_cast<double>(n);
     // Global max per row (for a stable exp): gather each rank's row maxima.
     const at::Tensor local_max = std::get<0>(logits.max(1)).contiguous();
     at::Tensor maxima = at::empty({c.size(), n}, logits.options());
@@ -79,16 +83,18 @@ struct VocabParallelCrossEntropyFn : torch::autograd::Function<VocabParallelCros
     at::Tensor softmax = logits - std::get<0>(maxima.max(0)).unsqueeze(1);
     // The target's logit lives on one rank; the others add zero.
     const at::Tensor local = targets - vocab_start;
-    const at::Tensor mine = (local >= 0).logical_and(local < columns);
+    const at::Tensor mine = (local >= 0).logical_and(local < columns).logical_and(valid);
     const at::Tensor index = at::where(mine, local, at::zeros_like(local));
     at::Tensor target_logit = softmax.gather(1, index.unsqueeze(1)).squeeze(1) * mine.to(softmax.scalar_type());
     target_logit = target_logit.contiguous();
     at::Tensor sum_exp = softmax.exp_().sum(1);
     c.all_reduce_sum(sum_exp)->wait();
     c.all_reduce_sum(target_logit)->wait();
-    const at::Tensor loss = (sum_exp.log() - target_logit).mean();
+    const at::Tensor loss = denominator > 0 ? ((sum_exp.log() - target_logit) * valid).sum() / divisor : (sum_exp.log() - target_logit).mean();
     softmax.div_(sum_exp.unsqueeze(1));
-    ctx->save_for_backward({softmax, index, mine});
+    ctx->saved_data["divisor"] = divisor;
+    ctx->saved_data["masked"] = denominator > 0;
+    ctx->save_for_backward({softmax, index, mine, valid});
     return loss;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -97,8 +103,9 @@ struct VocabParallelCrossEntropyFn : torch::autograd::Function<VocabParallelCros
     const at::Tensor& index = saved[1];
     const at::Tensor& mine = saved[2];
     g.scatter_add_(1, index.unsqueeze(1), -mine.to(g.scalar_type()).unsqueeze(1));
-    g.mul_(grads[0] / static_cast<double>(g.size(0)));
-    return {g, at::Tensor(), at::Tensor(), at::Tensor()};
+    if (ctx->saved_data["masked"].toBool()) g.mul_(saved[3].unsqueeze(1));
+    g.mul_(grads[0] / ctx->saved_data["divisor"].toDouble());
+    return {g, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -124,9 +131,12 @@ at::Tensor vocab_parallel_embedding(const at::Tensor& weight, const at::Tensor& 
 }
 
 at::Tensor vocab_parallel_cross_entropy(const TensorParallel& tp, const at::Tensor& logits, const at::Tensor& targets,
-                                        int64_t vocab_start) {
-  if (!tp.active()) return at::cross_entropy_loss(logits, targets);
-  return VocabParallelCrossEntropyFn::apply(logits, targets, id(tp.comm), vocab_start);
+                                        int64_t vocab_start, double denominator) {
+  if (!tp.active()) {
+    if (denominator > 0) return at::cross_entropy_loss(logits, targets, {}, at::Reduction::Sum, /*ignore_index=*/-1) / denominator;
+    return at::cross_entropy_loss(logits, targets);
+  }
+  return VocabParallelCrossEntropyFn::apply(logits, targets, id(tp.comm), vocab_start, denominator);
 }
 
 }  // namespace trainplan::executor

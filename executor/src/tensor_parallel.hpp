@@ -37,8 +37,9 @@ struct TensorParallel {
 
 // Mean cross-entropy over logits split by vocabulary ([n, vocab/tp], this rank's columns start at
 // vocab_start) without gathering them: global max, sum of exponentials and the target logit are
-// reduced over the TP group. Float32. Every TP rank returns the same loss.
+// reduced over the TP group. Float32. Every TP rank returns the same loss. `denominator` > 0: the
+// sum over rows with a target >= 0 (negative ones take no loss) divided by it, not the mean.
 [[nodiscard]] at::Tensor vocab_parallel_cross_entropy(const TensorParallel& tp, const at::Tensor& logits,
-                                                      const at::Tensor& targets, int64_t vocab_start);
+                                                      const at::Tensor& targets, int64_t vocab_start, double denominator = 0);
 
 }  // namespace trainplan::executor

@@ -23,6 +23,7 @@
 #include "engine.hpp"
 #include "environment.hpp"
 #include "gpu.hpp"
+#include "hf_checkpoint.hpp"
 #include "kernel_profile.hpp"
 #include "out_of_memory.hpp"
 #include "parallel_dims.hpp"
@@ -94,6 +95,10 @@ void check_options(const RunOptions& o) {
     return out.str();
   };
   if (o.steps < 1) throw InputError("--steps: must be at least 1");
+  if (o.export_format != "trainplan" && o.export_format != "hf") throw InputError("--export-format: expected trainplan or hf, got \"" + o.export_format + "\"");
+  if (o.export_lora != "merged" && o.export_lora != "adapters" && o.export_lora != "both") {
+    throw InputError("--export-lora: expected merged, adapters or both, got \"" + o.export_lora + "\"");
+  }
   if (o.lr <= 0 || !std::isfinite(o.lr)) throw InputError("--lr: must be a positive number");
   if (!(o.min_lr_ratio >= 0 && o.min_lr_ratio <= 1)) throw InputError("--min-lr-ratio: must be from 0 to 1 (got " + number(o.min_lr_ratio) + ")");
   if (!(o.weight_decay >= 0 && std::isfinite(o.weight_decay))) throw InputError("--weight-decay: must be >= 0 (got " + number(o.weight_decay) + ")");
@@ -315,6 +320,7 @@ nlohmann::json measurement_json(const cm::Plan& plan, const World& w, const Rank
   const double model_tflops = tokens_per_second * flops_per_token / world / 1e12;
 
   nlohmann::json memory = {{"weights_bytes", states.weights}, {"gradients_bytes", states.gradients}, {"optimizer_bytes", states.optimizer}};
+  if (plan.parallel.offload_optimizer != cm::Offload::kNone) memory["cpu_offload_per_gpu_bytes"] = states.host;  // this rank's host memory (the estimate's key)
   nlohmann::json throughput = {{"tokens_per_second", tokens_per_second},
                                {"tokens_per_second_per_gpu", tokens_per_second / world},
                                {"model_tflops_per_gpu", model_tflops}};
@@ -450,6 +456,19 @@ int train(const RunOptions& o, const std::string& command_line, World& w, const 
   sharding.split_tied_embedding = plan.model.tied_embeddings && p.pp > 1;
   sharding.ep = p.ep;
   sharding.ep_rank = at.dp % p.ep;
+  const bool lora = t.mode == cm::TrainingMode::kLora || t.mode == cm::TrainingMode::kQlora;
+  if (lora) sharding.lora = LoraSpec{t.lora.rank, t.lora.scale(), t.lora.targets};
+  if (o.export_format == "hf" && !o.export_dir.empty() && plan.model.architecture != cm::Architecture::kLlama) {
+    throw InputError("--export-format hf: writes the Llama layout, and " + plan.model.name + " is a GPT-style model");
+  }
+  // A Hugging Face checkpoint to start from: its architecture must be the plan's.
+  std::unique_ptr<HfCheckpoint> base;
+  if (!o.init_from.empty()) {
+    base = std::make_unique<HfCheckpoint>(o.init_from);
+    if (const std::string why = base->mismatch(plan.model); !why.empty()) {
+      throw InputError("--init-from " + o.init_from + ": the checkpoint is not the plan's model " + plan.model.name + ": " + why);
+    }
+  }
   StageUnits mine = stage_units(model_layout(plan.model, sharding), chunk_layers, p.pp, at.pp);
   // Context parallelism: this rank's load-balanced chunks of every sequence (context_parallel.hpp).
   const ContextParallel context = make_context_parallel(groups.cp.get(), t.seq_len, w.device, torch_dtype(t.precision));
@@ -467,6 +486,11 @@ int train(const RunOptions& o, const std::string& command_line, World& w, const 
   config.kernels = parse_kernels(o.kernels);
   config.device = w.device;
   config.seed = o.seed;
+  config.lora = sharding.lora;
+  config.hidden_dropout = t.dropout ? t.dropout_rate : 0.0;
+  config.offload_optimizer = p.offload_optimizer == cm::Offload::kCpu;
+  if (t.mode == cm::TrainingMode::kQlora) config.quantized_base = t.lora.base_format;
+  config.lora_dropout = config.lora.active() ? t.lora.dropout : 0.0;
   if (p.tp > 1 || p.pp > 1) {
     char prefix[32];
     std::snprintf(prefix, sizeof(prefix), "pp%02d_tp%02d_", at.pp, at.tp);
@@ -497,6 +521,7 @@ int train(const RunOptions& o, const std::string& command_line, World& w, const 
   DataSpec data_spec;
   data_spec.source = o.data;
   data_spec.seed = o.seed;
+  data_spec.vocab = o.vocab;
   data_spec.token_bytes = o.data_dtype == "uint32" ? 4 : o.data_dtype == "uint16" ? 2 : 0;
   if (data_spec.token_bytes == 0) throw InputError("--data-dtype: expected uint16 or uint32, got \"" + o.data_dtype + "\"");
   DataLoader loader(data_spec, plan.model.vocab, t.seq_len);
@@ -506,6 +531,14 @@ int train(const RunOptions& o, const std::string& command_line, World& w, const 
                                     {"virtual_stages", p.virtual_stages}, {"chunk_layers", chunk_layers}};
   if (p.cp > 1) parallel_layout["cp"] = p.cp;  // only then: checkpoints written before CP existed still resume
   if (p.ep > 1) parallel_layout["ep"] = p.ep;
+  if (config.lora.active()) {  // a LoRA checkpoint holds the adapters: the base must be the same
+    parallel_layout["lora"] = {{"rank", t.lora.rank}, {"alpha", t.lora.alpha}, {"targets", t.lora.targets},
+                               {"base", o.init_from.empty() ? "initialised, seed " + std::to_string(o.seed) : fs::absolute(o.init_from).string()}};
+  }
+  if (base) {
+    import_hf_weights(*base, engine);
+    if (talk) std::cout << "imported: " << o.init_from << " (Hugging Face " << base->model().name << ")" << std::endl;
+  }
   const nlohmann::json layout = checkpoint_layout(engine, comm.size(), precision, parallel_layout);
   TrainerState state;
   state.loss_scale = t.precision == cm::Precision::kFp16 ? 65536.0 : 1.0;
@@ -547,7 +580,7 @@ int train(const RunOptions& o, const std::string& command_line, World& w, const 
               << cm::recompute_name(p.recompute) << ", " << precision << "\n"
               << "data: " << loader.describe() << " | global batch " << t.global_batch << " x " << t.seq_len << " tokens\n"
               << "model states on rank 0: weights " << gib(sb.weights) << ", gradients " << gib(sb.gradients) << ", optimizer "
-              << gib(sb.optimizer) << "\n";
+              << gib(sb.optimizer) << (sb.host > 0 ? ", offloaded to host memory " + gib(sb.host) : std::string()) << "\n";
   }
 
   const AdamWSettings adamw{0.9, 0.95, 1e-8, o.weight_decay};
@@ -585,6 +618,10 @@ int train(const RunOptions& o, const std::string& command_line, World& w, const 
         MicroBatch mb = loader.micro_batch(step, at.dp, p.dp, t.global_batch, p.micro_batch, k, w.device);
         return std::make_pair(context_slice(context, mb.tokens), context_slice(context, mb.targets));
       };
+      engine.set_step_samples((step - 1) * t.global_batch + at.dp * (t.global_batch / p.dp), p.micro_batch);  // dropout.hpp
+      if (loader.masked()) {  // the loss over the global batch's response tokens (data.hpp)
+        engine.set_loss_denominator(static_cast<double>(loader.step_targets(step, t.global_batch)) / static_cast<double>(p.dp * p.cp * accumulation));
+      }
       const double loss_sum = runner.run_step(batch, state.loss_scale / static_cast<double>(accumulation), timing_pipeline ? &events : nullptr);
       if (p.pp > 1) step_bubbles.push_back(step_bubble(comm, events));
       if (plan.model.moe) moe_steps.push_back(take_moe_step(comm, engine.moe_tally(), plan.model.moe->experts));
@@ -778,8 +815,17 @@ int train(const RunOptions& o, const std::string& command_line, World& w, const 
       const int dp_index = expert < 0 ? 0 : expert / (plan.model.moe->experts / p.ep);  // ep rank = dp index % ep
       return rank_of(dims, RankCoords{tp_rank, 0, stage_of_unit(unit, chunk_layers, p.pp), dp_index});
     };
-    export_safetensors(o.export_dir, engine, comm, state.step, export_plan);
-    if (talk) std::cout << "exported: " << (std::filesystem::path(o.export_dir) / "model.safetensors").string() << "\n";
+    ExportOptions export_options;
+    export_options.hugging_face = o.export_format == "hf";
+    export_options.merged = o.export_lora != "adapters";
+    export_options.adapters = config.lora.active() && o.export_lora != "merged";
+    export_options.base_model = o.init_from.empty() ? plan.model.name : fs::absolute(o.init_from).string();
+    export_safetensors(o.export_dir, engine, comm, state.step, export_plan, export_options);
+    if (talk) {
+      std::cout << "exported: " << o.export_dir << " (" << (export_options.hugging_face ? "Hugging Face Llama layout" : "executor names");
+      if (config.lora.active()) std::cout << "; " << (export_options.merged && export_options.adapters ? "merged weights and adapters" : export_options.merged ? "merged weights" : "adapters");
+      std::cout << ")\n";
+    }
   }
   // The fullest rank's memory (the estimate reports the worst pipeline stage).
   RankMemory memory{engine.state_bytes(), 0, 0};
@@ -888,6 +934,9 @@ int run_executor(const RunOptions& o, const std::string& command_line) {
     code = kExitBadInput;
   } catch (const CheckpointError& e) {
     print_for_rank(w.comm->rank(), std::string("executor: checkpoint error: ") + e.what());
+    code = kExitBadInput;
+  } catch (const ImportError& e) {
+    print_for_rank(w.comm->rank(), std::string("executor: import error: ") + e.what());
     code = kExitBadInput;
   } catch (const std::exception& e) {
     print_for_rank(w.comm->rank(), std::string("executor: run failed: ") + e.what());

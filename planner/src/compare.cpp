@@ -149,6 +149,7 @@ std::string label(const std::string& key) {
       {"reserved_bytes", "reserved"},
       {"required_bytes", "required"},
       {"cpu_offload_per_node_bytes", "CPU offload per node"},
+      {"cpu_offload_per_gpu_bytes", "CPU offload per GPU"},
       {"step_seconds", "step"},
       {"compute_seconds", "compute"},
       {"recompute_seconds", "recompute"},

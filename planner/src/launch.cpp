@@ -208,11 +208,17 @@ std::vector<std::string> executor_limitations(const Plan& plan) {
     problems.push_back("sliding-window attention (window " + std::to_string(m.sliding_window) + " < seq_len " + std::to_string(t.seq_len) +
                        ") is not supported by the executor");
   }
-  if (t.mode == cm::TrainingMode::kLora || t.mode == cm::TrainingMode::kQlora) problems.push_back("LoRA/QLoRA fine-tuning is not supported by the executor");
+  if (t.mode == cm::TrainingMode::kQlora && p.zero_stage == 3) {  // executor/src/engine.hpp quantized_base
+    problems.push_back("QLoRA with ZeRO-3: the executor keeps each rank's quantised base whole (ZeRO 0-2 shard the adapters' states)");
+  }
+  if (t.mode == cm::TrainingMode::kLora || t.mode == cm::TrainingMode::kQlora) {  // executor/src/model.hpp LoraSpec
+    if (m.architecture != cm::Architecture::kLlama) problems.push_back("LoRA: the executor's adapters are on Llama-style blocks");
+    if (m.moe) problems.push_back("LoRA on a mixture-of-experts model is not in the executor");
+  }
   if (t.precision == cm::Precision::kFp8) problems.push_back("fp8 training is not supported by the executor (use bf16)");
   if (t.optimizer != cm::OptimizerKind::kAdamW) problems.push_back(std::string("optimizer ") + cm::optimizer_name(t.optimizer) + " is not supported (adamw only)");
-  if (t.dropout) problems.push_back("dropout is not supported by the executor");
-  if (p.offload_optimizer != cm::Offload::kNone || p.offload_params != cm::Offload::kNone) problems.push_back("CPU/NVMe offload is not supported by the executor");
+  if (p.offload_optimizer == cm::Offload::kNvme) problems.push_back("optimizer offload to NVMe is not in the executor (offload_optimizer cpu is)");
+  if (p.offload_params != cm::Offload::kNone) problems.push_back("parameter offload (offload_params) is not in the executor (offload_optimizer cpu is)");
   if (p.fsdp_wrap_min_params != 0) problems.push_back("fsdp_wrap_min_params: the executor wraps one unit per block");
   if (p.reduce_dtype != cm::Dtype::kFp32) problems.push_back("reduce_dtype: the executor reduces gradients in fp32");
   if (t.seq_len > plan.model.max_seq_len) problems.push_back("seq_len " + std::to_string(t.seq_len) + " exceeds the model's max_seq_len " + std::to_string(plan.model.max_seq_len));

@@ -31,7 +31,7 @@ const char* section_name(Section section) {
 const std::vector<std::string>& section_keys(Section section) {
   static const std::vector<std::string> kMemory = {
       "weights_bytes", "gradients_bytes", "optimizer_bytes", "activations_bytes", "buffers_bytes",
-      "overhead_bytes", "total_bytes", "reserved_bytes", "required_bytes", "cpu_offload_per_node_bytes"};
+      "overhead_bytes", "total_bytes", "reserved_bytes", "required_bytes", "cpu_offload_per_node_bytes", "cpu_offload_per_gpu_bytes"};
   static const std::vector<std::string> kTime = {
       "step_seconds", "compute_seconds", "recompute_seconds", "tp_comm_seconds", "cp_comm_seconds",
       "ep_comm_seconds", "pp_comm_seconds", "dp_comm_exposed_seconds", "dp_comm_total_seconds", "bubble_seconds",

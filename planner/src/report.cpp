@@ -228,10 +228,21 @@ std::string full_precision(double x) {
   return std::string(buf, result.ptr);
 }
 
+namespace {
+
+// Fine-tuning a Llama-style model: the executor starts from a Hugging Face checkpoint.
+bool finetunes_a_checkpoint(const Plan& plan) {
+  return plan.training.mode != TrainingMode::kPretrain && plan.model.architecture == Architecture::kLlama && !plan.model.moe;
+}
+
+}  // namespace
+
 std::string executor_command(const Plan& plan, const std::string& plan_path) {
   const int gpn = plan.cluster.gpus_per_node;
   const int nodes = (plan.gpus + gpn - 1) / gpn;
   std::string s = fmt("torchrun --nnodes %d --nproc-per-node %d --no-python executor --plan %s", nodes, std::min(plan.gpus, gpn), plan_path.c_str());
+  // Fine-tuning starts from the user's checkpoint (executor --init-from, a Hugging Face Llama one).
+  if (finetunes_a_checkpoint(plan)) s += " --init-from HF_CHECKPOINT_DIR --export finetuned --export-format hf";
   return s;
 }
 
@@ -382,6 +393,10 @@ std::string render_search(const PlanRequest& req, const SearchResult& result, co
   if (ctx.plan_path.empty()) out << "  " << ctx.command << " --save-plan plan.json\n";
   else out << "  (plan saved to " << ctx.plan_path << ")\n";
   out << "  " << executor_command(best->plan, path) << "\n";
+  if (finetunes_a_checkpoint(best->plan)) {
+    out << "  (HF_CHECKPOINT_DIR: the Hugging Face checkpoint to fine-tune, config.json and *.safetensors;\n"
+        << "   finetuned/ receives the result in the same layout" << (best->plan.training.mode == TrainingMode::kFull ? "" : ", adapters merged") << ")\n";
+  }
   const std::vector<std::string> limitations = executor_limitations(best->plan);
   if (!limitations.empty()) out << "  note: the executor cannot run this plan yet:\n";
   for (const std::string& why : limitations) out << "    - " << why << "\n";

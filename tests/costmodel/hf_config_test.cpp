@@ -137,6 +137,9 @@ TEST(HfConfig, ReadsEachFamilysKeys) {
   EXPECT_EQ(llama.max_seq_len, 131072);
   EXPECT_FALSE(llama.feature_overrides.has_value());
   EXPECT_EQ(llama.head_size, 0);
+  EXPECT_DOUBLE_EQ(llama.rope_theta, 500000.0);  // the executor's arithmetic: rotary base and norm epsilon
+  EXPECT_DOUBLE_EQ(llama.norm_eps, 1e-5);
+  EXPECT_EQ(costmodel::model_to_json(llama).at("rope_theta"), 500000.0);
 
   const ModelSpec gemma = hf_model("gemma-7b");
   EXPECT_EQ(gemma.head_dim(), 256);
@@ -205,6 +208,9 @@ TEST(HfConfig, AbsentKeysTakeTheTransformersDefaults) {
   EXPECT_EQ(llama.kv_heads, 32);         // num_key_value_heads None -> num_attention_heads
   EXPECT_FALSE(llama.tied_embeddings);   // tie_word_embeddings=False
   EXPECT_EQ(llama.max_seq_len, 2048);    // max_position_embeddings=2048
+  EXPECT_DOUBLE_EQ(llama.rope_theta, 10000.0);  // rope_theta=10000.0
+  EXPECT_DOUBLE_EQ(llama.norm_eps, 1e-6);       // rms_norm_eps=1e-6
+  EXPECT_DOUBLE_EQ(read(R"({"model_type": "mixtral", "num_local_experts": 8, "num_experts_per_tok": 2, )" + sizes + "}").norm_eps, 1e-5);  // MixtralConfig: 1e-5
   const ModelSpec mistral = read(R"({"model_type": "mistral", )" + sizes + "}");
   EXPECT_EQ(mistral.kv_heads, 8);              // num_key_value_heads=8
   EXPECT_EQ(mistral.sliding_window, 4096);     // sliding_window=4096

@@ -219,8 +219,11 @@ TEST(Offload, CpuOptimizerOffloadLeavesNoOptimizerBytesOnTheGpu) {
   EXPECT_GT(on_gpu.memory.optimizer.value(), 0);
   EXPECT_EQ(offloaded.memory.optimizer.value(), 0.0);
   EXPECT_EQ(on_gpu.memory.cpu_offload_per_node.value(), 0.0);
-  // The node's 8 GPUs each put their ZeRO-1 shard (12 Psi / 8) in host memory: 12 Psi per node.
-  EXPECT_NEAR(offloaded.memory.cpu_offload_per_node.value() / (12.0 * 8030261248.0), 1.0, 1e-12);
+  // The node's 8 GPUs each put their ZeRO-1 shard (12 Psi / 8) in host memory, 12 Psi per node,
+  // and each stages its shard of the largest unit's float32 gradient there for the CPU update:
+  // the token table, 128256 x 4096, 4 bytes / 8 per GPU.
+  EXPECT_NEAR(offloaded.memory.cpu_offload_per_node.value() / (12.0 * 8030261248.0 + 4.0 * 128256 * 4096), 1.0, 1e-12);
+  EXPECT_DOUBLE_EQ(offloaded.memory.cpu_offload_per_gpu.value() * 8, offloaded.memory.cpu_offload_per_node.value());
   EXPECT_NEAR((on_gpu.memory.total - offloaded.memory.total).value(), on_gpu.memory.optimizer.value(), 1.0);
   EXPECT_GT(offloaded.time.offload.value(), 0);
   EXPECT_EQ(on_gpu.time.offload.value(), 0.0);

@@ -46,7 +46,7 @@ std::string write_plan(const std::string& dir, const std::string& name, const Pl
     model.update(s.model_patch);
     model["name"] = s.model + "-" + name;
   }
-  const nlohmann::json plan = {
+  nlohmann::json plan = {
       {"schema", "trainplan/plan/v1"},
       {"name", name},
       {"model", model},
@@ -58,6 +58,7 @@ std::string write_plan(const std::string& dir, const std::string& name, const Pl
         {"micro_batch", s.micro_batch}, {"recompute", s.recompute}, {"virtual_stages", s.virtual_stages}, {"schedule", s.schedule},
         {"sequence_parallel", s.sequence_parallel}}},
   };
+  plan["training"].update(s.training_patch);
   const std::string path = (fs::path(dir) / (name + ".json")).string();
   std::ofstream(path) << plan.dump(2);
   return path;

@@ -32,6 +32,7 @@ struct PlanSpec {
   bool sequence_parallel = false;
   int layers = 0;  // > 0: an inline copy of `model` (tiny-llama or tiny-gpt) with this many layers
   nlohmann::json model_patch = nlohmann::json::object();  // more changes to that inline copy
+  nlohmann::json training_patch = nlohmann::json::object();  // changes to the plan's training section (mode, lora)
 };
 
 struct Outcome {

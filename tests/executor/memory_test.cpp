@@ -110,6 +110,11 @@ TEST(ActivationBytes, EachLayerKeepsWhatTheCostModelCounts) {
   const std::vector<Case> cases = {
       {"act_one_rank", dense(1, 1, 1, 1, 8), 1e-4}, {"act_tp2", dense(1, 2, 1, 1, 8), 0.01},  // the norms' float32 1/RMS: 2 x 4 B per token
       {"act_cp2", dense(1, 1, 2, 1, 8), 1e-4},      {"act_pp2", dense(1, 1, 1, 2, 1), 1e-4},
+      {"act_dropout", [] {  // dropout 0.1: one byte per element for each residual branch's mask
+         PlanSpec s;
+         s.training_patch = {{"dropout", true}};
+         return s;
+       }(), 1e-4},
       {"act_moe_ep2", [] {
          PlanSpec s;
          s.ranks = 2;

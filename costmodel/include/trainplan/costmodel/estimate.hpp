@@ -41,6 +41,7 @@ struct MemoryBreakdown {
   int worst_stage = 0;           // pipeline stage with the largest total
   double micro_batches_in_flight = 0;  // on that stage, per the schedule
   Bytes cpu_offload_per_node;    // host memory used by offloaded states
+  Bytes cpu_offload_per_gpu;     // the same for one GPU's rank (the worst stage's)
 };
 
 struct TimeBreakdown {

@@ -106,6 +106,11 @@ struct ModelSpec {
   std::optional<MlaSpec> mla;       // multi-head latent attention instead of Q, K, V, O
   // Keys each query attends to at most (Mistral 7B v0.1: 4096); default 0: the whole sequence.
   std::int64_t sliding_window = 0;
+  // Rotary base (Llama 3: 500000) and the norms' epsilon (Llama 2 and 3: 1e-5, transformers'
+  // LlamaConfig default 1e-6). They change no count or cost, only the executor's arithmetic, so
+  // a checkpoint imported from Hugging Face computes what it computed there. Defaults: 10000, 1e-5.
+  double rope_theta = 10000.0;
+  double norm_eps = 1e-5;
 
   [[nodiscard]] std::int64_t head_dim() const { return head_size > 0 ? head_size : hidden / heads; }
   [[nodiscard]] std::int64_t q_dim() const { return head_dim() * heads; }  // Q width (attention output width)

@@ -38,6 +38,11 @@ struct LoraConfig {
   // Linear layers that carry adapters: any of q, k, v, o, gate, up, down.
   std::vector<std::string> targets = {"q", "k", "v", "o"};
   QuantFormat base_format = QuantFormat::kNf4;  // QLoRA only: storage of the frozen base weights
+  // An adapter adds (alpha / rank) x B A x to its projection's output (Hu et al. 2021; PEFT's
+  // lora_alpha), with dropout of this probability on the adapter's input x. Defaults: 16, 0.
+  double alpha = 16.0;
+  double dropout = 0.0;
+  [[nodiscard]] double scale() const { return alpha / rank; }
 };
 
 struct TrainingConfig {
@@ -49,6 +54,7 @@ struct TrainingConfig {
   LoraConfig lora;
   double train_tokens = 0;         // tokens to train; 0 = default (20 per parameter when pretraining)
   bool dropout = false;            // dropout layers present (stores masks, costs time)
+  double dropout_rate = 0.1;       // their probability (the embedding's and each block's two residual branches)
   AttentionKernel attention = AttentionKernel::kFlash;
   // The software stack the prediction is for (stack.hpp): which kernels are fused, which tensors
   // are kept, how the loss and the optimizer run. Default: this project's executor.

@@ -17,6 +17,7 @@ struct RunOptions {
   std::string device = "auto";         // "auto" (cuda when present), "cpu" or "cuda"
   std::string data = "synthetic";      // "synthetic" or a token file path
   std::string data_dtype = "uint16";   // token file element: "uint16" or "uint32"
+  std::string vocab;                   // instruction data (--data *.jsonl|*.json): a vocabulary file; empty: bytes
   uint64_t seed = 1234;                // initialisation and synthetic data
   double lr = 3e-4;                    // peak learning rate
   double min_lr_ratio = 0.1;           // cosine decay floor, fraction of lr
@@ -28,6 +29,9 @@ struct RunOptions {
   int64_t checkpoint_every = 0;        // steps between checkpoints; 0 = only at the end/stop
   std::string resume;                  // a checkpoint directory: continue from its newest step
   std::string export_dir;              // consolidated safetensors + config.json at the end
+  std::string export_format = "trainplan";  // "trainplan" (the executor's names) or "hf" (transformers' Llama layout)
+  std::string export_lora = "merged";  // LoRA runs: "merged", "adapters" (PEFT) or "both"
+  std::string init_from;               // a Hugging Face Llama checkpoint directory to start from
   std::string measurement_path;        // where rank 0 writes the measurement document
   int64_t stop_after = 0;              // stop (and checkpoint) after this many steps of this run
   int timeout_seconds = 300;           // a collective waiting longer ends the run

@@ -1,0 +1,109 @@
+// NF4 and INT8 storage of frozen weights (see quantize.hpp).
+
+#include "quantize.hpp"
+
+#include <stdexcept>
+
+namespace trainplan::executor {
+
+namespace cm = trainplan::costmodel;
+
+namespace {
+
+constexpr int64_t kBlock = 64;   // values per NF4 block
+constexpr int64_t kGroup = 256;  // blocks per float32 scale of the block maxima
+constexpr double kTiny = 1e-12;
+
+at::Tensor padded(const at::Tensor& flat, int64_t multiple) {
+  const int64_t n = flat.numel(), rounded = (n + multiple - 1) / multiple * multiple;
+  return rounded == n ? flat : at::cat({flat, at::zeros({rounded - n}, flat.options())});
+}
+
+at::Tensor levels_on(const at::Device& device) {
+  return at::tensor(nf4_levels(), at::TensorOptions().dtype(at::kFloat)).to(device);
+}
+
+// The block maxima of an NF4 matrix from their 8-bit codes.
+at::Tensor block_maxima(const QuantizedMatrix& q) {
+  const int64_t blocks = q.block_codes.numel();
+  const at::Tensor scales = q.group_scales.repeat_interleave(kGroup).narrow(0, 0, blocks);
+  return (q.block_codes.to(at::kFloat) - 128.0) / 127.0 * scales + q.offset;
+}
+
+}  // namespace
+
+const std::vector<float>& nf4_levels() {
+  // bitsandbytes functional.py, the NF4 data type (Dettmers et al. 2023, appendix E).
+  static const std::vector<float> levels = {-1.0f,
+                                            -0.6961928009986877f,
+                                            -0.5250730514526367f,
+                                            -0.39491748809814453f,
+                                            -0.28444138169288635f,
+                                            -0.18477343022823334f,
+                                            -0.09105003625154495f,
+                                            0.0f,
+                                            0.07958029955625534f,
+                                            0.16093020141124725f,
+                                            0.24611230194568634f,
+                                            0.33791524171829224f,
+                                            0.44070982933044434f,
+                                            0.5626170039176941f,
+                                            0.7229568362236023f,
+                                            1.0f};
+  return levels;
+}
+
+double QuantizedMatrix::bytes() const {
+  const auto size = [](const at::Tensor& t) { return t.defined() ? static_cast<double>(t.numel()) * t.element_size() : 0.0; };
+  return size(codes) + size(block_codes) + size(group_scales);
+}
+
+QuantizedMatrix quantize(const at::Tensor& w, cm::QuantFormat format) {
+  if (w.dim() != 2) throw std::invalid_argument("quantize: a matrix (2-D tensor) expected");
+  QuantizedMatrix q;
+  q.format = format;
+  q.shape = w.sizes().vec();
+  const at::Tensor x = w.to(at::kFloat);
+  if (format == cm::QuantFormat::kInt8) {
+    const at::Tensor scale = x.abs().amax(1).clamp_min(kTiny) / 127.0;  // per row
+    q.codes = at::round(x / scale.unsqueeze(1)).clamp_(-127, 127).to(at::kChar).contiguous();
+    q.group_scales = scale.contiguous();
+    return q;
+  }
+  const at::Tensor blocks = padded(x.reshape({-1}), kBlock).view({-1, kBlock});
+  const at::Tensor maxima = blocks.abs().amax(1);                                   // [blocks]
+  const at::Tensor normalised = blocks / maxima.clamp_min(kTiny).unsqueeze(1);     // [-1, 1]
+  const at::Tensor levels = levels_on(w.device());
+  const at::Tensor midpoints = (levels.narrow(0, 0, 15) + levels.narrow(0, 1, 15)) / 2;
+  const at::Tensor index = at::bucketize(normalised, midpoints).reshape({-1, 2});  // nearest level, two per byte
+  q.codes = (index.select(1, 0).bitwise_left_shift(4).bitwise_or(index.select(1, 1))).to(at::kByte).contiguous();
+  // Double quantisation of the maxima: centred, then 8 bits with a float32 scale per 256 blocks.
+  q.offset = maxima.mean().item<double>();
+  const at::Tensor centred = maxima - q.offset;
+  const at::Tensor groups = padded(centred, kGroup).view({-1, kGroup});
+  q.group_scales = groups.abs().amax(1).clamp_min(kTiny).contiguous();
+  const at::Tensor scales = q.group_scales.repeat_interleave(kGroup).narrow(0, 0, maxima.numel());
+  q.block_codes = (at::round(centred / scales * 127.0).clamp_(-127, 127) + 128.0).to(at::kByte).contiguous();
+  return q;
+}
+
+void dequantize_into(const QuantizedMatrix& q, at::Tensor out) {
+  const int64_t n = q.shape[0] * q.shape[1];
+  if (out.numel() != n) throw std::invalid_argument("dequantize_into: the output has another size than the matrix");
+  if (q.format == cm::QuantFormat::kInt8) {
+    out.view({q.shape[0], q.shape[1]}).copy_(q.codes.to(at::kFloat) * q.group_scales.unsqueeze(1));
+    return;
+  }
+  const at::Tensor high = q.codes.bitwise_right_shift(4).to(at::kLong), low = q.codes.bitwise_and(15).to(at::kLong);
+  const at::Tensor index = at::stack({high, low}, 1).reshape({-1, kBlock});
+  const at::Tensor values = levels_on(q.codes.device()).index({index}) * block_maxima(q).unsqueeze(1);
+  out.view({-1}).copy_(values.reshape({-1}).narrow(0, 0, n));
+}
+
+at::Tensor dequantize(const QuantizedMatrix& q, at::ScalarType dtype) {
+  at::Tensor out = at::empty(q.shape, q.codes.options().dtype(dtype));
+  dequantize_into(q, out);
+  return out;
+}
+
+}  // namespace trainplan::executor

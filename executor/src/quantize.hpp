@@ -1,0 +1,43 @@
+#pragma once
+// Frozen base weights stored in 4 or 8 bits for QLoRA (Dettmers et al. 2023), dequantised into
+// the compute dtype when a block runs (engine.cpp gathers a quantised unit as ZeRO-3 gathers a
+// sharded one).
+//
+// NF4: blocks of 64 consecutive values (the matrix flattened row by row), each scaled by its
+// absolute maximum and rounded to the nearest of the 16 NormalFloat levels (bitsandbytes' table:
+// the quantiles of N(0, 1) normalised to [-1, 1], exact 0 included), two codes per byte. The
+// block maxima are quantised again ("double quantisation"): their mean subtracted, then 8-bit
+// linear codes with one float32 scale per 256 blocks (bitsandbytes uses a dynamic 8-bit map
+// there; a linear one changes the maxima by at most 1/254 of a group's range). Storage per value:
+// 4 + 8/64 + 32/(64 x 256) = 4.127 bits, the cost model's figure.
+// INT8: per output row, absmax-scaled int8 codes and one float32 scale (1 + 4/in bytes a value).
+
+#include <cstdint>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+#include "trainplan/costmodel/plan.hpp"
+
+namespace trainplan::executor {
+
+struct QuantizedMatrix {
+  costmodel::QuantFormat format = costmodel::QuantFormat::kNf4;
+  std::vector<int64_t> shape;  // [rows, cols]
+  at::Tensor codes;            // uint8: NF4 two per byte (numel / 2, blocks padded); INT8 one per byte
+  at::Tensor block_codes;      // NF4: uint8 per 64-value block, the block maximum's code
+  at::Tensor group_scales;     // NF4: float32 per 256 blocks; INT8: float32 per row
+  double offset = 0;           // NF4: the mean block maximum
+  [[nodiscard]] double bytes() const;
+};
+
+// Quantises `w` (a 2-D floating tensor, any device); the result lives on w's device.
+[[nodiscard]] QuantizedMatrix quantize(const at::Tensor& w, costmodel::QuantFormat format);
+// Writes the dequantised matrix into `out` (rows x cols elements, contiguous, any float dtype).
+void dequantize_into(const QuantizedMatrix& q, at::Tensor out);
+[[nodiscard]] at::Tensor dequantize(const QuantizedMatrix& q, at::ScalarType dtype = at::kFloat);
+
+// The 16 NF4 levels (bitsandbytes' create_normal_map), ascending.
+[[nodiscard]] const std::vector<float>& nf4_levels();
+
+}  // namespace trainplan::executor
