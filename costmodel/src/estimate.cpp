@@ -357,6 +357,9 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
     if (s.sequence_parallel) x.buffers += tokens * h * e;  // gathered input of a column-parallel GEMM
     if (stages > 1) x.buffers += 2.0 * tokens * h * e / (s.sequence_parallel ? t : 1.0);  // p2p send/recv
     x.buffers += 2.0 * 32.0 * 1048576.0;
+    // QLoRA: a block's quantised linear weights dequantised into the compute dtype while it runs
+    // forward or backward (the trainplan executor dequantises the whole block; engine.cpp).
+    if (tr.mode == TrainingMode::kQlora && layers[i] > 0) x.buffers += (pc.attention / t + (mdl.moe ? expert_layer : pc.mlp / t)) * e;
 
     // Activations: the allocated bytes at each peak of the step, and the allocator's slack
     // there (PyTorch's caching allocator keeps freed blocks for reuse; a request larger than

@@ -421,41 +421,57 @@ void gather_parameters(DataParallelEngine& engine, Communicator& world, const Ex
   for (auto& s : sends) s.first->wait();
 }
 
-// The streaming writer of a model without adapters: the header from the layout, then each tensor
-// as it arrives.
-void export_streamed(const std::string& dir, DataParallelEngine& engine, Communicator& world, int64_t step, const ExportPlan& plan,
-                     const ExportOptions& options) {
-  const std::vector<UnitLayout> whole = model_layout(engine.model());
-  const std::string path = (fs::path(dir) / "model.safetensors").string();
-  std::unique_ptr<FileWriter> w;
-  if (world.rank() == 0) {
+// A safetensors file of float32 tensors written as they come: the header from their names and
+// shapes first, then each tensor in that order (FileWriter: a temporary name until finish).
+class SafetensorsStream {
+ public:
+  SafetensorsStream(std::string path, const std::vector<std::pair<std::string, std::vector<int64_t>>>& entries, int64_t step)
+      : path_(std::move(path)), writer_(path_ + ".tmp") {
     nlohmann::ordered_json header;
     header["__metadata__"] = {{"format", "pt"}, {"producer", "trainplan executor"}, {"step", std::to_string(step)}};
     uint64_t offset = 0;
-    for (const UnitLayout& u : whole) {
-      for (const ParamSlot& s : u.slots) {
-        const uint64_t bytes = static_cast<uint64_t>(s.numel) * 4;
-        header[options.hugging_face ? hf_name(s.name) : s.name] = {{"dtype", "F32"}, {"shape", s.shape}, {"data_offsets", {offset, offset + bytes}}};
-        offset += bytes;
-      }
+    for (const auto& [name, shape] : entries) {
+      uint64_t bytes = 4;
+      for (int64_t d : shape) bytes *= static_cast<uint64_t>(d);
+      header[name] = {{"dtype", "F32"}, {"shape", shape}, {"data_offsets", {offset, offset + bytes}}};
+      offset += bytes;
     }
     std::string text = header.dump();
     text.append((8 - text.size() % 8) % 8, ' ');  // the data starts 8-byte aligned
-    fs::create_directories(dir);
-    w = std::make_unique<FileWriter>(path + ".tmp");
-    const uint64_t length = text.size();  // little-endian on every platform we build for
-    w->write(&length, 8);
-    w->write(text.data(), text.size());
+    const uint64_t length = text.size();        // little-endian on every platform we build for
+    writer_.write(&length, 8);
+    writer_.write(text.data(), text.size());
   }
-  gather_parameters(engine, world, plan, whole, [&](const UnitLayout&, const ParamSlot&, const at::Tensor& t) { w->write_tensor(t.reshape({-1})); });
-  if (w) {
-    w->close_synced();
-    fs::rename(path + ".tmp", path);
+  void write(const at::Tensor& t) { writer_.write_tensor(t.to(at::kFloat).reshape({-1})); }
+  void finish() {
+    writer_.close_synced();
+    fs::rename(path_ + ".tmp", path_);
   }
+
+ private:
+  std::string path_;
+  FileWriter writer_;
+};
+
+// The model without adapters, streamed one parameter at a time.
+void export_streamed(const std::string& dir, DataParallelEngine& engine, Communicator& world, int64_t step, const ExportPlan& plan,
+                     const ExportOptions& options) {
+  const std::vector<UnitLayout> whole = model_layout(engine.model());
+  std::unique_ptr<SafetensorsStream> out;
+  if (world.rank() == 0) {
+    std::vector<std::pair<std::string, std::vector<int64_t>>> entries;
+    for (const UnitLayout& u : whole) {
+      for (const ParamSlot& s : u.slots) entries.emplace_back(options.hugging_face ? hf_name(s.name) : s.name, s.shape);
+    }
+    out = std::make_unique<SafetensorsStream>((fs::path(dir) / "model.safetensors").string(), entries, step);
+  }
+  gather_parameters(engine, world, plan, whole, [&](const UnitLayout&, const ParamSlot&, const at::Tensor& t) { out->write(t); });
+  if (out) out->finish();
 }
 
-// A LoRA run: each block's base weights held until its adapters arrive, then merged
-// (W + scale B A) and/or the adapters kept.
+// A LoRA run, streamed too: each block's base weights are held (on the host) until its adapters
+// arrive, then written merged (W + scale B A, under the base's names); the adapters go to their
+// own file as they come. Rank 0 holds one block and its adapters at a time.
 void export_lora(const std::string& dir, DataParallelEngine& engine, Communicator& world, int64_t step, const ExportPlan& plan,
                  const ExportOptions& options) {
   const LoraSpec& lora = engine.config().lora;
@@ -463,49 +479,45 @@ void export_lora(const std::string& dir, DataParallelEngine& engine, Communicato
   whole_model.lora = lora;
   const std::vector<UnitLayout> whole = model_layout(engine.model(), whole_model);
   const auto name_of = [&](const std::string& name) { return options.hugging_face ? hf_name(name) : name; };
-  std::vector<std::pair<std::string, at::Tensor>> model, adapters;
-  std::map<std::string, at::Tensor> block;  // the current block's base weights, by slot name
-  std::vector<std::string> block_order;
+  std::unique_ptr<SafetensorsStream> model_file, adapter_file;
+  if (world.rank() == 0) {
+    std::vector<std::pair<std::string, std::vector<int64_t>>> base, adapters;
+    for (const UnitLayout& u : whole) {
+      for (const ParamSlot& s : u.slots) (u.kind == UnitKind::kAdapters ? adapters : base).emplace_back(name_of(s.name), s.full_shape);
+    }
+    if (options.merged) model_file = std::make_unique<SafetensorsStream>((fs::path(dir) / "model.safetensors").string(), base, step);
+    if (options.adapters) adapter_file = std::make_unique<SafetensorsStream>((fs::path(dir) / "adapter_model.safetensors").string(), adapters, step);
+  }
+  std::vector<std::pair<std::string, at::Tensor>> block;  // the current block's base weights, in slot order
   std::map<std::string, at::Tensor> unit_adapters;
-  const auto flush_block = [&]() {
-    for (const std::string& name : block_order) model.emplace_back(name_of(name), block.at(name));
-    block.clear();
-    block_order.clear();
-  };
   gather_parameters(engine, world, plan, whole, [&](const UnitLayout& u, const ParamSlot& s, const at::Tensor& t) {
+    const at::Tensor value = t.view(s.full_shape).cpu();
     if (u.kind == UnitKind::kBlock) {
-      block[s.name] = t.view(s.full_shape);
-      block_order.push_back(s.name);
+      block.emplace_back(s.name, value);
       return;
     }
     if (u.kind != UnitKind::kAdapters) {
-      flush_block();
-      model.emplace_back(name_of(s.name), t.view(s.full_shape));
+      if (model_file) model_file->write(value);
       return;
     }
-    const at::Tensor value = t.view(s.full_shape);
-    if (options.adapters) {
-      std::string name = options.hugging_face ? hf_name(s.name) : s.name;
-      adapters.emplace_back(name, value);
-    }
+    if (adapter_file) adapter_file->write(value);
     unit_adapters[s.name] = value;
-    if (&s == &u.slots.back()) {  // the unit's last adapter: merge them into the block
+    if (&s != &u.slots.back()) return;
+    // The unit's last adapter: merge them into the block's weights and write the block.
+    for (auto& [name, w] : block) {
       for (const std::string& target : lora_target_order()) {
-        if (!lora.has(target)) continue;
         const std::string base = "layers." + std::to_string(u.layer) + "." + lora_base_slot(target);
-        at::Tensor& w = block.at(base + ".weight");
-        w = w + lora.scale * at::mm(unit_adapters.at(base + ".lora_B.weight"), unit_adapters.at(base + ".lora_A.weight"));
+        if (lora.has(target) && name == base + ".weight") {
+          w = w + lora.scale * at::mm(unit_adapters.at(base + ".lora_B.weight"), unit_adapters.at(base + ".lora_A.weight"));
+        }
       }
-      unit_adapters.clear();
-      flush_block();
+      if (model_file) model_file->write(w);
     }
+    block.clear();
+    unit_adapters.clear();
   });
-  if (world.rank() == 0) {
-    flush_block();
-    const std::map<std::string, std::string> metadata = {{"format", "pt"}, {"producer", "trainplan executor"}, {"step", std::to_string(step)}};
-    if (options.merged) write_safetensors((fs::path(dir) / "model.safetensors").string(), model, metadata);
-    if (options.adapters) write_safetensors((fs::path(dir) / "adapter_model.safetensors").string(), adapters, metadata);
-  }
+  if (model_file) model_file->finish();
+  if (adapter_file) adapter_file->finish();
 }
 
 }  // namespace

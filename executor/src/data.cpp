@@ -154,8 +154,11 @@ class FileSource final : public TokenSource {
 };
 
 // Text to token ids: bytes (ids 0-255, then BOS 256, EOS 257, PAD 258), or a vocabulary's pieces
-// matched greedily, longest first, against the text's bytes as they are (no normalisation, no BPE
-// merges), a byte no piece starts with taking the vocabulary's byte-fallback piece "<0xNN>".
+// matched greedily, longest first (not the tokenizer's BPE merges: ids may differ from its), in
+// the vocabulary's alphabet: a byte-level BPE vocabulary's (GPT-2, Llama 3: it has "Ġ", each byte
+// is first mapped to its printable stand-in, GPT-2's bytes_to_unicode), a SentencePiece one's
+// (Llama 2: it has "▁" pieces, the text is prefixed with and its spaces replaced by "▁"), else the
+// text's bytes as they are; a byte no piece covers takes the byte-fallback piece "<0xNN>".
 class Tokenizer {
  public:
   Tokenizer(const std::string& vocab_path, int64_t model_vocab) {
@@ -198,13 +201,26 @@ class Tokenizer {
     eos_ = first_of({"</s>", "<|end_of_text|>", "<|eot_id|>", "<eos>"});
     pad_ = first_of({"<pad>", "<|finetune_right_pad_id|>"});
     if (pad_ < 0) pad_ = eos_ >= 0 ? eos_ : 0;  // padding takes no loss: any id does
+    byte_level_ = pieces_.count("\xC4\xA0") != 0;  // "Ġ", the space's stand-in
+    sentencepiece_ = !byte_level_ && (pieces_.count(kSpace) != 0 || std::any_of(pieces_.begin(), pieces_.end(), [](const auto& p) {
+                                        return p.first.rfind(kSpace, 0) == 0;
+                                      }));
     describe_ = vocab_path + " (" + std::to_string(pieces_.size()) + " pieces)";
   }
-  // Appends the ids of `text` to `out`; `where` names the example in errors.
-  void encode(const std::string& text, std::vector<int64_t>& out, const std::string& where) const {
+  // Appends the ids of `input` to `out`; `where` names the example in errors.
+  void encode(const std::string& input, std::vector<int64_t>& out, const std::string& where) const {
     if (pieces_.empty()) {
-      for (unsigned char c : text) out.push_back(c);
+      for (unsigned char c : input) out.push_back(c);
       return;
+    }
+    std::string text;
+    if (byte_level_) {
+      for (unsigned char c : input) text += byte_stand_in(c);
+    } else if (sentencepiece_) {
+      text = kSpace;
+      for (char c : input) text += c == ' ' ? std::string(kSpace) : std::string(1, c);
+    } else {
+      text = input;
     }
     std::size_t i = 0;
     while (i < text.size()) {
@@ -228,6 +244,32 @@ class Tokenizer {
       i += length;
     }
   }
+  static constexpr const char* kSpace = "\xE2\x96\x81";  // "▁", SentencePiece's space
+  // GPT-2's bytes_to_unicode: printable bytes stand for themselves, the others for U+0100 on, as UTF-8.
+  static std::string byte_stand_in(unsigned char b) {
+    static const std::vector<std::string> table = [] {
+      std::vector<int> code(256, -1);
+      for (int c = '!'; c <= '~'; ++c) code[static_cast<std::size_t>(c)] = c;
+      for (int c = 0xA1; c <= 0xAC; ++c) code[static_cast<std::size_t>(c)] = c;
+      for (int c = 0xAE; c <= 0xFF; ++c) code[static_cast<std::size_t>(c)] = c;
+      int next = 256;
+      for (int c = 0; c < 256; ++c) {
+        if (code[static_cast<std::size_t>(c)] < 0) code[static_cast<std::size_t>(c)] = next++;
+      }
+      std::vector<std::string> utf8;
+      for (int c : code) {
+        std::string u;
+        if (c < 0x80) u += static_cast<char>(c);
+        else {
+          u += static_cast<char>(0xC0 | (c >> 6));
+          u += static_cast<char>(0x80 | (c & 0x3F));
+        }
+        utf8.push_back(u);
+      }
+      return utf8;
+    }();
+    return table[b];
+  }
   [[nodiscard]] int64_t bos() const { return bos_; }
   [[nodiscard]] int64_t eos() const { return eos_; }
   [[nodiscard]] int64_t pad() const { return pad_; }
@@ -236,6 +278,7 @@ class Tokenizer {
  private:
   std::unordered_map<std::string, int64_t> pieces_;
   std::size_t longest_ = 0;
+  bool byte_level_ = false, sentencepiece_ = false;
   int64_t bos_ = -1, eos_ = -1, pad_ = 0;
   std::string describe_;
 };

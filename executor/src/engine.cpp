@@ -1,6 +1,7 @@
 // The data-parallel engine (see engine.hpp for the stages and their state).
 
 #include "engine.hpp"
+#include "gpu.hpp"
 #include "quantize.hpp"
 
 #include <chrono>
@@ -87,8 +88,10 @@ struct BeforeBackwardFn : torch::autograd::Function<BeforeBackwardFn> {
 
 // Full activation recompute of one block: forward without a graph, keeping only the input; the
 // backward gathers the parameters (ZeRO-3), runs the forward again with a graph and backward.
+// `anchor`: a trained unit's (the block's, or its LoRA adapters'), so that the output needs a
+// gradient even when `x` does not (LoRA's first block after the frozen embedding).
 struct RecomputedBlockFn : torch::autograd::Function<RecomputedBlockFn> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t engine, int64_t unit) {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& /*anchor*/, int64_t engine, int64_t unit) {
     ctx->saved_data["engine"] = engine;
     ctx->saved_data["unit"] = unit;
     ctx->save_for_backward({x});
@@ -133,7 +136,9 @@ struct RecomputedBlockFn : torch::autograd::Function<RecomputedBlockFn> {
                                            e->config().lora, drop);
       torch::autograd::backward({out}, {grads[0]});
     }
-    return {x.grad(), at::Tensor(), at::Tensor()};
+    // A trained unit is released by its gradients' callback; a frozen one (LoRA's base) here.
+    if (e->layout()[u].frozen) e->release(u);
+    return {x.grad(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -414,7 +419,10 @@ int64_t DataParallelEngine::companion_of(std::size_t unit) const {
 at::Tensor DataParallelEngine::run_unit_forward(std::size_t unit, const at::Tensor& x) {
   const int64_t id = engine_id(this), index = static_cast<int64_t>(unit);
   const int layer = units_[unit]->layout.layer;
-  if (recompute_block(layer)) return RecomputedBlockFn::apply(x, id, index);
+  if (recompute_block(layer)) {
+    const int64_t companion = companion_of(unit);
+    return RecomputedBlockFn::apply(x, anchor(companion >= 0 ? static_cast<std::size_t>(companion) : unit), id, index);
+  }
   const int64_t experts = companion_of(unit);
   gather(unit, +1);
   if (experts >= 0) gather(static_cast<std::size_t>(experts), +1);
@@ -458,7 +466,8 @@ at::Tensor DataParallelEngine::forward_chunk(int chunk, const at::Tensor& input,
         break;
       }
       case UnitKind::kBlock: x = run_unit_forward(i, x); break;
-      case UnitKind::kExperts: break;  // with its block
+      case UnitKind::kExperts:
+      case UnitKind::kAdapters: break;  // with its block
       case UnitKind::kHead: {
         gather(i, +1);
         const variable_list head_params = views_in_graph(i);
@@ -730,7 +739,7 @@ void DataParallelEngine::finish_offload() {
 void DataParallelEngine::optimizer_step(const AdamWSettings& a, double lr, double gradient_multiplier, int64_t step) {
   if (config_.offload_optimizer) {
     finish_offload();
-    if (config_.device.is_cuda()) (void)units_.front()->anchor.cpu();  // the gradients are complete
+    if (config_.device.is_cuda()) cuda_synchronize();  // the gradients are complete before the host reads them
     if (config_.zero_stage == 1 || config_.zero_stage == 2) {
       for (std::size_t i = 0; i < units_.size(); ++i) offloaded_update(i, a, lr, gradient_multiplier, step);
       refresh_compute_copies();

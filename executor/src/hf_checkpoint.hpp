@@ -74,8 +74,12 @@ class HfCheckpoint {
   [[nodiscard]] const costmodel::ModelSpec& model() const { return model_; }
   [[nodiscard]] const std::string& dir() const { return dir_; }
   // What differs between this checkpoint's architecture and `plan_model` ("" when they agree):
-  // every size, tied embeddings, head size, rotary base and norm epsilon.
+  // every size, tied embeddings, head size, rotary base, norm epsilon, sliding window and block features.
   [[nodiscard]] std::string mismatch(const costmodel::ModelSpec& plan_model) const;
+  // A tensor of the checkpoint that `model` has no parameter for ("" when none): a layer the
+  // executor's block lacks (Qwen3's query and key norms, biases) would otherwise be dropped unseen.
+  // The rotary tables some checkpoints carry are derived, not parameters, and pass.
+  [[nodiscard]] std::string unused_tensor(const costmodel::ModelSpec& model) const;
   // The whole tensor `hf` as float32, checked against `shape` (ImportError naming the tensor, its
   // file and both shapes; or the tensor missing, naming `wanted_for`).
   [[nodiscard]] at::Tensor read(const std::string& hf, const std::vector<int64_t>& shape, const std::string& wanted_for) const;

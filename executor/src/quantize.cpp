@@ -2,6 +2,7 @@
 
 #include "quantize.hpp"
 
+#include <algorithm>
 #include <stdexcept>
 
 namespace trainplan::executor {
@@ -13,6 +14,7 @@ namespace {
 constexpr int64_t kBlock = 64;   // values per NF4 block
 constexpr int64_t kGroup = 256;  // blocks per float32 scale of the block maxima
 constexpr double kTiny = 1e-12;
+constexpr int64_t kChunkBlocks = 16384;  // 1 Mi values per dequantisation pass
 
 at::Tensor padded(const at::Tensor& flat, int64_t multiple) {
   const int64_t n = flat.numel(), rounded = (n + multiple - 1) / multiple * multiple;
@@ -94,10 +96,19 @@ void dequantize_into(const QuantizedMatrix& q, at::Tensor out) {
     out.view({q.shape[0], q.shape[1]}).copy_(q.codes.to(at::kFloat) * q.group_scales.unsqueeze(1));
     return;
   }
-  const at::Tensor high = q.codes.bitwise_right_shift(4).to(at::kLong), low = q.codes.bitwise_and(15).to(at::kLong);
-  const at::Tensor index = at::stack({high, low}, 1).reshape({-1, kBlock});
-  const at::Tensor values = levels_on(q.codes.device()).index({index}) * block_maxima(q).unsqueeze(1);
-  out.view({-1}).copy_(values.reshape({-1}).narrow(0, 0, n));
+  // A chunk of blocks at a time: the level indices are int64 (ATen's gather), 16 bytes a value
+  // with the stacked copy, so a whole 8B-sized matrix at once would hold gigabytes of them.
+  const at::Tensor levels = levels_on(q.codes.device()), maxima = block_maxima(q);
+  const at::Tensor flat = out.view({-1});
+  const int64_t blocks = maxima.numel();
+  for (int64_t first = 0; first < blocks; first += kChunkBlocks) {
+    const int64_t count = std::min(kChunkBlocks, blocks - first);
+    const at::Tensor codes = q.codes.narrow(0, first * kBlock / 2, count * kBlock / 2);
+    const at::Tensor index = at::stack({codes.bitwise_right_shift(4), codes.bitwise_and(15)}, 1).to(at::kLong).view({count, kBlock});
+    const at::Tensor values = levels.index({index}).mul_(maxima.narrow(0, first, count).unsqueeze(1)).view({-1});
+    const int64_t start = first * kBlock, length = std::min(count * kBlock, n - start);
+    flat.narrow(0, start, length).copy_(values.narrow(0, 0, length));
+  }
 }
 
 at::Tensor dequantize(const QuantizedMatrix& q, at::ScalarType dtype) {

@@ -468,6 +468,10 @@ int train(const RunOptions& o, const std::string& command_line, World& w, const 
     if (const std::string why = base->mismatch(plan.model); !why.empty()) {
       throw InputError("--init-from " + o.init_from + ": the checkpoint is not the plan's model " + plan.model.name + ": " + why);
     }
+    if (const std::string extra = base->unused_tensor(plan.model); !extra.empty()) {
+      throw ImportError("--init-from " + o.init_from + ": tensor " + extra + " has no place in the executor's model " + plan.model.name +
+                        " (a layer its Llama block lacks)");
+    }
   }
   StageUnits mine = stage_units(model_layout(plan.model, sharding), chunk_layers, p.pp, at.pp);
   // Context parallelism: this rank's load-balanced chunks of every sequence (context_parallel.hpp).

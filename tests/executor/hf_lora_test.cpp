@@ -225,7 +225,7 @@ struct LoraRun {
 constexpr int kSteps = 6;
 
 LoraRun run_lora(const std::string& dir, const std::string& name, int dp, int tp, int zero, const std::string& precision,
-                 const std::string& extra = "") {
+                 const std::string& extra = "", const std::string& recompute = "none") {
   PlanSpec spec;
   spec.model = write_model_document(dir);
   spec.ranks = dp;
@@ -234,6 +234,7 @@ LoraRun run_lora(const std::string& dir, const std::string& name, int dp, int tp
   spec.micro_batch = 4 / dp;
   spec.seq_len = 16;
   spec.precision = precision;
+  spec.recompute = recompute;
   spec.training_patch = {{"mode", "lora"}, {"lora", {{"rank", 4}, {"alpha", 8}, {"targets", {"q", "k", "v", "o", "gate", "up", "down"}}}}};
   const std::string plan = write_plan(dir, name, spec);
   const std::string m = dir + "/" + name + ".measurement.json";
@@ -253,8 +254,12 @@ TEST(HfLora, EqualLossesOnOneTwoAndFourRanksAndTheMergedExportReimports) {
   const LoraRun one = run_lora(dir, "one", 1, 1, 0, "fp32", "--export " + dir + "/export --export-format hf --export-lora both");
   ASSERT_EQ(one.losses.size(), static_cast<std::size_t>(kSteps));
   EXPECT_GT(std::abs(one.losses.back() - one.losses.front()), 1e-3) << "the adapters learn";
-  for (const auto& [name, dp, tp, zero] : {std::tuple<const char*, int, int, int>{"dp2-zero1", 2, 1, 1}, {"dp4-zero3", 4, 1, 3}, {"tp2-dp2-zero2", 2, 2, 2}}) {
-    const LoraRun many = run_lora(dir, name, dp, tp, zero, "fp32");
+  // Full recompute too: the first block's input (the frozen embedding's output) needs no gradient,
+  // yet its adapters do.
+  for (const auto& [name, dp, tp, zero, recompute] : {std::tuple<const char*, int, int, int, const char*>{"dp2-zero1", 2, 1, 1, "none"},
+                                                      {"dp4-zero3", 4, 1, 3, "none"}, {"tp2-dp2-zero2", 2, 2, 2, "none"},
+                                                      {"one-full-recompute", 1, 1, 0, "full"}, {"dp2-zero3-full-recompute", 2, 1, 3, "full"}}) {
+    const LoraRun many = run_lora(dir, name, dp, tp, zero, "fp32", "", recompute);
     ASSERT_EQ(many.losses.size(), static_cast<std::size_t>(kSteps)) << name;
     for (int i = 0; i < kSteps; ++i) EXPECT_NEAR(many.losses[i], one.losses[i], 1e-5 * std::abs(one.losses[i])) << name << " step " << i + 1;
   }
@@ -273,7 +278,9 @@ TEST(HfLora, EqualLossesOnOneTwoAndFourRanksAndTheMergedExportReimports) {
   const at::Tensor reimported = executor_logits(m, merged, tokens, ex::Kernels::kFused);
   EXPECT_LT(relative_difference(reimported, with_adapters), 1e-5);
   // transformers loads the merged export and computes its logits (measured 5.1e-7).
-  if (const auto d = transformers_difference(dir + "/export", tokens, reimported)) EXPECT_LT(*d, 1e-5);
+  if (const auto d = transformers_difference(dir + "/export", tokens, reimported)) {
+    EXPECT_LT(*d, 1e-5);
+  }
   EXPECT_GT(relative_difference(with_adapters, executor_logits(m, base, tokens, ex::Kernels::kFused)), 1e-4) << "training changed the model";
   const ex::SafetensorsFile adapters(dir + "/export/adapter_model.safetensors");
   const at::Tensor a = adapters.read("base_model.model.model.layers.1.mlp.down_proj.lora_A.weight");
@@ -340,6 +347,15 @@ TEST(HfImport, BrokenCheckpointsAreRefusedNamingTheTensor) {
   o = run(dir + "/dtype");
   EXPECT_EQ(o.exit_code, 2) << o.output;
   EXPECT_NE(o.output.find("tensor model.norm.weight is I32; the executor imports F32, BF16 and F16 weights"), std::string::npos) << o.output;
+
+  // A tensor the executor's block has no place for (Qwen3's query norm): refused, not dropped.
+  w = random_weights(m, 14);
+  w["model.layers.0.self_attn.q_norm.weight"] = at::ones({m.head_dim()});
+  write_hf_checkpoint(dir + "/extra", m, w);
+  o = run(dir + "/extra");
+  EXPECT_EQ(o.exit_code, 2) << o.output;
+  EXPECT_NE(o.output.find("tensor model.layers.0.self_attn.q_norm.weight (in model-00001-of-00002.safetensors) has no place"), std::string::npos)
+      << o.output;
 
   const std::string truncated = dir + "/missing/model-00002-of-00002.safetensors";
   fs::resize_file(truncated, fs::file_size(truncated) - 100);

@@ -32,7 +32,7 @@ TEST(InstructionData, ByteTokensAndTheResponseMaskByHand) {
   const std::string dir = scratch_dir("instruction-bytes");
   std::ofstream(dir + "/d.jsonl") << R"({"prompt": "ab", "response": "c"})" << "\n\n"
                                   << R"({"instruction": "x", "input": "y", "output": "zz"})" << "\n";
-  ex::DataLoader loader(ex::DataSpec{dir + "/d.jsonl", 2, 1}, 512, 8);
+  ex::DataLoader loader(ex::DataSpec{dir + "/d.jsonl", 2, 1, ""}, 512, 8);
   EXPECT_TRUE(loader.masked());
   // Two examples, global batch 2: both in step 1, in the epoch's seeded order.
   const ex::MicroBatch b = loader.micro_batch(1, 0, 1, 2, 2, 0, at::kCPU);
@@ -57,6 +57,16 @@ TEST(InstructionData, VocabularyPiecesAndErrors) {
   EXPECT_EQ(row(b.tokens, 0), (std::vector<int64_t>{1, 10, 13, 3, 2, 2}));  // <s> hel lo ! </s>, padded with </s>
   EXPECT_EQ(row(b.targets, 0), (std::vector<int64_t>{-1, -1, 3, 2, -1, -1}));
 
+  // Byte-level BPE (GPT-2, Llama 3): bytes through their stand-ins ("Ġ" for the space).
+  std::ofstream(dir + "/bpe.json") << R"({"<|begin_of_text|>": 1, "<|end_of_text|>": 2, "h": 3, "i": 4, "hi": 5, "\u0120hi": 6, "!": 7, "\u0120": 8})";
+  std::ofstream(dir + "/hi.jsonl") << R"({"prompt": "hi hi", "response": "!"})" << "\n";
+  const ex::MicroBatch bpe = ex::DataLoader(ex::DataSpec{dir + "/hi.jsonl", 2, 1, dir + "/bpe.json"}, 32, 6).micro_batch(1, 0, 1, 1, 1, 0, at::kCPU);
+  EXPECT_EQ(row(bpe.tokens, 0), (std::vector<int64_t>{1, 5, 6, 7, 2, 2}));  // <|begin_of_text|> hi Ġhi ! <|end_of_text|>
+  // SentencePiece (Llama 2): "▁" before the text and for each space.
+  std::ofstream(dir + "/sp.json") << R"({"<s>": 1, "</s>": 2, "\u2581hi": 3, "\u2581": 4, "<0x21>": 5})";
+  const ex::MicroBatch sp = ex::DataLoader(ex::DataSpec{dir + "/hi.jsonl", 2, 1, dir + "/sp.json"}, 32, 7).micro_batch(1, 0, 1, 1, 1, 0, at::kCPU);
+  EXPECT_EQ(row(sp.tokens, 0), (std::vector<int64_t>{1, 3, 3, 4, 5, 2, 2}));  // <s> ▁hi ▁hi | ▁ ! </s>: the response is a text of its own
+
   std::ofstream(dir + "/bad.jsonl") << R"({"prompt": "hello", "response": "?"})" << "\n";
   EXPECT_THROW(
       {
@@ -70,13 +80,13 @@ TEST(InstructionData, VocabularyPiecesAndErrors) {
       ex::DataError);
   std::ofstream(dir + "/noresponse.jsonl") << "\n" << R"({"prompt": "hello"})" << "\n";
   try {
-    ex::DataLoader bad(ex::DataSpec{dir + "/noresponse.jsonl", 2, 1}, 512, 6);
+    ex::DataLoader bad(ex::DataSpec{dir + "/noresponse.jsonl", 2, 1, ""}, 512, 6);
     ADD_FAILURE() << "accepted an example without a response";
   } catch (const ex::DataError& e) {
     EXPECT_NE(std::string(e.what()).find("noresponse.jsonl:2: no \"response\""), std::string::npos) << e.what();
   }
   EXPECT_THROW(ex::DataLoader(ex::DataSpec{dir + "/d.jsonl", 2, 1, dir + "/vocab.json"}, 12, 6), ex::DataError);  // id 13 >= 12
-  EXPECT_THROW(ex::DataLoader(ex::DataSpec{dir + "/d.jsonl", 2, 1}, 256, 6), ex::DataError);  // bytes need 259 ids
+  EXPECT_THROW(ex::DataLoader(ex::DataSpec{dir + "/d.jsonl", 2, 1, ""}, 256, 6), ex::DataError);  // bytes need 259 ids
 }
 
 // The masked losses (negative targets take none) divided by a given count equal ATen's
