@@ -326,7 +326,9 @@ nlohmann::json measurement_json(const cm::Plan& plan, const World& w, const Rank
                                {"model_tflops_per_gpu", model_tflops}};
   if (w.device.is_cuda() || fullest.peak_bytes > 0) {
     // The allocator's peak: CUDA's, or on CPU ranks the counted one (cpu_memory.hpp).
-    memory["activations_bytes"] = std::max(0.0, fullest.peak_bytes - states.weights - states.gradients - states.optimizer);
+    // On CPU ranks the counted allocator holds the offloaded host state too.
+    const double host = w.device.is_cuda() ? 0.0 : states.host;
+    memory["activations_bytes"] = std::max(0.0, fullest.peak_bytes - states.weights - states.gradients - states.optimizer - host);
     memory["peak_allocated_bytes"] = fullest.peak_bytes;
   }
   if (w.device.is_cuda()) {  // not on CPU ranks: the estimate's total holds GPU communication buffers

@@ -424,7 +424,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(0, 1);
 
   std::string model = "70b", cluster, seq_len_text, batch_tokens_text, train_tokens_text, format = "text", save_plan, objective = "throughput";
-  std::string precision = "bf16", optimizer = "adamw", mode = "pretrain", attention = "flash", stack;
+  std::string precision = "bf16", optimizer = "adamw", mode = "pretrain", attention = "flash", stack, lora_targets = "q,k,v,o", base_format = "nf4";
   double memory_headroom_percent = 100 * cm::kDefaultMemoryHeadroom;
   int gpus = 0, lora_rank = 16, top = 10;
   long long global_batch = 0;
@@ -441,6 +441,9 @@ int main(int argc, char** argv) {
   app.add_option("--optimizer", optimizer, "adamw | sgd | adafactor | adam8bit")->check(CLI::IsMember({"adamw", "sgd", "adafactor", "adam8bit"}))->capture_default_str();
   app.add_option("--mode", mode, "pretrain | full | lora | qlora")->check(CLI::IsMember({"pretrain", "full", "lora", "qlora"}))->capture_default_str();
   app.add_option("--lora-rank", lora_rank, "LoRA rank")->check(CLI::Range(1, 65536))->capture_default_str();
+  app.add_option("--lora-targets", lora_targets, "LoRA: the projections with adapters, comma-separated (q k v o gate up down; all-linear for every one)")
+      ->capture_default_str();
+  app.add_option("--base-format", base_format, "QLoRA: storage of the frozen base weights, nf4 | int8")->check(CLI::IsMember({"nf4", "int8"}))->capture_default_str();
   app.add_option("--attention", attention, "flash | standard (materialised scores)")->check(CLI::IsMember({"flash", "standard"}))->capture_default_str();
   app.add_flag("--dropout", dropout, "Model has dropout layers");
   const std::string stack_help = std::string("Software stack to predict for: ") + cm::stack_choices() + " (default trainplan, this project's executor)";
@@ -654,6 +657,19 @@ int main(int argc, char** argv) {
     t.mode = mode == "full" ? cm::TrainingMode::kFull : mode == "lora" ? cm::TrainingMode::kLora
            : mode == "qlora" ? cm::TrainingMode::kQlora : cm::TrainingMode::kPretrain;
     t.lora.rank = lora_rank;
+    t.lora.base_format = base_format == "int8" ? cm::QuantFormat::kInt8 : cm::QuantFormat::kNf4;
+    t.lora.targets.clear();
+    if (lora_targets == "all-linear") lora_targets = "q,k,v,o,gate,up,down";
+    for (std::size_t start = 0; start <= lora_targets.size();) {
+      const std::size_t comma = std::min(lora_targets.find(',', start), lora_targets.size());
+      const std::string target = lora_targets.substr(start, comma - start);
+      static const std::vector<std::string> kTargets = {"q", "k", "v", "o", "gate", "up", "down"};
+      if (std::find(kTargets.begin(), kTargets.end(), target) == kTargets.end()) {
+        return fail("--lora-targets: \"" + target + "\" is not one of q, k, v, o, gate, up, down (or give all-linear)");
+      }
+      t.lora.targets.push_back(target);
+      start = comma + 1;
+    }
     t.dropout = dropout;
     t.attention = attention == "standard" ? cm::AttentionKernel::kStandard : cm::AttentionKernel::kFlash;
     if (stack_choice) t.stack = *stack_choice;

@@ -105,7 +105,13 @@ std::string planner_command(const costmodel::PlanRequest& r, const std::string& 
   s += " --train-tokens " + number(t.train_tokens);
   s += std::string(" --precision ") + costmodel::precision_name(t.precision) + " --optimizer " + costmodel::optimizer_name(t.optimizer) +
        " --mode " + costmodel::mode_name(t.mode) + " --objective " + objective;
-  if (t.mode == costmodel::TrainingMode::kLora || t.mode == costmodel::TrainingMode::kQlora) s += " --lora-rank " + std::to_string(t.lora.rank);
+  if (t.mode == costmodel::TrainingMode::kLora || t.mode == costmodel::TrainingMode::kQlora) {
+    s += " --lora-rank " + std::to_string(t.lora.rank);
+    std::string targets;
+    for (const std::string& target : t.lora.targets) targets += (targets.empty() ? "" : ",") + target;
+    if (targets != "q,k,v,o") s += " --lora-targets " + targets;
+    if (t.mode == costmodel::TrainingMode::kQlora && t.lora.base_format == costmodel::QuantFormat::kInt8) s += " --base-format int8";
+  }
   if (t.attention == costmodel::AttentionKernel::kStandard) s += " --attention standard";
   if (t.dropout) s += " --dropout";
   if (t.stack != costmodel::Stack::kTrainplan) s += std::string(" --stack ") + costmodel::stack_name(t.stack);

@@ -83,6 +83,10 @@ TEST(OptimizerOffload, HostAndDeviceBytesMatchTheCostModel) {
       EXPECT_NEAR(r.memory.at(key).get<double>(), predicted, 0.05 * predicted) << name << " " << key;
     }
     EXPECT_EQ(e.memory.optimizer.value(), 0.0);
+    // On a CPU rank the host state shares the counted allocator; the activations exclude it.
+    if (std::string(name) == "ddp1_fp32") {
+      EXPECT_NEAR(r.memory.at("activations_bytes").get<double>(), e.memory.activations.value(), 0.05 * e.memory.activations.value());
+    }
   }
 }
 

@@ -289,6 +289,19 @@ TEST_F(PlannerCli, TrainTokensErrorListsEverySuffix) {
   }
 }
 
+// LoRA's targets size the adapters: Llama 3 8B, rank 16 (Hu et al. 2021: r (in + out) per
+// adapted matrix; h 4096, kv 1024, ffn 14336, 32 layers): q, k, v, o: 32 x 16 x (8192 + 5120 +
+// 5120 + 8192) = 13631488; all-linear adds gate, up and down, 16 x (4096 + 14336) each: 41943040.
+TEST_F(PlannerCli, LoraTargetsSizeTheAdaptersAndAreChecked) {
+  for (const auto& [targets, adapters] : {std::pair<const char*, double>{"q,k,v,o", 13631488.0}, {"all-linear", 41943040.0}}) {
+    const Outcome r = run("--model 8b --gpus 8 --mode lora --lora-rank 16 --quiet --format json --top 1 --lora-targets " + std::string(targets));
+    ASSERT_EQ(r.exit_code, 0) << r.all();
+    EXPECT_EQ(nlohmann::json::parse(r.out).at("ranked").at(0).at("trainable_parameters").get<double>(), adapters) << targets;
+  }
+  testing::expect_bad_input(run("--model 8b --gpus 8 --mode lora --lora-targets q,x"),
+                            "--lora-targets: \"x\" is not one of q, k, v, o, gate, up, down (or give all-linear)");
+}
+
 TEST_F(PlannerCli, CsvKeepsFullPrecision) {
   const Outcome csv = run("--model 8b --gpus 8 --quiet --format csv --top 1");
   const Outcome json = run("--model 8b --gpus 8 --quiet --format json --top 1");
