@@ -421,49 +421,22 @@ void gather_parameters(DataParallelEngine& engine, Communicator& world, const Ex
   for (auto& s : sends) s.first->wait();
 }
 
-// A safetensors file of float32 tensors written as they come: the header from their names and
-// shapes first, then each tensor in that order (FileWriter: a temporary name until finish).
-class SafetensorsStream {
- public:
-  SafetensorsStream(std::string path, const std::vector<std::pair<std::string, std::vector<int64_t>>>& entries, int64_t step)
-      : path_(std::move(path)), writer_(path_ + ".tmp") {
-    nlohmann::ordered_json header;
-    header["__metadata__"] = {{"format", "pt"}, {"producer", "trainplan executor"}, {"step", std::to_string(step)}};
-    uint64_t offset = 0;
-    for (const auto& [name, shape] : entries) {
-      uint64_t bytes = 4;
-      for (int64_t d : shape) bytes *= static_cast<uint64_t>(d);
-      header[name] = {{"dtype", "F32"}, {"shape", shape}, {"data_offsets", {offset, offset + bytes}}};
-      offset += bytes;
-    }
-    std::string text = header.dump();
-    text.append((8 - text.size() % 8) % 8, ' ');  // the data starts 8-byte aligned
-    const uint64_t length = text.size();        // little-endian on every platform we build for
-    writer_.write(&length, 8);
-    writer_.write(text.data(), text.size());
-  }
-  void write(const at::Tensor& t) { writer_.write_tensor(t.to(at::kFloat).reshape({-1})); }
-  void finish() {
-    writer_.close_synced();
-    fs::rename(path_ + ".tmp", path_);
-  }
-
- private:
-  std::string path_;
-  FileWriter writer_;
-};
+// What an export's header says of its producer.
+std::map<std::string, std::string> export_metadata(int64_t step) {
+  return {{"format", "pt"}, {"producer", "trainplan executor"}, {"step", std::to_string(step)}};
+}
 
 // The model without adapters, streamed one parameter at a time.
 void export_streamed(const std::string& dir, DataParallelEngine& engine, Communicator& world, int64_t step, const ExportPlan& plan,
                      const ExportOptions& options) {
   const std::vector<UnitLayout> whole = model_layout(engine.model());
-  std::unique_ptr<SafetensorsStream> out;
+  std::unique_ptr<SafetensorsWriter> out;
   if (world.rank() == 0) {
-    std::vector<std::pair<std::string, std::vector<int64_t>>> entries;
+    std::vector<SafetensorsWriter::Entry> entries;
     for (const UnitLayout& u : whole) {
-      for (const ParamSlot& s : u.slots) entries.emplace_back(options.hugging_face ? hf_name(s.name) : s.name, s.shape);
+      for (const ParamSlot& s : u.slots) entries.push_back({options.hugging_face ? hf_name(s.name) : s.name, at::kFloat, s.shape});
     }
-    out = std::make_unique<SafetensorsStream>((fs::path(dir) / "model.safetensors").string(), entries, step);
+    out = std::make_unique<SafetensorsWriter>((fs::path(dir) / "model.safetensors").string(), entries, export_metadata(step));
   }
   gather_parameters(engine, world, plan, whole, [&](const UnitLayout&, const ParamSlot&, const at::Tensor& t) { out->write(t); });
   if (out) out->finish();
@@ -479,14 +452,15 @@ void export_lora(const std::string& dir, DataParallelEngine& engine, Communicato
   whole_model.lora = lora;
   const std::vector<UnitLayout> whole = model_layout(engine.model(), whole_model);
   const auto name_of = [&](const std::string& name) { return options.hugging_face ? hf_name(name) : name; };
-  std::unique_ptr<SafetensorsStream> model_file, adapter_file;
+  std::unique_ptr<SafetensorsWriter> model_file, adapter_file;
   if (world.rank() == 0) {
-    std::vector<std::pair<std::string, std::vector<int64_t>>> base, adapters;
+    std::vector<SafetensorsWriter::Entry> base, adapters;
     for (const UnitLayout& u : whole) {
-      for (const ParamSlot& s : u.slots) (u.kind == UnitKind::kAdapters ? adapters : base).emplace_back(name_of(s.name), s.full_shape);
+      for (const ParamSlot& s : u.slots) (u.kind == UnitKind::kAdapters ? adapters : base).push_back({name_of(s.name), at::kFloat, s.full_shape});
     }
-    if (options.merged) model_file = std::make_unique<SafetensorsStream>((fs::path(dir) / "model.safetensors").string(), base, step);
-    if (options.adapters) adapter_file = std::make_unique<SafetensorsStream>((fs::path(dir) / "adapter_model.safetensors").string(), adapters, step);
+    const std::map<std::string, std::string> metadata = export_metadata(step);
+    if (options.merged) model_file = std::make_unique<SafetensorsWriter>((fs::path(dir) / "model.safetensors").string(), base, metadata);
+    if (options.adapters) adapter_file = std::make_unique<SafetensorsWriter>((fs::path(dir) / "adapter_model.safetensors").string(), adapters, metadata);
   }
   std::vector<std::pair<std::string, at::Tensor>> block;  // the current block's base weights, in slot order
   std::map<std::string, at::Tensor> unit_adapters;

@@ -29,6 +29,34 @@ uint64_t splitmix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
+bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+// Item `index` of an endless sequence of epochs over `count` items, each epoch a fresh seeded
+// permutation: a pure function of (seed, index), computed once per epoch.
+class EpochOrder {
+ public:
+  EpochOrder(uint64_t seed, int64_t count) : seed_(seed), count_(count) {}
+  int64_t operator()(int64_t index) {
+    const int64_t epoch = index / count_;
+    if (epoch != epoch_) {
+      order_.resize(static_cast<std::size_t>(count_));
+      std::iota(order_.begin(), order_.end(), 0);
+      std::mt19937_64 rng(splitmix64(seed_ + static_cast<uint64_t>(epoch)));
+      std::shuffle(order_.begin(), order_.end(), rng);
+      epoch_ = epoch;
+    }
+    return order_[static_cast<std::size_t>(index % count_)];
+  }
+
+ private:
+  uint64_t seed_;
+  int64_t count_;
+  int64_t epoch_ = -1;
+  std::vector<int64_t> order_;
+};
+
 }  // namespace
 
 class TokenSource {
@@ -81,7 +109,7 @@ class SyntheticSource final : public TokenSource {
 class FileSource final : public TokenSource {
  public:
   FileSource(const std::string& path, int token_bytes, int64_t seq_len, uint64_t seed, int64_t vocab)
-      : path_(path), token_bytes_(token_bytes), seq_len_(seq_len), seed_(seed), vocab_(vocab) {
+      : path_(path), token_bytes_(token_bytes), seq_len_(seq_len), vocab_(vocab) {
     if (token_bytes != 2 && token_bytes != 4) throw DataError(path + ": token size must be 2 (uint16) or 4 (uint32) bytes");
     fd_ = ::open(path.c_str(), O_RDONLY);
     if (fd_ < 0) throw DataError(path + ": cannot open token file: " + std::strerror(errno));
@@ -100,15 +128,14 @@ class FileSource final : public TokenSource {
     }
     map_ = ::mmap(nullptr, bytes_, PROT_READ, MAP_PRIVATE, fd_, 0);
     if (map_ == MAP_FAILED) throw DataError(path + ": mmap failed: " + std::strerror(errno));
+    order_ = EpochOrder(seed, windows_);
   }
   ~FileSource() override {
     if (map_ != MAP_FAILED && map_ != nullptr) ::munmap(map_, bytes_);
     if (fd_ >= 0) ::close(fd_);
   }
   void sample(int64_t index, int64_t count, int64_t* out) override {
-    const int64_t epoch = index / windows_, position = index % windows_;
-    if (epoch != epoch_) shuffle(epoch);
-    const int64_t start = order_[static_cast<std::size_t>(position)] * seq_len_;
+    const int64_t start = order_(index) * seq_len_;
     for (int64_t i = 0; i < count; ++i) {
       const int64_t at = start + i;
       int64_t token = 0;
@@ -133,24 +160,15 @@ class FileSource final : public TokenSource {
   }
 
  private:
-  void shuffle(int64_t epoch) {
-    order_.resize(static_cast<std::size_t>(windows_));
-    std::iota(order_.begin(), order_.end(), 0);
-    std::mt19937_64 rng(splitmix64(seed_ + static_cast<uint64_t>(epoch)));
-    std::shuffle(order_.begin(), order_.end(), rng);
-    epoch_ = epoch;
-  }
-
   std::string path_;
   int token_bytes_;
   int64_t seq_len_;
-  uint64_t seed_;
   int64_t vocab_;
   int fd_ = -1;
   void* map_ = nullptr;
   std::size_t bytes_ = 0;
-  int64_t tokens_ = 0, windows_ = 0, epoch_ = -1;
-  std::vector<int64_t> order_;
+  int64_t tokens_ = 0, windows_ = 0;
+  EpochOrder order_{0, 1};  // over the windows, set once they are counted
 };
 
 // Text to token ids: bytes (ids 0-255, then BOS 256, EOS 257, PAD 258), or a vocabulary's pieces
@@ -290,10 +308,10 @@ class Tokenizer {
 class InstructionSource final : public TokenSource {
  public:
   InstructionSource(const std::string& path, const std::string& vocab, int64_t seq_len, uint64_t seed, int64_t model_vocab)
-      : path_(path), seq_len_(seq_len), seed_(seed), tokenizer_(vocab, model_vocab) {
+      : path_(path), seq_len_(seq_len), tokenizer_(vocab, model_vocab) {
     std::ifstream in(path);
     if (!in) throw DataError(path + ": cannot open: " + std::strerror(errno));
-    const bool lines = path.size() >= 6 && path.compare(path.size() - 6, 6, ".jsonl") == 0;
+    const bool lines = ends_with(path, ".jsonl");
     std::vector<std::pair<nlohmann::json, std::string>> records;  // (record, where)
     if (lines) {
       std::string line;
@@ -318,6 +336,7 @@ class InstructionSource final : public TokenSource {
     }
     for (const auto& [r, where] : records) add(r, where);
     if (examples_.empty()) throw DataError(path + ": no examples");
+    order_ = EpochOrder(seed, static_cast<int64_t>(examples_.size()));
   }
   void sample(int64_t index, int64_t count, int64_t* out) override {
     const Example& e = example(index);
@@ -379,30 +398,16 @@ class InstructionSource final : public TokenSource {
     examples_.push_back(std::move(e));
   }
   const Example& example(int64_t index) {
-    const auto n = static_cast<int64_t>(examples_.size());
-    const int64_t epoch = index / n;
-    if (epoch != epoch_) {
-      order_.resize(examples_.size());
-      std::iota(order_.begin(), order_.end(), 0);
-      std::mt19937_64 rng(splitmix64(seed_ + static_cast<uint64_t>(epoch)));
-      std::shuffle(order_.begin(), order_.end(), rng);
-      epoch_ = epoch;
-    }
-    return examples_[static_cast<std::size_t>(order_[static_cast<std::size_t>(index % n)])];
+    return examples_[static_cast<std::size_t>(order_(index))];
   }
 
   std::string path_;
   int64_t seq_len_;
-  uint64_t seed_;
   Tokenizer tokenizer_;
   std::vector<Example> examples_;
-  int64_t truncated_ = 0, epoch_ = -1;
-  std::vector<int64_t> order_;
+  int64_t truncated_ = 0;
+  EpochOrder order_{0, 1};  // over the examples, set once they are read
 };
-
-bool ends_with(const std::string& s, const std::string& tail) {
-  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
-}
 
 }  // namespace
 

@@ -177,6 +177,72 @@ class Unit {
   [[nodiscard]] at::Tensor kept_weights(int stage) const { return stage < 3 ? full : shard_param; }
 };
 
+namespace {
+
+// A QLoRA unit's weights into `dst` (the unit's flat compute tensor): quantised slots dequantised,
+// the others copied.
+void dequantize_unit(const Unit& u, at::Tensor dst) {
+  for (std::size_t k = 0; k < u.layout.slots.size(); ++k) {
+    const ParamSlot& s = u.layout.slots[k];
+    at::Tensor part = dst.narrow(0, s.offset, s.numel);
+    if (u.quantized_slots[k].codes.defined()) dequantize_into(u.quantized_slots[k], part);
+    else part.copy_(u.plain_slots[k].reshape({-1}));
+  }
+}
+
+// at::_fused_adamw_'s tensor lists: the decay ranges of units and the rest, which take none.
+struct AdamWLists {
+  std::vector<at::Tensor> params, grads, exp_avgs, exp_avg_sqs, steps;
+};
+
+// Unit `u`'s owned elements, with gradient `grad` (its owned shard), into the two lists.
+void add_to_adamw_lists(Unit& u, const at::Tensor& grad, const at::Tensor& step, AdamWLists& decay, AdamWLists& plain) {
+  int64_t at_element = 0;
+  const auto add = [&](AdamWLists& l, int64_t start, int64_t length) {
+    if (length <= 0) return;
+    l.params.push_back(u.master.narrow(0, start, length));
+    l.grads.push_back(grad.narrow(0, start, length));
+    l.exp_avgs.push_back(u.exp_avg.narrow(0, start, length));
+    l.exp_avg_sqs.push_back(u.exp_avg_sq.narrow(0, start, length));
+    l.steps.push_back(step);
+  };
+  for (const auto& [start, length] : u.decay_ranges) {  // sorted, disjoint (slot order)
+    add(plain, at_element, start - at_element);
+    add(decay, start, length);
+    at_element = start + length;
+  }
+  add(plain, at_element, u.shard - at_element);
+}
+
+// LibTorch's multi-tensor AdamW (at::_fused_adamw_, the kernel behind torch.optim.AdamW(fused=True),
+// on CPU and CUDA): one pass over master, gradient and moments per element instead of the dozen
+// of plain_adamw, and no float32 temporaries. The same update: decoupled decay (on decay ranges
+// only, so the ranges go in as two lists), bias-corrected moments; the gradient multiplier enters
+// as the kernel's grad_scale (it divides by it), which also leaves the unscaled gradient in place.
+void fused_adamw(const AdamWLists& decay, const AdamWLists& plain, const AdamWSettings& a, double lr, double gradient_multiplier,
+                 const at::TensorOptions& options) {
+  const at::Tensor grad_scale = at::full({}, 1.0 / gradient_multiplier, options);
+  for (const auto& [l, weight_decay] : {std::pair<const AdamWLists*, double>{&decay, a.weight_decay}, {&plain, 0.0}}) {
+    if (l->params.empty()) continue;
+    at::_fused_adamw_(l->params, l->grads, l->exp_avgs, l->exp_avg_sqs, {}, l->steps, lr, a.beta1, a.beta2, weight_decay, a.eps,
+                      /*amsgrad=*/false, /*maximize=*/false, grad_scale, std::nullopt);
+  }
+}
+
+// The plain AdamW of `--kernels reference` on one unit's owned elements.
+void plain_adamw(Unit& u, const at::Tensor& grad, const AdamWSettings& a, double lr, double gradient_multiplier, int64_t step) {
+  const double bc1 = 1.0 - std::pow(a.beta1, static_cast<double>(step));
+  const double bc2 = 1.0 - std::pow(a.beta2, static_cast<double>(step));
+  const at::Tensor g = grad * gradient_multiplier;
+  u.exp_avg.mul_(a.beta1).add_(g, 1.0 - a.beta1);
+  u.exp_avg_sq.mul_(a.beta2).addcmul_(g, g, 1.0 - a.beta2);
+  const at::Tensor denom = (u.exp_avg_sq.sqrt() / std::sqrt(bc2)).add_(a.eps);
+  for (const auto& [start, length] : u.decay_ranges) u.master.narrow(0, start, length).mul_(1.0 - lr * a.weight_decay);
+  u.master.addcdiv_(u.exp_avg, denom, -lr / bc1);
+}
+
+}  // namespace
+
 struct DataParallelEngine::Pending {
   std::size_t unit = 0;
   std::unique_ptr<Work> work;
@@ -352,12 +418,7 @@ void DataParallelEngine::gather(std::size_t unit, int prefetch_direction) {
     Unit& u = *units_[index];
     if (u.quantized) {  // dequantised into the compute dtype, at once
       allocate_storage(u.full, static_cast<std::size_t>(u.padded) * u.full.element_size());
-      for (std::size_t k = 0; k < u.layout.slots.size(); ++k) {
-        const ParamSlot& s = u.layout.slots[k];
-        at::Tensor dst = u.full.narrow(0, s.offset, s.numel);
-        if (u.quantized_slots[k].codes.defined()) dequantize_into(u.quantized_slots[k], dst);
-        else dst.copy_(u.plain_slots[k].reshape({-1}));
-      }
+      dequantize_unit(u, u.full);
       u.gathered = true;
       return;
     }
@@ -678,38 +739,12 @@ void DataParallelEngine::offloaded_update(std::size_t index, const AdamWSettings
   grad.copy_(u.owned_grad(config_.zero_stage));  // device to host (a memcpy on CPU ranks)
   u.grad.zero_();
   if (config_.kernels == Kernels::kFused) {
-    std::vector<at::Tensor> lists[2][4];  // [decay?][param, grad, exp_avg, exp_avg_sq]
-    int64_t at_element = 0;
-    const auto add = [&](int decay, int64_t start, int64_t length) {
-      if (length <= 0) return;
-      for (auto [k, t] : {std::pair<int, at::Tensor*>{0, &u.master}, {1, &grad}, {2, &u.exp_avg}, {3, &u.exp_avg_sq}}) {
-        lists[decay][k].push_back(t->narrow(0, start, length));
-      }
-    };
-    for (const auto& [start, length] : u.decay_ranges) {
-      add(0, at_element, start - at_element);
-      add(1, start, length);
-      at_element = start + length;
-    }
-    add(0, at_element, u.shard - at_element);
     const auto host = at::TensorOptions().dtype(at::kFloat);
-    const at::Tensor step_tensor = at::full({}, static_cast<double>(step), host);
-    const at::Tensor grad_scale = at::full({}, 1.0 / gradient_multiplier, host);
-    for (int decay = 0; decay < 2; ++decay) {
-      if (lists[decay][0].empty()) continue;
-      const std::vector<at::Tensor> steps(lists[decay][0].size(), step_tensor);
-      at::_fused_adamw_(lists[decay][0], lists[decay][1], lists[decay][2], lists[decay][3], {}, steps, lr, a.beta1, a.beta2,
-                        decay ? a.weight_decay : 0.0, a.eps, false, false, grad_scale, std::nullopt);
-    }
-  } else {  // the plain update of optimizer_step
-    const double bc1 = 1.0 - std::pow(a.beta1, static_cast<double>(step));
-    const double bc2 = 1.0 - std::pow(a.beta2, static_cast<double>(step));
-    const at::Tensor g = grad * gradient_multiplier;
-    u.exp_avg.mul_(a.beta1).add_(g, 1.0 - a.beta1);
-    u.exp_avg_sq.mul_(a.beta2).addcmul_(g, g, 1.0 - a.beta2);
-    const at::Tensor denom = (u.exp_avg_sq.sqrt() / std::sqrt(bc2)).add_(a.eps);
-    for (const auto& [start, length] : u.decay_ranges) u.master.narrow(0, start, length).mul_(1.0 - lr * a.weight_decay);
-    u.master.addcdiv_(u.exp_avg, denom, -lr / bc1);
+    AdamWLists decay, plain;
+    add_to_adamw_lists(u, grad, at::full({}, static_cast<double>(step), host), decay, plain);
+    fused_adamw(decay, plain, a, lr, gradient_multiplier, host);
+  } else {
+    plain_adamw(u, grad, a, lr, gradient_multiplier, step);
   }
   // Host to device: ZeRO-0 the whole unit, ZeRO-3 the shard; ZeRO-1/2 gather in refresh_compute_copies.
   if (config_.zero_stage == 0) u.full.copy_(u.master);
@@ -774,59 +809,21 @@ void DataParallelEngine::optimizer_step(const AdamWSettings& a, double lr, doubl
     refresh_compute_copies();
     return;
   }
-  const double bc1 = 1.0 - std::pow(a.beta1, static_cast<double>(step));
-  const double bc2 = 1.0 - std::pow(a.beta2, static_cast<double>(step));
   for (auto& up : units_) {
-    Unit& u = *up;
-    if (u.frozen) continue;
-    const at::Tensor g = u.owned_grad(config_.zero_stage) * gradient_multiplier;
-    u.exp_avg.mul_(a.beta1).add_(g, 1.0 - a.beta1);
-    u.exp_avg_sq.mul_(a.beta2).addcmul_(g, g, 1.0 - a.beta2);
-    const at::Tensor denom = (u.exp_avg_sq.sqrt() / std::sqrt(bc2)).add_(a.eps);
-    for (const auto& [start, length] : u.decay_ranges) u.master.narrow(0, start, length).mul_(1.0 - lr * a.weight_decay);
-    u.master.addcdiv_(u.exp_avg, denom, -lr / bc1);
+    if (!up->frozen) plain_adamw(*up, up->owned_grad(config_.zero_stage), a, lr, gradient_multiplier, step);
   }
   refresh_compute_copies();
 }
 
-// LibTorch's multi-tensor AdamW (at::_fused_adamw_, the kernel behind torch.optim.AdamW(fused=True),
-// on CPU and CUDA): one pass over master, gradient and moments per element instead of the dozen
-// above, and no float32 temporaries. The same update: decoupled decay (on decay ranges only, so
-// the ranges go in as two lists), bias-corrected moments; the gradient multiplier enters as the
-// kernel's grad_scale (it divides by it), which also leaves the unscaled gradient in place.
+// One multi-tensor AdamW over every trained unit (fused_adamw).
 void DataParallelEngine::fused_optimizer_step(const AdamWSettings& a, double lr, double gradient_multiplier, int64_t step) {
-  struct Lists {
-    std::vector<at::Tensor> params, grads, exp_avgs, exp_avg_sqs, steps;
-  };
-  Lists decay, plain;
   const auto options = at::TensorOptions().dtype(at::kFloat).device(config_.device);
   const at::Tensor step_tensor = at::full({}, static_cast<double>(step), options);
+  AdamWLists decay, plain;
   for (auto& up : units_) {
-    Unit& u = *up;
-    if (u.frozen) continue;
-    const at::Tensor g = u.owned_grad(config_.zero_stage);
-    int64_t at_element = 0;
-    const auto add = [&](Lists& l, int64_t start, int64_t length) {
-      if (length <= 0) return;
-      l.params.push_back(u.master.narrow(0, start, length));
-      l.grads.push_back(g.narrow(0, start, length));
-      l.exp_avgs.push_back(u.exp_avg.narrow(0, start, length));
-      l.exp_avg_sqs.push_back(u.exp_avg_sq.narrow(0, start, length));
-      l.steps.push_back(step_tensor);
-    };
-    for (const auto& [start, length] : u.decay_ranges) {  // sorted, disjoint (slot order)
-      add(plain, at_element, start - at_element);
-      add(decay, start, length);
-      at_element = start + length;
-    }
-    add(plain, at_element, u.shard - at_element);
+    if (!up->frozen) add_to_adamw_lists(*up, up->owned_grad(config_.zero_stage), step_tensor, decay, plain);
   }
-  const at::Tensor grad_scale = at::full({}, 1.0 / gradient_multiplier, options);
-  for (const auto& [l, weight_decay] : {std::pair<Lists*, double>{&decay, a.weight_decay}, {&plain, 0.0}}) {
-    if (l->params.empty()) continue;
-    at::_fused_adamw_(l->params, l->grads, l->exp_avgs, l->exp_avg_sqs, {}, l->steps, lr, a.beta1, a.beta2, weight_decay, a.eps,
-                      /*amsgrad=*/false, /*maximize=*/false, grad_scale, std::nullopt);
-  }
+  fused_adamw(decay, plain, a, lr, gradient_multiplier, options);
 }
 
 void DataParallelEngine::refresh_compute_copies() {
@@ -905,12 +902,7 @@ at::Tensor DataParallelEngine::full_master(std::size_t unit) {
   Unit& u = *units_[unit];
   if (u.quantized) {  // the dequantised weights
     at::Tensor out = at::zeros({u.layout.numel}, at::TensorOptions().dtype(at::kFloat).device(config_.device));
-    for (std::size_t k = 0; k < u.layout.slots.size(); ++k) {
-      const ParamSlot& s = u.layout.slots[k];
-      at::Tensor dst = out.narrow(0, s.offset, s.numel);
-      if (u.quantized_slots[k].codes.defined()) dequantize_into(u.quantized_slots[k], dst);
-      else dst.copy_(u.plain_slots[k].reshape({-1}));
-    }
+    dequantize_unit(u, out);
     return out;
   }
   const at::Tensor owned = u.frozen ? u.kept_weights(config_.zero_stage).narrow(0, u.offset * (config_.zero_stage < 3), u.shard).to(at::kFloat)

@@ -167,41 +167,65 @@ at::Tensor SafetensorsFile::read(const std::string& name) const {
   return t.to(at::kFloat);
 }
 
-void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
-                       const std::map<std::string, std::string>& metadata) {
+SafetensorsWriter::SafetensorsWriter(std::string path, const std::vector<Entry>& entries, const std::map<std::string, std::string>& metadata)
+    : path_(std::move(path)), entries_(entries) {
   nlohmann::ordered_json header;
   if (!metadata.empty()) header["__metadata__"] = metadata;
   uint64_t offset = 0;
-  for (const auto& [name, t] : tensors) {
-    const uint64_t bytes = static_cast<uint64_t>(t.numel()) * t.element_size();
-    header[name] = {{"dtype", dtype_name(t.scalar_type())}, {"shape", t.sizes().vec()}, {"data_offsets", {offset, offset + bytes}}};
+  for (const Entry& e : entries_) {
+    uint64_t bytes = at::elementSize(e.dtype);
+    for (int64_t d : e.shape) bytes *= static_cast<uint64_t>(d);
+    header[e.name] = {{"dtype", dtype_name(e.dtype)}, {"shape", e.shape}, {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
   }
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');  // the data starts 8-byte aligned
-  if (const fs::path parent = fs::path(path).parent_path(); !parent.empty()) fs::create_directories(parent);
-  const std::string tmp = path + ".tmp";
-  Fd f{::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644)};
-  if (f.fd < 0) throw std::runtime_error(tmp + ": cannot create: " + std::strerror(errno));
-  const auto write_all = [&](const void* data, std::size_t bytes) {
-    const char* p = static_cast<const char*>(data);
-    while (bytes > 0) {
-      const ssize_t n = ::write(f.fd, p, bytes);
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0) throw std::runtime_error(tmp + ": write failed: " + std::strerror(errno));
-      p += n;
-      bytes -= static_cast<std::size_t>(n);
-    }
-  };
-  const uint64_t length = text.size();
-  write_all(&length, 8);
-  write_all(text.data(), text.size());
-  for (const auto& [name, t] : tensors) {
-    const at::Tensor host = t.contiguous().cpu();
-    write_all(host.data_ptr(), static_cast<std::size_t>(host.numel()) * host.element_size());
+  if (const fs::path parent = fs::path(path_).parent_path(); !parent.empty()) fs::create_directories(parent);
+  fd_ = ::open((path_ + ".tmp").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd_ < 0) throw std::runtime_error(path_ + ".tmp: cannot create: " + std::strerror(errno));
+  const uint64_t length = text.size();  // little-endian on every platform we build for
+  write_bytes(&length, 8);
+  write_bytes(text.data(), text.size());
+}
+
+SafetensorsWriter::~SafetensorsWriter() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void SafetensorsWriter::write_bytes(const void* data, std::size_t bytes) {
+  const char* p = static_cast<const char*>(data);
+  while (bytes > 0) {
+    const ssize_t n = ::write(fd_, p, bytes);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw std::runtime_error(path_ + ".tmp: write failed: " + std::strerror(errno));
+    p += n;
+    bytes -= static_cast<std::size_t>(n);
   }
-  if (::fsync(f.fd) != 0) throw std::runtime_error(tmp + ": fsync failed: " + std::strerror(errno));
-  fs::rename(tmp, path);
+}
+
+void SafetensorsWriter::write(const at::Tensor& t) {
+  if (written_ >= entries_.size()) throw std::logic_error(path_ + ": more tensors than the header names");
+  const Entry& e = entries_[written_++];
+  if (t.numel() != static_cast<int64_t>(c10::multiply_integers(e.shape))) throw std::logic_error(path_ + ": " + e.name + " has another size than its header");
+  const at::Tensor host = t.to(at::kCPU, e.dtype).contiguous();
+  write_bytes(host.data_ptr(), static_cast<std::size_t>(host.numel()) * host.element_size());
+}
+
+void SafetensorsWriter::finish() {
+  if (written_ != entries_.size()) throw std::logic_error(path_ + ": " + std::to_string(entries_.size() - written_) + " tensors not written");
+  if (::fsync(fd_) != 0) throw std::runtime_error(path_ + ".tmp: fsync failed: " + std::strerror(errno));
+  ::close(fd_);
+  fd_ = -1;
+  fs::rename(path_ + ".tmp", path_);
+}
+
+void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  std::vector<SafetensorsWriter::Entry> entries;
+  for (const auto& [name, t] : tensors) entries.push_back({name, t.scalar_type(), t.sizes().vec()});
+  SafetensorsWriter writer(path, entries, metadata);
+  for (const auto& [name, t] : tensors) writer.write(t);
+  writer.finish();
 }
 
 std::string hf_name(const std::string& name) {

@@ -49,8 +49,34 @@ class SafetensorsFile {
   std::map<std::string, Entry> entries_;
 };
 
-// Writes `tensors` (name, tensor; float32, bfloat16, float16 or int64, any device) as one safetensors
-// file, atomically (a temporary name, fsynced, renamed). `metadata`: the header's __metadata__.
+// A safetensors file written as its tensors come (rank 0's exports stream through it): the header
+// from every entry's name, dtype (float32, bfloat16, float16 or int64) and shape first, then
+// write() each tensor in that order, converted to its entry's dtype; finish() fsyncs and renames
+// the temporary file into place, so a file under the final name is always complete.
+class SafetensorsWriter {
+ public:
+  struct Entry {
+    std::string name;
+    at::ScalarType dtype = at::kFloat;
+    std::vector<int64_t> shape;
+  };
+  SafetensorsWriter(std::string path, const std::vector<Entry>& entries, const std::map<std::string, std::string>& metadata = {});
+  ~SafetensorsWriter();
+  SafetensorsWriter(const SafetensorsWriter&) = delete;
+  SafetensorsWriter& operator=(const SafetensorsWriter&) = delete;
+  void write(const at::Tensor& t);
+  void finish();
+
+ private:
+  void write_bytes(const void* data, std::size_t bytes);
+  std::string path_;
+  std::vector<Entry> entries_;
+  std::size_t written_ = 0;
+  int fd_ = -1;
+};
+
+// Writes `tensors` (name, tensor, any device) as one safetensors file through SafetensorsWriter.
+// `metadata`: the header's __metadata__.
 void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
                        const std::map<std::string, std::string>& metadata = {});
 

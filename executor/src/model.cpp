@@ -356,12 +356,9 @@ at::Tensor block_forward(const cm::ModelSpec& m, const TensorParallel& tp, const
   if (into_sums && grad_sums.size() != p.size()) throw std::logic_error("block_forward: one gradient sum per parameter expected");
   const auto sum = [&](std::size_t k) { return into_sums ? grad_sums[k] : at::Tensor(); };
 
-  // LoRA adapters: after the block's parameters, A then B of each target in lora_target_order().
-  struct Adapter {
-    std::size_t a = 0;  // parameter index of A (B follows it)
-    bool on = false;
-  };
-  std::map<std::string, Adapter> adapters;
+  // LoRA adapters: after the block's parameters, A then B of each target in lora_target_order();
+  // by target, the parameter index of its A (B follows it).
+  std::map<std::string, std::size_t> adapters;
   std::size_t block_params = p.size();
   if (lora.active()) {
     std::size_t n = 0;
@@ -371,24 +368,21 @@ at::Tensor block_forward(const cm::ModelSpec& m, const TensorParallel& tp, const
     std::size_t at_param = block_params;
     for (const std::string& t : lora_target_order()) {
       if (!lora.has(t)) continue;
-      adapters[t] = Adapter{at_param, true};
+      adapters[t] = at_param;
       at_param += 2;
     }
   }
-  const auto adapted = [&](const std::string& t) {
-    const auto found = adapters.find(t);
-    return found != adapters.end() && found->second.on;
-  };
+  const auto adapted = [&](const std::string& t) { return adapters.count(t) != 0; };
   // scale x B (A x) from A x ([.., rank]): the small tensor is scaled, not the output.
   const auto adapter_up = [&](const std::string& t, const at::Tensor& ax) {
-    const std::size_t b_index = adapters.at(t).a + 1;
+    const std::size_t b_index = adapters.at(t) + 1;
     const at::Tensor scaled = ax * lora.scale;
     return into_sums ? linear_into(scaled, p[b_index], sum(b_index)) : at::linear(scaled, p[b_index]);
   };
   // The adapter's input dropped (PEFT's lora_dropout), a mask per target: the whole sequence of
   // this rank's tokens, and a row-parallel projection's (o, down) features from this TP rank's.
   const auto adapter_a = [&](const std::string& t, const at::Tensor& input) {
-    const std::size_t a_index = adapters.at(t).a;
+    const std::size_t a_index = adapters.at(t);
     at::Tensor in = input;
     if (lora_dropout) {
       uint64_t site = static_cast<uint64_t>(DropoutSite::kLoraFirst);
@@ -425,8 +419,8 @@ at::Tensor block_forward(const cm::ModelSpec& m, const TensorParallel& tp, const
     }
     for (const auto& [t, w] : targets) {
       if (!adapted(t)) continue;
-      weights.push_back(p[adapters.at(t).a]);
-      if (into_sums) sums.push_back(grad_sums[adapters.at(t).a]);
+      weights.push_back(p[adapters.at(t)]);
+      if (into_sums) sums.push_back(grad_sums[adapters.at(t)]);
       with_adapter.push_back(t);
     }
     std::vector<at::Tensor> out = norm_linears(input, p[norm_index], m.norm_eps, weights, sums, sum(norm_index));
