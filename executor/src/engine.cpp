@@ -4,6 +4,7 @@
 #include "gpu.hpp"
 #include "quantize.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -265,6 +266,14 @@ DataParallelEngine::DataParallelEngine(const cm::ModelSpec& model, const EngineC
     has_head |= l.kind == UnitKind::kHead;
   }
   local_tied_ = model.tied_embeddings && has_embedding && has_head;
+  // recompute_layers counts the blocks of each pipeline stage, as the cost model and Megatron's
+  // --recompute-num-layers do: the stage's first n blocks (over all its chunks), or all of them.
+  if (config.recompute == cm::Recompute::kFull) {
+    for (const UnitLayout& l : layout_) {
+      const auto n = static_cast<int>(recomputed_layers_.size());
+      if (l.kind == UnitKind::kBlock && (config.recompute_layers == 0 || n < config.recompute_layers)) recomputed_layers_.push_back(l.layer);
+    }
+  }
   const int s = stage == 0 ? 1 : stage == 3 && config.shard_group > 0 ? config.shard_group : dp;
   shard_comm_ = dp_.split(dp_.rank() / s, dp_.rank(), "shard");
   replica_comm_ = dp_.split(dp_.rank() % s, dp_.rank(), "replica");
@@ -407,8 +416,7 @@ void DataParallelEngine::store_quantized(Unit& u, const at::Tensor& values) {
 }
 
 bool DataParallelEngine::recompute_block(int layer) const {
-  if (config_.recompute != cm::Recompute::kFull) return false;
-  return config_.recompute_layers == 0 || layer < config_.recompute_layers;
+  return std::find(recomputed_layers_.begin(), recomputed_layers_.end(), layer) != recomputed_layers_.end();
 }
 
 void DataParallelEngine::gather(std::size_t unit, int prefetch_direction) {

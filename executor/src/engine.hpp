@@ -58,7 +58,7 @@ struct EngineConfig {
   bool prefetch = true;
   bool overlap_grad_reduce = true;
   costmodel::Recompute recompute = costmodel::Recompute::kNone;
-  int recompute_layers = 0;       // with kFull: the first n blocks are recomputed; 0 = all
+  int recompute_layers = 0;       // with kFull: the first n blocks of this pipeline stage are recomputed; 0 = all
   at::ScalarType compute_dtype = at::kFloat;
   Kernels kernels = Kernels::kFused;  // fused_ops.hpp's paths and LibTorch's fused AdamW, or the plain ones
   at::Device device = at::kCPU;
@@ -240,6 +240,7 @@ class DataParallelEngine {
   std::vector<std::size_t> tied_deferred_;                     // units whose reduction waits for the tied sum
   std::vector<std::pair<std::size_t, std::size_t>> chunk_ranges_;  // [begin, end) units of each chunk
   bool local_tied_ = false;  // tied embeddings with embedding and head on this rank
+  std::vector<int> recomputed_layers_;  // the blocks run under full recompute (recompute_block)
   Rotary rotary_;
   bool last_micro_batch_ = false;
   PhaseTimer* timer_ = nullptr;

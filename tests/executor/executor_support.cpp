@@ -55,7 +55,7 @@ std::string write_plan(const std::string& dir, const std::string& name, const Pl
       {"training", {{"seq_len", s.seq_len}, {"global_batch", s.global_batch}, {"precision", s.precision}, {"optimizer", "adamw"}, {"train_tokens", 1e6}}},
       {"parallel",
        {{"tp", s.tp}, {"pp", s.pp}, {"dp", s.ranks}, {"cp", s.cp}, {"ep", s.ep}, {"zero_stage", s.zero_stage}, {"shard_group", s.shard_group},
-        {"micro_batch", s.micro_batch}, {"recompute", s.recompute}, {"virtual_stages", s.virtual_stages}, {"schedule", s.schedule},
+        {"micro_batch", s.micro_batch}, {"recompute", s.recompute}, {"recompute_layers", s.recompute_layers}, {"virtual_stages", s.virtual_stages}, {"schedule", s.schedule},
         {"sequence_parallel", s.sequence_parallel}}},
   };
   plan["training"].update(s.training_patch);

@@ -22,6 +22,7 @@ struct PlanSpec {
   int global_batch = 8;
   int seq_len = 32;
   std::string recompute = "none";
+  int recompute_layers = 0;  // with recompute "full": the blocks of each pipeline stage recomputed (0 = all)
   std::string precision = "fp32";
   int tp = 1;
   int pp = 1;
