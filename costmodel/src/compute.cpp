@@ -630,16 +630,18 @@ EndsCost ends_cost(const ModelSpec& mdl, const HardwareProfile& hw, const LayerS
       break;
     case LossKernel::kChunkedFused: {
       // executor/src/fused_ops.cpp LinearCrossEntropyFn: chunks of rows sized to 1 GiB of logits
-      // (cross_entropy_chunk_tokens: 16-bit logits with the CUDA kernel, bf16; fp32 otherwise),
-      // a multiple of 64. Per chunk, all in the forward: the logits GEMM, one kernel reading the
+      // in the compute dtype (cross_entropy_chunk_tokens), a multiple of 64. Per chunk, all in the forward: the logits GEMM, one kernel reading the
       // logits twice (online softmax) and overwriting them with their 16-bit gradient, the
       // input-gradient GEMM and the weight-gradient GEMM accumulating (cuBLAS beta = 1: 8 more
       // bytes per element per chunk) into an fp32 [vocab x h] sum: under ZeRO-0/1 the weight's
       // own fp32 gradient (engine.cpp output_weight_grad_sum: no buffer, no scaling, cast or
       // accumulation pass), else a buffer of the loss's own.
-      const double bytes_per_logit = s.precision == Precision::kBf16 ? 2.0 : 4.0;
+      const double bytes_per_logit = e;
       const double rows = std::floor(1024.0 * kMiB / (v_local * bytes_per_logit) / 64.0) * 64.0;
       const double chunk = std::min(T, std::max(64.0, rows));
+      // fp16 has no CUDA kernel: its logits go through float32 blocks of up to 256 MiB
+      // (fused_ops.cpp cross_entropy_row_block).
+      const double fp32_block = s.precision == Precision::kFp16 ? 4.0 * v_local * std::min(chunk, std::max(16.0, std::floor(256.0 * kMiB / (4.0 * v_local)))) : 0.0;
       const double full = std::floor(T / chunk);
       const double rest = T - full * chunk;
       const bool into_gradient = !frozen && s.zero_stage <= 1;
@@ -670,9 +672,9 @@ EndsCost ends_cost(const ModelSpec& mdl, const HardwareProfile& hw, const LayerS
       // One chunk of logits at a time; at the backward's peak the weight gradient's cast.
       const bool own_buffer = !frozen && !into_gradient;
       loss_saved = e * T * h + (own_buffer ? 4.0 * v_local * h : 0.0);
-      c.head_forward_transient_bytes = bytes_per_logit * chunk * v_local;
+      c.head_forward_transient_bytes = bytes_per_logit * chunk * v_local + fp32_block;
       c.head_backward_transient_bytes = own_buffer && e < 4.0 ? e * v_local * h : 0.0;
-      c.largest_head_block_bytes = std::max(bytes_per_logit * chunk * v_local, own_buffer ? 4.0 * v_local * h : 0.0);
+      c.largest_head_block_bytes = std::max({bytes_per_logit * chunk * v_local, fp32_block, own_buffer ? 4.0 * v_local * h : 0.0});
       break;
     }
     case LossKernel::kMegatronFp32:

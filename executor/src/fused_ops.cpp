@@ -312,6 +312,31 @@ struct SwigluDownFn : torch::autograd::Function<SwigluDownFn> {
   }
 };
 
+// Rows of 16-bit logits the ATen path takes through float32 at once (LinearCrossEntropyFn): bf16
+// reaches it only on CPU ranks, where it stands in for the CUDA kernel (no float32 copy of its
+// own), so 16 rows; fp16 has no kernel on any device: blocks of up to 256 MiB of float32, which
+// the cost model counts (compute.cpp ends_cost).
+int64_t cross_entropy_row_block(const at::Tensor& logits) {
+  if (logits.scalar_type() == at::kBFloat16) return 16;
+  return std::max<int64_t>(16, (int64_t{256} << 20) / (4 * std::max<int64_t>(logits.size(1), 1)));
+}
+
+// float32 `logits` [rows, vocab] become (softmax - one_hot(targets)) x scale in place; returns the
+// 0-dim sum of the rows' losses, log(sum exp) - target logit, both shifted by the row maximum.
+// `valid` ([rows, 1] bool, or undefined for all rows): the rows that take a loss and a gradient.
+at::Tensor cross_entropy_in_place(at::Tensor& logits, const at::Tensor& targets, const at::Tensor& valid, double scale) {
+  logits.sub_(at::amax(logits, 1, /*keepdim=*/true));
+  const at::Tensor target_logit = logits.gather(1, targets);
+  const at::Tensor sum = logits.exp_().sum(1, /*keepdim=*/true);
+  at::Tensor row_loss = sum.log().sub_(target_logit);
+  logits.div_(sum).scatter_add_(1, targets, at::full({logits.size(0), 1}, -1.0, logits.options())).mul_(scale);
+  if (valid.defined()) {
+    row_loss.mul_(valid);
+    logits.mul_(valid);
+  }
+  return row_loss.sum();
+}
+
 struct LinearCrossEntropyFn : torch::autograd::Function<LinearCrossEntropyFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight, const at::Tensor& targets,
                             int64_t chunk, std::optional<at::Tensor> weight_grad_sum_in, double multiplier, double denominator) {
@@ -357,25 +382,23 @@ struct LinearCrossEntropyFn : torch::autograd::Function<LinearCrossEntropyFn> {
         g = logits;
       }
 #endif
-      if (!g.defined() && logits.scalar_type() == at::kFloat) {
-        // float32 logits: in place, as the CUDA kernel, so one chunk of logits is all the loss
-        // holds. Shifted by the row maximum, the target's shifted logit taken, exponentiated and
-        // summed: the loss is log(sum) - shifted target; the gradient (softmax - one_hot) x scale.
-        logits.sub_(at::amax(logits, 1, /*keepdim=*/true));
-        const at::Tensor target_logit = logits.gather(1, tc);
-        const at::Tensor sum = logits.exp_().sum(1, /*keepdim=*/true);
-        loss.add_(masked ? ((sum.log() - target_logit) * valid).sum() : (sum.log() - target_logit).sum());
-        logits.div_(sum).scatter_add_(1, tc, at::full({rows_here, 1}, -1.0, f32)).mul_(gradient_scale);
-        if (masked) logits.mul_(valid);
+      if (!g.defined()) {
+        // The ATen path, in place as the CUDA kernel, so one chunk of logits is all the loss holds:
+        // float32 logits whole, 16-bit ones a few rows at a time through a float32 copy (the
+        // kernel's per-row float32 math), the gradient written back over the logits.
+        if (logits.scalar_type() == at::kFloat) {
+          loss.add_(cross_entropy_in_place(logits, tc, valid, gradient_scale));
+        } else {
+          const int64_t block_rows = cross_entropy_row_block(logits);
+          for (int64_t r = 0; r < rows_here; r += block_rows) {
+            const int64_t b = std::min(block_rows, rows_here - r);
+            at::Tensor block = logits.narrow(0, r, b);
+            at::Tensor up = block.to(at::kFloat);
+            loss.add_(cross_entropy_in_place(up, tc.narrow(0, r, b), masked ? valid.narrow(0, r, b) : valid, gradient_scale));
+            block.copy_(up);
+          }
+        }
         g = logits;
-      }
-      if (!g.defined()) {  // 16-bit logits on CPU: log-softmax in float32, as the reference path
-        at::Tensor probs = at::log_softmax(logits, 1, at::kFloat);
-        logits.reset();
-        loss.sub_(masked ? (probs.gather(1, tc) * valid).sum() : probs.gather(1, tc).sum());
-        probs.exp_().scatter_add_(1, tc, at::full({rows_here, 1}, -1.0, f32)).mul_(gradient_scale);
-        if (masked) probs.mul_(valid);
-        g = probs.to(x.scalar_type());
       }
       at::Tensor gx = grad_x.narrow(0, start, rows_here);
       at::mm_out(gx, g, weight);
@@ -482,9 +505,8 @@ at::Tensor swiglu_down(const at::Tensor& gate, const at::Tensor& up, const at::T
 at::Tensor linear_cross_entropy(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& targets, int64_t chunk_tokens,
                                 const at::Tensor& weight_grad_sum, double multiplier, double denominator) {
   if (chunk_tokens < 0) throw std::invalid_argument("linear_cross_entropy: chunk_tokens must not be negative");
-  // The kernel turns bf16 logits into the gradient in place; the ATen path adds float32 ones.
-  const int64_t bytes_per_logit = kernel_for(x) ? 2 : 4;
-  const int64_t chunk = chunk_tokens > 0 ? chunk_tokens : cross_entropy_chunk_tokens(weight.size(0), bytes_per_logit);
+  // Both paths turn the logits, in the compute dtype, into their gradient in place.
+  const int64_t chunk = chunk_tokens > 0 ? chunk_tokens : cross_entropy_chunk_tokens(weight.size(0), x.element_size());
   return LinearCrossEntropyFn::apply(x, weight, targets, chunk, checked_sum(weight_grad_sum, weight, "linear_cross_entropy"), multiplier,
                                      denominator);
 }

@@ -72,7 +72,8 @@ enum class Kernels { kReference, kFused };
 // rows at a time: the gradients of x and weight are computed in forward (the loss is the end of
 // the graph), so at most one chunk of logits exists, never [tokens x vocab] in float32.
 // x: [n, h]; weight: [vocab, h]; targets: [n] int64; chunk_tokens 0: cross_entropy_chunk_tokens
-// for the path taken (the CUDA kernel keeps a chunk's logits in bf16, the ATen path in float32).
+// for x's dtype (a chunk's logits are kept in it: the CUDA kernel's bf16, or the ATen path's, which
+// takes 16-bit logits through float32 a block of rows at a time).
 // `multiplier`: what the caller multiplies the returned loss by before backward (the engine's
 // loss multiplier: 1/accumulation, times the loss scale with fp16). The gradients are computed
 // times it in forward, before their rounding to the compute dtype, as the reference path's

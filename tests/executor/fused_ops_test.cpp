@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include "cpu_memory.hpp"
 #include "fused_ops.hpp"
 
 namespace trainplan::executor {
@@ -261,6 +262,37 @@ TEST(FusedOps, TheLossScaleIsAppliedBeforeTheSixteenBitRounding) {
   // fp16 rounds to 2^-11 relative; a few roundings on each side.
   EXPECT_LE(relative_error(gf[0], gp[0]), 8 * std::pow(2.0, -11)) << "x";
   EXPECT_LE(relative_error(gf[1], gp[1]), 8 * std::pow(2.0, -11)) << "weight";
+}
+
+// The ATen path keeps one chunk of 16-bit logits, as the CUDA kernel does, and turns them into
+// their gradient in place, 16 bf16 rows at a time through float32 (the cost model counts the
+// chunk in the compute dtype: compute.cpp ends_cost). By hand, n = 256 rows, vocab 4096: the bf16
+// logits are 256 x 4096 x 2 = 2 MiB, a float32 block of 16 rows 256 KiB; x's gradient 256 x 16 x 2
+// = 8 KiB, the weight's float32 gradient 4096 x 16 x 4 = 256 KiB, the GEMMs' own CPU buffers a
+// few hundred KiB more. Before (log-softmax widened to float32 from a float32 copy) the chunk
+// took 2 + 4 + 4 MiB.
+TEST(FusedOps, SixteenBitLogitsStayInTheirDtypeOnTheCpuPath) {
+  using trainplan::executor::cpu_allocated_bytes;
+  using trainplan::executor::cpu_peak_allocated_bytes;
+  trainplan::executor::install_cpu_memory_counter();
+  at::manual_seed(9);
+  const int64_t n = 256, h = 16, vocab = 4096;
+  const auto bf16 = at::TensorOptions().dtype(at::kBFloat16);
+  const at::Tensor x = leaf(at::randn({n, h}, bf16)), w = leaf(at::randn({vocab, h}, bf16) * 0.3);
+  const at::Tensor targets = at::randint(0, vocab, {n}, at::kLong);
+  const double logits = n * vocab * 2.0;
+  const double base = cpu_allocated_bytes();
+  trainplan::executor::cpu_reset_peak();
+  const at::Tensor fused = linear_cross_entropy(x, w, targets);
+  const double peak = cpu_peak_allocated_bytes() - base;
+  EXPECT_GE(peak, logits);
+  EXPECT_LE(peak, 1.5 * logits) << "bytes over the inputs at the loss's peak";
+  // And still the reference's values: bf16 logits, float32 log-softmax (2^-8 per rounding).
+  const at::Tensor plain = at::cross_entropy_loss(at::linear(x, w).to(at::kFloat), targets);
+  EXPECT_NEAR(fused.item<double>(), plain.item<double>(), 1e-5 * plain.item<double>());
+  const auto gf = torch::autograd::grad({fused}, {x, w}), gp = torch::autograd::grad({plain}, {x, w});
+  EXPECT_LE(relative_error(gf[0], gp[0]), 4 * std::pow(2.0, -8)) << "x";
+  EXPECT_LE(relative_error(gf[1], gp[1]), 4 * std::pow(2.0, -8)) << "weight";
 }
 
 // A multiplier that is no power of two (accumulation 3) reaches every gradient exactly as the
