@@ -344,13 +344,30 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
 
     // Communication buffers, and cuBLAS workspaces (PyTorch's default on Hopper, 32 MiB per
     // handle, one for the forward thread and one for the autograd engine's).
+    const double layer_linear = pc.attention / t + (mdl.moe ? expert_layer : pc.mlp / t);  // LoRA's frozen (QLoRA's quantised) part
     if (p.zero_stage == 3) {
       // The largest units gathered at once: a layer group, or the embedding (first stage) and the
       // output layer (last stage, untied or a tied copy).
       const double ends = std::max(first ? pc.embedding / t : 0.0,
                                    last && (!mdl.tied_embeddings || stages > 1) ? (mdl.tied_embeddings ? pc.embedding : pc.output) / t : 0.0);
       const double unit = std::max({static_cast<double>(p.fsdp_wrap_min_params), dense_layer + expert_layer, ends});
-      x.buffers += (p.prefetch ? 2.0 : 1.0) * unit * w.weights + unit * reduce_bytes;
+      const double gathers = p.prefetch ? 2.0 : 1.0;  // the unit running and the next one
+      if (!lora) {
+        x.buffers += gathers * unit * w.weights + unit * reduce_bytes;
+      } else {
+        // The frozen base is gathered in the compute dtype and never reduced; the adapters' units
+        // are gathered and their gradients reduce-scattered (engine.cpp: a unit of their own).
+        x.buffers += lora_layer * (gathers * w.weights + reduce_bytes);
+        if (tr.mode == TrainingMode::kQlora) {
+          // A block travels as its packed bytes (quantize.hpp PackedUnit): the running block's
+          // while it is dequantised (into the block counted below), else the next one's; the
+          // embedding and output layer are not quantised.
+          const double packed = layer_linear * frozen_width + (dense_layer + expert_layer - layer_linear) * e;
+          x.buffers += packed + std::max(0.0, ends - layer_linear) * e;
+        } else {
+          x.buffers += gathers * unit * e;
+        }
+      }
     } else if (p.dp * p.cp > 1) {
       x.buffers += 2.0 * 25.0 * 1048576.0;  // two 25 MiB gradient buckets in flight
     }
@@ -359,7 +376,7 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
     x.buffers += 2.0 * 32.0 * 1048576.0;
     // QLoRA: a block's quantised linear weights dequantised into the compute dtype while it runs
     // forward or backward (the trainplan executor dequantises the whole block; engine.cpp).
-    if (tr.mode == TrainingMode::kQlora && layers[i] > 0) x.buffers += (pc.attention / t + (mdl.moe ? expert_layer : pc.mlp / t)) * e;
+    if (tr.mode == TrainingMode::kQlora && layers[i] > 0) x.buffers += layer_linear * e;
 
     // Activations: the allocated bytes at each peak of the step, and the allocator's slack
     // there (PyTorch's caching allocator keeps freed blocks for reuse; a request larger than

@@ -161,12 +161,14 @@ class Unit {
   bool gathered = true;
   std::unique_ptr<Work> gather_work;
   bool frozen = false;       // LoRA's base: compute-dtype weights only (no master, gradient or moments)
-  // QLoRA's frozen blocks: the linear weights quantised (one entry per slot, codes undefined for
-  // the others), the other slots' values in the compute dtype; `full` holds the dequantised unit
-  // only while it runs.
+  // QLoRA's frozen blocks: the linear weights quantised, the other slots' values in the compute
+  // dtype, all packed into one byte buffer (quantize.hpp PackedUnit); `full` holds the dequantised
+  // unit only while it runs. Under ZeRO-3 a rank keeps its shard of the bytes and gathers the
+  // whole before the unit runs (FSDP-QLoRA).
   bool quantized = false;
-  std::vector<QuantizedMatrix> quantized_slots;
-  std::vector<at::Tensor> plain_slots;
+  PackedUnit packing;
+  at::Tensor packed;        // uint8, packing.bytes: kept (ZeRO 0-2), or held only while gathered (ZeRO-3)
+  at::Tensor packed_shard;  // ZeRO-3: this rank's packing.bytes / shards
   std::vector<std::pair<int64_t, int64_t>> decay_ranges;  // (start, length) within the owned range
   std::vector<std::pair<int64_t, int64_t>> norm_ranges;   // owned elements this rank counts in the norm
   at::Tensor tied_grad;      // ZeRO-2/3 with a split tied embedding: the token table's gradient
@@ -180,14 +182,14 @@ class Unit {
 
 namespace {
 
-// A QLoRA unit's weights into `dst` (the unit's flat compute tensor): quantised slots dequantised,
-// the others copied.
-void dequantize_unit(const Unit& u, at::Tensor dst) {
+// A QLoRA unit's weights from its whole packed bytes into `dst` (the unit's flat compute tensor):
+// quantised slots dequantised, the others copied.
+void dequantize_unit(const Unit& u, const at::Tensor& packed, at::Tensor dst) {
   for (std::size_t k = 0; k < u.layout.slots.size(); ++k) {
     const ParamSlot& s = u.layout.slots[k];
     at::Tensor part = dst.narrow(0, s.offset, s.numel);
-    if (u.quantized_slots[k].codes.defined()) dequantize_into(u.quantized_slots[k], part);
-    else part.copy_(u.plain_slots[k].reshape({-1}));
+    if (u.packing.slots[k].quantized) dequantize_into(packed_matrix(u.packing, k, packed), part);
+    else part.copy_(packed_tensor(u.packing, k, packed).reshape({-1}));
   }
 }
 
@@ -403,16 +405,22 @@ std::vector<at::Tensor> DataParallelEngine::views_in_graph(std::size_t unit) {
 
 bool DataParallelEngine::gathered_on_use(std::size_t unit) const { return config_.zero_stage == 3 || units_[unit]->quantized; }
 
+// Every rank quantises the whole unit (the same bytes everywhere) and keeps what ZeRO gives it.
 void DataParallelEngine::store_quantized(Unit& u, const at::Tensor& values) {
-  u.quantized_slots.assign(u.layout.slots.size(), QuantizedMatrix{});
-  u.plain_slots.assign(u.layout.slots.size(), at::Tensor());
-  const auto compute = at::TensorOptions().dtype(config_.compute_dtype).device(config_.device);
+  std::vector<QuantizedMatrix> matrices(u.layout.slots.size());
+  std::vector<at::Tensor> plain(u.layout.slots.size());
   for (std::size_t k = 0; k < u.layout.slots.size(); ++k) {
     const ParamSlot& s = u.layout.slots[k];
     const at::Tensor v = values.narrow(0, s.offset, s.numel).to(config_.device).view(s.shape);
-    if (s.shape.size() == 2) u.quantized_slots[k] = quantize(v, *config_.quantized_base);  // the block's linear weights
-    else u.plain_slots[k] = v.to(compute, false, true);
+    if (s.shape.size() == 2) matrices[k] = quantize(v, *config_.quantized_base);  // the block's linear weights
+    else plain[k] = v.to(config_.compute_dtype);
   }
+  const int shards = config_.zero_stage == 3 ? u.shard_comm->size() : 1;
+  u.packed = pack_unit(matrices, plain, shards, config_.device, u.packing);
+  if (shards == 1) return;
+  const int64_t shard_bytes = u.packing.bytes / shards;
+  u.packed_shard = u.packed.narrow(0, u.shard_comm->rank() * shard_bytes, shard_bytes).clone();
+  free_storage(u.packed);
 }
 
 bool DataParallelEngine::recompute_block(int layer) const {
@@ -424,13 +432,13 @@ void DataParallelEngine::gather(std::size_t unit, int prefetch_direction) {
   const auto start_gather = [&](std::size_t index) {
     await_update(index);  // an offloaded update's new shard
     Unit& u = *units_[index];
-    if (u.quantized) {  // dequantised into the compute dtype, at once
-      allocate_storage(u.full, static_cast<std::size_t>(u.padded) * u.full.element_size());
-      dequantize_unit(u, u.full);
-      u.gathered = true;
+    if (u.quantized && !u.packed_shard.defined()) return;  // its bytes are all here: dequantised on use
+    PhaseScope scope(timer_, Phase::kDataParallelWait);
+    if (u.quantized) {  // ZeRO-3: the packed bytes, dequantised once they are here
+      allocate_storage(u.packed, static_cast<std::size_t>(u.packing.bytes));
+      u.gather_work = u.shard_comm->all_gather(u.packed_shard, u.packed);
       return;
     }
-    PhaseScope scope(timer_, Phase::kDataParallelWait);
     allocate_storage(u.full, static_cast<std::size_t>(u.padded) * u.full.element_size());
     u.gather_work = u.shard_comm->all_gather(u.shard_param, u.full);
   };
@@ -441,6 +449,11 @@ void DataParallelEngine::gather(std::size_t unit, int prefetch_direction) {
       PhaseScope scope(timer_, Phase::kDataParallelWait);
       u.gather_work->wait();
       u.gather_work.reset();
+    }
+    if (u.quantized) {  // into the compute dtype; gathered bytes go at once
+      allocate_storage(u.full, static_cast<std::size_t>(u.padded) * u.full.element_size());
+      dequantize_unit(u, u.packed, u.full);
+      if (u.packed_shard.defined()) free_storage(u.packed);
     }
     u.gathered = true;
   }
@@ -459,6 +472,7 @@ void DataParallelEngine::release(std::size_t unit) {
     u.gather_work.reset();
   }
   free_storage(u.full);
+  if (u.packed_shard.defined()) free_storage(u.packed);  // a prefetched unit's bytes, never dequantised
   u.gathered = false;
 }
 
@@ -868,8 +882,7 @@ StateBytes DataParallelEngine::state_bytes() const {
   for (const auto& up : units_) {
     const Unit& u = *up;
     if (u.quantized) {
-      for (const QuantizedMatrix& q : u.quantized_slots) b.weights += q.bytes();
-      for (const at::Tensor& t : u.plain_slots) b.weights += t.defined() ? bytes(t) : 0.0;
+      b.weights += bytes(u.packed_shard.defined() ? u.packed_shard : u.packed);
       continue;
     }
     b.weights += bytes(u.kept_weights(config_.zero_stage));
@@ -909,8 +922,13 @@ at::Tensor DataParallelEngine::full_master(std::size_t unit) {
   finish_offload();
   Unit& u = *units_[unit];
   if (u.quantized) {  // the dequantised weights
+    at::Tensor packed = u.packed;
+    if (u.packed_shard.defined()) {
+      packed = at::empty({u.packing.bytes}, u.packed_shard.options());
+      u.shard_comm->all_gather(u.packed_shard, packed)->wait();
+    }
     at::Tensor out = at::zeros({u.layout.numel}, at::TensorOptions().dtype(at::kFloat).device(config_.device));
-    dequantize_unit(u, out);
+    dequantize_unit(u, packed, out);
     return out;
   }
   const at::Tensor owned = u.frozen ? u.kept_weights(config_.zero_stage).narrow(0, u.offset * (config_.zero_stage < 3), u.shard).to(at::kFloat)

@@ -111,6 +111,73 @@ void dequantize_into(const QuantizedMatrix& q, at::Tensor out) {
   }
 }
 
+namespace {
+
+constexpr int64_t kPieceAlignment = 16;  // bytes: any dtype's view of a piece is aligned
+
+at::Tensor piece_view(const PackedUnit::Piece& piece, const at::Tensor& buffer) {
+  int64_t numel = 1;
+  for (int64_t d : piece.shape) numel *= d;
+  const int64_t bytes = numel * static_cast<int64_t>(c10::elementSize(piece.dtype));
+  return buffer.narrow(0, piece.offset, bytes).view(piece.dtype).view(piece.shape);
+}
+
+}  // namespace
+
+at::Tensor pack_unit(const std::vector<QuantizedMatrix>& matrices, const std::vector<at::Tensor>& plain, int64_t multiple,
+                     const at::Device& device, PackedUnit& layout) {
+  if (matrices.size() != plain.size()) throw std::invalid_argument("pack_unit: one matrix or tensor per slot");
+  layout = PackedUnit{};
+  std::vector<at::Tensor> sources;
+  int64_t end = 0;
+  const auto add = [&](PackedUnit::Slot& slot, const at::Tensor& t) {
+    const at::Tensor c = t.contiguous();
+    slot.pieces.push_back({end, c.scalar_type(), c.sizes().vec()});
+    sources.push_back(c);
+    end += (c.numel() * static_cast<int64_t>(c.element_size()) + kPieceAlignment - 1) / kPieceAlignment * kPieceAlignment;
+  };
+  for (std::size_t k = 0; k < matrices.size(); ++k) {
+    PackedUnit::Slot slot;
+    const QuantizedMatrix& q = matrices[k];
+    slot.quantized = q.codes.defined();
+    if (slot.quantized) {
+      slot.matrix.format = q.format;
+      slot.matrix.shape = q.shape;
+      slot.matrix.offset = q.offset;
+      add(slot, q.codes);
+      if (q.block_codes.defined()) add(slot, q.block_codes);
+      add(slot, q.group_scales);
+    } else {
+      add(slot, plain.at(k));
+    }
+    layout.slots.push_back(std::move(slot));
+  }
+  const int64_t m = std::max<int64_t>(multiple, 1);
+  layout.bytes = std::max<int64_t>(m, (end + m - 1) / m * m);
+  at::Tensor buffer = at::zeros({layout.bytes}, at::TensorOptions().dtype(at::kByte).device(device));
+  std::size_t next = 0;
+  for (const PackedUnit::Slot& slot : layout.slots) {
+    for (const PackedUnit::Piece& piece : slot.pieces) piece_view(piece, buffer).copy_(sources[next++]);
+  }
+  return buffer;
+}
+
+QuantizedMatrix packed_matrix(const PackedUnit& layout, std::size_t k, const at::Tensor& buffer) {
+  const PackedUnit::Slot& slot = layout.slots.at(k);
+  if (!slot.quantized) throw std::logic_error("packed_matrix: slot " + std::to_string(k) + " is not quantised");
+  QuantizedMatrix q = slot.matrix;
+  q.codes = piece_view(slot.pieces[0], buffer);
+  if (slot.pieces.size() == 3) q.block_codes = piece_view(slot.pieces[1], buffer);
+  q.group_scales = piece_view(slot.pieces.back(), buffer);
+  return q;
+}
+
+at::Tensor packed_tensor(const PackedUnit& layout, std::size_t k, const at::Tensor& buffer) {
+  const PackedUnit::Slot& slot = layout.slots.at(k);
+  if (slot.quantized) throw std::logic_error("packed_tensor: slot " + std::to_string(k) + " is quantised");
+  return piece_view(slot.pieces[0], buffer);
+}
+
 at::Tensor dequantize(const QuantizedMatrix& q, at::ScalarType dtype) {
   at::Tensor out = at::empty(q.shape, q.codes.options().dtype(dtype));
   dequantize_into(q, out);

@@ -37,6 +37,34 @@ struct QuantizedMatrix {
 void dequantize_into(const QuantizedMatrix& q, at::Tensor out);
 [[nodiscard]] at::Tensor dequantize(const QuantizedMatrix& q, at::ScalarType dtype = at::kFloat);
 
+// A QLoRA unit's slots in one uint8 buffer: each slot a quantised matrix (its codes, block codes
+// and scales) or a plain tensor (the norms' weights, in the compute dtype), every piece at a
+// 16-byte boundary. ZeRO-3 shards the buffer over the data-parallel ranks and all-gathers it as
+// bytes before the unit runs (FSDP-QLoRA: the base travels in 4.127 bits a value); the views
+// read the buffer in place.
+struct PackedUnit {
+  struct Piece {
+    int64_t offset = 0;  // bytes from the buffer's start
+    at::ScalarType dtype = at::kByte;
+    std::vector<int64_t> shape;
+  };
+  struct Slot {
+    bool quantized = false;
+    QuantizedMatrix matrix;     // quantised: format, shape and offset; its tensors undefined here
+    std::vector<Piece> pieces;  // quantised: codes, then NF4's block codes, then the scales; plain: one
+  };
+  std::vector<Slot> slots;
+  int64_t bytes = 0;  // the buffer's length, rounded up to the multiple asked for
+};
+
+// Packs `matrices[k]` (where its codes are defined) or else `plain[k]` for every slot k into a
+// new uint8 buffer of `layout.bytes` (a multiple of `multiple`) on `device`.
+[[nodiscard]] at::Tensor pack_unit(const std::vector<QuantizedMatrix>& matrices, const std::vector<at::Tensor>& plain, int64_t multiple,
+                                   const at::Device& device, PackedUnit& layout);
+// Slot k of a packed buffer, read in place: the matrix (quantised slots), or the tensor.
+[[nodiscard]] QuantizedMatrix packed_matrix(const PackedUnit& layout, std::size_t k, const at::Tensor& buffer);
+[[nodiscard]] at::Tensor packed_tensor(const PackedUnit& layout, std::size_t k, const at::Tensor& buffer);
+
 // The 16 NF4 levels (bitsandbytes' create_normal_map), ascending.
 [[nodiscard]] const std::vector<float>& nf4_levels();
 

@@ -208,9 +208,6 @@ std::vector<std::string> executor_limitations(const Plan& plan) {
     problems.push_back("sliding-window attention (window " + std::to_string(m.sliding_window) + " < seq_len " + std::to_string(t.seq_len) +
                        ") is not supported by the executor");
   }
-  if (t.mode == cm::TrainingMode::kQlora && p.zero_stage == 3) {  // executor/src/engine.hpp quantized_base
-    problems.push_back("QLoRA with ZeRO-3: the executor keeps each rank's quantised base whole (ZeRO 0-2 shard the adapters' states)");
-  }
   if (t.mode == cm::TrainingMode::kLora || t.mode == cm::TrainingMode::kQlora) {  // executor/src/model.hpp LoraSpec
     if (m.architecture != cm::Architecture::kLlama) problems.push_back("LoRA: the executor's adapters are on Llama-style blocks");
     if (m.moe) problems.push_back("LoRA on a mixture-of-experts model is not in the executor");

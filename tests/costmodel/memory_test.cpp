@@ -209,6 +209,28 @@ TEST(Lora, QloraStoresFrozenLinearWeightsInNf4) {
   EXPECT_DOUBLE_EQ(q.memory.optimizer.value(), l.memory.optimizer.value());
 }
 
+// LoRA and QLoRA under ZeRO-3 (engine.cpp, quantize.hpp PackedUnit): the frozen base is gathered
+// and never reduced, so the communication buffers are the gathered units (with prefetch, the one
+// running and the next) and the adapters' gathers and float32 reduce-scatter; QLoRA gathers a
+// block as its packed NF4 bytes, besides the one block dequantised to bf16. By hand for Llama 3 8B
+// on 8 GPUs (one stage): the largest unit is the token table or the output layer, 128256 x 4096;
+// a block has 218103808 linear and 8192 norm parameters; rank 16 on q, k, v, o is 425984 adapter
+// parameters a layer; cuBLAS's two 32 MiB workspaces.
+TEST(Lora, ZeroThreeBuffersHoldTheGatheredBaseAndTheAdaptersReduceScatter) {
+  Plan lora = make_plan("llama3-8b", "dgx-h100", 8, 4096, 64);
+  lora.training.mode = TrainingMode::kLora;
+  lora.parallel.zero_stage = 3;
+  lora.parallel.recompute = Recompute::kSelective;
+  Plan qlora = lora;
+  qlora.training.mode = TrainingMode::kQlora;
+  qlora.training.lora.base_format = QuantFormat::kNf4;
+  const double table = 128256.0 * 4096, linear = 218103808.0, norms = 8192.0, adapters = 425984.0, workspaces = 2 * 32 * 1048576.0;
+  const double adapter_buffers = adapters * (2 * 2 + 4);  // two bf16 gathers and a float32 reduce-scatter
+  EXPECT_NEAR(checked_estimate(lora).memory.buffers.value(), 2 * table * 2 + adapter_buffers + workspaces, 1.0);
+  const double packed = linear * 4.127 / 8 + norms * 2;
+  EXPECT_NEAR(checked_estimate(qlora).memory.buffers.value(), linear * 2 + packed + (table - linear) * 2 + adapter_buffers + workspaces, 1.0);
+}
+
 TEST(Offload, CpuOptimizerOffloadLeavesNoOptimizerBytesOnTheGpu) {
   Plan plan = make_plan("llama3-8b", "dgx-h100", 8, 4096, 64);
   plan.parallel.zero_stage = 1;

@@ -38,7 +38,8 @@ TEST_F(PlannerCli, RecommendsAPlanForLlama70bOn64Gpus) {
 
 // Issue 13 item 4: the flagship question ends with a command the executor accepts (pipelines and
 // context parallelism run), and so does mixtral's (experts under context and expert
-// parallelism); a plan it cannot run (experts under tensor parallelism) says why under the command.
+// parallelism), and QLoRA's under ZeRO-3; a plan it cannot run (experts under tensor parallelism)
+// says why under the command.
 TEST_F(PlannerCli, TheRecommendationEndsWithACommandTheExecutorAcceptsAndOtherwiseSaysWhyNot) {
   const Outcome flagship = run("--model 70b --gpus 64");
   ASSERT_EQ(flagship.exit_code, 0) << flagship.all();
@@ -55,6 +56,11 @@ TEST_F(PlannerCli, TheRecommendationEndsWithACommandTheExecutorAcceptsAndOtherwi
   ASSERT_EQ(mixtral.exit_code, 0) << mixtral.all();
   EXPECT_NE(mixtral.out.find("torchrun"), std::string::npos) << mixtral.out;
   EXPECT_EQ(mixtral.out.find("note: the executor cannot run"), std::string::npos) << mixtral.out;
+  // QLoRA of the 70B model recommends ZeRO-3 (the quantised base sharded: FSDP-QLoRA).
+  const Outcome qlora = run("--model 70b --gpus 64 --mode qlora --fix zero=3");
+  ASSERT_EQ(qlora.exit_code, 0) << qlora.all();
+  EXPECT_NE(qlora.out.find("--init-from HF_CHECKPOINT_DIR"), std::string::npos) << qlora.out;
+  EXPECT_EQ(qlora.out.find("note: the executor cannot run"), std::string::npos) << qlora.out;
   const Outcome tensor = run("--model mixtral-8x7b --gpus 64 --fix tp=2");
   ASSERT_EQ(tensor.exit_code, 0) << tensor.all();
   EXPECT_NE(tensor.out.find("note: the executor cannot run this plan yet:\n    - "), std::string::npos) << tensor.out;
