@@ -285,7 +285,44 @@ __global__ void __launch_bounds__(kRowThreads) cross_entropy_kernel(bf16* logits
   }
 }
 
+constexpr int64_t kNf4Block = 64;   // values per block maximum (quantize.cpp kBlock)
+constexpr int64_t kNf4Group = 256;  // blocks per float32 scale (quantize.cpp kGroup)
+
+// One thread per code byte: its two values.
+__global__ void nf4_dequantize_kernel(const uint8_t* codes, const uint8_t* block_codes, const float* group_scales, float offset,
+                                      Nf4Levels levels, int64_t n, bf16* out) {
+  const int64_t bytes = (n + 1) / 2;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < bytes; i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t first = 2 * i, block = first / kNf4Block;
+    const float maximum = (static_cast<float>(block_codes[block]) - 128.0f) / 127.0f * group_scales[block / kNf4Group] + offset;
+    const uint8_t c = codes[i];
+    out[first] = b(levels.v[c >> 4] * maximum);
+    if (first + 1 < n) out[first + 1] = b(levels.v[c & 15] * maximum);
+  }
+}
+
+__global__ void int8_dequantize_kernel(const int8_t* codes, const float* scales, int64_t cols, int64_t n, bf16* out) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n; i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    out[i] = b(static_cast<float>(codes[i]) * scales[i / cols]);
+  }
+}
+
 }  // namespace
+
+void nf4_dequantize(const uint8_t* codes, const uint8_t* block_codes, const float* group_scales, float offset, Nf4Levels levels,
+                    int64_t n, void* out, void* stream) {
+  if (n <= 0) return;
+  nf4_dequantize_kernel<<<blocks_for((n + 1) / 2), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+      codes, block_codes, group_scales, offset, levels, n, static_cast<bf16*>(out));
+  check("nf4_dequantize");
+}
+
+void int8_dequantize(const int8_t* codes, const float* scales, int64_t rows, int64_t cols, void* out, void* stream) {
+  if (rows <= 0 || cols <= 0) return;
+  int8_dequantize_kernel<<<blocks_for(rows * cols), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(codes, scales, cols, rows * cols,
+                                                                                                      static_cast<bf16*>(out));
+  check("int8_dequantize");
+}
 
 void swiglu_forward(const void* gate, const void* up, void* out, int64_t n, void* stream) {
   auto* st = static_cast<cudaStream_t>(stream);

@@ -41,4 +41,16 @@ void rms_norm_backward(const void* grad, const void* x, const void* weight, void
 void cross_entropy_backward_in_place(void* logits, const int64_t* targets, float* row_loss, int64_t rows, int64_t vocab,
                                      float scale, void* stream);
 
+// QLoRA's NF4 matrices (quantize.hpp) into bf16: `codes` holds two level indices a byte, the high
+// nibble first; value v lies in block v / 64, whose maximum is
+// ((block_codes[block] - 128) / 127) * group_scales[block / 256] + offset, all in float32; writes
+// out[v] = bf16(levels[index] * maximum) for v < n, as quantize.cpp's LibTorch path.
+struct Nf4Levels {
+  float v[16];
+};
+void nf4_dequantize(const uint8_t* codes, const uint8_t* block_codes, const float* group_scales, float offset, Nf4Levels levels,
+                    int64_t n, void* out, void* stream);
+// INT8 (quantize.hpp): out[r, c] = bf16(float(codes[r, c]) * scales[r]) over rows x cols.
+void int8_dequantize(const int8_t* codes, const float* scales, int64_t rows, int64_t cols, void* out, void* stream);
+
 }  // namespace trainplan::executor::cuda_kernels

@@ -183,12 +183,12 @@ class Unit {
 namespace {
 
 // A QLoRA unit's weights from its whole packed bytes into `dst` (the unit's flat compute tensor):
-// quantised slots dequantised, the others copied.
-void dequantize_unit(const Unit& u, const at::Tensor& packed, at::Tensor dst) {
+// quantised slots dequantised (`fused`: quantize.hpp dequantize_into), the others copied.
+void dequantize_unit(const Unit& u, const at::Tensor& packed, at::Tensor dst, bool fused) {
   for (std::size_t k = 0; k < u.layout.slots.size(); ++k) {
     const ParamSlot& s = u.layout.slots[k];
     at::Tensor part = dst.narrow(0, s.offset, s.numel);
-    if (u.packing.slots[k].quantized) dequantize_into(packed_matrix(u.packing, k, packed), part);
+    if (u.packing.slots[k].quantized) dequantize_into(packed_matrix(u.packing, k, packed), part, fused);
     else part.copy_(packed_tensor(u.packing, k, packed).reshape({-1}));
   }
 }
@@ -452,7 +452,7 @@ void DataParallelEngine::gather(std::size_t unit, int prefetch_direction) {
     }
     if (u.quantized) {  // into the compute dtype; gathered bytes go at once
       allocate_storage(u.full, static_cast<std::size_t>(u.padded) * u.full.element_size());
-      dequantize_unit(u, u.packed, u.full);
+      dequantize_unit(u, u.packed, u.full, config_.kernels == Kernels::kFused);
       if (u.packed_shard.defined()) free_storage(u.packed);
     }
     u.gathered = true;
@@ -928,7 +928,7 @@ at::Tensor DataParallelEngine::full_master(std::size_t unit) {
       u.shard_comm->all_gather(u.packed_shard, packed)->wait();
     }
     at::Tensor out = at::zeros({u.layout.numel}, at::TensorOptions().dtype(at::kFloat).device(config_.device));
-    dequantize_unit(u, packed, out);
+    dequantize_unit(u, packed, out, false);  // float32: LibTorch's path
     return out;
   }
   const at::Tensor owned = u.frozen ? u.kept_weights(config_.zero_stage).narrow(0, u.offset * (config_.zero_stage < 3), u.shard).to(at::kFloat)

@@ -5,6 +5,12 @@
 #include <algorithm>
 #include <stdexcept>
 
+#ifdef TRAINPLAN_HAVE_CUDA_KERNELS
+#include <c10/cuda/CUDAStream.h>
+
+#include "cuda_kernels.hpp"
+#endif
+
 namespace trainplan::executor {
 
 namespace cm = trainplan::costmodel;
@@ -89,9 +95,26 @@ QuantizedMatrix quantize(const at::Tensor& w, cm::QuantFormat format) {
   return q;
 }
 
-void dequantize_into(const QuantizedMatrix& q, at::Tensor out) {
+void dequantize_into(const QuantizedMatrix& q, at::Tensor out, bool fused) {
   const int64_t n = q.shape[0] * q.shape[1];
   if (out.numel() != n) throw std::invalid_argument("dequantize_into: the output has another size than the matrix");
+#ifdef TRAINPLAN_HAVE_CUDA_KERNELS
+  if (fused && out.is_cuda() && out.scalar_type() == at::kBFloat16 && out.is_contiguous()) {
+    void* stream = c10::cuda::getCurrentCUDAStream(out.device().index()).stream();
+    if (q.format == cm::QuantFormat::kInt8) {
+      cuda_kernels::int8_dequantize(q.codes.data_ptr<int8_t>(), q.group_scales.data_ptr<float>(), q.shape[0], q.shape[1], out.data_ptr(),
+                                    stream);
+    } else {
+      cuda_kernels::Nf4Levels levels{};
+      std::copy(nf4_levels().begin(), nf4_levels().end(), levels.v);
+      cuda_kernels::nf4_dequantize(q.codes.data_ptr<uint8_t>(), q.block_codes.data_ptr<uint8_t>(), q.group_scales.data_ptr<float>(),
+                                   static_cast<float>(q.offset), levels, n, out.data_ptr(), stream);
+    }
+    return;
+  }
+#else
+  (void)fused;
+#endif
   if (q.format == cm::QuantFormat::kInt8) {
     out.view({q.shape[0], q.shape[1]}).copy_(q.codes.to(at::kFloat) * q.group_scales.unsqueeze(1));
     return;

@@ -34,7 +34,9 @@ struct QuantizedMatrix {
 // Quantises `w` (a 2-D floating tensor, any device); the result lives on w's device.
 [[nodiscard]] QuantizedMatrix quantize(const at::Tensor& w, costmodel::QuantFormat format);
 // Writes the dequantised matrix into `out` (rows x cols elements, contiguous, any float dtype).
-void dequantize_into(const QuantizedMatrix& q, at::Tensor out);
+// `fused`: a bf16 `out` on a GPU is written by cuda_kernels.hpp's kernel in one pass (the
+// fused paths, --kernels fused), else by LibTorch operators.
+void dequantize_into(const QuantizedMatrix& q, at::Tensor out, bool fused = false);
 [[nodiscard]] at::Tensor dequantize(const QuantizedMatrix& q, at::ScalarType dtype = at::kFloat);
 
 // A QLoRA unit's slots in one uint8 buffer: each slot a quantised matrix (its codes, block codes

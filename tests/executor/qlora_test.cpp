@@ -53,6 +53,48 @@ TEST(Quantize, RoundTripErrorAndBytes) {
   EXPECT_TRUE((ex::dequantize(int8) - w).abs().le(step * 0.5 + 1e-9).all().item<bool>());
 }
 
+// A unit's slots packed into one byte buffer (ZeRO-3 shards and all-gathers it as bytes) read
+// back in place exactly: every piece at a 16-byte boundary, the length a multiple of the shards.
+TEST(Quantize, APackedUnitReadsBackEveryMatrixAndTensor) {
+  at::manual_seed(6);
+  const at::Tensor a = at::randn({96, 40}) * 0.02, norm = at::randn({40}).to(at::kBFloat16), c = at::randn({40, 7}) * 0.02;
+  const std::vector<ex::QuantizedMatrix> matrices = {ex::quantize(a, cm::QuantFormat::kNf4), {}, ex::quantize(c, cm::QuantFormat::kInt8)};
+  ex::PackedUnit layout;
+  const at::Tensor buffer = ex::pack_unit(matrices, {at::Tensor(), norm, at::Tensor()}, 3, at::kCPU, layout);
+  EXPECT_EQ(layout.bytes % 3, 0);
+  EXPECT_EQ(buffer.numel(), layout.bytes);
+  // NF4 of 3840 values: 1920 code bytes, 60 block codes, 1 scale; 40 bf16; INT8: 280 codes, 40 scales.
+  const int64_t aligned = 1920 + 64 + 16 + 80 + 288 + 160;
+  EXPECT_GE(layout.bytes, aligned);
+  EXPECT_LT(layout.bytes, aligned + 3);
+  for (const auto& slot : layout.slots) {
+    for (const auto& piece : slot.pieces) EXPECT_EQ(piece.offset % 16, 0);
+  }
+  EXPECT_TRUE(at::equal(ex::dequantize(ex::packed_matrix(layout, 0, buffer)), ex::dequantize(matrices[0])));
+  EXPECT_TRUE(at::equal(ex::packed_tensor(layout, 1, buffer), norm));
+  EXPECT_TRUE(at::equal(ex::dequantize(ex::packed_matrix(layout, 2, buffer)), ex::dequantize(matrices[2])));
+  EXPECT_THROW((void)ex::packed_tensor(layout, 0, buffer), std::logic_error);
+}
+
+// On a GPU the fused paths dequantise into bf16 with one kernel (cuda_kernels.hpp), LibTorch's
+// operators otherwise: the same float32 arithmetic, so the same bf16 values but where the
+// division by 127 of a block maximum's code rounds otherwise (ATen may multiply by 1/127): at
+// most one bf16 step apart (2^-8 relative), measured on no GPU yet.
+TEST(Quantize, TheCudaDequantisationKernelMatchesTheLibTorchPath) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  at::manual_seed(7);
+  for (const auto format : {cm::QuantFormat::kNf4, cm::QuantFormat::kInt8}) {
+    const at::Tensor w = (at::randn({130, 70}) * 0.02).to(at::kCUDA);  // 9100 values: a partial last block
+    const ex::QuantizedMatrix q = ex::quantize(w, format);
+    const auto bf16 = w.options().dtype(at::kBFloat16);
+    at::Tensor fused = at::empty({130, 70}, bf16), plain = at::empty({130, 70}, bf16);
+    ex::dequantize_into(q, fused, true);
+    ex::dequantize_into(q, plain, false);
+    const double worst = ((fused.to(at::kFloat) - plain.to(at::kFloat)).abs() / plain.to(at::kFloat).abs().clamp_min(1e-30)).max().item<double>();
+    EXPECT_LE(worst, std::pow(2.0, -8)) << (format == cm::QuantFormat::kNf4 ? "nf4" : "int8");
+  }
+}
+
 std::vector<double> losses_of(const std::string& path) { return read_json(path).at("losses").get<std::vector<double>>(); }
 
 // The bytes a rank holds for its quantised base, the other frozen weights, the adapters, their
