@@ -402,7 +402,10 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
   const double masks = s.dropout ? 2.0 * Tn * h : 0.0;
   // GELU: fc1 output and the GELU output (fc2's input). SwiGLU: the stack's count (stack.hpp),
   // one of which is the down projection's input.
-  const double mlp_width_saved = feat.gated_mlp ? stack.swiglu_saved : 2.0;
+  // A LoRA adapter on the down projection keeps its input, the product (its A's weight gradient
+  // needs it), which a fused SwiGLU would otherwise recompute (executor/src/fused_ops.hpp swiglu).
+  const bool down_adapter = lora && has_target(s.lora, "down");
+  const double mlp_width_saved = feat.gated_mlp ? (down_adapter ? std::max(3.0, stack.swiglu_saved) : stack.swiglu_saved) : 2.0;
   const double mlp_saved = mlp_width_elements * (mlp_width_saved - 1.0) * e;
   const double mlp_act_out = mlp_width_elements * lin_in;  // input of fc2 / down
   const double routed_input = mdl.moe ? tokens_mlp * h * lin_in : 0.0;

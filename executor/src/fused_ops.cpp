@@ -276,6 +276,47 @@ struct RotaryFn : torch::autograd::Function<RotaryFn> {
   }
 };
 
+// The gradients of gate and up from the product's, and the recomputed product bf16(silu(gate)) *
+// up: 3 [tokens x ffn] tensors at once on either path (`owned`: grad_product may be overwritten).
+struct SwigluGradients {
+  at::Tensor product, gate, up;
+};
+SwigluGradients swiglu_gradients(at::Tensor grad_product, const at::Tensor& gate, const at::Tensor& up, bool owned) {
+  SwigluGradients out;
+#ifdef TRAINPLAN_HAVE_CUDA_KERNELS
+  if (kernel_for(gate) && kernel_for(up) && gate.is_contiguous() && up.is_contiguous()) {
+    grad_product = grad_product.contiguous();
+    out.product = at::empty_like(gate);
+    out.gate = at::empty_like(gate);
+    out.up = at::empty_like(gate);
+    cuda_kernels::swiglu_backward(grad_product.data_ptr(), gate.data_ptr(), up.data_ptr(), out.product.data_ptr(), out.gate.data_ptr(),
+                                  out.up.data_ptr(), gate.numel(), stream_of(gate));
+    return out;
+  }
+#endif
+  // In place where the kernel writes.
+  out.product = at::silu(gate);
+  out.up = grad_product * out.product;
+  out.gate = owned ? grad_product.mul_(up) : grad_product * up;
+  at::silu_backward_out(out.gate, out.gate, gate);
+  out.product.mul_(up);
+  return out;
+}
+
+// silu(gate) * up keeping gate and up only: the product a LoRA adapter on the down projection
+// takes as its input (kept by the adapter), without autograd's copy of silu(gate).
+struct SwigluFn : torch::autograd::Function<SwigluFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate, const at::Tensor& up) {
+    ctx->save_for_backward({gate, up});
+    return swiglu_product(gate, up);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    const SwigluGradients g = swiglu_gradients(grads[0], saved[0], saved[1], /*owned=*/false);
+    return {g.gate, g.up};
+  }
+};
+
 struct SwigluDownFn : torch::autograd::Function<SwigluDownFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate, const at::Tensor& up, const at::Tensor& down,
                             std::optional<at::Tensor> down_sum) {
@@ -288,27 +329,10 @@ struct SwigluDownFn : torch::autograd::Function<SwigluDownFn> {
     const variable_list saved = ctx->get_saved_variables();
     const at::Tensor &gate = saved[0], &up = saved[1], &down = saved[2];
     const at::Tensor g = rows(grads[0]);
-    const at::Tensor grad_product = g.mm(down).view(gate.sizes());
-    at::Tensor product, grad_gate, grad_up;
-#ifdef TRAINPLAN_HAVE_CUDA_KERNELS
-    if (kernel_for(gate) && kernel_for(up) && gate.is_contiguous() && up.is_contiguous()) {
-      product = at::empty_like(gate);
-      grad_gate = at::empty_like(gate);
-      grad_up = at::empty_like(gate);
-      cuda_kernels::swiglu_backward(grad_product.data_ptr(), gate.data_ptr(), up.data_ptr(), product.data_ptr(), grad_gate.data_ptr(),
-                                    grad_up.data_ptr(), gate.numel(), stream_of(gate));
-    }
-#endif
-    if (!product.defined()) {  // in place where the kernel writes: 3 [tokens x ffn] tensors at once, not 6
-      product = at::silu(gate);
-      grad_up = grad_product * product;
-      grad_gate = grad_product.mul_(up);
-      at::silu_backward_out(grad_gate, grad_gate, gate);
-      product.mul_(up);
-    }
+    const SwigluGradients s = swiglu_gradients(g.mm(down).view(gate.sizes()), gate, up, /*owned=*/true);
     std::optional<at::Tensor> sum = kept_sum(ctx, "sum");
-    const at::Tensor grad_down = frozen(ctx, "frozen") ? at::Tensor() : weight_gradient(sum, g, rows(product));
-    return {grad_gate, grad_up, grad_down, at::Tensor()};
+    const at::Tensor grad_down = frozen(ctx, "frozen") ? at::Tensor() : weight_gradient(sum, g, rows(s.product));
+    return {s.gate, s.up, grad_down, at::Tensor()};
   }
 };
 
@@ -497,6 +521,8 @@ at::Tensor embedding_into(const at::Tensor& table, const at::Tensor& tokens, con
 at::Tensor rotary_embedding(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   return RotaryFn::apply(x, cos, sin);
 }
+
+at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up) { return SwigluFn::apply(gate, up); }
 
 at::Tensor swiglu_down(const at::Tensor& gate, const at::Tensor& up, const at::Tensor& down, const at::Tensor& down_grad_sum) {
   return SwigluDownFn::apply(gate, up, down, checked_sum(down_grad_sum, down, "swiglu_down"));

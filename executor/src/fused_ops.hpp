@@ -62,6 +62,10 @@ enum class Kernels { kReference, kFused };
 // backward is the inverse rotation). cos, sin: [seq, head_dim] in x's dtype.
 [[nodiscard]] at::Tensor rotary_embedding(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 
+// silu(gate) * up keeping gate and up, not silu(gate) (recomputed in backward): the product for a
+// down projection with a LoRA adapter, which keeps it as the adapter's input.
+[[nodiscard]] at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up);
+
 // linear(silu(gate) * up, down), keeping gate and up but not their product (recomputed in
 // backward: one element-wise pass instead of [tokens x ffn] bytes held per layer).
 // `down_grad_sum`: see gradient-accumulation fusion above.

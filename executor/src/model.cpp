@@ -502,9 +502,10 @@ at::Tensor block_forward(const cm::ModelSpec& m, const TensorParallel& tp, const
       u = projection("up", c, up, at::Tensor(), i + 1);
     }
     // The fused SwiGLU keeps gate and up, not their product; an adapted down projection needs
-    // the product as its adapter's input, so it takes the plain path.
-    mlp = leave_tp_region(tp, fused && !adapted("down") ? swiglu_down(g, u, down, sum(i + 2))
-                                                        : projection("down", at::silu(g) * u, down, at::Tensor(), i + 2));
+    // the product as its adapter's input, which its A matrix keeps.
+    if (fused && !adapted("down")) mlp = swiglu_down(g, u, down, sum(i + 2));
+    else mlp = projection("down", fused ? swiglu(g, u) : at::silu(g) * u, down, at::Tensor(), i + 2);
+    mlp = leave_tp_region(tp, mlp);
   }
   return h1 + drop_branch(mlp, DropoutSite::kMlp);
 }

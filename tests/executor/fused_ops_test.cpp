@@ -173,6 +173,20 @@ TEST_P(Dtypes, EmbeddingIntoScattersRepeatedRowsIntoTheSum) {
   EXPECT_TRUE(at::equal(s.sums[0][0], s.earlier[0][0]));
 }
 
+// The product alone (a LoRA-adapted down projection's input): silu(gate) is not kept, and the
+// gradient flowing in is not overwritten (autograd may hand the same tensor to others).
+TEST_P(Dtypes, SwigluMatchesSiluTimesUpAndLeavesItsGradientAlone) {
+  at::manual_seed(8);
+  const at::Tensor gate = leaf(at::randn({2, 5, 24}, options())), up = leaf(at::randn({2, 5, 24}, options()));
+  const at::Tensor fused = swiglu(gate, up), plain = at::silu(gate) * up;
+  EXPECT_LE(relative_error(fused, plain), tolerance());
+  const at::Tensor probe = at::randn(plain.sizes(), options()), kept = probe.clone();
+  const auto gf = torch::autograd::grad({fused}, {gate, up}, {probe}), gp = torch::autograd::grad({plain}, {gate, up}, {probe});
+  EXPECT_TRUE(at::equal(probe, kept));
+  EXPECT_LE(relative_error(gf[0], gp[0]), tolerance()) << "gate";
+  EXPECT_LE(relative_error(gf[1], gp[1]), tolerance()) << "up";
+}
+
 TEST_P(Dtypes, SwigluDownMatchesSiluTimesUpThenDown) {
   at::manual_seed(3);
   const at::Tensor gate = leaf(at::randn({2, 5, 24}, options())), up = leaf(at::randn({2, 5, 24}, options()));

@@ -117,6 +117,11 @@ TEST(ActivationBytes, EachLayerKeepsWhatTheCostModelCounts) {
          s.recompute_layers = 1;
          return s;
        }(), 1e-4},
+      {"act_lora_all_linear", [] {  // LoRA on all seven projections: down's adapter keeps its input, the SwiGLU product
+         PlanSpec s;
+         s.training_patch = {{"mode", "lora"}, {"lora", {{"rank", 8}, {"targets", {"q", "k", "v", "o", "gate", "up", "down"}}}}};
+         return s;
+       }(), 1e-4},
       {"act_dropout", [] {  // dropout 0.1: one byte per element for each residual branch's mask
          PlanSpec s;
          s.training_patch = {{"dropout", true}};
