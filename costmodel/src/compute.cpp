@@ -390,7 +390,16 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
 
   // --- activations kept for backward (bytes) ---
   const double norm_inputs = 2.0 * Tn * h * e;
-  const double norm_outputs = norm_recomputed ? 0.0 : 2.0 * Tn * h * lin_in;  // QKV input and MLP input
+  // The QKV and MLP inputs: the norms' outputs, under sequence parallelism all-gathered first,
+  // which the stack keeps gathered or as the shard (stack.hpp).
+  // LoRA's frozen GEMMs keep no input: a group's input (Q/K/V, gate/up) is kept by its adapters'
+  // A matrices alone, and with LoRA dropout not even by them (each keeps its dropped copy).
+  const bool kept_by_adapters = !lora || s.lora.dropout <= 0;
+  const bool attention_input_kept = !lora || mla || (kept_by_adapters && (has_target(s.lora, "q") || has_target(s.lora, "k") || has_target(s.lora, "v")));
+  const bool mlp_input_kept = !lora || mla || (kept_by_adapters && (has_target(s.lora, "gate") || has_target(s.lora, "up")));
+  const double gemm_input_tokens = s.sequence_parallel && stack.sequence_parallel_keeps_gathered_input ? T : Tn;
+  const double norm_outputs =
+      norm_recomputed ? 0.0 : ((attention_input_kept ? 1.0 : 0.0) + (mlp_input_kept ? 1.0 : 0.0)) * gemm_input_tokens * h * lin_in;
   // Q, K and V (all-gathered K/V: every rank's, s.cp times the local ones). MLA: latents and their norms' inputs.
   const double qkv = T * (q_local + (gathered_kv ? s.cp : 1.0) * (k_local + v_local)) * e + 2.0 * T * mla_latents * e;
   const double score_bytes = s.attention == AttentionKernel::kStandard ? scores * (e + (s.dropout ? 1.0 + e : 0.0))
@@ -398,7 +407,10 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
   // The output projection's input. All-gathered K/V without recompute: the two query chunks'
   // attention outputs are kept by their kernels and joined into a new tensor for the projection,
   // so one more copy of the attention output stays (executor/src/model.cpp attention).
-  const double proj_input = T * o_in_local * lin_in + (gathered_kv && s.recompute == Recompute::kNone ? T * o_in_local * e : 0.0);
+  // (Under LoRA only the o adapter's A keeps that copy, and with LoRA dropout its dropped one.)
+  // `joined_kept`: the output projection's input is kept for its own sake (its weight's gradient).
+  const bool joined_kept = !lora || mla || (kept_by_adapters && has_target(s.lora, "o"));
+  const double proj_input = T * o_in_local * lin_in + (gathered_kv && s.recompute == Recompute::kNone && joined_kept ? T * o_in_local * e : 0.0);
   const double masks = s.dropout ? 2.0 * Tn * h : 0.0;
   // GELU: fc1 output and the GELU output (fc2's input). SwiGLU: the stack's count (stack.hpp),
   // one of which is the down projection's input.
@@ -421,6 +433,17 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
                                   : 0.0;
   double adapters = 0;
   if (lora) adapters = static_cast<double>(s.lora.targets.size()) * T * r * e;
+  if (lora && s.lora.dropout > 0 && !mla) {
+    // PEFT's lora_dropout: each adapter's A keeps its own dropped copy of the input, and the mask
+    // (a byte an element, executor/src/dropout.hpp); column-parallel targets take the whole
+    // input, row-parallel ones this rank's features. The down projection's dropped product
+    // stands in for the product counted above, which nothing else keeps.
+    for (const std::string& target : s.lora.targets) {
+      const double width = target == "down" ? ffn_local : target == "o" ? o_in_local : h;
+      const double tokens = target == "gate" || target == "up" || target == "down" ? tokens_mlp : T;
+      adapters += tokens * width * (target == "down" ? 1.0 : 1.0 + e);
+    }
+  }
   c.full_activation_bytes = norm_inputs + norm_outputs + qkv + score_bytes + proj_input + masks + mlp_saved +
                             mlp_act_out + routed_input + moe_kept + adapters;
   // Temporaries of one forward: eager rotate-half holds q, the rotated copy, x*cos, rotated*sin
@@ -445,8 +468,9 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
       } else if (is_trainplan(s.stack)) {
         // The executor recomputes the attention core (issue 3), keeping q, k, v; under flash
         // attention its output is still kept as the output projection's input, so only the
-        // softmax statistics are saved and the core runs twice.
-        c.activation_bytes = c.full_activation_bytes - score_bytes;
+        // softmax statistics are saved and the core runs twice. Under LoRA the frozen output
+        // projection keeps no input: the output stays only for an undropped o adapter.
+        c.activation_bytes = c.full_activation_bytes - score_bytes - (joined_kept ? 0.0 : T * o_in_local * lin_in);
         c.recompute = core_forward;
       } else if (torchtitan_policy) {
         // PyTorch's op-level selective checkpointing (torchtitan's policy, torch.utils.checkpoint

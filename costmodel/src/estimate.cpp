@@ -371,7 +371,9 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
     } else if (p.dp * p.cp > 1) {
       x.buffers += 2.0 * 25.0 * 1048576.0;  // two 25 MiB gradient buckets in flight
     }
-    if (s.sequence_parallel) x.buffers += tokens * h * e;  // gathered input of a column-parallel GEMM
+    // The gathered input of a column-parallel GEMM, where the stack gathers it again in backward
+    // (kept as an activation otherwise).
+    if (s.sequence_parallel && !stack.sequence_parallel_keeps_gathered_input) x.buffers += tokens * h * e;
     if (stages > 1) x.buffers += 2.0 * tokens * h * e / (s.sequence_parallel ? t : 1.0);  // p2p send/recv
     x.buffers += 2.0 * 32.0 * 1048576.0;
     // QLoRA: a block's quantised linear weights dequantised into the compute dtype while it runs

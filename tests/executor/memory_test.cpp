@@ -91,7 +91,9 @@ namespace {
 // all of them) on top of its half of the rest. The MoE case: every layer 2 SwiGLU experts of
 // width 64, top-2, dropless, ep2 x dp2 with micro-batches of one 32-token sequence, so each
 // rank's expert takes 64 rows (its tokens and the other rank's) whatever the router says; it
-// keeps a few small tensors the cost model leaves out (under 1%).
+// keeps a few small tensors the cost model leaves out (under 1%). Under tensor parallelism the
+// norms' float32 1/RMS (8 B a token) are not counted (under 1%); LoRA dropout keeps a few small
+// index tensors besides (0.2%).
 TEST(ActivationBytes, EachLayerKeepsWhatTheCostModelCounts) {
   struct Case {
     std::string name;
@@ -122,6 +124,21 @@ TEST(ActivationBytes, EachLayerKeepsWhatTheCostModelCounts) {
          s.training_patch = {{"mode", "lora"}, {"lora", {{"rank", 8}, {"targets", {"q", "k", "v", "o", "gate", "up", "down"}}}}};
          return s;
        }(), 1e-4},
+      {"act_tp2_sp", [&] {  // sequence parallelism: the column-parallel GEMMs keep their gathered inputs
+         PlanSpec s = dense(1, 2, 1, 1, 8);
+         s.sequence_parallel = true;
+         return s;
+       }(), 0.01},
+      {"act_lora_qkvo_tp2", [&] {  // the frozen gate/up GEMMs keep no input, nor does any adapter of theirs
+         PlanSpec s = dense(1, 2, 1, 1, 8);
+         s.training_patch = {{"mode", "lora"}, {"lora", {{"rank", 8}, {"targets", {"q", "k", "v", "o"}}}}};
+         return s;
+       }(), 0.01},
+      {"act_lora_dropout", [] {  // LoRA dropout: each A keeps its dropped input and the mask
+         PlanSpec s;
+         s.training_patch = {{"mode", "lora"}, {"lora", {{"rank", 8}, {"targets", {"q", "k", "v", "o", "gate", "up", "down"}}, {"dropout", 0.1}}}};
+         return s;
+       }(), 0.005},
       {"act_dropout", [] {  // dropout 0.1: one byte per element for each residual branch's mask
          PlanSpec s;
          s.training_patch = {{"dropout", true}};

@@ -98,6 +98,11 @@ struct StackSpec {
   // --make-vocab-size-divisible-by 128); 1: the vocabulary as it is.
   int vocab_pad_multiple;
   ContextAttention context_attention;
+  // Under sequence parallelism the column-parallel GEMMs take the all-gathered norm output: kept
+  // as their saved input (true: autograd's linear, the executor's EnterFn, torchtitan's
+  // SequenceParallel), or the sequence shard kept and gathered again in backward (false:
+  // Megatron-Core / Transformer Engine; Korthikanti et al. 2022, Sec. 4.2.2).
+  bool sequence_parallel_keeps_gathered_input;
   const char* source;
 };
 
