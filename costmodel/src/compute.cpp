@@ -657,8 +657,9 @@ EndsCost ends_cost(const ModelSpec& mdl, const HardwareProfile& hw, const LayerS
       break;
     case LossKernel::kChunkedFused: {
       // executor/src/fused_ops.cpp LinearCrossEntropyFn: chunks of rows sized to 1 GiB of logits
-      // in the compute dtype (cross_entropy_chunk_tokens), a multiple of 64. Per chunk, all in the forward: the logits GEMM, one kernel reading the
-      // logits twice (online softmax) and overwriting them with their 16-bit gradient, the
+      // in the compute dtype (cross_entropy_chunk_tokens), a multiple of 64. Per chunk, all in
+      // the forward: the logits GEMM, one kernel reading the logits twice (online softmax) and
+      // overwriting them with their 16-bit gradient, the
       // input-gradient GEMM and the weight-gradient GEMM accumulating (cuBLAS beta = 1: 8 more
       // bytes per element per chunk) into an fp32 [vocab x h] sum: under ZeRO-0/1 the weight's
       // own fp32 gradient (engine.cpp output_weight_grad_sum: no buffer, no scaling, cast or
