@@ -174,6 +174,11 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
   const bool lora = s.mode == TrainingMode::kLora || s.mode == TrainingMode::kQlora;
   const bool frozen = lora;
   const double r = s.lora.rank;
+  // LoRA's frozen GEMMs keep no input: a group's input (Q/K/V, gate/up) is kept by its adapters'
+  // A matrices alone, and with LoRA dropout not even by them (each keeps its dropped copy).
+  const bool kept_by_adapters = !lora || s.lora.dropout <= 0;
+  const bool attention_input_kept = !lora || mla || (kept_by_adapters && (has_target(s.lora, "q") || has_target(s.lora, "k") || has_target(s.lora, "v")));
+  const bool mlp_input_kept = !lora || mla || (kept_by_adapters && (has_target(s.lora, "gate") || has_target(s.lora, "up")));
   const double scores = s.micro_batch * a_local * s_q * s_k;  // attention score elements
   // Context parallelism with K/V all-gathered (stack.hpp): the rank's two query chunks each attend
   // the keys up to their own end through a masked kernel, (2cp + 1) / 4cp of the s_q x s_k
@@ -353,6 +358,13 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
                            : collective_time(hw, Collective::kAllReduce, block, s.tp_group).value();
     c.tp_comm_forward = 2.0 * one;   // after attention and after the MLP (or gather before each)
     c.tp_comm_backward = 2.0 * one;  // the conjugate operators
+    // The executor gathers the column-parallel GEMMs' input again in backward (stack.hpp), on the
+    // compute stream; Megatron-Core overlaps that gather with the input-gradient GEMM.
+    // Not for a group whose input nothing keeps (LoRA: no undropped adapter on it).
+    if (s.sequence_parallel && !stack.sequence_parallel_keeps_gathered_input && is_trainplan(s.stack)) {
+      const double regathers = (attention_input_kept ? 1.0 : 0.0) + (mlp_input_kept ? 1.0 : 0.0);
+      c.tp_comm_backward += regathers * collective_time(hw, Collective::kAllGather, block, s.tp_group).value();
+    }
   }
   double cp_gather = 0;  // all-gathered K/V: the forward's exposed all-gather (run again by full recompute)
   if (s.cp > 1) {
@@ -392,11 +404,6 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
   const double norm_inputs = 2.0 * Tn * h * e;
   // The QKV and MLP inputs: the norms' outputs, under sequence parallelism all-gathered first,
   // which the stack keeps gathered or as the shard (stack.hpp).
-  // LoRA's frozen GEMMs keep no input: a group's input (Q/K/V, gate/up) is kept by its adapters'
-  // A matrices alone, and with LoRA dropout not even by them (each keeps its dropped copy).
-  const bool kept_by_adapters = !lora || s.lora.dropout <= 0;
-  const bool attention_input_kept = !lora || mla || (kept_by_adapters && (has_target(s.lora, "q") || has_target(s.lora, "k") || has_target(s.lora, "v")));
-  const bool mlp_input_kept = !lora || mla || (kept_by_adapters && (has_target(s.lora, "gate") || has_target(s.lora, "up")));
   const double gemm_input_tokens = s.sequence_parallel && stack.sequence_parallel_keeps_gathered_input ? T : Tn;
   const double norm_outputs =
       norm_recomputed ? 0.0 : ((attention_input_kept ? 1.0 : 0.0) + (mlp_input_kept ? 1.0 : 0.0)) * gemm_input_tokens * h * lin_in;

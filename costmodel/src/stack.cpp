@@ -35,7 +35,7 @@ constexpr StackSpec kSpecs[] = {
      "trainplan executor (--kernels fused): fused rotary, SwiGLU and RMSNorm-backward kernels, norms recomputed in backward, "
      "separate Q/K/V and gate/up GEMMs, chunked linear cross-entropy, gradients accumulated in fp32 by the GEMMs (ZeRO-0/1, "
      "no TP), fused AdamW, the loss read once per step",
-     true, false, false, LossKernel::kChunkedFused, GradAccumulation::kFusedInGemmUnsharded, true, 1, 14, 1, 2, true, true, false, 5e-6, 1, ContextAttention::kAllGatherKv, true,
+     true, false, false, LossKernel::kChunkedFused, GradAccumulation::kFusedInGemmUnsharded, true, 1, 14, 1, 2, true, true, false, 5e-6, 1, ContextAttention::kAllGatherKv, false,
      "executor/src/model.cpp (block_forward with Kernels::kFused: norm_linears, rotary_embedding, swiglu_down; head_loss: "
      "linear_cross_entropy), executor/src/fused_ops.cpp (NormLinearsFn, RotaryFn, SwigluDownFn, LinearCrossEntropyFn), "
      "executor/src/cuda_kernels.cu, executor/src/engine.cpp (grad_sums / fused_accumulation, else an fp32 gradient add per micro-batch; fused_optimizer_step: "
@@ -45,7 +45,7 @@ constexpr StackSpec kSpecs[] = {
     {Stack::kTrainplanReference, "trainplan-reference",
      "trainplan executor (--kernels reference, the executor before its fused paths): eager ATen kernels, separate Q/K/V and "
      "gate/up GEMMs, fp32 logits for the loss, unfused AdamW, fp32 gradient accumulation, one host sync per micro-batch",
-     false, false, false, LossKernel::kFp32Copy, GradAccumulation::kFp32Buffer, false, 106.0 / 32.0, 16, 5, 4, false, false, true, 5e-6, 1, ContextAttention::kAllGatherKv, true,
+     false, false, false, LossKernel::kFp32Copy, GradAccumulation::kFp32Buffer, false, 106.0 / 32.0, 16, 5, 4, false, false, true, 5e-6, 1, ContextAttention::kAllGatherKv, false,
      "executor/src/model.cpp (block_forward with Kernels::kReference: at::rms_norm, three at::linear for q/k/v, rotate-half "
      "rotary, at::silu(gate) * up, head_loss: logits .to(kFloat) then at::cross_entropy_loss), executor/src/engine.cpp "
      "(fp32 gradient add per micro-batch, ATen AdamW), executor/src/engine.cpp forward_chunk (loss.item() per micro-batch)"},

@@ -433,6 +433,38 @@ at::Tensor block_forward(const cm::ModelSpec& m, const TensorParallel& tp, const
     return out;
   };
 
+  // Under sequence parallelism a group of column-parallel projections and their adapters' A
+  // matrices gathers its input itself and keeps only the sequence shard (tensor_parallel.hpp
+  // gathered_linears); with LoRA dropout each A takes a dropped copy of the gathered input, so
+  // that case gathers through enter_tp_region. The biases are added after the GEMMs.
+  struct Target {
+    std::string name;
+    std::size_t weight;
+    at::Tensor bias;
+  };
+  const bool regather = tp.sharded_sequence() && !lora_dropout;
+  const auto gathered_projections = [&](const at::Tensor& shard, const std::vector<Target>& targets) {
+    std::vector<at::Tensor> weights;
+    std::vector<std::string> with_adapter;
+    for (const Target& t : targets) weights.push_back(p[t.weight]);
+    for (const Target& t : targets) {
+      if (!adapted(t.name)) continue;
+      weights.push_back(p[adapters.at(t.name)]);
+      with_adapter.push_back(t.name);
+    }
+    std::vector<at::Tensor> out = gathered_linears(tp, shard, weights);
+    for (std::size_t j = 0; j < targets.size(); ++j) {
+      if (targets[j].bias.defined()) out[j] = out[j] + targets[j].bias;
+    }
+    for (std::size_t k = 0; k < with_adapter.size(); ++k) {
+      for (std::size_t j = 0; j < targets.size(); ++j) {
+        if (targets[j].name == with_adapter[k]) out[j] = out[j] + adapter_up(with_adapter[k], out[targets.size() + k]);
+      }
+    }
+    out.resize(targets.size());
+    return out;
+  };
+
   std::size_t i = 0;
   const at::Tensor& n1w = p[i++];
   const at::Tensor* n1b = gpt ? &p[i++] : nullptr;
@@ -453,6 +485,11 @@ at::Tensor block_forward(const cm::ModelSpec& m, const TensorParallel& tp, const
   at::Tensor q, k, v;
   if (fused_norm) {
     const std::vector<at::Tensor> qkv = norm_projections(x, 0, {{"q", iq}, {"k", iq + 1}, {"v", iq + 2}});
+    q = qkv[0];
+    k = qkv[1];
+    v = qkv[2];
+  } else if (regather) {
+    const std::vector<at::Tensor> qkv = gathered_projections(norm(m, x, n1w, n1b), {{"q", iq, bq}, {"k", iq + 1, bk}, {"v", iq + 2, bv}});
     q = qkv[0];
     k = qkv[1];
     v = qkv[2];
@@ -481,9 +518,10 @@ at::Tensor block_forward(const cm::ModelSpec& m, const TensorParallel& tp, const
 
   at::Tensor mlp;
   if (gpt) {
-    const at::Tensor c = enter_tp_region(tp, norm(m, h1, n2w, n2b));
     const at::Tensor &w1 = p[i], &b1 = p[i + 1], &w2 = p[i + 2], &b2 = p[i + 3];
-    mlp = leave_tp_region(tp, at::linear(at::gelu(at::linear(c, w1, b1), "tanh"), w2)) + b2;
+    const at::Tensor fc1 = regather ? gathered_projections(norm(m, h1, n2w, n2b), {{"fc1", i, b1}})[0]
+                                    : at::linear(enter_tp_region(tp, norm(m, h1, n2w, n2b)), w1, b1);
+    mlp = leave_tp_region(tp, at::linear(at::gelu(fc1, "tanh"), w2)) + b2;
   } else if (m.moe && block_params - i == 1 + 3 * static_cast<std::size_t>(m.moe->experts / (moe.ep == nullptr ? 1 : moe.ep->size()))) {
     // An MoE layer: the router, then this rank's experts (model_layout).
     const auto from = static_cast<std::ptrdiff_t>(i);
@@ -492,8 +530,9 @@ at::Tensor block_forward(const cm::ModelSpec& m, const TensorParallel& tp, const
   } else {
     const at::Tensor &gate = p[i], &up = p[i + 1], &down = p[i + 2];
     at::Tensor g, u;
-    if (fused_norm) {
-      const std::vector<at::Tensor> gu = norm_projections(h1, n2, {{"gate", i}, {"up", i + 1}});
+    if (fused_norm || regather) {
+      const std::vector<at::Tensor> gu = fused_norm ? norm_projections(h1, n2, {{"gate", i}, {"up", i + 1}})
+                                                    : gathered_projections(norm(m, h1, n2w, n2b), {{"gate", i, {}}, {"up", i + 1, {}}});
       g = gu[0];
       u = gu[1];
     } else {

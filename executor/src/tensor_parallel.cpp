@@ -2,6 +2,10 @@
 
 #include "tensor_parallel.hpp"
 
+#include <stdexcept>
+#include <string>
+#include <vector>
+
 #include <torch/csrc/autograd/custom_function.h>
 
 namespace trainplan::executor {
@@ -65,6 +69,48 @@ struct LeaveFn : torch::autograd::Function<LeaveFn> {
   }
 };
 
+struct GatheredLinearsFn : torch::autograd::Function<GatheredLinearsFn> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, int64_t comm, at::TensorList weights) {
+    ctx->saved_data["comm"] = comm;
+    bool any_trained = false;
+    variable_list saved{x};
+    for (std::size_t i = 0; i < weights.size(); ++i) {
+      saved.push_back(weights[i]);
+      ctx->saved_data["frozen" + std::to_string(i)] = !weights[i].requires_grad();
+      any_trained |= weights[i].requires_grad();
+    }
+    if (!any_trained) saved[0] = at::Tensor();  // frozen weights (LoRA's base): the input is not needed again
+    ctx->save_for_backward(saved);
+    const at::Tensor gathered = gather_sequence(*reinterpret_cast<Communicator*>(comm), x);
+    variable_list out;
+    for (const at::Tensor& w : weights) out.push_back(at::linear(gathered, w));
+    return out;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    Communicator& c = *comm_of(ctx);
+    // Again: only the shard was kept (none when every weight is frozen).
+    const at::Tensor input = saved[0].defined() ? gather_sequence(c, saved[0]).reshape({-1, saved[0].size(-1)}) : at::Tensor();
+    at::Tensor grad_input;
+    variable_list out(2 + grads.size());
+    std::vector<int64_t> shape;
+    for (std::size_t i = 0; i < grads.size(); ++i) {
+      if (!grads[i].defined()) continue;
+      const at::Tensor& w = saved[1 + i];
+      if (shape.empty()) {
+        shape = grads[i].sizes().vec();
+        shape.back() = w.size(1);
+      }
+      const at::Tensor g = grads[i].reshape({-1, w.size(0)});
+      if (!ctx->saved_data["frozen" + std::to_string(i)].toBool()) out[2 + i] = g.t().mm(input);
+      if (grad_input.defined()) grad_input.addmm_(g, w);
+      else grad_input = g.mm(w);
+    }
+    if (grad_input.defined()) out[0] = reduce_scatter_sequence(c, grad_input.view(shape));
+    return out;
+  }
+};
+
 struct VocabParallelCrossEntropyFn : torch::autograd::Function<VocabParallelCrossEntropyFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& logits, const at::Tensor& targets_in, int64_t comm,
                             int64_t vocab_start, double denominator) {
@@ -121,6 +167,11 @@ at::Tensor enter_tp_region(const TensorParallel& tp, const at::Tensor& x) {
 at::Tensor leave_tp_region(const TensorParallel& tp, const at::Tensor& x) {
   if (!tp.active()) return x;
   return LeaveFn::apply(x, id(tp.comm), tp.sequence_parallel);
+}
+
+std::vector<at::Tensor> gathered_linears(const TensorParallel& tp, const at::Tensor& x, const std::vector<at::Tensor>& weights) {
+  if (!tp.sharded_sequence()) throw std::logic_error("gathered_linears: sequence parallelism is not active");
+  return GatheredLinearsFn::apply(x, id(tp.comm), at::TensorList(weights));
 }
 
 at::Tensor vocab_parallel_embedding(const at::Tensor& weight, const at::Tensor& tokens, int64_t vocab_start) {

@@ -11,6 +11,7 @@
 // function is the identity, so the same model code runs unsharded.
 
 #include <cstdint>
+#include <vector>
 
 #include <ATen/ATen.h>
 
@@ -29,6 +30,14 @@ struct TensorParallel {
 
 [[nodiscard]] at::Tensor enter_tp_region(const TensorParallel& tp, const at::Tensor& x);
 [[nodiscard]] at::Tensor leave_tp_region(const TensorParallel& tp, const at::Tensor& x);
+
+// Column-parallel linears of one input under sequence parallelism: enter_tp_region's all-gather
+// of x's sequence shards ([b, s/tp, h] -> [b, s, h]) then linear(gathered, w) for each weight,
+// keeping only the shard for backward, which gathers it again (Megatron-Core's column-parallel
+// linear with sequence parallelism; Korthikanti et al. 2022, Sec. 4.2.2): 1/tp of the gathered
+// input's bytes kept, one more all-gather in backward. Frozen weights (no requires_grad) get no
+// gradient. REQUIRES tp.sharded_sequence().
+[[nodiscard]] std::vector<at::Tensor> gathered_linears(const TensorParallel& tp, const at::Tensor& x, const std::vector<at::Tensor>& weights);
 
 // Vocabulary-parallel embedding: `weight` holds rows [vocab_start, vocab_start + rows) of the
 // token table; tokens outside it contribute zeros. Returns the partial sum ([b, s, h]) that

@@ -225,8 +225,9 @@ struct LoraRun {
 constexpr int kSteps = 6;
 
 LoraRun run_lora(const std::string& dir, const std::string& name, int dp, int tp, int zero, const std::string& precision,
-                 const std::string& extra = "", const std::string& recompute = "none") {
+                 const std::string& extra = "", const std::string& recompute = "none", bool sequence_parallel = false) {
   PlanSpec spec;
+  spec.sequence_parallel = sequence_parallel;
   spec.model = write_model_document(dir);
   spec.ranks = dp;
   spec.tp = tp;
@@ -256,10 +257,12 @@ TEST(HfLora, EqualLossesOnOneTwoAndFourRanksAndTheMergedExportReimports) {
   EXPECT_GT(std::abs(one.losses.back() - one.losses.front()), 1e-3) << "the adapters learn";
   // Full recompute too: the first block's input (the frozen embedding's output) needs no gradient,
   // yet its adapters do.
-  for (const auto& [name, dp, tp, zero, recompute] : {std::tuple<const char*, int, int, int, const char*>{"dp2-zero1", 2, 1, 1, "none"},
-                                                      {"dp4-zero3", 4, 1, 3, "none"}, {"tp2-dp2-zero2", 2, 2, 2, "none"},
-                                                      {"one-full-recompute", 1, 1, 0, "full"}, {"dp2-zero3-full-recompute", 2, 1, 3, "full"}}) {
-    const LoraRun many = run_lora(dir, name, dp, tp, zero, "fp32", "", recompute);
+  // tp2 with sequence parallelism: the adapters' A matrices among the gathered linears.
+  for (const auto& [name, dp, tp, zero, recompute, sp] :
+       {std::tuple<const char*, int, int, int, const char*, bool>{"dp2-zero1", 2, 1, 1, "none", false}, {"dp4-zero3", 4, 1, 3, "none", false},
+        {"tp2-dp2-zero2", 2, 2, 2, "none", false}, {"tp2-sp", 1, 2, 0, "none", true}, {"one-full-recompute", 1, 1, 0, "full", false},
+        {"dp2-zero3-full-recompute", 2, 1, 3, "full", false}}) {
+    const LoraRun many = run_lora(dir, name, dp, tp, zero, "fp32", "", recompute, sp);
     ASSERT_EQ(many.losses.size(), static_cast<std::size_t>(kSteps)) << name;
     for (int i = 0; i < kSteps; ++i) EXPECT_NEAR(many.losses[i], one.losses[i], 1e-5 * std::abs(one.losses[i])) << name << " step " << i + 1;
   }

@@ -99,9 +99,11 @@ struct StackSpec {
   int vocab_pad_multiple;
   ContextAttention context_attention;
   // Under sequence parallelism the column-parallel GEMMs take the all-gathered norm output: kept
-  // as their saved input (true: autograd's linear, the executor's EnterFn, torchtitan's
-  // SequenceParallel), or the sequence shard kept and gathered again in backward (false:
-  // Megatron-Core / Transformer Engine; Korthikanti et al. 2022, Sec. 4.2.2).
+  // as their saved input (true: autograd's linear, torchtitan's SequenceParallel), or the
+  // sequence shard kept and gathered again in backward (false: Megatron-Core / Transformer
+  // Engine, Korthikanti et al. 2022, Sec. 4.2.2; the executor's gathered_linears, whose gather
+  // runs exposed on the compute stream, except with LoRA dropout, whose copies take the gathered
+  // input).
   bool sequence_parallel_keeps_gathered_input;
   const char* source;
 };
