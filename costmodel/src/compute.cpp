@@ -402,6 +402,10 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
 
   // --- activations kept for backward (bytes) ---
   const double norm_inputs = 2.0 * Tn * h * e;
+  // The norms' float32 statistics, a token each, kept where a norm's output is not recomputed:
+  // 1/RMS, and LayerNorm's mean too (executor/src/fused_ops.hpp rms_norm, ATen's layer_norm);
+  // before a router the MLP norm is a plain one even where the others are recomputed.
+  const double norm_stats = (norm_recomputed ? (mdl.moe ? 1.0 : 0.0) : 2.0) * Tn * 4.0 * (feat.layer_norm ? 2.0 : 1.0);
   // The QKV and MLP inputs: the norms' outputs, under sequence parallelism all-gathered first,
   // which the stack keeps gathered or as the shard (stack.hpp).
   const double gemm_input_tokens = s.sequence_parallel && stack.sequence_parallel_keeps_gathered_input ? T : Tn;
@@ -451,7 +455,7 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
       adapters += tokens * width * (target == "down" ? 1.0 : 1.0 + e);
     }
   }
-  c.full_activation_bytes = norm_inputs + norm_outputs + qkv + score_bytes + proj_input + masks + mlp_saved +
+  c.full_activation_bytes = norm_inputs + norm_stats + norm_outputs + qkv + score_bytes + proj_input + masks + mlp_saved +
                             mlp_act_out + routed_input + moe_kept + adapters;
   // Temporaries of one forward: eager rotate-half holds q, the rotated copy, x*cos, rotated*sin
   // and the negated half (4.5 x q); fused rotary the unrotated q; GPT the projection output.
@@ -496,7 +500,7 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
       } else {
         // Flash already keeps no scores: recompute the cheap memory-bound ops instead (norms,
         // activation function) and keep only their inputs.
-        c.activation_bytes = c.full_activation_bytes - norm_outputs - mlp_act_out;
+        c.activation_bytes = c.full_activation_bytes - norm_outputs - norm_stats - mlp_act_out;
         c.recompute = recompute_pointwise;
       }
       break;
