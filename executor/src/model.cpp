@@ -408,22 +408,20 @@ at::Tensor block_forward(const cm::ModelSpec& m, const TensorParallel& tp, const
     if (adapted(t)) y = y + adapter_up(t, adapter_a(t, input));
     return y;
   };
-  // The fused norm and its linears (the adapters' A matrices among them): one output per base
-  // weight, the adapters' added.
-  const auto norm_projections = [&](const at::Tensor& input, std::size_t norm_index, const std::vector<std::pair<std::string, std::size_t>>& targets) {
-    std::vector<at::Tensor> weights, sums;
+  // Linears sharing one input, the targets' adapters' A matrices among them: `run` computes one
+  // output per parameter index it is given (the targets' weights, then the A matrices); one
+  // output per target comes back, its adapter's B added.
+  using Targets = std::vector<std::pair<std::string, std::size_t>>;
+  const auto shared_input_projections = [&](const Targets& targets, const auto& run) {
+    std::vector<std::size_t> indices;
     std::vector<std::string> with_adapter;
-    for (const auto& [t, w] : targets) {
-      weights.push_back(p[w]);
-      if (into_sums) sums.push_back(grad_sums[w]);
-    }
+    for (const auto& [t, w] : targets) indices.push_back(w);
     for (const auto& [t, w] : targets) {
       if (!adapted(t)) continue;
-      weights.push_back(p[adapters.at(t)]);
-      if (into_sums) sums.push_back(grad_sums[adapters.at(t)]);
+      indices.push_back(adapters.at(t));
       with_adapter.push_back(t);
     }
-    std::vector<at::Tensor> out = norm_linears(input, p[norm_index], m.norm_eps, weights, sums, sum(norm_index));
+    std::vector<at::Tensor> out = run(indices);
     for (std::size_t k = 0; k < with_adapter.size(); ++k) {
       for (std::size_t j = 0; j < targets.size(); ++j) {
         if (targets[j].first == with_adapter[k]) out[j] = out[j] + adapter_up(with_adapter[k], out[targets.size() + k]);
@@ -432,37 +430,32 @@ at::Tensor block_forward(const cm::ModelSpec& m, const TensorParallel& tp, const
     out.resize(targets.size());
     return out;
   };
-
-  // Under sequence parallelism a group of column-parallel projections and their adapters' A
-  // matrices gathers its input itself and keeps only the sequence shard (tensor_parallel.hpp
-  // gathered_linears); with LoRA dropout each A takes a dropped copy of the gathered input, so
-  // that case gathers through enter_tp_region. The biases are added after the GEMMs.
-  struct Target {
-    std::string name;
-    std::size_t weight;
-    at::Tensor bias;
-  };
-  const bool regather = tp.sharded_sequence() && !lora_dropout;
-  const auto gathered_projections = [&](const at::Tensor& shard, const std::vector<Target>& targets) {
-    std::vector<at::Tensor> weights;
-    std::vector<std::string> with_adapter;
-    for (const Target& t : targets) weights.push_back(p[t.weight]);
-    for (const Target& t : targets) {
-      if (!adapted(t.name)) continue;
-      weights.push_back(p[adapters.at(t.name)]);
-      with_adapter.push_back(t.name);
-    }
-    std::vector<at::Tensor> out = gathered_linears(tp, shard, weights);
-    for (std::size_t j = 0; j < targets.size(); ++j) {
-      if (targets[j].bias.defined()) out[j] = out[j] + targets[j].bias;
-    }
-    for (std::size_t k = 0; k < with_adapter.size(); ++k) {
-      for (std::size_t j = 0; j < targets.size(); ++j) {
-        if (targets[j].name == with_adapter[k]) out[j] = out[j] + adapter_up(with_adapter[k], out[targets.size() + k]);
+  // The fused norm and its linears.
+  const auto norm_projections = [&](const at::Tensor& input, std::size_t norm_index, const Targets& targets) {
+    return shared_input_projections(targets, [&](const std::vector<std::size_t>& indices) {
+      std::vector<at::Tensor> weights, sums;
+      for (std::size_t k : indices) {
+        weights.push_back(p[k]);
+        if (into_sums) sums.push_back(grad_sums[k]);
       }
-    }
-    out.resize(targets.size());
-    return out;
+      return norm_linears(input, p[norm_index], m.norm_eps, weights, sums, sum(norm_index));
+    });
+  };
+  // Under sequence parallelism a group of column-parallel projections gathers its input itself
+  // and keeps only the sequence shard (tensor_parallel.hpp gathered_linears); with LoRA dropout
+  // each A takes a dropped copy of the gathered input, so that case gathers through
+  // enter_tp_region. The targets' biases (GPT) are added after the GEMMs.
+  const bool regather = tp.sharded_sequence() && !lora_dropout;
+  const auto gathered_projections = [&](const at::Tensor& shard, const Targets& targets, const std::vector<at::Tensor>& biases) {
+    return shared_input_projections(targets, [&](const std::vector<std::size_t>& indices) {
+      std::vector<at::Tensor> weights;
+      for (std::size_t k : indices) weights.push_back(p[k]);
+      std::vector<at::Tensor> out = gathered_linears(tp, shard, weights);
+      for (std::size_t j = 0; j < biases.size(); ++j) {
+        if (biases[j].defined()) out[j] = out[j] + biases[j];
+      }
+      return out;
+    });
   };
 
   std::size_t i = 0;
@@ -489,7 +482,7 @@ at::Tensor block_forward(const cm::ModelSpec& m, const TensorParallel& tp, const
     k = qkv[1];
     v = qkv[2];
   } else if (regather) {
-    const std::vector<at::Tensor> qkv = gathered_projections(norm(m, x, n1w, n1b), {{"q", iq, bq}, {"k", iq + 1, bk}, {"v", iq + 2, bv}});
+    const std::vector<at::Tensor> qkv = gathered_projections(norm(m, x, n1w, n1b), {{"q", iq}, {"k", iq + 1}, {"v", iq + 2}}, {bq, bk, bv});
     q = qkv[0];
     k = qkv[1];
     v = qkv[2];
@@ -519,7 +512,7 @@ at::Tensor block_forward(const cm::ModelSpec& m, const TensorParallel& tp, const
   at::Tensor mlp;
   if (gpt) {
     const at::Tensor &w1 = p[i], &b1 = p[i + 1], &w2 = p[i + 2], &b2 = p[i + 3];
-    const at::Tensor fc1 = regather ? gathered_projections(norm(m, h1, n2w, n2b), {{"fc1", i, b1}})[0]
+    const at::Tensor fc1 = regather ? gathered_projections(norm(m, h1, n2w, n2b), {{"fc1", i}}, {b1})[0]
                                     : at::linear(enter_tp_region(tp, norm(m, h1, n2w, n2b)), w1, b1);
     mlp = leave_tp_region(tp, at::linear(at::gelu(fc1, "tanh"), w2)) + b2;
   } else if (m.moe && block_params - i == 1 + 3 * static_cast<std::size_t>(m.moe->experts / (moe.ep == nullptr ? 1 : moe.ep->size()))) {
@@ -532,7 +525,7 @@ at::Tensor block_forward(const cm::ModelSpec& m, const TensorParallel& tp, const
     at::Tensor g, u;
     if (fused_norm || regather) {
       const std::vector<at::Tensor> gu = fused_norm ? norm_projections(h1, n2, {{"gate", i}, {"up", i + 1}})
-                                                    : gathered_projections(norm(m, h1, n2w, n2b), {{"gate", i, {}}, {"up", i + 1, {}}});
+                                                    : gathered_projections(norm(m, h1, n2w, n2b), {{"gate", i}, {"up", i + 1}}, {});
       g = gu[0];
       u = gu[1];
     } else {
