@@ -172,8 +172,9 @@ __device__ __forceinline__ float2 block_sum(float2 v, float2* shared) {
 // One block per group of rows; each thread holds C chunks of 8 columns (the weight's among them)
 // and the weight gradient's partial sums of its columns over the block's rows.
 template <int C>
-__global__ void __launch_bounds__(kNormThreads) rms_norm_backward_kernel(const bf16* grad, const bf16* x, const bf16* weight, bf16* grad_x,
-                                                                         float* partial, int64_t rows, int h, float eps) {
+__global__ void __launch_bounds__(kNormThreads) rms_norm_backward_kernel(const bf16* grad, const bf16* x, const bf16* weight,
+                                                                         const bf16* residual_grad, bf16* grad_x, float* partial,
+                                                                         int64_t rows, int h, float eps) {
   __shared__ float2 shared[33];
   bf16 w[C][8];
   float dw[C][8];
@@ -215,6 +216,12 @@ __global__ void __launch_bounds__(kNormThreads) rms_norm_backward_kernel(const b
         out[k] = b(rstd * f(w[c][k]) * gf - xf * correction);
         dw[c][k] += gf * xf * rstd;
       }
+      if (residual_grad != nullptr) {  // the stream's gradient added to the rounded norm gradient, as autograd's add
+        bf16 res[8];
+        load<8>(residual_grad + r * h + col, 0, res);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) out[k] = b(f(out[k]) + f(res[k]));
+      }
       store<8>(grad_x + r * h + col, 0, out);
     }
   }
@@ -224,6 +231,47 @@ __global__ void __launch_bounds__(kNormThreads) rms_norm_backward_kernel(const b
     if (col >= h) continue;
 #pragma unroll
     for (int k = 0; k < 8; ++k) partial[blockIdx.x * static_cast<int64_t>(h) + col + k] = dw[c][k];
+  }
+}
+
+// One block per row (grid-stride past the grid's rows): the row's sum x + branch rounded to bf16
+// (kept in registers, written to sum_out when asked), its mean square in float32, then
+// bf16((sum * rstd) * weight), as ATen's RMSNorm kernel orders the products.
+template <int C>
+__global__ void __launch_bounds__(kNormThreads) add_rms_norm_kernel(const bf16* x, const bf16* branch, const bf16* weight, bf16* sum_out,
+                                                                    bf16* normed, int64_t rows, int h, float eps) {
+  __shared__ float2 shared[33];
+  const float inv_h = 1.0f / static_cast<float>(h);
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    bf16 v[C][8];
+    float2 sums = make_float2(0.0f, 0.0f);
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+      const int col = (c * kNormThreads + threadIdx.x) * 8;
+      if (col >= h) continue;
+      load<8>(x + r * h + col, 0, v[c]);
+      if (branch != nullptr) {
+        bf16 other[8];
+        load<8>(branch + r * h + col, 0, other);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) v[c][k] = b(f(v[c][k]) + f(other[k]));
+        if (sum_out != nullptr) store<8>(sum_out + r * h + col, 0, v[c]);
+      }
+#pragma unroll
+      for (int k = 0; k < 8; ++k) sums.x += f(v[c][k]) * f(v[c][k]);
+    }
+    sums = block_sum(sums, shared);
+    const float rstd = rsqrtf(sums.x * inv_h + eps);
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+      const int col = (c * kNormThreads + threadIdx.x) * 8;
+      if (col >= h) continue;
+      bf16 w[8], out[8];
+      load<8>(weight + col, 0, w);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) out[k] = b(f(v[c][k]) * rstd * f(w[k]));
+      store<8>(normed + r * h + col, 0, out);
+    }
   }
 }
 
@@ -376,25 +424,52 @@ bool rms_norm_backward_supports(int64_t h) { return h > 0 && h % 8 == 0 && h <= 
 
 int64_t rms_norm_partial_rows(int64_t rows) { return rows < kNormMaxBlocks ? (rows > 0 ? rows : 1) : kNormMaxBlocks; }
 
-void rms_norm_backward(const void* grad, const void* x, const void* weight, void* grad_x, float* partial, int64_t rows, int64_t h,
-                       float eps, void* stream) {
+void rms_norm_backward(const void* grad, const void* x, const void* weight, const void* residual_grad, void* grad_x, float* partial,
+                       int64_t rows, int64_t h, float eps, void* stream) {
   if (!rms_norm_backward_supports(h)) throw std::invalid_argument("rms_norm_backward: unsupported width " + std::to_string(h));
   const auto* g = static_cast<const bf16*>(grad);
   const auto* xp = static_cast<const bf16*>(x);
   const auto* w = static_cast<const bf16*>(weight);
+  const auto* res = static_cast<const bf16*>(residual_grad);
   auto* dx = static_cast<bf16*>(grad_x);
-  if (!aligned16(g) || !aligned16(xp) || !aligned16(w) || !aligned16(dx)) throw std::invalid_argument("rms_norm_backward: unaligned tensors");
+  if (!aligned16(g) || !aligned16(xp) || !aligned16(w) || !aligned16(dx) || !aligned16(res)) {
+    throw std::invalid_argument("rms_norm_backward: unaligned tensors");
+  }
   if (rows <= 0) return;
   auto* st = static_cast<cudaStream_t>(stream);
   const auto blocks = static_cast<unsigned>(rms_norm_partial_rows(rows));
   const int chunks = static_cast<int>((h + 8 * kNormThreads - 1) / (8 * kNormThreads));
   const int hi = static_cast<int>(h);
   switch (chunks) {
-    case 1: rms_norm_backward_kernel<1><<<blocks, kNormThreads, 0, st>>>(g, xp, w, dx, partial, rows, hi, eps); break;
-    case 2: rms_norm_backward_kernel<2><<<blocks, kNormThreads, 0, st>>>(g, xp, w, dx, partial, rows, hi, eps); break;
-    default: rms_norm_backward_kernel<kNormMaxChunks><<<blocks, kNormThreads, 0, st>>>(g, xp, w, dx, partial, rows, hi, eps); break;
+    case 1: rms_norm_backward_kernel<1><<<blocks, kNormThreads, 0, st>>>(g, xp, w, res, dx, partial, rows, hi, eps); break;
+    case 2: rms_norm_backward_kernel<2><<<blocks, kNormThreads, 0, st>>>(g, xp, w, res, dx, partial, rows, hi, eps); break;
+    default: rms_norm_backward_kernel<kNormMaxChunks><<<blocks, kNormThreads, 0, st>>>(g, xp, w, res, dx, partial, rows, hi, eps); break;
   }
   check("rms_norm_backward");
+}
+
+void add_rms_norm(const void* x, const void* branch, const void* weight, void* sum_out, void* normed, int64_t rows, int64_t h, float eps,
+                  void* stream) {
+  if (!rms_norm_backward_supports(h)) throw std::invalid_argument("add_rms_norm: unsupported width " + std::to_string(h));
+  const auto* xp = static_cast<const bf16*>(x);
+  const auto* br = static_cast<const bf16*>(branch);
+  const auto* w = static_cast<const bf16*>(weight);
+  auto* so = static_cast<bf16*>(sum_out);
+  auto* out = static_cast<bf16*>(normed);
+  if (!aligned16(xp) || !aligned16(br) || !aligned16(w) || !aligned16(so) || !aligned16(out)) {
+    throw std::invalid_argument("add_rms_norm: unaligned tensors");
+  }
+  if (rows <= 0) return;
+  auto* st = static_cast<cudaStream_t>(stream);
+  const auto blocks = static_cast<unsigned>(rows < (int64_t{1} << 30) ? rows : (int64_t{1} << 30));
+  const int chunks = static_cast<int>((h + 8 * kNormThreads - 1) / (8 * kNormThreads));
+  const int hi = static_cast<int>(h);
+  switch (chunks) {
+    case 1: add_rms_norm_kernel<1><<<blocks, kNormThreads, 0, st>>>(xp, br, w, so, out, rows, hi, eps); break;
+    case 2: add_rms_norm_kernel<2><<<blocks, kNormThreads, 0, st>>>(xp, br, w, so, out, rows, hi, eps); break;
+    default: add_rms_norm_kernel<kNormMaxChunks><<<blocks, kNormThreads, 0, st>>>(xp, br, w, so, out, rows, hi, eps); break;
+  }
+  check("add_rms_norm");
 }
 
 void cross_entropy_backward_in_place(void* logits, const int64_t* targets, float* row_loss, int64_t rows, int64_t vocab, float scale,

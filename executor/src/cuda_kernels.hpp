@@ -29,11 +29,21 @@ void rotary(const void* x, const void* cos, const void* sin, void* out, int64_t 
 // rstd recomputed from x, float32 throughout): writes grad_x = rstd * (weight * grad - x_hat *
 // mean(weight * grad * x_hat)), x_hat = x * rstd, and, for the weight's gradient, float32 partial
 // sums of grad * x_hat over the rows: `partial` holds rms_norm_partial_rows(rows) rows of h, to be
-// summed over its first dim. REQUIRES: rms_norm_backward_supports(h).
+// summed over its first dim. `residual_grad` (null, or rows x h like grad_x): the gradient of the
+// residual stream the norm's input continues, added to each rounded grad_x value (bf16(grad_x +
+// residual_grad), autograd's add where the stream forks, in the same pass). REQUIRES:
+// rms_norm_backward_supports(h).
 [[nodiscard]] bool rms_norm_backward_supports(int64_t h);
 [[nodiscard]] int64_t rms_norm_partial_rows(int64_t rows);
-void rms_norm_backward(const void* grad, const void* x, const void* weight, void* grad_x, float* partial, int64_t rows, int64_t h,
-                       float eps, void* stream);
+void rms_norm_backward(const void* grad, const void* x, const void* weight, const void* residual_grad, void* grad_x, float* partial,
+                       int64_t rows, int64_t h, float eps, void* stream);
+
+// RMSNorm forward of `rows` rows of `h`, optionally of a sum: with `branch` (else null), the
+// row is bf16(x + branch), written to `sum_out` when that is not null; `normed` gets
+// bf16((row * rstd) * weight), rstd = 1 / sqrt(mean(row^2) + eps) in float32 (ATen's RMSNorm
+// forward, the residual add before it in the same pass). REQUIRES: rms_norm_backward_supports(h).
+void add_rms_norm(const void* x, const void* branch, const void* weight, void* sum_out, void* normed, int64_t rows, int64_t h, float eps,
+                  void* stream);
 
 // Softmax cross-entropy of `rows` rows of `vocab` logits, in float32 from bf16 logits: writes each
 // row's loss (logsumexp - logit[target]) to `row_loss` and replaces the logits in place with the

@@ -142,19 +142,40 @@ std::optional<at::Tensor> kept_sum(AutogradContext* ctx, const std::string& key)
 }
 
 struct NormLinearsFn : torch::autograd::Function<NormLinearsFn> {
-  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& norm_weight, double eps,
-                               at::TensorList weights, std::vector<std::optional<at::Tensor>> sums, std::optional<at::Tensor> norm_sum) {
+  // Arguments: x (0), branch (1), norm_weight (2), eps, weights (4 on), sums, norm_sum, residual.
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, std::optional<at::Tensor> branch, const at::Tensor& norm_weight,
+                               double eps, at::TensorList weights, std::vector<std::optional<at::Tensor>> sums,
+                               std::optional<at::Tensor> norm_sum, bool residual) {
     ctx->saved_data["eps"] = eps;
     ctx->saved_data["count"] = static_cast<int64_t>(weights.size());
     for (std::size_t i = 0; i < sums.size(); ++i) keep_sum(ctx, "sum" + std::to_string(i), sums[i]);
     for (std::size_t i = 0; i < weights.size(); ++i) note_frozen(ctx, "frozen" + std::to_string(i), weights[i]);
     keep_sum(ctx, "norm_sum", norm_sum);
-    variable_list saved{x, norm_weight};
+    if (branch.has_value()) ctx->saved_data["branch"] = true;
+    // The norm's input: x, or x + branch (one kernel with the norm for bf16 on a GPU).
+    at::Tensor input = x, normed;
+#ifdef TRAINPLAN_HAVE_CUDA_KERNELS
+    const auto aligned = [](const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; };
+    if (branch.has_value() && kernel_for(x) && kernel_for(*branch) && kernel_for(norm_weight) && x.is_contiguous() &&
+        branch->is_contiguous() && norm_weight.is_contiguous() && x.sizes() == branch->sizes() && x.numel() > 0 &&
+        cuda_kernels::rms_norm_backward_supports(x.size(-1)) && aligned(x) && aligned(*branch) && aligned(norm_weight)) {
+      input = at::empty_like(x);
+      normed = at::empty_like(x);
+      cuda_kernels::add_rms_norm(x.data_ptr(), branch->data_ptr(), norm_weight.data_ptr(), input.data_ptr(), normed.data_ptr(),
+                                 x.numel() / x.size(-1), x.size(-1), static_cast<float>(eps), stream_of(x));
+    }
+#endif
+    if (!normed.defined()) {
+      if (branch.has_value()) input = x + *branch;
+      normed = at::rms_norm(input, {x.size(-1)}, norm_weight, eps);
+    }
+    variable_list saved{input, norm_weight};
     saved.insert(saved.end(), weights.begin(), weights.end());
     ctx->save_for_backward(saved);
-    const at::Tensor normed = at::rms_norm(x, {x.size(-1)}, norm_weight, eps);
     variable_list out;
     for (const at::Tensor& w : weights) out.push_back(at::linear(normed, w));
+    // The stream: the sum, or x itself (autograd makes it a view of x whose gradient comes back here).
+    if (residual) out.push_back(input);
     return out;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -162,13 +183,17 @@ struct NormLinearsFn : torch::autograd::Function<NormLinearsFn> {
     const double eps = ctx->saved_data["eps"].toDouble();
     const auto count = static_cast<std::size_t>(ctx->saved_data["count"].toInt());
     const int64_t h = saved[0].size(-1);
+    // The residual stream's gradient, when x was also returned: added to the norm's input gradient.
+    const at::Tensor stream_grad = grads.size() > count && grads[count].defined() ? grads[count].contiguous() : at::Tensor();
     // The norm's backward: the CUDA kernel (one pass for the input's gradient and the weight's
     // partial sums), else autograd through rms_norm (on CPU the lean one above ATen's composite).
     bool kernel = false;
 #ifdef TRAINPLAN_HAVE_CUDA_KERNELS
     kernel = kernel_for(saved[0]) && kernel_for(saved[1]) && saved[0].is_contiguous() && saved[1].is_contiguous() &&
              cuda_kernels::rms_norm_backward_supports(h) && saved[0].numel() > 0 &&
-             reinterpret_cast<uintptr_t>(saved[0].data_ptr()) % 16 == 0 && reinterpret_cast<uintptr_t>(saved[1].data_ptr()) % 16 == 0;
+             reinterpret_cast<uintptr_t>(saved[0].data_ptr()) % 16 == 0 && reinterpret_cast<uintptr_t>(saved[1].data_ptr()) % 16 == 0 &&
+             (!stream_grad.defined() ||
+              (kernel_for(stream_grad) && reinterpret_cast<uintptr_t>(stream_grad.data_ptr()) % 16 == 0 && stream_grad.sizes() == saved[0].sizes()));
 #endif
     at::Tensor x = saved[0].detach(), nw = saved[1].detach();
     at::Tensor normed;
@@ -192,7 +217,7 @@ struct NormLinearsFn : torch::autograd::Function<NormLinearsFn> {
       if (grad_normed.defined()) grad_normed.addmm_(g, w);  // the GEMM adds into the running sum (beta = 1)
       else grad_normed = g.mm(w);
     }
-    variable_list out(5 + count);
+    variable_list out(7 + count);
     std::optional<at::Tensor> norm_sum = kept_sum(ctx, "norm_sum");
     if (grad_normed.defined()) {
       at::Tensor grad_nw;
@@ -201,19 +226,23 @@ struct NormLinearsFn : torch::autograd::Function<NormLinearsFn> {
         const int64_t n = input.size(0);
         out[0] = at::empty_like(x);
         const at::Tensor partial = at::empty({cuda_kernels::rms_norm_partial_rows(n), h}, x.options().dtype(at::kFloat));
-        cuda_kernels::rms_norm_backward(grad_normed.data_ptr(), x.data_ptr(), nw.data_ptr(), out[0].data_ptr(), partial.data_ptr<float>(), n,
-                                        h, static_cast<float>(eps), stream_of(x));
+        cuda_kernels::rms_norm_backward(grad_normed.data_ptr(), x.data_ptr(), nw.data_ptr(),
+                                        stream_grad.defined() ? stream_grad.data_ptr() : nullptr, out[0].data_ptr(),
+                                        partial.data_ptr<float>(), n, h, static_cast<float>(eps), stream_of(x));
         grad_nw = partial.sum(0);
 #endif
       } else {
         const variable_list g = torch::autograd::grad({normed}, {x, nw}, {grad_normed.view(normed.sizes())});
-        out[0] = g[0];
+        out[0] = stream_grad.defined() ? g[0].add_(stream_grad.view(g[0].sizes())) : g[0];
         grad_nw = g[1];
       }
       if (norm_sum.has_value()) norm_sum->add_(grad_nw);
-      else out[1] = grad_nw.to(nw.scalar_type());
+      else out[2] = grad_nw.to(nw.scalar_type());
+    } else if (stream_grad.defined()) {
+      out[0] = stream_grad;
     }
-    for (std::size_t i = 0; i < count; ++i) out[3 + i] = weight_grads[i];
+    if (ctx->saved_data.count("branch") != 0) out[1] = out[0];  // x + branch: the same gradient for both
+    for (std::size_t i = 0; i < count; ++i) out[4 + i] = weight_grads[i];
     return out;
   }
 };
@@ -499,13 +528,15 @@ at::Tensor rotate_half(const at::Tensor& t) {
 
 std::vector<at::Tensor> norm_linears(const at::Tensor& x, const at::Tensor& norm_weight, double eps,
                                      const std::vector<at::Tensor>& weights, const std::vector<at::Tensor>& grad_sums,
-                                     const at::Tensor& norm_grad_sum) {
+                                     const at::Tensor& norm_grad_sum, bool residual, const at::Tensor& branch) {
+  if (branch.defined() && branch.sizes() != x.sizes()) throw std::invalid_argument("norm_linears: the branch must have x's shape");
   if (!grad_sums.empty() && grad_sums.size() != weights.size()) {
     throw std::invalid_argument("norm_linears: grad_sums must be empty or one per weight");
   }
   std::vector<std::optional<at::Tensor>> sums;
   for (std::size_t i = 0; i < grad_sums.size(); ++i) sums.push_back(checked_sum(grad_sums[i], weights[i], "norm_linears"));
-  return NormLinearsFn::apply(x, norm_weight, eps, at::TensorList(weights), sums, checked_sum(norm_grad_sum, norm_weight, "norm_linears"));
+  return NormLinearsFn::apply(x, branch.defined() ? std::optional<at::Tensor>(branch) : std::nullopt, norm_weight, eps,
+                              at::TensorList(weights), sums, checked_sum(norm_grad_sum, norm_weight, "norm_linears"), residual);
 }
 
 at::Tensor linear_into(const at::Tensor& x, const at::Tensor& w, const at::Tensor& grad_sum) {

@@ -43,10 +43,16 @@ enum class Kernels { kReference, kFused };
 // or one entry per weight, and `norm_grad_sum` the norm weight's (see above). The input gradients
 // of the linears are summed by the GEMMs themselves (beta = 1), not by separate adds; for bf16 on
 // a GPU the norm's backward is one CUDA kernel (input gradient and the weight's partial sums).
+// `residual`: x is also returned, last, for the residual stream to go on from (a view of x, no
+// copy); its gradient is added to the norm's input gradient inside the norm's backward (the
+// kernel's pass, on a GPU), where autograd would otherwise add the two branches' gradients of x
+// in a pass of its own. `branch` (x's shape): the norm's input is x + branch, the residual add
+// before it (for bf16 on a GPU in the norm's kernel, and the stream returned is that sum).
 [[nodiscard]] std::vector<at::Tensor> norm_linears(const at::Tensor& x, const at::Tensor& norm_weight, double eps,
                                                    const std::vector<at::Tensor>& weights,
                                                    const std::vector<at::Tensor>& grad_sums = {},
-                                                   const at::Tensor& norm_grad_sum = {});
+                                                   const at::Tensor& norm_grad_sum = {}, bool residual = false,
+                                                   const at::Tensor& branch = {});
 
 // linear(x, w) (no bias) with the weight's gradient added into `grad_sum` (see above).
 [[nodiscard]] at::Tensor linear_into(const at::Tensor& x, const at::Tensor& w, const at::Tensor& grad_sum);

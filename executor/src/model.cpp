@@ -430,15 +430,21 @@ at::Tensor block_forward(const cm::ModelSpec& m, const TensorParallel& tp, const
     out.resize(targets.size());
     return out;
   };
-  // The fused norm and its linears.
-  const auto norm_projections = [&](const at::Tensor& input, std::size_t norm_index, const Targets& targets) {
+  // The fused norm of input (+ branch, the residual add in the norm's pass) and its linears.
+  // `stream` receives the residual stream's continuation: the norm's input, whose gradient the
+  // norm's backward adds to its own (fused_ops.hpp), so the residual fork takes no add pass.
+  const auto norm_projections = [&](const at::Tensor& input, const at::Tensor& branch, std::size_t norm_index, const Targets& targets,
+                                    at::Tensor& stream) {
     return shared_input_projections(targets, [&](const std::vector<std::size_t>& indices) {
       std::vector<at::Tensor> weights, sums;
       for (std::size_t k : indices) {
         weights.push_back(p[k]);
         if (into_sums) sums.push_back(grad_sums[k]);
       }
-      return norm_linears(input, p[norm_index], m.norm_eps, weights, sums, sum(norm_index));
+      std::vector<at::Tensor> out = norm_linears(input, p[norm_index], m.norm_eps, weights, sums, sum(norm_index), /*residual=*/true, branch);
+      stream = out.back();
+      out.pop_back();
+      return out;
     });
   };
   // Under sequence parallelism a group of column-parallel projections gathers its input itself
@@ -476,8 +482,9 @@ at::Tensor block_forward(const cm::ModelSpec& m, const TensorParallel& tp, const
 
   const int64_t b = x.size(0), s = tp.sharded_sequence() ? x.size(1) * tp.size() : x.size(1);
   at::Tensor q, k, v;
+  at::Tensor residual = x;  // the residual stream: the fused norm hands it on (norm_projections)
   if (fused_norm) {
-    const std::vector<at::Tensor> qkv = norm_projections(x, 0, {{"q", iq}, {"k", iq + 1}, {"v", iq + 2}});
+    const std::vector<at::Tensor> qkv = norm_projections(x, at::Tensor(), 0, {{"q", iq}, {"k", iq + 1}, {"v", iq + 2}}, residual);
     q = qkv[0];
     k = qkv[1];
     v = qkv[2];
@@ -507,7 +514,13 @@ at::Tensor block_forward(const cm::ModelSpec& m, const TensorParallel& tp, const
   // Row-parallel: the bias after the sum, the adapter's partial product before it.
   at::Tensor projected = leave_tp_region(tp, projection("o", attn, wo, at::Tensor(), iq + 3));
   if (bo.defined()) projected = projected + bo;
-  const at::Tensor h1 = x + drop_branch(projected, DropoutSite::kAttention);
+  const at::Tensor attention_branch = drop_branch(projected, DropoutSite::kAttention);
+  const bool moe_layer = m.moe && block_params - i == 1 + 3 * static_cast<std::size_t>(m.moe->experts / (moe.ep == nullptr ? 1 : moe.ep->size()));
+  // x + the attention branch: h1, or, when the MLP's norm is fused, taken in that norm's pass
+  // and handed on by it (mlp_residual).
+  const bool add_in_norm = fused_norm && !gpt && !moe_layer;
+  const at::Tensor h1 = add_in_norm ? at::Tensor() : residual + attention_branch;
+  at::Tensor mlp_residual = h1;
 
   at::Tensor mlp;
   if (gpt) {
@@ -515,7 +528,7 @@ at::Tensor block_forward(const cm::ModelSpec& m, const TensorParallel& tp, const
     const at::Tensor fc1 = regather ? gathered_projections(norm(m, h1, n2w, n2b), {{"fc1", i}}, {b1})[0]
                                     : at::linear(enter_tp_region(tp, norm(m, h1, n2w, n2b)), w1, b1);
     mlp = leave_tp_region(tp, at::linear(at::gelu(fc1, "tanh"), w2)) + b2;
-  } else if (m.moe && block_params - i == 1 + 3 * static_cast<std::size_t>(m.moe->experts / (moe.ep == nullptr ? 1 : moe.ep->size()))) {
+  } else if (moe_layer) {
     // An MoE layer: the router, then this rank's experts (model_layout).
     const auto from = static_cast<std::ptrdiff_t>(i);
     mlp = moe_mlp(*m.moe, norm(m, h1, n2w, n2b), std::vector<at::Tensor>(p.begin() + from, p.end()), moe,
@@ -524,7 +537,7 @@ at::Tensor block_forward(const cm::ModelSpec& m, const TensorParallel& tp, const
     const at::Tensor &gate = p[i], &up = p[i + 1], &down = p[i + 2];
     at::Tensor g, u;
     if (fused_norm || regather) {
-      const std::vector<at::Tensor> gu = fused_norm ? norm_projections(h1, n2, {{"gate", i}, {"up", i + 1}})
+      const std::vector<at::Tensor> gu = fused_norm ? norm_projections(residual, attention_branch, n2, {{"gate", i}, {"up", i + 1}}, mlp_residual)
                                                     : gathered_projections(norm(m, h1, n2w, n2b), {{"gate", i}, {"up", i + 1}}, {});
       g = gu[0];
       u = gu[1];
@@ -539,7 +552,7 @@ at::Tensor block_forward(const cm::ModelSpec& m, const TensorParallel& tp, const
     else mlp = projection("down", fused ? swiglu(g, u) : at::silu(g) * u, down, at::Tensor(), i + 2);
     mlp = leave_tp_region(tp, mlp);
   }
-  return h1 + drop_branch(mlp, DropoutSite::kMlp);
+  return mlp_residual + drop_branch(mlp, DropoutSite::kMlp);
 }
 
 at::Tensor head_loss(const cm::ModelSpec& m, const TensorParallel& tp, const std::vector<at::Tensor>& p,

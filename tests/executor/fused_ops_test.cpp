@@ -8,6 +8,7 @@
 #include <cmath>
 #include <vector>
 
+#include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
 
@@ -67,6 +68,63 @@ TEST_P(Dtypes, NormLinearsMatchNormThenLinears) {
     const char* names[] = {"x", "norm weight", "w1", "w2"};
     for (std::size_t i = 0; i < gf.size(); ++i) EXPECT_LE(relative_error(gf[i], gp[i]), tolerance()) << names[i] << ", h " << h;
   }
+}
+
+// `residual`: x comes back last, the same memory (a view, no copy), and the gradient the residual
+// stream gives it is added to the norm's input gradient (on a GPU inside the norm kernel), as
+// autograd adds the two uses of x in the plain composition: x + branch after the norm, and the
+// norm. The same widths as above; then a stream whose linears take no gradient.
+TEST_P(Dtypes, NormLinearsHandTheResidualStreamOnAndAddItsGradient) {
+  at::manual_seed(3);
+  for (const auto& [rows, h] : {std::pair<int64_t, int64_t>{37, 16}, {37, 2056}, {1100, 6144}}) {
+    const at::Tensor x = leaf(at::randn({1, rows, h}, options())), nw = leaf(1 + 0.1 * at::randn({h}, options()));
+    const at::Tensor w1 = leaf(at::randn({12, h}, options()) * 0.2), w2 = leaf(at::randn({4, h}, options()) * 0.2);
+    const std::vector<at::Tensor> fused = norm_linears(x, nw, 1e-5, {w1, w2}, {}, {}, /*residual=*/true);
+    ASSERT_EQ(fused.size(), 3U);
+    EXPECT_EQ(fused[2].data_ptr(), x.data_ptr()) << "the stream is x itself";
+    EXPECT_TRUE(at::equal(fused[2], x));
+    const at::Tensor normed = at::rms_norm(x, {h}, nw, 1e-5);
+    const std::vector<at::Tensor> plain = {at::linear(normed, w1), at::linear(normed, w2)};
+    const at::Tensor p1 = at::randn({1, rows, 12}, options()), p2 = at::randn({1, rows, 4}, options());
+    const at::Tensor branch = at::randn({1, rows, h}, options()), p3 = at::randn({1, rows, h}, options());
+    const auto gf = torch::autograd::grad({(fused[0] * p1).sum() + (fused[1] * p2).sum() + ((fused[2] + branch) * p3).sum()}, {x, nw, w1, w2});
+    const auto gp = torch::autograd::grad({(plain[0] * p1).sum() + (plain[1] * p2).sum() + ((x + branch) * p3).sum()}, {x, nw, w1, w2});
+    const char* names[] = {"x", "norm weight", "w1", "w2"};
+    for (std::size_t i = 0; i < gf.size(); ++i) EXPECT_LE(relative_error(gf[i], gp[i]), tolerance()) << names[i] << ", h " << h;
+    // The norm's own share alone must not match: the stream's gradient was added.
+    EXPECT_GT(relative_error(gf[0], gp[0] - p3), 10 * tolerance()) << "h " << h;
+  }
+  const at::Tensor x = leaf(at::randn({2, 8, 16}, options())), nw = leaf(1 + 0.1 * at::randn({16}, options()));
+  const at::Tensor w = leaf(at::randn({4, 16}, options()) * 0.2), probe = at::randn({2, 8, 16}, options());
+  const std::vector<at::Tensor> fused = norm_linears(x, nw, 1e-5, {w}, {}, {}, /*residual=*/true);
+  const auto g = torch::autograd::grad({(fused[1] * probe).sum()}, {x});
+  EXPECT_TRUE(at::equal(g[0], probe)) << "only the stream took a gradient";
+}
+
+// `branch`: the norm's input is x + branch (on a GPU one kernel with the norm), the stream handed
+// on is that sum, and x and the branch both get its gradient, as from the plain composition's add.
+TEST_P(Dtypes, NormLinearsOfASumTakeTheResidualAddInTheNorm) {
+  at::manual_seed(4);
+  for (const auto& [rows, h] : {std::pair<int64_t, int64_t>{37, 16}, {37, 2056}, {1100, 6144}}) {
+    const at::Tensor x = leaf(at::randn({1, rows, h}, options())), branch = leaf(at::randn({1, rows, h}, options()));
+    const at::Tensor nw = leaf(1 + 0.1 * at::randn({h}, options()));
+    const at::Tensor w1 = leaf(at::randn({12, h}, options()) * 0.2), w2 = leaf(at::randn({4, h}, options()) * 0.2);
+    const std::vector<at::Tensor> fused = norm_linears(x, nw, 1e-5, {w1, w2}, {}, {}, /*residual=*/true, branch);
+    ASSERT_EQ(fused.size(), 3U);
+    const at::Tensor sum = x + branch;
+    EXPECT_TRUE(at::equal(fused[2], sum)) << "the stream is the rounded sum, h " << h;
+    const at::Tensor normed = at::rms_norm(sum, {h}, nw, 1e-5);
+    const std::vector<at::Tensor> plain = {at::linear(normed, w1), at::linear(normed, w2)};
+    for (std::size_t i = 0; i < 2; ++i) EXPECT_LE(relative_error(fused[i], plain[i]), tolerance()) << "output " << i << ", h " << h;
+    const at::Tensor p1 = at::randn({1, rows, 12}, options()), p2 = at::randn({1, rows, 4}, options());
+    const at::Tensor p3 = at::randn({1, rows, h}, options());
+    const auto gf = torch::autograd::grad({(fused[0] * p1).sum() + (fused[1] * p2).sum() + (fused[2] * p3).sum()}, {x, branch, nw, w1, w2});
+    const auto gp = torch::autograd::grad({(plain[0] * p1).sum() + (plain[1] * p2).sum() + (sum * p3).sum()}, {x, branch, nw, w1, w2});
+    const char* names[] = {"x", "branch", "norm weight", "w1", "w2"};
+    for (std::size_t i = 0; i < gf.size(); ++i) EXPECT_LE(relative_error(gf[i], gp[i]), tolerance()) << names[i] << ", h " << h;
+  }
+  const at::Tensor x = at::randn({2, 8, 16}, options()), nw = at::ones({16}, options()), w = at::randn({4, 16}, options());
+  EXPECT_THROW((void)norm_linears(x, nw, 1e-5, {w}, {}, {}, true, at::randn({2, 8, 8}, options())), std::invalid_argument);
 }
 
 TEST_P(Dtypes, RotaryMatchesRotateHalf) {
@@ -289,6 +347,11 @@ TEST(FusedOps, SixteenBitLogitsStayInTheirDtypeOnTheCpuPath) {
   using trainplan::executor::cpu_allocated_bytes;
   using trainplan::executor::cpu_peak_allocated_bytes;
   trainplan::executor::install_cpu_memory_counter();
+  // The CPU GEMMs' buffers grow with the threads and differ by CPU (over the inputs on the lent
+  // H100 machine's CPU: 6.9 MB on 16 threads, 3.4 MB on 2; under 3.1 MB on the development VM's
+  // 2): 2 threads, and a bound of twice the logits (4 MiB), which the old path's 10 MiB exceeds.
+  const int threads = at::get_num_threads();
+  at::set_num_threads(2);
   at::manual_seed(9);
   const int64_t n = 256, h = 16, vocab = 4096;
   const auto bf16 = at::TensorOptions().dtype(at::kBFloat16);
@@ -299,8 +362,9 @@ TEST(FusedOps, SixteenBitLogitsStayInTheirDtypeOnTheCpuPath) {
   trainplan::executor::cpu_reset_peak();
   const at::Tensor fused = linear_cross_entropy(x, w, targets);
   const double peak = cpu_peak_allocated_bytes() - base;
+  at::set_num_threads(threads);
   EXPECT_GE(peak, logits);
-  EXPECT_LE(peak, 1.5 * logits) << "bytes over the inputs at the loss's peak";
+  EXPECT_LE(peak, 2 * logits) << "bytes over the inputs at the loss's peak";
   // And still the reference's values: bf16 logits, float32 log-softmax (2^-8 per rounding).
   const at::Tensor plain = at::cross_entropy_loss(at::linear(x, w).to(at::kFloat), targets);
   EXPECT_NEAR(fused.item<double>(), plain.item<double>(), 1e-5 * plain.item<double>());
