@@ -659,6 +659,7 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
   const double per_token_model = (mdl.layers * lc.model_flops + ec.head_model_flops) * t / tokens;
   const double per_token_hw = (mdl.layers * lc.hardware_flops + ec.head_model_flops) * t / tokens;
   const double peak = hw.gpu.peak_for(compute_dtype(tr.precision)).value();
+  th.model_flops_per_token = per_token_model;
   th.model_tflops_per_gpu = per_token_model * th.tokens_per_second_per_gpu / 1e12;
   th.hardware_tflops_per_gpu = per_token_hw * th.tokens_per_second_per_gpu / 1e12;
   th.mfu = th.model_tflops_per_gpu * 1e12 / peak;

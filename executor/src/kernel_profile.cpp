@@ -33,13 +33,18 @@ std::string csv_field(const std::string& text) {
 
 }  // namespace
 
-std::vector<KernelTime> rank_kernels(const std::vector<std::pair<std::string, uint64_t>>& records) {
+std::vector<KernelTime> rank_kernels(std::vector<KernelRecord> records) {
+  std::stable_sort(records.begin(), records.end(), [](const KernelRecord& a, const KernelRecord& b) { return a.start_ns < b.start_ns; });
   std::map<std::string, KernelTime> by_name;
-  for (const auto& [name, ns] : records) {
-    KernelTime& k = by_name[name];
-    k.name = name;
+  uint64_t busy_until = 0;  // the latest end so far
+  for (std::size_t i = 0; i < records.size(); ++i) {
+    const KernelRecord& r = records[i];
+    KernelTime& k = by_name[r.name];
+    k.name = r.name;
     ++k.calls;
-    k.seconds += static_cast<double>(ns) * 1e-9;
+    k.seconds += static_cast<double>(r.duration_ns) * 1e-9;
+    if (i > 0 && r.start_ns > busy_until) k.idle_before_seconds += static_cast<double>(r.start_ns - busy_until) * 1e-9;
+    busy_until = std::max(busy_until, r.start_ns + r.duration_ns);
   }
   std::vector<KernelTime> out;
   for (auto& [name, k] : by_name) out.push_back(k);
@@ -52,11 +57,11 @@ std::vector<KernelTime> rank_kernels(const std::vector<std::pair<std::string, ui
 std::string kernel_table_csv(const std::vector<KernelTime>& kernels, double step_seconds) {
   double total = 0;
   for (const KernelTime& k : kernels) total += k.seconds;
-  std::string out = "kernel,calls,total_ms,share_of_kernel_time,share_of_step\n";
-  char line[128];
+  std::string out = "kernel,calls,total_ms,share_of_kernel_time,share_of_step,idle_before_ms\n";
+  char line[160];
   for (const KernelTime& k : kernels) {
-    std::snprintf(line, sizeof(line), ",%lld,%.4f,%.5f,%.5f\n", static_cast<long long>(k.calls), k.seconds * 1e3,
-                  total > 0 ? k.seconds / total : 0.0, step_seconds > 0 ? k.seconds / step_seconds : 0.0);
+    std::snprintf(line, sizeof(line), ",%lld,%.4f,%.5f,%.5f,%.4f\n", static_cast<long long>(k.calls), k.seconds * 1e3,
+                  total > 0 ? k.seconds / total : 0.0, step_seconds > 0 ? k.seconds / step_seconds : 0.0, k.idle_before_seconds * 1e3);
     out += csv_field(k.name) + line;
   }
   return out;
@@ -82,10 +87,10 @@ void KernelProfiler::start() {
 std::vector<KernelTime> KernelProfiler::stop() {
   running_ = false;
   const std::unique_ptr<torch::autograd::profiler::ProfilerResult> result = torch::autograd::profiler::disableProfiler();
-  std::vector<std::pair<std::string, uint64_t>> records;
+  std::vector<KernelRecord> records;
   for (const auto& e : result->events()) {
     if (e.deviceType() != c10::DeviceType::CUDA) continue;
-    records.emplace_back(e.name(), e.durationNs());
+    records.push_back({e.name(), e.startNs(), e.durationNs()});
   }
   return rank_kernels(records);
 }

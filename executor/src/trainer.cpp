@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iomanip>
 #include <iostream>
 #include <sstream>
 #include <thread>
@@ -316,7 +317,8 @@ nlohmann::json measurement_json(const cm::Plan& plan, const World& w, const Rank
   const double tokens = static_cast<double>(plan.training.global_batch) * static_cast<double>(plan.training.seq_len);
   const double world = w.comm->size();
   const double tokens_per_second = step_seconds > 0 ? tokens / step_seconds : 0;
-  const double flops_per_token = cm::model_flops_per_token(plan.model, plan.training.seq_len);
+  // The estimate's convention (LoRA's frozen weights take no weight gradient), so MFUs compare.
+  const double flops_per_token = estimate.throughput.model_flops_per_token;
   const double model_tflops = tokens_per_second * flops_per_token / world / 1e12;
 
   nlohmann::json memory = {{"weights_bytes", states.weights}, {"gradients_bytes", states.gradients}, {"optimizer_bytes", states.optimizer}};
@@ -590,7 +592,7 @@ int train(const RunOptions& o, const std::string& command_line, World& w, const 
   }
 
   const AdamWSettings adamw{0.9, 0.95, 1e-8, o.weight_decay};
-  const double flops_per_token = cm::model_flops_per_token(plan.model, t.seq_len);
+  const double flops_per_token = estimate.throughput.model_flops_per_token;  // as the measurement's
   const double peak_flops = plan.cluster.gpu.peak_for(cm::compute_dtype(t.precision)).value();
   std::vector<StepRecord> records;
   int64_t run_steps = 0;
@@ -667,7 +669,14 @@ int train(const RunOptions& o, const std::string& command_line, World& w, const 
         std::ofstream out(o.kernel_profile);
         out << kernel_table_csv(kernels, std::chrono::duration<double>(t1 - t0).count());
         if (!out) throw std::runtime_error(o.kernel_profile + ": cannot write the kernel profile");
-        std::cout << "kernel profile of step " << step << ": " << kernels.size() << " kernels, written to " << o.kernel_profile << std::endl;
+        double busy = 0, idle = 0;
+        for (const KernelTime& k : kernels) {
+          busy += k.seconds;
+          idle += k.idle_before_seconds;
+        }
+        std::cout << "kernel profile of step " << step << ": " << kernels.size() << " kernels, busy " << std::fixed << std::setprecision(1)
+                  << busy * 1e3 << " ms, idle between them " << idle * 1e3 << " ms, written to " << o.kernel_profile << std::defaultfloat
+                  << std::endl;
       }
       const PhaseSeconds phase_seconds = phases.collect();
       if (finite && t.precision == cm::Precision::kFp16 && ++state.good_steps % 2000 == 0) state.loss_scale *= 2;

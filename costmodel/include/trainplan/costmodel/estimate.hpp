@@ -52,6 +52,10 @@ struct TimeBreakdown {
 struct Throughput {
   double tokens_per_second = 0;
   double tokens_per_second_per_gpu = 0;
+  // Model FLOPs per token of the global batch, the convention of mfu: forward and backward, no
+  // recompute; LoRA's and QLoRA's frozen weights take no weight gradient (4 FLOPs per parameter,
+  // not 6). The executor measures its MFU with it, so the two compare.
+  double model_flops_per_token = 0;
   double model_tflops_per_gpu = 0;     // model FLOPs (no recompute) per second per GPU, in TFLOP/s
   double hardware_tflops_per_gpu = 0;  // executed FLOPs (recompute included), in TFLOP/s
   double mfu = 0;                      // model FLOPs utilisation, fraction of dense peak
