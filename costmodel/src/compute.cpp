@@ -199,6 +199,10 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
   // norm path runs; under TP it keeps them (the norm's output enters the TP region).
   const bool norm_recomputed = stack.norm_recomputed && s.tp == 1;
   const bool gemm_sums = stack.gemm_sums_input_gradients && s.tp == 1;  // the same path's input-gradient sums
+  // The same path's residual adds in the norms (stack.hpp): where the executor's fused norms run
+  // (RMSNorm blocks, no LoRA dropout); the MLP norm's side not on MoE layers.
+  const bool adds_in_norms = stack.residual_adds_in_norms && norm_recomputed && !feat.layer_norm && kept_by_adapters;
+  const bool adds_in_mlp_norm = adds_in_norms && !mdl.moe;
   double norm_forward = 0;  // forward time of the block's norms, run again in backward when recomputed
 
   // --- attention block ---
@@ -284,8 +288,10 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
   p.linear(T, h, o_in_local, frozen);  // output projection
   if (lora && has_target(s.lora, "o")) p.adapter(T, o_in_local, h, r);
   if (s.dropout) p.elementwise(ElementwiseOp::kDropout, Tn * h, 0, 2 * e + 1);
-  p.elementwise(ElementwiseOp::kResidualAdd, Tn * h, 3 * e + (s.dropout ? 1.0 : 0.0), 0, false);  // (bias,) dropout, residual add
-  p.gradient_sum(Tn * h);  // the residual stream feeds norm 1 and the add
+  if (adds_in_mlp_norm) p.forward += rates.stream((2 * e + (s.dropout ? 1.0 : 0.0)) * Tn * h);  // norm 2 reads the branch, writes the sum
+  else p.elementwise(ElementwiseOp::kResidualAdd, Tn * h, 3 * e + (s.dropout ? 1.0 : 0.0), 0, false);  // (bias,) dropout, residual add
+  if (adds_in_norms) p.backward += rates.stream(e * Tn * h);  // norm 1's backward reads the stream's gradient
+  else p.gradient_sum(Tn * h);  // the residual stream feeds norm 1 and the add
 
   // --- MLP block ---
   norm_forward += timed([&] { p.elementwise(norm_op, Tn * h, 2 * e, 3 * e); });  // norm 2
@@ -337,7 +343,8 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
   });
   if (s.dropout) p.elementwise(ElementwiseOp::kDropout, Tn * h, 0, 2 * e + 1);
   p.elementwise(ElementwiseOp::kResidualAdd, Tn * h, 3 * e + (s.dropout ? 1.0 : 0.0), 0, false);
-  p.gradient_sum(Tn * h);
+  if (adds_in_mlp_norm) p.backward += rates.stream(e * Tn * h);  // norm 2's backward reads the stream's gradient
+  else p.gradient_sum(Tn * h);  // the stream after attention feeds norm 2 and the block's output add
   if (s.mode == TrainingMode::kQlora) {
     // Frozen weights are dequantized to bf16 for the forward and again for the backward.
     const double weights = local_attention_matmul(mdl, t) + mlp_matrices * h * (ffn_local * experts_local + shared_local);

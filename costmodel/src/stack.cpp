@@ -25,17 +25,19 @@ namespace {
 constexpr StackSpec kSpecs[] = {
     // The fused paths (executor --kernels fused, the default). Norms: ATen's fused rms_norm
     // forward, recomputed in backward, and one CUDA kernel for the backward (NormLinearsFn);
-    // rotary and SwiGLU: one CUDA kernel each way (cuda_kernels.cu); residual adds stay ATen adds,
-    // single kernels moving the same 3 bytes per element as a fused add, so fused_elementwise
-    // holds for every element-wise op of the block. SwiGLU keeps gate and up only (2): silu(gate)
+    // rotary and SwiGLU: one CUDA kernel each way (cuda_kernels.cu); the residual adds go into
+    // the norms' kernels (backward: both forks; forward: x + the attention branch), and the block's
+    // output add stays an ATen add, a single kernel moving the same 3 bytes per element as a fused
+    // add, so fused_elementwise holds for every element-wise op of the block. SwiGLU keeps gate and up only (2): silu(gate)
     // * up is recomputed in the backward kernel. Under ZeRO-0/1 without TP every gradient goes
     // straight into the fp32 buffer from the GEMM (or kernel) that computes it; the Q/K/V and
     // gate/up input gradients are summed by their GEMMs (beta = 1).
     {Stack::kTrainplan, "trainplan",
      "trainplan executor (--kernels fused): fused rotary, SwiGLU and RMSNorm-backward kernels, norms recomputed in backward, "
+     "residual adds in the norms, "
      "separate Q/K/V and gate/up GEMMs, chunked linear cross-entropy, gradients accumulated in fp32 by the GEMMs (ZeRO-0/1, "
      "no TP), fused AdamW, the loss read once per step",
-     true, false, false, LossKernel::kChunkedFused, GradAccumulation::kFusedInGemmUnsharded, true, 1, 14, 1, 2, true, true, false, 5e-6, 1, ContextAttention::kAllGatherKv, false,
+     true, false, false, LossKernel::kChunkedFused, GradAccumulation::kFusedInGemmUnsharded, true, 1, 14, 1, 2, true, true, true, false, 5e-6, 1, ContextAttention::kAllGatherKv, false,
      "executor/src/model.cpp (block_forward with Kernels::kFused: norm_linears, rotary_embedding, swiglu_down; head_loss: "
      "linear_cross_entropy), executor/src/fused_ops.cpp (NormLinearsFn, RotaryFn, SwigluDownFn, LinearCrossEntropyFn), "
      "executor/src/cuda_kernels.cu, executor/src/engine.cpp (grad_sums / fused_accumulation, else an fp32 gradient add per micro-batch; fused_optimizer_step: "
@@ -45,25 +47,25 @@ constexpr StackSpec kSpecs[] = {
     {Stack::kTrainplanReference, "trainplan-reference",
      "trainplan executor (--kernels reference, the executor before its fused paths): eager ATen kernels, separate Q/K/V and "
      "gate/up GEMMs, fp32 logits for the loss, unfused AdamW, fp32 gradient accumulation, one host sync per micro-batch",
-     false, false, false, LossKernel::kFp32Copy, GradAccumulation::kFp32Buffer, false, 106.0 / 32.0, 16, 5, 4, false, false, true, 5e-6, 1, ContextAttention::kAllGatherKv, false,
+     false, false, false, LossKernel::kFp32Copy, GradAccumulation::kFp32Buffer, false, 106.0 / 32.0, 16, 5, 4, false, false, false, true, 5e-6, 1, ContextAttention::kAllGatherKv, false,
      "executor/src/model.cpp (block_forward with Kernels::kReference: at::rms_norm, three at::linear for q/k/v, rotate-half "
      "rotary, at::silu(gate) * up, head_loss: logits .to(kFloat) then at::cross_entropy_loss), executor/src/engine.cpp "
      "(fp32 gradient add per micro-batch, ATen AdamW), executor/src/engine.cpp forward_chunk (loss.item() per micro-batch)"},
     {Stack::kPytorchEager, "pytorch-eager",
      "PyTorch eager module: same kernels as trainplan-reference, bf16 .grad accumulation, fused AdamW on fp32 masters",
-     false, false, false, LossKernel::kFp32Copy, GradAccumulation::kParamDtype, true, 1, 24, 0.5, 4, false, false, false, 9.2e-6, 1, ContextAttention::kRing, true,
+     false, false, false, LossKernel::kFp32Copy, GradAccumulation::kParamDtype, true, 1, 24, 0.5, 4, false, false, false, false, 9.2e-6, 1, ContextAttention::kRing, true,
      "bench/eager_reference.py (nn.RMSNorm, nn.Linear q/k/v, rotate-half rotary, F.silu(gate) * up, "
      "F.cross_entropy(logits.float()), torch.optim.AdamW(fused=True), clip_grad_norm_(foreach=True))"},
     {Stack::kTorchCompile, "torch-compile",
      "torch.compile (Inductor): element-wise work fused around the same GEMMs, fused cross-entropy, fused AdamW",
-     true, false, false, LossKernel::kFused, GradAccumulation::kParamDtype, true, 1, 24, 0.5, 2, false, false, false, 4e-6, 1, ContextAttention::kRing, true,
+     true, false, false, LossKernel::kFused, GradAccumulation::kParamDtype, true, 1, 24, 0.5, 2, false, false, false, false, 4e-6, 1, ContextAttention::kRing, true,
      "PyTorch 2 Inductor fuses pointwise and reduction ops and its min-cut partitioner recomputes cheap "
      "pointwise results in backward (Ansel et al. 2024, ASPLOS, Sec. 5); measured on H100: 66.7 K tokens/s and "
      "29.9 GiB peak for Llama 3.2 1B at micro-batch 4 against 54.1 K and 41.6 GiB eager (issue 12)"},
     {Stack::kMegatronTe, "megatron-te",
      "Megatron-Core + Transformer Engine: fused norms, RoPE and SwiGLU, fused QKV and fc1 GEMMs, "
      "fp32 main grads accumulated in the wgrad GEMM, distributed fused Adam, vocab padded to 128 x tp",
-     true, true, true, LossKernel::kMegatronFp32, GradAccumulation::kFusedInGemm, true, 1, 10, 0.3, 3, false, false, false, 9.2e-6, 128, ContextAttention::kRing, false,
+     true, true, true, LossKernel::kMegatronFp32, GradAccumulation::kFusedInGemm, true, 1, 10, 0.3, 3, false, false, false, false, 9.2e-6, 128, ContextAttention::kRing, false,
      "Megatron-LM (NVIDIA/Megatron-LM: --make-vocab-size-divisible-by 128, gradient_accumulation_fusion, "
      "distributed optimizer, vocab_parallel_cross_entropy in fp32); Transformer Engine LayerNormLinear, "
      "fused RoPE and SwiGLU; Narayanan et al. 2021, Korthikanti et al. 2022"},

@@ -90,6 +90,12 @@ struct StackSpec {
   // = 1: the running sum read once more per GEMM) rather than in separate adds. Only without TP,
   // like norm_recomputed (the executor's NormLinearsFn).
   bool gemm_sums_input_gradients;
+  // The residual adds go into the norms' passes: each norm's backward adds the residual stream's
+  // gradient to its own (no gradient sum where the stream forks), and the MLP norm's forward takes
+  // x + the attention branch in its own pass (the block's output add stays). Only where
+  // norm_recomputed holds, on RMSNorm blocks without LoRA dropout; the MLP side not on MoE layers
+  // (the executor's norm_linears with `residual` and `branch`).
+  bool residual_adds_in_norms;
   // Waits for the host once per micro-batch (the executor reads the loss with .item()).
   bool host_sync_per_micro_batch;
   // Host time to issue one kernel: the GPU idles when its kernels are shorter (small models).
