@@ -16,8 +16,8 @@ namespace {
 
 using bf16 = __nv_bfloat16;
 
-__device__ __forceinline__ float f(bf16 x) { return __bfloat162float(x); }
-__device__ __forceinline__ bf16 b(float x) { return __float2bfloat16_rn(x); }
+__host__ __device__ __forceinline__ float f(bf16 x) { return __bfloat162float(x); }
+__host__ __device__ __forceinline__ bf16 b(float x) { return __float2bfloat16_rn(x); }
 // As c10's silu: x / (1 + exp(-x)) in float.
 __device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
 
@@ -336,23 +336,76 @@ __global__ void __launch_bounds__(kRowThreads) cross_entropy_kernel(bf16* logits
 constexpr int64_t kNf4Block = 64;   // values per block maximum (quantize.cpp kBlock)
 constexpr int64_t kNf4Group = 256;  // blocks per float32 scale (quantize.cpp kGroup)
 
-// One thread per code byte: its two values.
-__global__ void nf4_dequantize_kernel(const uint8_t* codes, const uint8_t* block_codes, const float* group_scales, float offset,
-                                      Nf4Levels levels, int64_t n, bf16* out) {
-  const int64_t bytes = (n + 1) / 2;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < bytes; i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t first = 2 * i, block = first / kNf4Block;
-    const float maximum = (static_cast<float>(block_codes[block]) - 128.0f) / 127.0f * group_scales[block / kNf4Group] + offset;
-    const uint8_t c = codes[i];
-    out[first] = b(levels.v[c >> 4] * maximum);
-    if (first + 1 < n) out[first + 1] = b(levels.v[c & 15] * maximum);
+constexpr int64_t kNf4Chunk = 16;   // values per thread: 8 code bytes in, two 16-byte stores out
+
+// Byte k (0-7, little-endian as the memory) of 8 bytes loaded as a uint2.
+__host__ __device__ __forceinline__ uint32_t byte_of(uint2 raw, int k) { return ((k < 4 ? raw.x : raw.y) >> (8 * (k % 4))) & 0xFFu; }
+
+// One thread's work: values [16 chunk, 16 chunk + 16) of n, one block maximum for all of them (a
+// 64-value block holds 4 chunks). `wide`: codes 8-byte and out 16-byte aligned, one load and two
+// stores for a whole chunk; the last, partial chunk and unaligned memory go value by value. The
+// same arithmetic either way: bf16(levels[index] * maximum), all float32.
+__host__ __device__ __forceinline__ void nf4_chunk(const uint8_t* codes, const uint8_t* block_codes, const float* group_scales, float offset,
+                                                   const float* levels, int64_t n, int64_t chunk, bool wide, bf16* out) {
+  const int64_t first = chunk * kNf4Chunk, block = first / kNf4Block;
+  const float maximum = (static_cast<float>(block_codes[block]) - 128.0f) / 127.0f * group_scales[block / kNf4Group] + offset;
+  if (wide && first + kNf4Chunk <= n) {
+    const uint2 raw = *reinterpret_cast<const uint2*>(codes + first / 2);
+    Pack half[2];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const uint32_t c = byte_of(raw, k);
+      half[k / 4].v[2 * (k % 4)] = b(levels[c >> 4] * maximum);
+      half[k / 4].v[2 * (k % 4) + 1] = b(levels[c & 15u] * maximum);
+    }
+    reinterpret_cast<Pack*>(out + first)[0] = half[0];
+    reinterpret_cast<Pack*>(out + first)[1] = half[1];
+    return;
+  }
+  for (int64_t v = first; v < n && v < first + kNf4Chunk; ++v) {
+    const uint32_t c = codes[v / 2];
+    out[v] = b(levels[v % 2 == 0 ? c >> 4 : c & 15u] * maximum);
   }
 }
 
-__global__ void int8_dequantize_kernel(const int8_t* codes, const float* scales, int64_t cols, int64_t n, bf16* out) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n; i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    out[i] = b(static_cast<float>(codes[i]) * scales[i / cols]);
+// Values [8 chunk, 8 chunk + 8) of an rows x cols INT8 matrix: bf16(code * scale of its row).
+// `wide`: cols % 8 == 0 (one row), codes 8-byte and out 16-byte aligned.
+__host__ __device__ __forceinline__ void int8_chunk(const int8_t* codes, const float* scales, int64_t cols, int64_t n, int64_t chunk, bool wide,
+                                                    bf16* out) {
+  const int64_t first = chunk * 8;
+  if (wide && first + 8 <= n) {
+    const uint2 raw = *reinterpret_cast<const uint2*>(codes + first);
+    const float scale = scales[first / cols];
+    Pack p;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) p.v[k] = b(static_cast<float>(static_cast<int8_t>(byte_of(raw, k))) * scale);
+    *reinterpret_cast<Pack*>(out + first) = p;
+    return;
   }
+  for (int64_t v = first; v < n && v < first + 8; ++v) out[v] = b(static_cast<float>(codes[v]) * scales[v / cols]);
+}
+
+__global__ void nf4_dequantize_kernel(const uint8_t* codes, const uint8_t* block_codes, const float* group_scales, float offset,
+                                      Nf4Levels levels, int64_t n, bool wide, bf16* out) {
+  __shared__ float table[16];  // indexed by value: from shared memory, not the parameters' local copy
+  if (threadIdx.x < 16) table[threadIdx.x] = levels.v[threadIdx.x];
+  __syncthreads();
+  const int64_t chunks = (n + kNf4Chunk - 1) / kNf4Chunk;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < chunks; i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    nf4_chunk(codes, block_codes, group_scales, offset, table, n, i, wide, out);
+  }
+}
+
+__global__ void int8_dequantize_kernel(const int8_t* codes, const float* scales, int64_t cols, int64_t n, bool wide, bf16* out) {
+  const int64_t chunks = (n + 7) / 8;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < chunks; i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    int8_chunk(codes, scales, cols, n, i, wide, out);
+  }
+}
+
+bool nf4_wide(const void* codes, const void* out) { return reinterpret_cast<uintptr_t>(codes) % 8 == 0 && aligned16(out); }
+bool int8_wide(const void* codes, int64_t cols, const void* out) {
+  return cols % 8 == 0 && reinterpret_cast<uintptr_t>(codes) % 8 == 0 && aligned16(out);
 }
 
 }  // namespace
@@ -360,16 +413,32 @@ __global__ void int8_dequantize_kernel(const int8_t* codes, const float* scales,
 void nf4_dequantize(const uint8_t* codes, const uint8_t* block_codes, const float* group_scales, float offset, Nf4Levels levels,
                     int64_t n, void* out, void* stream) {
   if (n <= 0) return;
-  nf4_dequantize_kernel<<<blocks_for((n + 1) / 2), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-      codes, block_codes, group_scales, offset, levels, n, static_cast<bf16*>(out));
+  nf4_dequantize_kernel<<<blocks_for((n + kNf4Chunk - 1) / kNf4Chunk), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+      codes, block_codes, group_scales, offset, levels, n, nf4_wide(codes, out), static_cast<bf16*>(out));
   check("nf4_dequantize");
 }
 
 void int8_dequantize(const int8_t* codes, const float* scales, int64_t rows, int64_t cols, void* out, void* stream) {
   if (rows <= 0 || cols <= 0) return;
-  int8_dequantize_kernel<<<blocks_for(rows * cols), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(codes, scales, cols, rows * cols,
-                                                                                                      static_cast<bf16*>(out));
+  const int64_t n = rows * cols;
+  int8_dequantize_kernel<<<blocks_for((n + 7) / 8), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(codes, scales, cols, n,
+                                                                                                   int8_wide(codes, cols, out),
+                                                                                                   static_cast<bf16*>(out));
   check("int8_dequantize");
+}
+
+void nf4_dequantize_on_host(const uint8_t* codes, const uint8_t* block_codes, const float* group_scales, float offset, Nf4Levels levels,
+                            int64_t n, bool wide, void* out) {
+  auto* o = static_cast<bf16*>(out);
+  wide = wide && nf4_wide(codes, out);
+  for (int64_t i = 0; i < (n + kNf4Chunk - 1) / kNf4Chunk; ++i) nf4_chunk(codes, block_codes, group_scales, offset, levels.v, n, i, wide, o);
+}
+
+void int8_dequantize_on_host(const int8_t* codes, const float* scales, int64_t rows, int64_t cols, bool wide, void* out) {
+  auto* o = static_cast<bf16*>(out);
+  const int64_t n = rows * cols;
+  wide = wide && int8_wide(codes, cols, out);
+  for (int64_t i = 0; i < (n + 7) / 8; ++i) int8_chunk(codes, scales, cols, n, i, wide, o);
 }
 
 void swiglu_forward(const void* gate, const void* up, void* out, int64_t n, void* stream) {

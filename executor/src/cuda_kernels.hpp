@@ -62,5 +62,11 @@ void nf4_dequantize(const uint8_t* codes, const uint8_t* block_codes, const floa
                     int64_t n, void* out, void* stream);
 // INT8 (quantize.hpp): out[r, c] = bf16(float(codes[r, c]) * scales[r]) over rows x cols.
 void int8_dequantize(const int8_t* codes, const float* scales, int64_t rows, int64_t cols, void* out, void* stream);
+// Both kernels' per-thread work run on the host over host memory (pointers to host values): what
+// a test without a GPU can check of them, their indexing and arithmetic. `wide`: the vector path
+// (8 code bytes per NF4 thread, 8 codes per INT8 thread) where the kernel would take it.
+void nf4_dequantize_on_host(const uint8_t* codes, const uint8_t* block_codes, const float* group_scales, float offset, Nf4Levels levels,
+                            int64_t n, bool wide, void* out);
+void int8_dequantize_on_host(const int8_t* codes, const float* scales, int64_t rows, int64_t cols, bool wide, void* out);
 
 }  // namespace trainplan::executor::cuda_kernels

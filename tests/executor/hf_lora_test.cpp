@@ -314,7 +314,9 @@ TEST(HfLora, ModelStateBytesMatchTheCostModel) {
     // 4 FLOPs per frozen parameter, not 6: under 0.8 of the pretraining count here (rank-4 adapters
     // on a hidden-64 model are large beside it; under TP each rank multiplies the replicated side
     // of an adapter, which the estimate counts per rank).
-    if (tp == 1) EXPECT_LT(flops_per_token, 0.8 * cm::model_flops_per_token(small_llama(), 16)) << name;
+    if (tp == 1) {
+      EXPECT_LT(flops_per_token, 0.8 * cm::model_flops_per_token(small_llama(), 16)) << name;
+    }
   }
 }
 

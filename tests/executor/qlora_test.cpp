@@ -11,7 +11,11 @@
 #include <gtest/gtest.h>
 
 #include "executor_support.hpp"
+#include "fused_ops.hpp"
 #include "quantize.hpp"
+#ifdef TRAINPLAN_HAVE_CUDA_KERNELS
+#include "cuda_kernels.hpp"
+#endif
 #include "trainplan/costmodel/estimate.hpp"
 
 namespace trainplan::testing {
@@ -93,6 +97,46 @@ TEST(Quantize, TheCudaDequantisationKernelMatchesTheLibTorchPath) {
     const double worst = ((fused.to(at::kFloat) - plain.to(at::kFloat)).abs() / plain.to(at::kFloat).abs().clamp_min(1e-30)).max().item<double>();
     EXPECT_LE(worst, std::pow(2.0, -8)) << (format == cm::QuantFormat::kNf4 ? "nf4" : "int8");
   }
+}
+
+// The dequantisation kernels' per-thread work (cuda_kernels.cu nf4_chunk, int8_chunk) run on the
+// host: each value equals the LibTorch path's within one bf16 step (2^-8 relative: the same float32
+// arithmetic, but ATen may multiply by 1/127 where the kernel divides), and the vector path (whole
+// chunks: 16 NF4 values from 8 code bytes, 8 INT8 values) writes exactly what the value-by-value
+// path writes. Sizes: 130 x 70 = 9100 values, a partial last block and chunk (9100 = 568 x 16 + 12),
+// INT8 rows of 70 (no vector path: a chunk would span rows) and of 64.
+TEST(Quantize, TheDequantisationKernelsWorkOnTheHostEqualsTheLibTorchPath) {
+#ifndef TRAINPLAN_HAVE_CUDA_KERNELS
+  GTEST_SKIP() << "built without the CUDA kernels";
+#else
+  at::manual_seed(8);
+  for (const auto format : {cm::QuantFormat::kNf4, cm::QuantFormat::kInt8}) {
+    for (const int64_t cols : {int64_t{70}, int64_t{64}}) {
+      const std::string what = std::string(format == cm::QuantFormat::kNf4 ? "nf4" : "int8") + " cols " + std::to_string(cols);
+      const at::Tensor w = at::randn({130, cols}) * 0.02;
+      const ex::QuantizedMatrix q = ex::quantize(w, format);
+      const auto bf16 = at::TensorOptions().dtype(at::kBFloat16);
+      at::Tensor plain = at::empty({130, cols}, bf16), wide = at::empty({130, cols}, bf16), narrow = at::empty({130, cols}, bf16);
+      ex::dequantize_into(q, plain, false);
+      for (const bool vector : {true, false}) {
+        at::Tensor& out = vector ? wide : narrow;
+        if (format == cm::QuantFormat::kInt8) {
+          ex::cuda_kernels::int8_dequantize_on_host(q.codes.data_ptr<int8_t>(), q.group_scales.data_ptr<float>(), 130, cols, vector,
+                                                    out.data_ptr());
+        } else {
+          ex::cuda_kernels::Nf4Levels levels{};
+          std::copy(ex::nf4_levels().begin(), ex::nf4_levels().end(), levels.v);
+          ex::cuda_kernels::nf4_dequantize_on_host(q.codes.data_ptr<uint8_t>(), q.block_codes.data_ptr<uint8_t>(), q.group_scales.data_ptr<float>(),
+                                                   static_cast<float>(q.offset), levels, 130 * cols, vector, out.data_ptr());
+        }
+      }
+      EXPECT_TRUE(at::equal(wide, narrow)) << what;
+      const double worst = ((wide.to(at::kFloat) - plain.to(at::kFloat)).abs() / plain.to(at::kFloat).abs().clamp_min(1e-30)).max().item<double>();
+      EXPECT_LE(worst, std::pow(2.0, -8)) << what;
+      EXPECT_GT(plain.to(at::kFloat).abs().max().item<double>(), 0.01) << what << ": the matrix is not all zeros";
+    }
+  }
+#endif
 }
 
 std::vector<double> losses_of(const std::string& path) { return read_json(path).at("losses").get<std::vector<double>>(); }
