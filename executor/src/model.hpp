@@ -114,7 +114,9 @@ struct ModelSharding {
 // Initial values of one unit into `flat` (float32, unit.numel elements): N(0, 0.02) for
 // matrices, N(0, 0.02/sqrt(2L)) for the projections that feed the residual stream (GPT-2),
 // ones for norm weights, zeros for biases. Deterministic in (seed, unit name) for the whole
-// unit, then cut to this rank's pieces, so every layout starts from the same model.
+// unit, then cut to this rank's pieces, so every layout starts from the same model; drawn in
+// chunks of 2^20 values on all of ATen's threads, each chunk from its own seeded generator, so
+// the values do not depend on the thread count either.
 // `lora`: the layout's LoRA adapters (ModelSharding::lora), which adapters units are cut from.
 void init_unit(const UnitLayout& unit, const costmodel::ModelSpec& model, uint64_t seed, at::Tensor& flat, const LoraSpec& lora = {});
 
