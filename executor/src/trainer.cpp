@@ -504,7 +504,19 @@ int train(const RunOptions& o, const std::string& command_line, World& w, const 
     std::snprintf(prefix, sizeof(prefix), "pp%02d_tp%02d_", at.pp, at.tp);
     config.shard_prefix = prefix;
   }
+  // Building the model draws every unit's initial weights on the host (model.hpp init_unit): a
+  // line before and after, since for billions of parameters it takes a while.
+  const auto t_build = std::chrono::steady_clock::now();
+  if (talk && !o.quiet) {
+    std::cout << "executor: building the model: drawing " << std::fixed << std::setprecision(2)
+              << cm::count_parameters(plan.model).total(plan.model.layers) / 1e9 << std::defaultfloat << " B initial weights on "
+              << at::get_num_threads() << " host thread(s)" << std::endl;
+  }
   DataParallelEngine engine(plan.model, config, engine_groups, std::move(mine.units), mine.chunk_of_unit, t.seq_len);
+  if (talk && !o.quiet) {
+    std::cout << "executor: model built in " << std::fixed << std::setprecision(1)
+              << std::chrono::duration<double>(std::chrono::steady_clock::now() - t_build).count() << " s" << std::defaultfloat << std::endl;
+  }
   PhaseTimer phases(w.device);
   if (const auto injection = parse_injection(o.inject_oom); injection && (o.inject_oom_rank < 0 || o.inject_oom_rank == rank)) {
     phases.set_injection(*injection);
