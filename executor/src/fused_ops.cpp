@@ -529,7 +529,12 @@ at::Tensor rotate_half(const at::Tensor& t) {
 std::vector<at::Tensor> norm_linears(const at::Tensor& x, const at::Tensor& norm_weight, double eps,
                                      const std::vector<at::Tensor>& weights, const std::vector<at::Tensor>& grad_sums,
                                      const at::Tensor& norm_grad_sum, bool residual, const at::Tensor& branch) {
-  if (branch.defined() && branch.sizes() != x.sizes()) throw std::invalid_argument("norm_linears: the branch must have x's shape");
+  if (branch.defined() && (branch.sizes() != x.sizes() || branch.device() != x.device())) {
+    throw std::invalid_argument("norm_linears: the branch must have x's shape and device");
+  }
+  if (norm_weight.dim() != 1 || norm_weight.numel() != x.size(-1) || norm_weight.device() != x.device()) {
+    throw std::invalid_argument("norm_linears: the norm weight must be [h] for x [..., h], on x's device");
+  }
   if (!grad_sums.empty() && grad_sums.size() != weights.size()) {
     throw std::invalid_argument("norm_linears: grad_sums must be empty or one per weight");
   }

@@ -125,6 +125,7 @@ TEST_P(Dtypes, NormLinearsOfASumTakeTheResidualAddInTheNorm) {
   }
   const at::Tensor x = at::randn({2, 8, 16}, options()), nw = at::ones({16}, options()), w = at::randn({4, 16}, options());
   EXPECT_THROW((void)norm_linears(x, nw, 1e-5, {w}, {}, {}, true, at::randn({2, 8, 8}, options())), std::invalid_argument);
+  EXPECT_THROW((void)norm_linears(x, at::ones({8}, options()), 1e-5, {w}), std::invalid_argument);  // the kernel would read past it
 }
 
 TEST_P(Dtypes, RotaryMatchesRotateHalf) {
