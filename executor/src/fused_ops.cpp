@@ -55,6 +55,8 @@ bool kernel_for(const at::Tensor& t) {
 
 #ifdef TRAINPLAN_HAVE_CUDA_KERNELS
 void* stream_of(const at::Tensor& t) { return c10::cuda::getCurrentCUDAStream(t.device().index()).stream(); }
+// The norm kernels load and store 16 bytes at a time.
+bool aligned16(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
 #endif
 
 // silu(gate) * up.
@@ -155,10 +157,9 @@ struct NormLinearsFn : torch::autograd::Function<NormLinearsFn> {
     // The norm's input: x, or x + branch (one kernel with the norm for bf16 on a GPU).
     at::Tensor input = x, normed;
 #ifdef TRAINPLAN_HAVE_CUDA_KERNELS
-    const auto aligned = [](const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; };
     if (branch.has_value() && kernel_for(x) && kernel_for(*branch) && kernel_for(norm_weight) && x.is_contiguous() &&
         branch->is_contiguous() && norm_weight.is_contiguous() && x.sizes() == branch->sizes() && x.numel() > 0 &&
-        cuda_kernels::rms_norm_backward_supports(x.size(-1)) && aligned(x) && aligned(*branch) && aligned(norm_weight)) {
+        cuda_kernels::rms_norm_backward_supports(x.size(-1)) && aligned16(x) && aligned16(*branch) && aligned16(norm_weight)) {
       input = at::empty_like(x);
       normed = at::empty_like(x);
       cuda_kernels::add_rms_norm(x.data_ptr(), branch->data_ptr(), norm_weight.data_ptr(), input.data_ptr(), normed.data_ptr(),
@@ -191,9 +192,8 @@ struct NormLinearsFn : torch::autograd::Function<NormLinearsFn> {
 #ifdef TRAINPLAN_HAVE_CUDA_KERNELS
     kernel = kernel_for(saved[0]) && kernel_for(saved[1]) && saved[0].is_contiguous() && saved[1].is_contiguous() &&
              cuda_kernels::rms_norm_backward_supports(h) && saved[0].numel() > 0 &&
-             reinterpret_cast<uintptr_t>(saved[0].data_ptr()) % 16 == 0 && reinterpret_cast<uintptr_t>(saved[1].data_ptr()) % 16 == 0 &&
-             (!stream_grad.defined() ||
-              (kernel_for(stream_grad) && reinterpret_cast<uintptr_t>(stream_grad.data_ptr()) % 16 == 0 && stream_grad.sizes() == saved[0].sizes()));
+             aligned16(saved[0]) && aligned16(saved[1]) &&
+             (!stream_grad.defined() || (kernel_for(stream_grad) && aligned16(stream_grad) && stream_grad.sizes() == saved[0].sizes()));
 #endif
     at::Tensor x = saved[0].detach(), nw = saved[1].detach();
     at::Tensor normed;
