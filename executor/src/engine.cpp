@@ -311,7 +311,7 @@ DataParallelEngine::DataParallelEngine(const cm::ModelSpec& model, const EngineC
     u->shard = u->padded / shards;
     u->offset = u->shard_comm->rank() * u->shard;
     at::Tensor init = at::zeros({u->padded}, at::TensorOptions().dtype(at::kFloat));
-    init_unit(l, model, config.seed, init, config.lora);
+    if (config.draw_base_weights || l.kind == UnitKind::kAdapters) init_unit(l, model, config.seed, init, config.lora);
     const at::Tensor owned = init.narrow(0, u->offset, u->shard);
     u->anchor = at::zeros({}, at::TensorOptions().dtype(at::kFloat)).requires_grad_(true);
     if (l.frozen) {  // the compute copy alone

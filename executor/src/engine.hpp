@@ -63,6 +63,9 @@ struct EngineConfig {
   Kernels kernels = Kernels::kFused;  // fused_ops.hpp's paths and LibTorch's fused AdamW, or the plain ones
   at::Device device = at::kCPU;
   uint64_t seed = 1234;
+  // False when the base weights will be imported (--init-from overwrites every unit but LoRA's
+  // adapters): those units start at zero instead of being drawn for nothing.
+  bool draw_base_weights = true;
   std::string shard_prefix;       // checkpoint shard files of this TP/PP position ("pp01_tp00_")
   LoraSpec lora;                  // LoRA: the units' layout has frozen base units and adapters units (model.hpp)
   double hidden_dropout = 0;      // dropout.hpp: the embedding's and every block's residual branches

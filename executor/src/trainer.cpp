@@ -494,6 +494,7 @@ int train(const RunOptions& o, const std::string& command_line, World& w, const 
   config.kernels = parse_kernels(o.kernels);
   config.device = w.device;
   config.seed = o.seed;
+  config.draw_base_weights = o.init_from.empty();
   config.lora = sharding.lora;
   config.hidden_dropout = t.dropout ? t.dropout_rate : 0.0;
   config.offload_optimizer = p.offload_optimizer == cm::Offload::kCpu;
@@ -508,9 +509,11 @@ int train(const RunOptions& o, const std::string& command_line, World& w, const 
   // line before and after, since for billions of parameters it takes a while.
   const auto t_build = std::chrono::steady_clock::now();
   if (talk && !o.quiet) {
-    std::cout << "executor: building the model: drawing " << std::fixed << std::setprecision(2)
-              << cm::count_parameters(plan.model).total(plan.model.layers) / 1e9 << std::defaultfloat << " B initial weights on "
-              << at::get_num_threads() << " host thread(s)" << std::endl;
+    std::cout << "executor: building the model (" << std::fixed << std::setprecision(2)
+              << cm::count_parameters(plan.model).total(plan.model.layers) / 1e9 << std::defaultfloat << " B parameters): "
+              << (config.draw_base_weights ? "drawing the initial weights on " + std::to_string(at::get_num_threads()) + " host thread(s)"
+                                           : "the weights come from " + o.init_from)
+              << std::endl;
   }
   DataParallelEngine engine(plan.model, config, engine_groups, std::move(mine.units), mine.chunk_of_unit, t.seq_len);
   if (talk && !o.quiet) {
