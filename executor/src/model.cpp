@@ -278,9 +278,8 @@ uint64_t mix(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-// The whole (unsharded) unit's initial values.
-at::Tensor init_whole_unit(const UnitLayout& whole, const cm::ModelSpec& m, uint64_t seed) {
-  at::Tensor flat = at::empty({whole.numel}, at::TensorOptions().dtype(at::kFloat));
+// The whole (unsharded) unit's initial values into `flat` (float32, whole.numel elements).
+void draw_whole_unit(const UnitLayout& whole, const cm::ModelSpec& m, uint64_t seed, const at::Tensor& flat) {
   const uint64_t unit_seed = mix(seed ^ name_hash(whole.name));
   const double scaled = kInitStd / std::sqrt(2.0 * m.layers);
   for (std::size_t k = 0; k < whole.slots.size(); ++k) {
@@ -302,7 +301,23 @@ at::Tensor init_whole_unit(const UnitLayout& whole, const cm::ModelSpec& m, uint
       }
     });
   }
+}
+
+at::Tensor init_whole_unit(const UnitLayout& whole, const cm::ModelSpec& m, uint64_t seed) {
+  at::Tensor flat = at::empty({whole.numel}, at::TensorOptions().dtype(at::kFloat));
+  draw_whole_unit(whole, m, seed, flat);
   return flat;
+}
+
+// Whether `unit` holds the whole unit as it is laid out unsharded: every parameter whole, at
+// the same place (no TP pieces, no tied copy), so its values can be drawn in place.
+bool holds_whole(const UnitLayout& unit, const UnitLayout& whole) {
+  if (unit.numel != whole.numel || unit.slots.size() != whole.slots.size()) return false;
+  for (std::size_t k = 0; k < unit.slots.size(); ++k) {
+    const ParamSlot &a = unit.slots[k], &b = whole.slots[k];
+    if (a.name != b.name || a.offset != b.offset || a.numel != b.numel || a.split_dim >= 0 || a.tied_copy) return false;
+  }
+  return true;
 }
 
 const UnitLayout& find_unit(const std::vector<UnitLayout>& units, const std::string& name) {
@@ -319,6 +334,10 @@ void init_unit(const UnitLayout& unit, const cm::ModelSpec& m, uint64_t seed, at
   whole_model.lora = lora;
   const std::vector<UnitLayout> whole_units = model_layout(m, whole_model);
   const UnitLayout& whole = find_unit(whole_units, unit.name);
+  if (holds_whole(unit, whole)) {  // no TP pieces: drawn where they live
+    draw_whole_unit(whole, m, seed, flat.narrow(0, 0, whole.numel));
+    return;
+  }
   const at::Tensor values = init_whole_unit(whole, m, seed);
   for (const ParamSlot& s : unit.slots) {
     at::Tensor full;
@@ -333,7 +352,9 @@ void init_unit(const UnitLayout& unit, const cm::ModelSpec& m, uint64_t seed, at
       if (match == nullptr) throw std::logic_error("unit " + unit.name + " has no parameter " + s.name);
       full = values.narrow(0, match->offset, match->numel);
     }
-    flat.narrow(0, s.offset, s.numel).copy_(slot_piece(s, full).reshape({-1}));
+    at::Tensor dst = flat.narrow(0, s.offset, s.numel);
+    if (s.split_dim < 0) dst.copy_(full);  // whole: no piece to cut (slot_piece would clone it)
+    else dst.copy_(slot_piece(s, full).reshape({-1}));
   }
 }
 
