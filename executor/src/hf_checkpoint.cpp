@@ -376,7 +376,7 @@ void import_hf_weights(const HfCheckpoint& checkpoint, DataParallelEngine& engin
       // The tied copy of the token table (pp > 1) is the embedding's.
       const std::string name = s.tied_copy ? "model.embed_tokens.weight" : hf_name(s.name);
       const at::Tensor whole = checkpoint.read(name, s.full_shape, s.name);
-      values.narrow(0, s.offset, s.numel).copy_(slot_piece(s, whole).reshape({-1}));
+      values.narrow(0, s.offset, s.numel).view(s.shape).copy_(slot_piece(s, whole));
     }
     engine.load_unit(i, values);
   }

@@ -257,9 +257,9 @@ std::vector<UnitLayout> model_layout(const cm::ModelSpec& m, const ModelSharding
 
 at::Tensor slot_piece(const ParamSlot& s, const at::Tensor& full) {
   const at::Tensor whole = full.reshape(s.full_shape);
-  if (s.split_dim < 0) return whole.clone();
+  if (s.split_dim < 0) return whole;
   const int64_t size = s.shape[static_cast<std::size_t>(s.split_dim)];
-  return whole.narrow(s.split_dim, s.shard_index * size, size).contiguous();
+  return whole.narrow(s.split_dim, s.shard_index * size, size);
 }
 
 namespace {
@@ -352,9 +352,7 @@ void init_unit(const UnitLayout& unit, const cm::ModelSpec& m, uint64_t seed, at
       if (match == nullptr) throw std::logic_error("unit " + unit.name + " has no parameter " + s.name);
       full = values.narrow(0, match->offset, match->numel);
     }
-    at::Tensor dst = flat.narrow(0, s.offset, s.numel);
-    if (s.split_dim < 0) dst.copy_(full);  // whole: no piece to cut (slot_piece would clone it)
-    else dst.copy_(slot_piece(s, full).reshape({-1}));
+    flat.narrow(0, s.offset, s.numel).view(s.shape).copy_(slot_piece(s, full));
   }
 }
 

@@ -120,7 +120,8 @@ struct ModelSharding {
 // `lora`: the layout's LoRA adapters (ModelSharding::lora), which adapters units are cut from.
 void init_unit(const UnitLayout& unit, const costmodel::ModelSpec& model, uint64_t seed, at::Tensor& flat, const LoraSpec& lora = {});
 
-// This rank's piece of a whole parameter (`full` has slot.full_shape), as a new tensor.
+// This rank's piece of a whole parameter (`full` has slot.full_shape): a view of `full` (strided
+// when cut along a later dim), for the caller to copy where the piece lives.
 [[nodiscard]] at::Tensor slot_piece(const ParamSlot& slot, const at::Tensor& full);
 
 // Rotary tables for Llama-style attention: cos and sin of shape [seq, head_dim], computed in
