@@ -365,8 +365,8 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
                            : collective_time(hw, Collective::kAllReduce, block, s.tp_group).value();
     c.tp_comm_forward = 2.0 * one;   // after attention and after the MLP (or gather before each)
     c.tp_comm_backward = 2.0 * one;  // the conjugate operators
-    // The executor gathers the column-parallel GEMMs' input again in backward (stack.hpp), on the
-    // compute stream; Megatron-Core overlaps that gather with the input-gradient GEMM.
+    // The executor gathers the column-parallel GEMMs' input again in backward (stack.hpp), and
+    // its GEMMs wait for it; Megatron-Core overlaps that gather with the input-gradient GEMM.
     // Not for a group whose input nothing keeps (LoRA: no undropped adapter on it).
     if (s.sequence_parallel && !stack.sequence_parallel_keeps_gathered_input && is_trainplan(s.stack)) {
       const double regathers = (attention_input_kept ? 1.0 : 0.0) + (mlp_input_kept ? 1.0 : 0.0);

@@ -26,6 +26,10 @@ class Work {
   virtual ~Work() = default;
   // Blocks until the collective completed. Throws CommError on failure or timeout.
   virtual void wait() = 0;
+  // Orders the work the caller queues next on its device stream after this work, without
+  // blocking the host (GPU timing: an event recorded next measures the work's end). Nothing to do
+  // where work completes on the host (MPI, one rank). wait() is still owed.
+  virtual void order_current_stream() {}
 };
 
 class Communicator {

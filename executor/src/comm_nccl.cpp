@@ -1,5 +1,8 @@
-// The NCCL engine: CUDA tensors, collectives on the current CUDA stream, completion tracked with
-// CUDA events; a wait past the deadline aborts the NCCL communicator and throws.
+// The NCCL engine: CUDA tensors; collectives on a stream of each communicator's own, after the
+// work queued so far on the caller's stream, so that a data-parallel reduction launched during
+// backward overlaps the backward kernels queued after it; sends, receives and broadcasts on the
+// caller's stream (the pipeline's send lanes choose theirs). Completion is tracked with CUDA
+// events; a wait past the deadline aborts the NCCL communicator and throws.
 
 #include <nccl.h>
 
@@ -9,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <thread>
 
 #include <c10/cuda/CUDAFunctions.h>
@@ -46,19 +50,33 @@ using AbortedFlag = std::shared_ptr<std::atomic<bool>>;
 
 class NcclWork final : public Work {
  public:
-  NcclWork(ncclComm_t comm, AbortedFlag aborted, cudaStream_t stream, std::string what, std::chrono::seconds timeout)
-      : comm_(comm), aborted_(std::move(aborted)), what_(std::move(what)), timeout_(timeout) {
+  // `keep`: the tensors a collective on a side stream uses, held until the work is known done
+  // (their memory must not go back to the caching allocator for the caller's stream before).
+  NcclWork(ncclComm_t comm, AbortedFlag aborted, cudaStream_t stream, std::string what, std::chrono::seconds timeout,
+           std::vector<at::Tensor> keep)
+      : comm_(comm), aborted_(std::move(aborted)), what_(std::move(what)), timeout_(timeout), keep_(std::move(keep)) {
     check_cuda(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), what_);
     check_cuda(cudaEventRecord(event_, stream), what_);
   }
-  ~NcclWork() override { cudaEventDestroy(event_); }
-  // Work was queued on the current stream, so later kernels already follow it; waiting here only
-  // surfaces failures and enforces the deadline.
+  // Dropped unwaited (an error path): the caller's stream, where freed memory is reused, waits
+  // for the work before the tensors go.
+  ~NcclWork() override {
+    if (!keep_.empty()) cudaStreamWaitEvent(c10::cuda::getCurrentCUDAStream().stream(), event_, 0);
+    keep_.clear();
+    cudaEventDestroy(event_);
+  }
+  // Blocks the host until the work is done (surfacing failures, enforcing the deadline), then
+  // orders the caller's stream after it: work queued on another stream (a collective's) is
+  // followed by whatever the caller queues next, on any stream.
   void wait() override {
     const auto deadline = std::chrono::steady_clock::now() + timeout_;
     while (true) {
       const cudaError_t q = cudaEventQuery(event_);
-      if (q == cudaSuccess) return;
+      if (q == cudaSuccess) {
+        order_current_stream();
+        keep_.clear();
+        return;
+      }
       if (q != cudaErrorNotReady) check_cuda(q, what_);
       ncclResult_t async = ncclSuccess;
       ncclCommGetAsyncError(comm_, &async);
@@ -71,6 +89,9 @@ class NcclWork final : public Work {
       std::this_thread::sleep_for(std::chrono::microseconds(100));
     }
   }
+  void order_current_stream() override {
+    check_cuda(cudaStreamWaitEvent(c10::cuda::getCurrentCUDAStream().stream(), event_, 0), what_);
+  }
 
  private:
   ncclComm_t comm_;
@@ -78,6 +99,7 @@ class NcclWork final : public Work {
   cudaEvent_t event_{};
   std::string what_;
   std::chrono::seconds timeout_;
+  std::vector<at::Tensor> keep_;
 };
 
 class NcclCommunicator final : public Communicator {
@@ -96,8 +118,9 @@ class NcclCommunicator final : public Communicator {
   std::unique_ptr<Work> all_reduce_sum(const at::Tensor& t) override {
     const std::string what = label("all-reduce", t.numel());
     require(t, what);
-    check(ncclAllReduce(t.data_ptr(), t.data_ptr(), static_cast<size_t>(t.numel()), nccl_type(t, what), ncclSum, comm_, stream()), what);
-    return work(what);
+    const cudaStream_t side = collective_stream(what);
+    check(ncclAllReduce(t.data_ptr(), t.data_ptr(), static_cast<size_t>(t.numel()), nccl_type(t, what), ncclSum, comm_, side), what);
+    return work(what, side, {t});
   }
   std::unique_ptr<Work> reduce_scatter_sum(const at::Tensor& in, const at::Tensor& out) override {
     const std::string what = label("reduce-scatter", in.numel());
@@ -106,10 +129,10 @@ class NcclCommunicator final : public Communicator {
     if (in.numel() != out.numel() * size_ || in.scalar_type() != out.scalar_type()) {
       throw CommError(what + ": input must hold size() x output elements of the same dtype");
     }
-    check(ncclReduceScatter(in.data_ptr(), out.data_ptr(), static_cast<size_t>(out.numel()), nccl_type(in, what), ncclSum, comm_,
-                            stream()),
+    const cudaStream_t side = collective_stream(what);
+    check(ncclReduceScatter(in.data_ptr(), out.data_ptr(), static_cast<size_t>(out.numel()), nccl_type(in, what), ncclSum, comm_, side),
           what);
-    return work(what);
+    return work(what, side, {in, out});
   }
   std::unique_ptr<Work> all_gather(const at::Tensor& in, const at::Tensor& out) override {
     const std::string what = label("all-gather", out.numel());
@@ -118,8 +141,9 @@ class NcclCommunicator final : public Communicator {
     if (out.numel() != in.numel() * size_ || in.scalar_type() != out.scalar_type()) {
       throw CommError(what + ": output must hold size() x input elements of the same dtype");
     }
-    check(ncclAllGather(in.data_ptr(), out.data_ptr(), static_cast<size_t>(in.numel()), nccl_type(in, what), comm_, stream()), what);
-    return work(what);
+    const cudaStream_t side = collective_stream(what);
+    check(ncclAllGather(in.data_ptr(), out.data_ptr(), static_cast<size_t>(in.numel()), nccl_type(in, what), comm_, side), what);
+    return work(what, side, {in, out});
   }
   // Grouped sends and receives (NCCL has no all-to-all-v; this is how PyTorch's does it).
   std::unique_ptr<Work> all_to_all(const at::Tensor& in, const std::vector<int64_t>& send_counts, const at::Tensor& out,
@@ -141,35 +165,36 @@ class NcclCommunicator final : public Communicator {
     }
     if (sent != in.numel() || received != out.numel()) throw CommError(what + ": counts do not add up to the tensors' sizes");
     sent = received = 0;
+    const cudaStream_t side = collective_stream(what);
     check(ncclGroupStart(), what);
     for (int j = 0; j < size_; ++j) {
       const auto n = static_cast<size_t>(send_counts[static_cast<std::size_t>(j)]);
       const auto m = static_cast<size_t>(recv_counts[static_cast<std::size_t>(j)]);
-      if (n > 0) check(ncclSend(send_base + sent * element, n, type, j, comm_, stream()), what);
-      if (m > 0) check(ncclRecv(recv_base + received * element, m, type, j, comm_, stream()), what);
+      if (n > 0) check(ncclSend(send_base + sent * element, n, type, j, comm_, side), what);
+      if (m > 0) check(ncclRecv(recv_base + received * element, m, type, j, comm_, side), what);
       sent += static_cast<int64_t>(n);
       received += static_cast<int64_t>(m);
     }
     check(ncclGroupEnd(), what);
-    return work(what);
+    return work(what, side, {in, out});
   }
   std::unique_ptr<Work> send(const at::Tensor& t, int peer, int /*tag: NCCL matches in order*/) override {
     const std::string what = label("send", t.numel()) + " to rank " + std::to_string(peer);
     require(t, what);
     check(ncclSend(t.data_ptr(), static_cast<size_t>(t.numel()), nccl_type(t, what), peer, comm_, stream()), what);
-    return work(what);
+    return work(what, stream(), {});
   }
   std::unique_ptr<Work> recv(const at::Tensor& t, int peer, int /*tag*/) override {
     const std::string what = label("receive", t.numel()) + " from rank " + std::to_string(peer);
     require(t, what);
     check(ncclRecv(t.data_ptr(), static_cast<size_t>(t.numel()), nccl_type(t, what), peer, comm_, stream()), what);
-    return work(what);
+    return work(what, stream(), {});
   }
   void broadcast(const at::Tensor& t, int root) override {
     const std::string what = label("broadcast", t.numel());
     require(t, what);
     check(ncclBroadcast(t.data_ptr(), t.data_ptr(), static_cast<size_t>(t.numel()), nccl_type(t, what), root, comm_, stream()), what);
-    work(what)->wait();
+    work(what, stream(), {})->wait();
   }
   void barrier() override {
     at::Tensor one = at::ones({1}, at::TensorOptions().dtype(at::kFloat).device(at::kCUDA));
@@ -216,12 +241,28 @@ class NcclCommunicator final : public Communicator {
     return std::string(op) + " of " + std::to_string(elements) + " elements on group '" + name_ + "' (rank " +
            std::to_string(rank_) + " of " + std::to_string(size_) + ")";
   }
-  std::unique_ptr<Work> work(const std::string& what) const {
-    return std::make_unique<NcclWork>(comm_, aborted_, stream(), what, options_.timeout);
+  std::unique_ptr<Work> work(const std::string& what, cudaStream_t on, std::vector<at::Tensor> keep) const {
+    return std::make_unique<NcclWork>(comm_, aborted_, on, what, options_.timeout, std::move(keep));
+  }
+  // The communicator's collective stream (made on first use, on the current device), ordered
+  // after the work queued so far on the caller's stream. The work holds the collective's tensors
+  // until it is waited for (PyTorch's TORCH_NCCL_AVOID_RECORD_STREAMS): record_stream would keep
+  // a freed tensor's memory from the caller's stream until everything queued on this stream at
+  // the free is done, a ZeRO-3 unit's gathered weights until its gradients' reduce-scatter.
+  cudaStream_t collective_stream(const std::string& what) {
+    if (!side_) side_.emplace(c10::cuda::getStreamFromPool(/*isHighPriority=*/true));
+    cudaEvent_t ready = nullptr;
+    check_cuda(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), what);
+    const cudaError_t recorded = cudaEventRecord(ready, stream());
+    const cudaError_t waited = recorded == cudaSuccess ? cudaStreamWaitEvent(side_->stream(), ready, 0) : recorded;
+    cudaEventDestroy(ready);  // released once the wait has been resolved
+    check_cuda(waited, what);
+    return side_->stream();
   }
 
   ncclComm_t comm_;
   AbortedFlag aborted_ = std::make_shared<std::atomic<bool>>(false);
+  std::optional<c10::cuda::CUDAStream> side_;
   std::string name_;
   CommOptions options_;
   int rank_ = 0, size_ = 1;

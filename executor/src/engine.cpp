@@ -310,8 +310,15 @@ DataParallelEngine::DataParallelEngine(const cm::ModelSpec& model, const EngineC
     u->padded = (l.numel + shards - 1) / shards * shards;
     u->shard = u->padded / shards;
     u->offset = u->shard_comm->rank() * u->shard;
-    at::Tensor init = at::zeros({u->padded}, at::TensorOptions().dtype(at::kFloat));
-    if (config.draw_base_weights || l.kind == UnitKind::kAdapters) init_unit(l, model, config.seed, init, config.lora);
+    // Written once: drawn values over the unit's parameters (init_unit writes all of them), zeros
+    // over the padding, or zeros throughout for weights an import overwrites.
+    at::Tensor init = at::empty({u->padded}, at::TensorOptions().dtype(at::kFloat));
+    if (config.draw_base_weights || l.kind == UnitKind::kAdapters) {
+      init_unit(l, model, config.seed, init, config.lora);
+      init.narrow(0, l.numel, u->padded - l.numel).zero_();
+    } else {
+      init.zero_();
+    }
     const at::Tensor owned = init.narrow(0, u->offset, u->shard);
     u->anchor = at::zeros({}, at::TensorOptions().dtype(at::kFloat)).requires_grad_(true);
     if (l.frozen) {  // the compute copy alone

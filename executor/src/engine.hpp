@@ -152,8 +152,9 @@ class DataParallelEngine {
   [[nodiscard]] StateBytes state_bytes() const;
   // Where the engine's data-parallel communication is timed (Phase::kDataParallelWait): gradient
   // reductions as they are started and waited for, and ZeRO-3 parameter gathers. Not owned; null:
-  // untimed. On CPU (MPI) the starts are non-blocking and the waits are the exposed time; on GPU
-  // NCCL runs on the compute stream, so the collectives' own stream time is what counts.
+  // untimed. The starts are non-blocking and the waits are the exposed time: on CPU (MPI) by the
+  // host clock, on GPU by events on the compute stream, which waits for NCCL's collective stream
+  // where the host waits (comm_nccl.cpp).
   void set_phase_timer(PhaseTimer* timer) { timer_ = timer; }
   [[nodiscard]] PhaseTimer* phase_timer() const { return timer_; }
 

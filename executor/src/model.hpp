@@ -111,7 +111,7 @@ struct ModelSharding {
 // True when block `layer`'s MLP is a mixture of experts (after moe.dense_layers dense ones).
 [[nodiscard]] bool is_moe_layer(const costmodel::ModelSpec& model, int layer);
 
-// Initial values of one unit into `flat` (float32, unit.numel elements): N(0, 0.02) for
+// Initial values of one unit into `flat` (float32, all unit.numel elements written): N(0, 0.02) for
 // matrices, N(0, 0.02/sqrt(2L)) for the projections that feed the residual stream (GPT-2),
 // ones for norm weights, zeros for biases. Deterministic in (seed, unit name) for the whole
 // unit, then cut to this rank's pieces, so every layout starts from the same model; drawn in

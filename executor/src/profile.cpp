@@ -396,6 +396,7 @@ std::vector<BenchmarkTask> collective_tasks(const ProfileSweep& sweep, Communica
                            CudaInterval interval;
                            interval.start();
                            for (int i = 0; i < repeats; ++i) works.push_back(launch());
+                           works.back()->order_current_stream();  // NCCL runs on a stream of its own
                            interval.stop();
                            for (auto& w : works) w->wait();  // surfaces failures and the timeout
                            seconds = interval.seconds() / repeats;

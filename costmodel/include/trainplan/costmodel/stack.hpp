@@ -108,7 +108,7 @@ struct StackSpec {
   // as their saved input (true: autograd's linear, torchtitan's SequenceParallel), or the
   // sequence shard kept and gathered again in backward (false: Megatron-Core / Transformer
   // Engine, Korthikanti et al. 2022, Sec. 4.2.2; the executor's gathered_linears, whose gather
-  // runs exposed on the compute stream, except with LoRA dropout, whose copies take the gathered
+  // runs exposed (the backward GEMMs wait for it), except with LoRA dropout, whose copies take the gathered
   // input).
   bool sequence_parallel_keeps_gathered_input;
   const char* source;
