@@ -33,18 +33,22 @@ double dtype_bytes(Dtype d) {
 
 namespace {
 
+// The least a rate, size or efficiency of a profile may be: 0.001 of its unit (a GB/s, a TFLOP/s,
+// a GiB, 0.1% efficiency). Below that a profile is broken, not slow, and its results infinite.
+constexpr double kTiny = 1e-3;
+
 // `gpus_per_node` bounds the ranks of an intra-node link's measured table.
 LinkSpec read_link(detail::ObjectReader r, bool inter, int gpus_per_node) {
   LinkSpec l;
   if (inter) {
     l.kind = r.one_of("kind", {"infiniband", "roce", "efa", "ethernet"});
     l.nics_per_node = static_cast<int>(r.integer("nics_per_node", 1, 64));
-    l.bandwidth = BytesPerSecond::gbit_per_s(r.number("nic_bandwidth_gbit_per_s", 0, 1e5, true));
+    l.bandwidth = BytesPerSecond::gbit_per_s(r.number("nic_bandwidth_gbit_per_s", kTiny, 1e5));
   } else {
     l.kind = r.one_of("kind", {"nvswitch", "nvlink", "pcie"});
-    l.bandwidth = BytesPerSecond::gb_per_s(r.number("bandwidth_gb_per_s", 0, 1e5, true));
+    l.bandwidth = BytesPerSecond::gb_per_s(r.number("bandwidth_gb_per_s", kTiny, 1e5));
   }
-  l.efficiency = r.number("efficiency", 0, 1, true);
+  l.efficiency = r.number("efficiency", kTiny, 1);
   l.latency = Seconds::us(r.number("latency_us", 0, 1e5));
   l.source = r.optional_string("source").value_or("");
   if (!inter && r.has("measured")) l.measured = read_measured_collectives(r.raw("measured"), r.file(), r.pointer("measured"), gpus_per_node);
@@ -65,17 +69,17 @@ Result<HardwareProfile> parse_hwprofile(const nlohmann::json& json, const std::s
       detail::ObjectReader g = r.object("gpu");
       hw.gpu.name = g.string("name");
       detail::ObjectReader peak = g.object("peak_dense_tflop_per_s");
-      hw.gpu.peak[0] = FlopsPerSecond::tflops(peak.number("fp32", 0, 1e6, true));
-      hw.gpu.peak[1] = FlopsPerSecond::tflops(peak.number("bf16", 0, 1e6, true));
-      hw.gpu.peak[2] = FlopsPerSecond::tflops(peak.number("fp16", 0, 1e6, true));
+      hw.gpu.peak[0] = FlopsPerSecond::tflops(peak.number("fp32", kTiny, 1e6));
+      hw.gpu.peak[1] = FlopsPerSecond::tflops(peak.number("bf16", kTiny, 1e6));
+      hw.gpu.peak[2] = FlopsPerSecond::tflops(peak.number("fp16", kTiny, 1e6));
       hw.gpu.peak[3] = FlopsPerSecond::tflops(peak.optional_number("fp8", 0, 1e6).value_or(0.0));
       peak.finish();
-      hw.gpu.hbm_capacity = Bytes::gib(g.number("hbm_capacity_gib", 0, 1e5, true));
-      hw.gpu.hbm_bandwidth = BytesPerSecond::tb_per_s(g.number("hbm_bandwidth_tb_per_s", 0, 1e3, true));
+      hw.gpu.hbm_capacity = Bytes::gib(g.number("hbm_capacity_gib", kTiny, 1e5));
+      hw.gpu.hbm_bandwidth = BytesPerSecond::tb_per_s(g.number("hbm_bandwidth_tb_per_s", kTiny, 1e3));
       hw.gpu.sm_count = static_cast<int>(g.integer("sm_count", 1, 100000));
-      hw.gpu.gemm_efficiency = g.number("gemm_efficiency", 0, 1, true);
-      hw.gpu.attention_efficiency = g.number("attention_efficiency", 0, 1, true);
-      hw.gpu.memory_efficiency = g.number("memory_bandwidth_efficiency", 0, 1, true);
+      hw.gpu.gemm_efficiency = g.number("gemm_efficiency", kTiny, 1);
+      hw.gpu.attention_efficiency = g.number("attention_efficiency", kTiny, 1);
+      hw.gpu.memory_efficiency = g.number("memory_bandwidth_efficiency", kTiny, 1);
       hw.gpu.reserved_memory = Bytes::gib(g.number("reserved_memory_gib", 0, 1e3));
       if (hw.gpu.reserved_memory.value() >= hw.gpu.hbm_capacity.value()) {
         char capacity[32];
@@ -101,10 +105,10 @@ Result<HardwareProfile> parse_hwprofile(const nlohmann::json& json, const std::s
     {
       detail::ObjectReader n = r.object("node");
       hw.gpus_per_node = static_cast<int>(n.integer("gpus_per_node", 1, 1024));
-      hw.pcie_bandwidth = BytesPerSecond::gb_per_s(n.number("pcie_gb_per_s", 0, 1e4, true));
-      hw.cpu_memory = Bytes::gib(n.number("cpu_memory_gib", 0, 1e6, true));
-      hw.cpu_memory_bandwidth = BytesPerSecond::gb_per_s(n.number("cpu_memory_bandwidth_gb_per_s", 0, 1e5, true));
-      hw.nvme_bandwidth = BytesPerSecond::gb_per_s(n.number("nvme_bandwidth_gb_per_s", 0, 1e5, true));
+      hw.pcie_bandwidth = BytesPerSecond::gb_per_s(n.number("pcie_gb_per_s", kTiny, 1e4));
+      hw.cpu_memory = Bytes::gib(n.number("cpu_memory_gib", kTiny, 1e6));
+      hw.cpu_memory_bandwidth = BytesPerSecond::gb_per_s(n.number("cpu_memory_bandwidth_gb_per_s", kTiny, 1e5));
+      hw.nvme_bandwidth = BytesPerSecond::gb_per_s(n.number("nvme_bandwidth_gb_per_s", kTiny, 1e5));
       hw.node_source = n.optional_string("source").value_or("");
       n.finish();
     }
@@ -112,13 +116,13 @@ Result<HardwareProfile> parse_hwprofile(const nlohmann::json& json, const std::s
     hw.inter_node = read_link(r.object("inter_node"), true, hw.gpus_per_node);
     {
       detail::ObjectReader s = r.object("storage");
-      hw.checkpoint_write_bandwidth = BytesPerSecond::gb_per_s(s.number("checkpoint_write_gb_per_s", 0, 1e6, true));
+      hw.checkpoint_write_bandwidth = BytesPerSecond::gb_per_s(s.number("checkpoint_write_gb_per_s", kTiny, 1e6));
       hw.storage_source = s.optional_string("source").value_or("");
       s.finish();
     }
     {
       detail::ObjectReader rel = r.object("reliability");
-      hw.gpu_mtbf_hours = rel.number("gpu_mtbf_hours", 0, 1e9, true);
+      hw.gpu_mtbf_hours = rel.number("gpu_mtbf_hours", kTiny, 1e9);
       hw.restart_time = Seconds(60.0 * rel.number("restart_minutes", 0, 1e5));
       hw.reliability_source = rel.optional_string("source").value_or("");
       rel.finish();

@@ -1,5 +1,7 @@
 #include "trainplan/costmodel/presets.hpp"
 
+#include <sys/stat.h>
+
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -95,6 +97,20 @@ Result<std::string> read_text_file(const std::string& path) {
   out << in.rdbuf();
   if (in.bad()) return Error{path + ": read error"};
   return out.str();
+}
+
+std::string overwrite_conflict(const std::string& output_flag, const std::string& output,
+                               const std::vector<std::pair<std::string, std::string>>& inputs) {
+  struct stat out {};
+  if (output.empty() || ::stat(output.c_str(), &out) != 0) return "";
+  for (const auto& [what, path] : inputs) {
+    struct stat in {};
+    if (path.empty() || ::stat(path.c_str(), &in) != 0) continue;
+    if (in.st_dev == out.st_dev && in.st_ino == out.st_ino) {
+      return output_flag + " " + output + ": is the " + what + " " + path + "; writing there would replace it (give another path)";
+    }
+  }
+  return "";
 }
 
 Result<nlohmann::json> parse_json_text(const std::string& text, const std::string& file) {

@@ -7,6 +7,7 @@
 // Exit codes: 0 success, 2 bad input (plan, data, checkpoint), 3 the run failed.
 
 #include <iostream>
+#include <stdexcept>
 #include <set>
 #include <string>
 
@@ -33,7 +34,19 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--vocab", o.vocab, "instruction data: a vocabulary (JSON piece -> id, or a tokenizer.json); default: byte-level tokens");
   app.add_option("--data-dtype", o.data_dtype, "token file element type: uint16 or uint32")->capture_default_str();
-  app.add_option("--seed", o.seed, "initialisation and synthetic-data seed")->capture_default_str();
+  app.add_option("--seed", o.seed, "initialisation and synthetic-data seed")
+      ->check(CLI::Validator(
+          [](std::string& text) -> std::string {  // CLI11 wraps "-1" round to 2^64 - 1 and clamps past it
+            const bool digits = !text.empty() && text.find_first_not_of("0123456789") == std::string::npos;
+            try {
+              if (digits) (void)std::stoull(text);
+            } catch (const std::out_of_range&) {
+              return "must be a whole number from 0 to 18446744073709551615 (got " + text + ")";
+            }
+            return digits ? std::string() : "must be a whole number from 0 to 18446744073709551615 (got " + text + ")";
+          },
+          "UINT64"))
+      ->capture_default_str();
   app.add_option("--lr", o.lr, "peak learning rate")->capture_default_str();
   app.add_option("--min-lr-ratio", o.min_lr_ratio, "cosine floor as a fraction of --lr")->capture_default_str();
   app.add_option("--warmup-steps", o.warmup_steps, "linear warmup steps (-1: steps/10)")->capture_default_str();

@@ -4,6 +4,8 @@
 #include "hf_checkpoint.hpp"
 
 #include <fcntl.h>
+#include <ftw.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -24,6 +26,18 @@ namespace trainplan::executor {
 namespace fs = std::filesystem;
 
 namespace {
+
+// Removes `path` and everything under it (nothing to do when it does not exist); an empty string
+// or what failed. Not std::filesystem::remove_all: LibTorch's libraries export their own copy of
+// libstdc++'s filesystem functions, and remove_all bound to theirs jumps to address 0 (SIGSEGV)
+// whenever the directory exists, e.g. a checkpoint saved again or a crash's leftover ".partial".
+std::string remove_tree(const std::string& path) {
+  struct stat st {};
+  if (lstat(path.c_str(), &st) != 0) return errno == ENOENT ? std::string() : path + ": " + std::strerror(errno);
+  const auto remove_one = [](const char* p, const struct stat*, int, struct FTW*) { return ::remove(p) == 0 ? 0 : -1; };
+  if (nftw(path.c_str(), remove_one, 16, FTW_DEPTH | FTW_PHYS) != 0) return path + ": cannot remove: " + std::strerror(errno);
+  return std::string();
+}
 
 constexpr char kMagic[16] = "TRAINPLAN-CKPT1";  // 15 characters and a NUL
 
@@ -167,8 +181,8 @@ std::string save_checkpoint(const std::string& dir, DataParallelEngine& engine, 
   const std::string final_dir = (fs::path(dir) / step_name(state.step)).string();
   const std::string partial = final_dir + ".partial";
   agree(world, [&] {
+    if (std::string failed = remove_tree(partial); !failed.empty()) return "cannot clear a previous attempt's " + failed;
     std::error_code ec;
-    fs::remove_all(partial, ec);
     fs::create_directories(partial, ec);
     return ec ? partial + ": cannot create checkpoint directory: " + ec.message() : std::string();
   });
@@ -213,8 +227,8 @@ std::string save_checkpoint(const std::string& dir, DataParallelEngine& engine, 
     manifest[kManifestCrcKey] = text_crc(manifest.dump());
     write_text_atomically((fs::path(partial) / "manifest.json").string(), manifest.dump(2) + "\n");
     fsync_path(partial);
+    if (std::string failed = remove_tree(final_dir); !failed.empty()) return "cannot replace the checkpoint of the same step: " + failed;
     std::error_code ec;
-    fs::remove_all(final_dir, ec);
     fs::rename(partial, final_dir, ec);
     if (ec) return final_dir + ": cannot move the finished checkpoint into place: " + ec.message();
     fsync_path(dir);

@@ -412,6 +412,10 @@ class InstructionSource final : public TokenSource {
 }  // namespace
 
 DataLoader::DataLoader(const DataSpec& spec, int64_t vocab, int64_t seq_len) : vocab_(vocab), seq_len_(seq_len) {
+  struct stat st {};
+  if (spec.source != "synthetic" && ::stat(spec.source.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+    throw DataError(spec.source + ": is a directory; give a token file, or instruction examples (*.jsonl or *.json)");
+  }
   if (spec.source == "synthetic") source_ = std::make_unique<SyntheticSource>(spec.seed, vocab);
   else if (ends_with(spec.source, ".jsonl") || ends_with(spec.source, ".json")) source_ = std::make_unique<InstructionSource>(spec.source, spec.vocab, seq_len, spec.seed, vocab);
   else source_ = std::make_unique<FileSource>(spec.source, spec.token_bytes, seq_len, spec.seed, vocab);

@@ -109,10 +109,36 @@ void check_options(const RunOptions& o) {
   if (o.timeout_seconds < 1) throw InputError("--timeout: must be at least 1 second (got " + std::to_string(o.timeout_seconds) + ")");
   if (o.threads < 0 || o.threads > 1024) throw InputError("--threads: must be from 0 (cores / local ranks) to 1024 (got " + std::to_string(o.threads) + ")");
   (void)parse_injection(o.inject_oom);
+  if (o.stop_after < 0) throw InputError("--stop-after: must be >= 1, or 0 to run to --steps (got " + std::to_string(o.stop_after) + ")");
+  if (o.checkpoint_every < 0) throw InputError("--checkpoint-every: must be >= 1, or 0 for the end only (got " + std::to_string(o.checkpoint_every) + ")");
+  if (o.checkpoint_dir.empty()) {  // each would do nothing, or lose the steps run so far
+    if (o.stop_after > 0) throw InputError("--stop-after: stops the run to go on later (--resume), which needs --checkpoint-dir");
+    if (o.checkpoint_every > 0) throw InputError("--checkpoint-every: needs --checkpoint-dir (where the checkpoints go)");
+  }
+  if (o.fail_at_step < 0) throw InputError("--fail-at-step: must be a step >= 1, or 0 for none (got " + std::to_string(o.fail_at_step) + ")");
+  if (o.fail_rank < 0) throw InputError("--fail-rank: must be a rank >= 0 (got " + std::to_string(o.fail_rank) + ")");
   if (o.trace_step < 0 || o.trace_step > o.steps) {
     throw InputError("--trace-step: must be from 1 to --steps (" + std::to_string(o.steps) + "), or 0 for the last (got " + std::to_string(o.trace_step) + ")");
   }
-  // Where results go is checked now, not after the run that makes them.
+  // Where results go is checked now, not after the run that makes them, and none replaces an
+  // input (the export's model.safetensors would overwrite --init-from's).
+  {
+    std::vector<std::pair<std::string, std::string>> inputs = {{"--plan file", o.plan_path}, {"--vocab file", o.vocab}};
+    if (o.data != "synthetic") inputs.emplace_back("--data file", o.data);
+    if (!o.init_from.empty()) {
+      inputs.emplace_back("--init-from checkpoint", o.init_from);
+      if (!fs::is_directory(o.init_from)) inputs.emplace_back("--init-from checkpoint's directory", fs::absolute(o.init_from).parent_path().string());
+    }
+    const std::pair<const char*, std::string> outputs[] = {
+        {"--measurement", o.measurement_path}, {"--kernel-profile", o.kernel_profile}, {"--export", o.export_dir}, {"--checkpoint-dir", o.checkpoint_dir}};
+    for (const auto& [flag, path] : outputs) {
+      if (const std::string conflict = cm::overwrite_conflict(flag, path, inputs); !conflict.empty()) throw InputError(conflict);
+    }
+    if (!o.kernel_profile.empty() && !o.measurement_path.empty() &&
+        fs::absolute(o.kernel_profile).lexically_normal() == fs::absolute(o.measurement_path).lexically_normal()) {
+      throw InputError("--kernel-profile " + o.kernel_profile + ": is also the --measurement file; give each its own path");
+    }
+  }
   for (const auto& [flag, path] : {std::pair<const char*, std::string>{"--measurement", o.measurement_path}, {"--kernel-profile", o.kernel_profile}}) {
     if (path.empty()) continue;
     const std::string what = std::string(flag) + " " + path;
@@ -429,6 +455,10 @@ int train(const RunOptions& o, const std::string& command_line, World& w, const 
   if (!o.kernel_profile.empty() && !w.device.is_cuda()) {
     throw InputError("--kernel-profile " + o.kernel_profile + ": records GPU kernels, and this run is on the CPU (--device cuda)");
   }
+  if (o.fail_at_step > 0 && o.fail_rank >= comm.size()) {
+    throw InputError("--fail-rank: must be one of the " + std::to_string(comm.size()) + " ranks, 0 to " + std::to_string(comm.size() - 1) +
+                     " (got " + std::to_string(o.fail_rank) + ")");
+  }
   if (!w.device.is_cuda()) {
     const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
     at::set_num_threads(o.threads > 0 ? o.threads : static_cast<int>(std::max(1u, cores / static_cast<unsigned>(std::max(1, w.local_size)))));
@@ -611,6 +641,9 @@ int train(const RunOptions& o, const std::string& command_line, World& w, const 
   const double peak_flops = plan.cluster.gpu.peak_for(cm::compute_dtype(t.precision)).value();
   std::vector<StepRecord> records;
   int64_t run_steps = 0;
+  // The step whose loss or gradient norm was not finite, if any, which, and its value.
+  int64_t diverged_at = 0;
+  std::string diverged_what, diverged_value;
   const int64_t trace_step = o.trace_step > 0 ? o.trace_step : o.steps;
   nlohmann::json trace_events = nlohmann::json::array();
   std::vector<double> stage_in_flight(static_cast<std::size_t>(p.pp), 0.0);
@@ -666,8 +699,14 @@ int train(const RunOptions& o, const std::string& command_line, World& w, const 
         finite = t.precision != cm::Precision::kFp16 || engine.gradients_finite();
         if (finite) {
           r.grad_norm = engine.gradient_norm() / state.loss_scale;
-          const double clip = o.clip_grad > 0 && r.grad_norm > o.clip_grad ? o.clip_grad / (r.grad_norm + 1e-6) : 1.0;
-          engine.optimizer_step(adamw, r.lr, clip / state.loss_scale, step);
+          // Not fp16 (its gradients were checked): a norm that is not finite would make every
+          // weight NaN, so the update is not applied and the run ends below.
+          if (std::isfinite(r.grad_norm)) {
+            const double clip = o.clip_grad > 0 && r.grad_norm > o.clip_grad ? o.clip_grad / (r.grad_norm + 1e-6) : 1.0;
+            engine.optimizer_step(adamw, r.lr, clip / state.loss_scale, step);
+          } else {
+            r.skipped = true;
+          }
         } else {
           r.skipped = true;
           state.loss_scale /= 2;
@@ -744,6 +783,18 @@ int train(const RunOptions& o, const std::string& command_line, World& w, const 
         if (w.device.is_cuda()) std::cout << " | MFU " << std::fixed << std::setprecision(1) << 100 * r.mfu << "% | peak " << gib(r.peak_memory_bytes);
         if (r.skipped) std::cout << " | skipped (inf/nan gradients, loss scale now " << state.loss_scale << ")";
         std::cout << std::endl;
+      }
+      // A loss or gradient norm that is not finite ends the run (fp16: once the loss scaler is
+      // below 1, skipping steps has not helped): nothing after it would train, and no checkpoint
+      // of such weights replaces a good one. Both are all-reduced: every rank stops here.
+      const bool gave_up = t.precision != cm::Precision::kFp16 || state.loss_scale < 1.0;
+      if (gave_up && (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm))) {
+        const bool loss = !std::isfinite(r.loss);
+        const double value = loss ? r.loss : r.grad_norm;
+        diverged_at = step;
+        diverged_what = loss ? "loss" : "gradient norm";
+        diverged_value = std::isnan(value) ? "nan" : "inf";
+        break;
       }
       const bool stopping = o.stop_after > 0 && run_steps >= o.stop_after;
       const bool due = !o.checkpoint_dir.empty() &&
@@ -919,13 +970,26 @@ int train(const RunOptions& o, const std::string& command_line, World& w, const 
       std::printf("\n");
       std::fflush(stdout);
     }
+    if (diverged_at > 0) {
+      m["status"] = "diverged";
+      m["diverged"] = {{"step", diverged_at}, {"quantity", diverged_what == "loss" ? "loss" : "grad_norm"}, {"value", diverged_value}};
+    }
     if (!o.measurement_path.empty()) {
       write_json_atomically(o.measurement_path, m);
       std::cout << "measurement: " << o.measurement_path << "\n";
     }
   }
+  if (diverged_at > 0 && talk) {
+    std::ostringstream line;
+    line << "executor: error: training diverged: the " << diverged_what << " at step " << diverged_at << " is " << diverged_value << " ("
+         << cm::precision_name(t.precision) << ", peak --lr " << o.lr << "); the run stopped there, "
+         << (diverged_what == "loss" ? "" : "without applying that step's update, ") << "and wrote no checkpoint of it"
+         << (o.checkpoint_dir.empty() ? "" : " (the last one in " + o.checkpoint_dir + " stands)")
+         << ". A lower --lr, --clip-grad or a longer --warmup-steps may help";
+    print_for_rank(rank, line.str());
+  }
   comm.barrier();
-  return 0;
+  return diverged_at > 0 ? kExitRunFailed : 0;
 }
 
 }  // namespace

@@ -233,9 +233,11 @@ int run_plan(const std::string& plan_file, pl::LocalRunOptions options, const pl
   auto run = pl::run_locally(*plan, options);
   if (!run) return fail(run.error().message);
   if (!run->exit.success()) {
-    std::cerr << "planner: error: " << options.mpirun << " " << run->exit.text() << ": the run of " << plan_file
-              << " failed (its output is above)\n";
-    return kExitRunFailed;
+    // The executor's exit 2: it refused its input (the arguments after --, the plan), not a failed run.
+    const bool refused = run->exit.signal == 0 && run->exit.code == 2;
+    std::cerr << "planner: error: " << options.mpirun << " " << run->exit.text() << ": the executor "
+              << (refused ? "refused its input" : "run of " + plan_file + " failed") << " (its output is above)\n";
+    return refused ? kExitBadInput : kExitRunFailed;
   }
   std::cout << pl::render_comparison(*run->comparison, format);
   return 0;
@@ -510,7 +512,7 @@ int main(int argc, char** argv) {
   run_cmd->add_option("plan", plan_file, "Fixed plan file (planner --save-plan writes one)")->required();
   run_cmd->add_option("--steps", local.steps, "Optimizer steps to run")->capture_default_str();
   run_cmd->add_option("--executor", executor, "The executor (default: $TRAINPLAN_EXECUTOR, the one built beside planner, executor on PATH)");
-  run_cmd->add_option("--ranks", local.ranks, "MPI ranks; must equal the plan's GPUs, which is the default");
+  run_cmd->add_option("--ranks", local.ranks, "MPI ranks; must equal the plan's GPUs, which is the default")->check(CLI::Range(1, 1 << 24));
   run_cmd->add_option("--measurement", measurement_file, "Measurement file the executor writes (default: <plan stem>.measurement.json here)");
   run_cmd->add_option("--mpirun", local.mpirun, "The mpirun to use")->capture_default_str();
   run_cmd->add_option("--format", format, "text | md | html | json")->check(CLI::IsMember({"text", "md", "html", "json"}));
@@ -575,6 +577,20 @@ int main(int argc, char** argv) {
     if (!stack_choice) return fail("--stack: must be one of " + std::string(cm::stack_choices()) + " (got \"" + stack + "\")");
   }
 
+  // No output replaces an input: checked before anything runs.
+  {
+    std::vector<std::pair<std::string, std::string>> inputs;
+    if (!plan_file.empty()) inputs.emplace_back("plan file", plan_file);
+    for (const std::string& f : calibrate_files) inputs.emplace_back("measurement", f);
+    for (const std::string& f : profile_csv) inputs.emplace_back("--from-csv file", f);
+    if (!cluster.empty()) inputs.emplace_back("--cluster file", cluster);
+    if (!model.empty()) inputs.emplace_back("--model file", model);
+    const std::pair<const char*, std::string> outputs[] = {
+        {"--save-plan", save_plan}, {"--out", export_out}, {"--out", profile_out}, {"--out", calibrate_out}, {"--measurement", app.got_subcommand("run") ? measurement_file : ""}};
+    for (const auto& [flag, path] : outputs) {
+      if (const std::string conflict = cm::overwrite_conflict(flag, path, inputs); !conflict.empty()) return fail(conflict);
+    }
+  }
   if (app.got_subcommand("compare")) return compare_files(estimate_file, measurement_file, fmt);
   if (app.got_subcommand("calibrate")) return calibrate_profile(calibrate_files, cluster, calibrate_out, fmt);
   if (app.got_subcommand("trace")) return write_chrome_trace(measurement_file);
@@ -631,7 +647,9 @@ int main(int argc, char** argv) {
     req = std::move(loaded).value();
     if (stack_choice) req.training.stack = *stack_choice;
   } else {
-    if (gpus <= 0) return fail("--gpus: must be a positive number of GPUs (e.g. --gpus 64)");
+    if (gpus <= 0 || gpus > (1 << 24)) {  // 2^24, as in plan files (wider counts overflow the search's products)
+      return fail("--gpus: must be a number of GPUs from 1 to 16777216 (e.g. --gpus 64; got " + std::to_string(gpus) + ")");
+    }
     auto m = cm::find_model(model);
     if (!m) return fail("--model: " + m.error().message);
     ctx.default_cluster = cluster.empty();

@@ -348,6 +348,7 @@ nlohmann::json comparison_to_json(const Comparison& c) {
       {"parallel", layout ? nlohmann::json(layout->text()) : nlohmann::json(nullptr)},
       {"warnings", c.warnings},
       {"status", m.status},
+      {"diverged", m.diverged_at_step ? nlohmann::json{{"step", *m.diverged_at_step}, {"quantity", m.diverged_quantity}} : nlohmann::json(nullptr)},
       {"out_of_memory", c.out_of_memory ? nlohmann::json{{"summary", *c.out_of_memory},
                                                          {"predicted_out_of_memory", optional_bool(c.out_of_memory_predicted)},
                                                          {"requested_bytes", optional(m.out_of_memory->requested_bytes)},
@@ -389,6 +390,11 @@ std::string render_comparison(const Comparison& c, Format format) {
   std::ostringstream out;
   out << header(c, markdown);
   if (c.out_of_memory) out << (markdown ? "**Out of memory:** " : "Out of memory: ") << *c.out_of_memory << "\n\n";
+  if (c.measured.diverged_at_step) {
+    out << (markdown ? "**Diverged:** " : "Diverged: ") << "the " << (c.measured.diverged_quantity == "loss" ? "loss" : "gradient norm")
+        << " at step " << *c.measured.diverged_at_step
+        << " was not finite and the run stopped there; the timings are those of the steps it ran.\n\n";
+  }
   for (Section section : kSections) {
     const std::string table = section_table(c, section, markdown);
     if (!table.empty()) out << table << "\n";

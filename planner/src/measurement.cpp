@@ -250,9 +250,19 @@ PerformanceDocument read_document(const nlohmann::json& json, const std::string&
   if (expected_schema == kMeasurementSchema) d.stack = measured_stack(json);
   if (expected_schema == kMeasurementSchema && r.find("status")) {
     d.status = r.string("status");
-    if (d.status != "ok" && d.status != "out_of_memory") r.fail("status", "must be \"ok\" or \"out_of_memory\" (got \"" + d.status + "\")");
+    if (d.status != "ok" && d.status != "out_of_memory" && d.status != "diverged") {
+      r.fail("status", "must be \"ok\", \"out_of_memory\" or \"diverged\" (got \"" + d.status + "\")");
+    }
   }
   if (d.status == "out_of_memory") d.out_of_memory = read_out_of_memory(r.object("out_of_memory"));
+  if (d.status == "diverged") {
+    d.diverged_at_step = r.object("diverged").integer("step", 1, 1 << 30);
+    if (!d.diverged_at_step) r.object("diverged").fail("step", "is required (the step whose loss was not finite)");
+    d.diverged_quantity = r.object("diverged").string("quantity");
+    if (d.diverged_quantity != "loss" && d.diverged_quantity != "grad_norm") {
+      r.object("diverged").fail("quantity", "must be \"loss\" or \"grad_norm\" (got \"" + d.diverged_quantity + "\")");
+    }
+  }
   if (expected_schema == kEstimateSchema && r.find("fits")) {
     if (!r.find("fits")->is_boolean()) r.fail("fits", "must be true or false");
     d.fits = r.find("fits")->get<bool>();
@@ -273,7 +283,18 @@ PerformanceDocument read_document(const nlohmann::json& json, const std::string&
     if (section == Section::kCommunication && !r.find(section_name(section))) continue;  // optional (older documents)
     const LenientReader s = r.object(section_name(section));
     for (const std::string& key : section_keys(section)) {
-      if (auto x = s.number(key)) d.quantities(section)[key] = *x;
+      const auto x = s.number(key);
+      if (!x) continue;
+      // Beyond these a document is broken, not a run: an exabyte, four months a step, more than
+      // ten times a device's peak (MFU and HFU are fractions).
+      const double ceiling = section == Section::kMemory ? 1e18
+                             : section == Section::kTime ? 1e7
+                             : section == Section::kCommunication ? 1e21
+                             : key == "mfu" || key == "hfu" ? 10.0
+                             : key.find("tflops") != std::string::npos ? 1e9 : 1e15;
+      if (*x > ceiling) s.fail(key, "is not a plausible value (got " + number_text(*x) + ", at most " + number_text(ceiling) + ")");
+      if (key == "step_seconds" && expected_schema == kMeasurementSchema && *x <= 0) s.fail(key, "must be > 0 seconds (got " + number_text(*x) + ")");
+      d.quantities(section)[key] = *x;
     }
   }
   if (const auto* losses = r.find("losses")) {

@@ -328,9 +328,14 @@ std::vector<BadCase> bad_cases() {
       {"wrong model schema", Kind::kModel, with(good_model(), "/schema", "trainplan/hwprofile/v1"), {"bad.json: /schema: must be \"trainplan/model/v1\""}},
       // hardware profiles
       {"negative NIC bandwidth", Kind::kHwprofile, with(good_hwprofile(), "/inter_node/nic_bandwidth_gbit_per_s", -400),
-       {"bad.json: /inter_node/nic_bandwidth_gbit_per_s: must be > 0"}},
+       {"bad.json: /inter_node/nic_bandwidth_gbit_per_s: must be >= 0.001 (got -400)"}},
       {"efficiency above one", Kind::kHwprofile, with(good_hwprofile(), "/intra_node/efficiency", 1.5), {"bad.json: /intra_node/efficiency: must be <= 1"}},
-      {"zero bf16 peak", Kind::kHwprofile, with(good_hwprofile(), "/gpu/peak_dense_tflop_per_s/bf16", 0), {"bad.json: /gpu/peak_dense_tflop_per_s/bf16: must be > 0"}},
+      {"zero bf16 peak", Kind::kHwprofile, with(good_hwprofile(), "/gpu/peak_dense_tflop_per_s/bf16", 0), {"bad.json: /gpu/peak_dense_tflop_per_s/bf16: must be >= 0.001"}},
+      // Positive but absurd: once taken, and every time and cost in the report came out infinite.
+      {"vanishing bf16 peak", Kind::kHwprofile, with(good_hwprofile(), "/gpu/peak_dense_tflop_per_s/bf16", 1e-300),
+       {"bad.json: /gpu/peak_dense_tflop_per_s/bf16: must be >= 0.001 (got 1e-300)"}},
+      {"vanishing NVLink bandwidth", Kind::kHwprofile, with(good_hwprofile(), "/intra_node/bandwidth_gb_per_s", 1e-300),
+       {"bad.json: /intra_node/bandwidth_gb_per_s: must be >= 0.001"}},
       {"string for HBM capacity", Kind::kHwprofile, with(good_hwprofile(), "/gpu/hbm_capacity_gib", "80"), {"bad.json: /gpu/hbm_capacity_gib: must be a number"}},
       {"reserved memory beyond HBM", Kind::kHwprofile, with(good_hwprofile(), "/gpu/reserved_memory_gib", 200),
        {"bad.json: /gpu/reserved_memory_gib: must be less than hbm_capacity_gib (80)"}},

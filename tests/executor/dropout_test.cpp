@@ -84,9 +84,9 @@ TEST(Dropout, EveryLayoutComputesTheOneRankLosses) {
     spec.training_patch = {{"dropout", dropout}, {"dropout_rate", 0.1}};
     const std::string name = l.name + (dropout ? "" : "_nodrop");
     const std::string plan = write_plan(dir, name, spec);
-    const Outcome o = run_executor(l.ranks * l.tp * l.cp * l.pp, "--plan " + plan + " --steps 4 --threads 1 --quiet --measurement " + dir + "/" + name + ".json");
+    const Outcome o = run_executor(l.ranks * l.tp * l.cp * l.pp, "--plan " + plan + " --steps 4 --threads 1 --quiet --measurement " + dir + "/" + name + ".measurement.json");
     EXPECT_EQ(o.exit_code, 0) << o.output;
-    return o.exit_code == 0 ? read_json(dir + "/" + name + ".json").at("losses").get<std::vector<double>>() : std::vector<double>{};
+    return o.exit_code == 0 ? read_json(dir + "/" + name + ".measurement.json").at("losses").get<std::vector<double>>() : std::vector<double>{};
   };
   const std::vector<double> one = losses({"one", 1, 1, 1, 1, 0, false, "none"}, true);
   const std::vector<double> plain = losses({"one", 1, 1, 1, 1, 0, false, "none"}, false);

@@ -141,9 +141,9 @@ TEST(InstructionData, EveryLayoutComputesTheOneRankLosses) {
     if (lora) spec.training_patch = {{"mode", "lora"}, {"lora", {{"rank", 4}, {"dropout", 0.1}}}, {"dropout", true}};
     const std::string plan = write_plan(dir, name, spec);
     const Outcome o = run_executor(ranks * tp * cp * pp, "--plan " + plan + " --data " + dir + "/train.jsonl --steps 4 --lr 3e-3 --threads 1 --quiet --measurement " +
-                                                             dir + "/" + name + ".json");
+                                                             dir + "/" + name + ".measurement.json");
     EXPECT_EQ(o.exit_code, 0) << name << "\n" << o.output;
-    return o.exit_code == 0 ? read_json(dir + "/" + name + ".json").at("losses").get<std::vector<double>>() : std::vector<double>{};
+    return o.exit_code == 0 ? read_json(dir + "/" + name + ".measurement.json").at("losses").get<std::vector<double>>() : std::vector<double>{};
   };
   for (bool lora : {false, true}) {
     const std::string tag = lora ? "lora_" : "";

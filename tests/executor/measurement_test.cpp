@@ -38,7 +38,7 @@ double median_optimizer_seconds(int micro_batch, const std::string& dir) {
   spec.global_batch = 8;
   spec.layers = 4;
   const std::string plan = write_plan(dir, "mb" + std::to_string(micro_batch), spec);
-  const std::string out = dir + "/mb" + std::to_string(micro_batch) + ".json";
+  const std::string out = dir + "/mb" + std::to_string(micro_batch) + ".measurement.json";
   const Outcome o = run_executor(1, "--plan " + plan + " --steps 12 --threads 1 --quiet --measurement " + out);
   EXPECT_EQ(o.exit_code, 0) << o.output;
   return read_json(out).at("time").at("optimizer_seconds").get<double>();
@@ -78,7 +78,7 @@ TEST(PhaseTimes, OptimizerTimeDoesNotGrowWithTheMicroBatch) {
   const std::string dir = scratch_dir("optimizer_mb");
   const double small = median_optimizer_seconds(1, dir);
   const double large = median_optimizer_seconds(4, dir);
-  const nlohmann::json m4 = read_json(dir + "/mb4.json");
+  const nlohmann::json m4 = read_json(dir + "/mb4.measurement.json");
   const double backward_per_micro_batch = m4.at("time").at("backward_seconds").get<double>() / 2;  // 8 / 4 micro-batches
   const double slack = 0.5 * small + 1e-3;
   ASSERT_GT(backward_per_micro_batch, slack) << "the model is too small for this test to tell";

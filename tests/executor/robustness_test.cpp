@@ -183,10 +183,10 @@ TEST(Data, ATokenFileTrainsAndEveryRankReadsDistinctSamples) {
   two.micro_batch = 4;
   const std::string a = write_plan(dir, "one", one), b = write_plan(dir, "two", two);
   const std::string data = "--data " + tokens + " --data-dtype uint32 ";
-  ASSERT_EQ(run_executor(1, common_args(a) + data + "--measurement " + dir + "/one.json").exit_code, 0);
-  ASSERT_EQ(run_executor(2, common_args(b) + data + "--measurement " + dir + "/two.json").exit_code, 0);
-  const auto l1 = read_json(dir + "/one.json").at("losses").get<std::vector<double>>();
-  const auto l2 = read_json(dir + "/two.json").at("losses").get<std::vector<double>>();
+  ASSERT_EQ(run_executor(1, common_args(a) + data + "--measurement " + dir + "/one.measurement.json").exit_code, 0);
+  ASSERT_EQ(run_executor(2, common_args(b) + data + "--measurement " + dir + "/two.measurement.json").exit_code, 0);
+  const auto l1 = read_json(dir + "/one.measurement.json").at("losses").get<std::vector<double>>();
+  const auto l2 = read_json(dir + "/two.measurement.json").at("losses").get<std::vector<double>>();
   // Same samples split over two ranks: same losses; the +7 successor rule is learnt fast.
   for (std::size_t i = 0; i < l1.size(); ++i) EXPECT_NEAR(l2[i], l1[i], 1e-5 * l1[i]);
   EXPECT_LT(l1.back(), l1.front() - 1.0);
@@ -247,6 +247,14 @@ TEST(Options, OutOfRangeValuesAndUnwritableOutputsAreRefusedBeforeTraining) {
       {"--trace-step 99", "--trace-step: must be from 1 to --steps (2)"},
       {"--measurement " + dir + "/missing/m.json", "directory " + dir + "/missing does not exist"},
       {"--checkpoint-dir " + dir + "/a-file", "--checkpoint-dir " + dir + "/a-file: exists and is not a directory"},
+      {"--measurement " + plan, "--measurement " + plan + ": is the --plan file " + plan + "; writing there would replace it"},
+      {"--stop-after -1", "--stop-after: must be >= 1, or 0 to run to --steps (got -1)"},
+      {"--stop-after 1", "--stop-after: stops the run to go on later (--resume), which needs --checkpoint-dir"},
+      {"--checkpoint-every 2", "--checkpoint-every: needs --checkpoint-dir"},
+      {"--fail-at-step -1", "--fail-at-step: must be a step >= 1, or 0 for none (got -1)"},
+      {"--fail-at-step 1 --fail-rank 3", "--fail-rank: must be one of the 1 ranks, 0 to 0 (got 3)"},
+      {"--seed -1", "--seed: must be a whole number from 0 to 18446744073709551615 (got -1)"},
+      {"--measurement " + dir + "/k.csv --kernel-profile " + dir + "/k.csv", "--kernel-profile " + dir + "/k.csv: is also the --measurement file"},
       {"--export /proc/trainplan-export", "--export /proc/trainplan-export: cannot be created"},
       {"--kernel-profile " + dir + "/missing/k.csv", "--kernel-profile " + dir + "/missing/k.csv: directory " + dir + "/missing does not exist"},
       {"--kernel-profile " + dir + "/k.csv", "--kernel-profile " + dir + "/k.csv: records GPU kernels, and this run is on the CPU"},
@@ -266,6 +274,48 @@ TEST(Resume, ACheckpointAtOrPastStepsIsNothingToRunAndSaysSo) {
   const Outcome o = run_executor(1, "--plan " + plan + " --steps 2 --device cpu --resume " + dir + "/ck");
   EXPECT_EQ(o.exit_code, 2) << o.output;
   EXPECT_NE(o.output.find("the checkpoint is at step 2, --steps 2 leaves nothing to run"), std::string::npos) << o.output;
+}
+
+// Saving a step whose checkpoint exists, and saving over a crash's leftover ".partial", replace
+// what was there (both once crashed with SIGSEGV in std::filesystem::remove_all, which binds to
+// LibTorch's exported copy; checkpoint.cpp remove_tree).
+TEST(Resume, ACheckpointSavedAgainAndACrashsLeftoverPartialAreReplaced) {
+  const std::string dir = scratch_dir("again");
+  const std::string plan = write_plan(dir, "again", PlanSpec{});
+  const std::string args = "--plan " + plan + " --device cpu --quiet --checkpoint-dir " + dir + "/ck ";
+  ASSERT_EQ(run_executor(1, args + "--steps 2").exit_code, 0);
+  const Outcome again = run_executor(1, args + "--steps 2");
+  ASSERT_EQ(again.exit_code, 0) << again.output;
+  EXPECT_TRUE(fs::exists(dir + "/ck/step_000002/manifest.json"));
+  fs::create_directories(dir + "/ck/step_000003.partial/junk");
+  std::ofstream(dir + "/ck/step_000003.partial/junk/shard_00000.bin.tmp") << "half-written";
+  const Outcome resumed = run_executor(1, args + "--steps 3 --resume " + dir + "/ck");
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_TRUE(fs::exists(dir + "/ck/step_000003/manifest.json"));
+  EXPECT_FALSE(fs::exists(dir + "/ck/step_000003.partial"));
+  EXPECT_FALSE(fs::exists(dir + "/ck/step_000003/junk"));
+}
+
+// A learning rate of 1e30 blows the first update up: the next step's gradient norm is NaN. The
+// run ends there (exit 3) without applying that update or checkpointing it, says so, and its
+// measurement has "status": "diverged" (once it went on to "ok" with null losses).
+TEST(Failure, ATrainingThatDivergesStopsWithoutCheckpointingItAndSaysSo) {
+  const std::string dir = scratch_dir("diverged");
+  const std::string plan = write_plan(dir, "diverged", PlanSpec{});
+  const Outcome o = run_executor(1, "--plan " + plan + " --steps 6 --device cpu --quiet --lr 1e30 --measurement " + dir + "/m.json --checkpoint-dir " +
+                                        dir + "/ck --checkpoint-every 1");
+  EXPECT_EQ(o.exit_code, 3) << o.output;
+  EXPECT_NE(o.output.find("executor: error: training diverged: the gradient norm at step 2 is "), std::string::npos) << o.output;
+  EXPECT_NE(o.output.find("without applying that step's update, and wrote no checkpoint of it (the last one in " + dir + "/ck stands)"),
+            std::string::npos)
+      << o.output;
+  const auto m = read_json(dir + "/m.json");
+  EXPECT_EQ(m.at("status"), "diverged");
+  EXPECT_EQ(m.at("diverged").at("step"), 2);
+  EXPECT_EQ(m.at("diverged").at("quantity"), "grad_norm");
+  EXPECT_EQ(m.at("losses").size(), 2u);
+  EXPECT_TRUE(fs::exists(dir + "/ck/step_000001/manifest.json"));
+  EXPECT_FALSE(fs::exists(dir + "/ck/step_000002"));
 }
 
 TEST(Plan, AMalformedPlanIsAnErrorNamingTheFile) {

@@ -473,7 +473,16 @@ TEST(MeasurementDocument, StatusAndOutOfMemoryErrorsNameThePointer) {
     std::string text, message;
   } cases[] = {
       {R"({"schema": "trainplan/measurement/v1", "status": "crashed", "memory": {}, "time": {}, "throughput": {}})",
-       "m.json: /status: must be \"ok\" or \"out_of_memory\" (got \"crashed\")"},
+       "m.json: /status: must be \"ok\", \"out_of_memory\" or \"diverged\" (got \"crashed\")"},
+      {R"({"schema": "trainplan/measurement/v1", "status": "diverged", "memory": {}, "time": {}, "throughput": {}})",
+       "m.json: /diverged: is required (a JSON object)"},
+      {R"({"schema": "trainplan/measurement/v1", "status": "diverged", "diverged": {"step": 3, "quantity": "lr"}, "memory": {}, "time": {}, "throughput": {}})",
+       "m.json: /diverged/quantity: must be \"loss\" or \"grad_norm\" (got \"lr\")"},
+      // Numbers no run produces: once compared as "+inf%" and calibrated on.
+      {R"({"schema": "trainplan/measurement/v1", "memory": {}, "time": {"step_seconds": 1e308}, "throughput": {}})",
+       "m.json: /time/step_seconds: is not a plausible value (got 1e+308, at most 1e+07)"},
+      {R"({"schema": "trainplan/measurement/v1", "memory": {}, "time": {"step_seconds": 0}, "throughput": {}})",
+       "m.json: /time/step_seconds: must be > 0 seconds (got 0)"},
       {R"({"schema": "trainplan/measurement/v1", "status": "out_of_memory", "memory": {}})",
        "m.json: /out_of_memory: is required (a JSON object)"},
       {R"({"schema": "trainplan/measurement/v1", "status": "out_of_memory", "memory": {}, "out_of_memory": {"requested_bytes": 1}})",

@@ -42,6 +42,13 @@ inline constexpr const char* kDefaultCluster = "dgx-h100";
 // directory, not a file").
 [[nodiscard]] Result<std::string> read_text_file(const std::string& path);
 
+// The message when writing `output` (given as `output_flag`) would replace one of `inputs` (the
+// same file or directory, however named: links and relative paths too), else empty; each input
+// is a pair (what it is, for the message; its path). Empty when the output does not exist yet.
+// "--out p.json: is the plan file p.json; writing there would replace it (give another path)".
+[[nodiscard]] std::string overwrite_conflict(const std::string& output_flag, const std::string& output,
+                                             const std::vector<std::pair<std::string, std::string>>& inputs);
+
 // Parses JSON text; a syntax error names `file`, the line and the column
 // ("m.json: line 3, column 7: malformed JSON (...)"), and a key repeated in one object is an
 // error naming its JSON pointer ("m.json: /parallel/tp: duplicate key \"tp\" ..."). Every JSON

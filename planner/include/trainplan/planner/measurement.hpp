@@ -111,9 +111,13 @@ struct PerformanceDocument {
   std::vector<double> losses;  // per step, from `losses`, when present; null (a diverged step) reads as NaN
   std::optional<Trace> trace;  // measurements with a `trace` section (pipeline runs)
   std::optional<MoeReport> moe;  // measurements of mixture-of-experts models
-  // Measurements: "ok" (also when absent: older executors) or "out_of_memory".
+  // Measurements: "ok" (also when absent: older executors), "out_of_memory" or "diverged" (the
+  // loss or gradient norm, `diverged_quantity` "loss" or "grad_norm", was not finite at
+  // `diverged_at_step`, where the run stopped; its timings stand).
   std::string status = "ok";
   std::optional<OutOfMemoryReport> out_of_memory;  // when status is "out_of_memory"
+  std::optional<long long> diverged_at_step;       // when status is "diverged"
+  std::string diverged_quantity;
   // Measurements: the `environment` object (libtorch_version, cuda_version, nccl_version,
   // gpu_name, clocks, executor_commit), values as text (numbers as JSON writes them); null
   // values left out. Empty for older documents.
