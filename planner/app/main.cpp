@@ -235,8 +235,8 @@ int run_plan(const std::string& plan_file, pl::LocalRunOptions options, const pl
   if (!run->exit.success()) {
     // The executor's exit 2: it refused its input (the arguments after --, the plan), not a failed run.
     const bool refused = run->exit.signal == 0 && run->exit.code == 2;
-    std::cerr << "planner: error: " << options.mpirun << " " << run->exit.text() << ": the executor "
-              << (refused ? "refused its input" : "run of " + plan_file + " failed") << " (its output is above)\n";
+    std::cerr << "planner: error: " << options.mpirun << " " << run->exit.text() << ": "
+              << (refused ? "the executor refused its input" : "the run of " + plan_file + " failed") << " (its output is above)\n";
     return refused ? kExitBadInput : kExitRunFailed;
   }
   std::cout << pl::render_comparison(*run->comparison, format);

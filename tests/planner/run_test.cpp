@@ -231,6 +231,14 @@ TEST_F(RunCli, AFailingExecutorMakesRunFailNamingTheStatus) {
   EXPECT_FALSE(contains(r.out, "trainplan comparison")) << r.out;
 }
 
+// The executor's exit 2 is bad input (arguments after --, the plan), not a failed run: exit 2.
+TEST_F(RunCli, AnExecutorThatRefusesItsInputMakesRunExitTwo) {
+  const fs::path measurement = dir_ / "m.json";
+  const auto r = run("run " + quote(kPlanFile) + " --measurement " + quote(measurement.string()) + fakes(), "FAKE_EXIT=2 ");
+  EXPECT_EQ(r.exit_code, 2) << r.all();
+  EXPECT_TRUE(contains(r.err, "planner: error: " + mpirun().string() + " exited with status 2: the executor refused its input")) << r.err;
+}
+
 TEST_F(RunCli, SuccessWithoutAMeasurementIsAnError) {
   const fs::path measurement = dir_ / "m.json";
   const auto r = run("run " + quote(kPlanFile) + " --measurement " + quote(measurement.string()) + fakes(), "FAKE_NO_MEASUREMENT=1 ");
