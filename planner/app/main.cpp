@@ -662,7 +662,7 @@ int main(int argc, char** argv) {
     req.gpus = gpus;
     req.name = req.model.name + "-" + std::to_string(gpus) + "gpu";
     auto& t = req.training;
-    if (!seq_len_text.empty()) {
+    if (app.count("--seq-len") > 0) {  // given, even as "" (an error, not the default)
       auto s = pl::parse_count(seq_len_text, true, "--seq-len");
       if (!s) return fail(s.error().message);
       if (*s > (1 << 24) || std::floor(*s) != *s) return fail("--seq-len: must be a whole number of tokens <= 16Mi");
@@ -696,9 +696,9 @@ int main(int argc, char** argv) {
     if (app.count("--global-batch") > 0 && (global_batch <= 0 || global_batch > kMaxGlobalBatch)) {
       return fail("--global-batch: must be a whole number of sequences from 1 to 2^32 (got " + std::to_string(global_batch) + ")");
     }
-    if (global_batch > 0 && !batch_tokens_text.empty()) return fail("--global-batch and --global-batch-tokens: give one, not both");
+    if (global_batch > 0 && app.count("--global-batch-tokens") > 0) return fail("--global-batch and --global-batch-tokens: give one, not both");
     if (global_batch > 0) t.global_batch = global_batch;
-    if (!batch_tokens_text.empty()) {
+    if (app.count("--global-batch-tokens") > 0) {
       auto tokens = pl::parse_count(batch_tokens_text, true, "--global-batch-tokens");
       if (!tokens) return fail(tokens.error().message);
       const double sequences = std::round(*tokens / static_cast<double>(t.seq_len));
@@ -706,7 +706,7 @@ int main(int argc, char** argv) {
       if (sequences > static_cast<double>(kMaxGlobalBatch)) return fail("--global-batch-tokens: more than 2^32 sequences of " + std::to_string(t.seq_len) + " tokens");
       t.global_batch = static_cast<std::int64_t>(sequences);
     }
-    if (!train_tokens_text.empty()) {
+    if (app.count("--train-tokens") > 0) {
       auto tokens = pl::parse_count(train_tokens_text, false, "--train-tokens");
       if (!tokens) return fail(tokens.error().message);
       if (*tokens > 1e18) return fail("--train-tokens: at most 1e18 tokens, as in plan files (got " + train_tokens_text + ")");

@@ -75,7 +75,7 @@ Result<MeasuredRun> load_measured_run(const std::string& path, const std::string
   nlohmann::json plan = measurement_plan_document(m, path);
   if (!cluster_override.empty()) plan["cluster"] = cluster_override;
   auto request = costmodel::parse_plan(plan, path);
-  if (!request) return request.error();
+  if (!request) return Error{measurement_plan_error(request.error().message, m, path)};
   auto fixed = costmodel::plan_with_defaults(*request);
   if (!fixed) return Error{path + ": " + fixed.error().message};
   MeasuredRun run;

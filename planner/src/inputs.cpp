@@ -15,6 +15,12 @@ using costmodel::Result;
 Result<double> parse_count(const std::string& text, bool binary, const std::string& what) {
   std::size_t used = 0;
   double value = 0;
+  // Decimal only: std::stod also reads hexadecimal ("0x10" is 16) and skips leading blanks.
+  const std::size_t digits = !text.empty() && (text[0] == '+' || text[0] == '-') ? 1 : 0;
+  const bool hexadecimal = text.size() > digits + 1 && text[digits] == '0' && (text[digits + 1] == 'x' || text[digits + 1] == 'X');
+  if (text.empty() || hexadecimal || std::isspace(static_cast<unsigned char>(text[0]))) {
+    return Error{what + ": \"" + text + "\" is not a number"};
+  }
   try {
     value = std::stod(text, &used);
   } catch (...) {

@@ -200,9 +200,10 @@ Trace read_trace(const LenientReader& r) {
     x.rank = ev.integer("rank", 0, 1 << 24).value_or(0);
     x.stage = ev.integer("stage", 0, 1 << 24).value_or(0);
     x.kind = ev.string("kind");
-    if (x.kind.empty()) ev.fail("kind", "is required (forward, backward, send, recv, dp_comm, optimizer)");
-    const auto* mb = ev.find("micro_batch");
-    x.micro_batch = mb ? ev.integer("micro_batch", -1, 1 << 30).value_or(-1) : -1;
+    if (x.kind != "forward" && x.kind != "backward" && x.kind != "send" && x.kind != "recv" && x.kind != "dp_comm" && x.kind != "optimizer") {
+      ev.fail("kind", "must be one of forward, backward, send, recv, dp_comm, optimizer (got \"" + x.kind + "\")");
+    }
+    x.micro_batch = ev.integer("micro_batch", 0, 1 << 30).value_or(-1);  // absent: the step's (dp_comm, optimizer)
     x.chunk = ev.integer("chunk", 0, 1 << 24).value_or(0);
     const auto start = ev.number("start");
     const auto end = ev.number("end");
@@ -397,6 +398,17 @@ std::string measured_stack(const nlohmann::json& measurement) {
   // Named "trainplan" before --kernels reference ran under its own name.
   if (stack == costmodel::stack_name(costmodel::Stack::kTrainplan) && text_at("environment", "kernels") == "reference") return reference;
   return stack;
+}
+
+std::string measurement_plan_error(const std::string& message, const nlohmann::json& measurement, const std::string& file) {
+  std::string out = message;
+  for (const char* key : {"model", "cluster"}) {
+    const auto document = measurement.find(std::string(key) + "_document");
+    if (document == measurement.end() || !document->is_object()) continue;
+    const std::string from = file + ": /" + key, to = file + ": /" + key + "_document";
+    if (out.rfind(from + "/", 0) == 0 || out == from || out.rfind(from + ":", 0) == 0) out = to + out.substr(from.size());
+  }
+  return out;
 }
 
 nlohmann::json measurement_plan_document(const nlohmann::json& measurement, const std::string& file) {

@@ -50,7 +50,7 @@ Result<ValidationTable> validate_measurement(const nlohmann::json& document, con
   auto reserved = reserved_bytes(document, file);
   if (!reserved) return reserved.error();
   auto request = costmodel::parse_plan(measurement_plan_document(document, file), file);
-  if (!request) return request.error();
+  if (!request) return Error{measurement_plan_error(request.error().message, document, file)};
   auto plan = costmodel::plan_with_defaults(*request);
   if (!plan) return Error{file + ": " + plan.error().message};
   const PerformanceDocument predicted = predict(*plan, file);

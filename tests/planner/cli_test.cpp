@@ -158,6 +158,8 @@ TEST_F(PlannerCli, BadInputExitsTwoWithOneLineMessage) {
        "/training/train_tokens: 1000 tokens is less than one optimizer step (global_batch(512) * seq_len(8192) = 4.194e+06 tokens)"},
       {"sequence past learned positions", "--model tiny-gpt --gpus 1 --seq-len 4096", "/training/seq_len: 4096 exceeds max_seq_len (64) of a model with learned positions"},
       {"zero gpus", "--gpus 0", "--gpus"},
+      {"hexadecimal sequence length", "--model 8b --gpus 8 --seq-len 0x10", "--seq-len: \"0x10\" is not a number"},
+      {"empty sequence length", "--model 8b --gpus 8 --seq-len ''", "--seq-len: \"\" is not a number"},
       {"negative gpus", "--gpus -5", "--gpus"},
       {"gpus past plan files' limit", "--model 8b --gpus 1073741824", "--gpus: must be a number of GPUs from 1 to 16777216"},
       {"malformed plan file", "evaluate " + quote(malformed.string()), "malformed JSON"},

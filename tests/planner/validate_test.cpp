@@ -215,6 +215,17 @@ TEST(ValidateMeasurement, GpuMemoryIsComparedAsPeakAllocatedAndReserved) {
   EXPECT_NEAR(reserved->predicted, e.memory.reserved.value() / kGiB, 1e-9);
 }
 
+// A model that is no preset travels as `model_document`; an error in it names that key (it said
+// /model/layers, the rebuilt plan's pointer, once).
+TEST(ValidateMeasurement, AnErrorInTheModelDocumentNamesIt) {
+  nlohmann::json m = measurement_json();
+  m["model_document"] = nlohmann::json::parse(read_file(testing::data_path("../../samples/models/tiny-llama.json")));
+  m["model_document"]["layers"] = -1;
+  auto table = planner::validate_measurement(m, "m.json");
+  ASSERT_FALSE(table.ok());
+  EXPECT_EQ(table.error().message.rfind("m.json: /model_document/layers: must be in [1, ", 0), 0u) << table.error().message;
+}
+
 TEST(ValidateMeasurement, APlanTheCostModelSaysDoesNotFitIsStillPredictedAndSaysSo) {
   nlohmann::json m = measurement_json();
   m["model"] = "llama3-70b";  // 70B with ZeRO-2 on 4 GPUs: the replicated bf16 weights alone need 140 GB per GPU

@@ -157,6 +157,10 @@ struct PerformanceDocument {
 // `training.stack` is measured_stack()'s.
 [[nodiscard]] nlohmann::json measurement_plan_document(const nlohmann::json& measurement, const std::string& file);
 
+// `message`, an error about measurement_plan_document()'s plan, with the pointers that came from
+// a `*_document` moved there ("m.json: /model/layers" -> "m.json: /model_document/layers").
+[[nodiscard]] std::string measurement_plan_error(const std::string& message, const nlohmann::json& measurement, const std::string& file);
+
 // The stack a measurement ran: its `training.stack`; "trainplan-reference" where it names none
 // (the executor wrote it before it named its stack, which was before its fused paths) or where
 // it says "trainplan" with `environment.kernels` "reference" (written before that path had a
