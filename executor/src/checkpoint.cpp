@@ -393,22 +393,26 @@ void gather_parameters(DataParallelEngine& engine, Communicator& world, const Ex
   const bool writer = world.rank() == 0;
   constexpr int kTag = 29000;
   // Every rank gathers its units' data-parallel shards (collective within the shard group); the
-  // first data-parallel replica sends its pieces to rank 0 in model order.
+  // first data-parallel replica sends its pieces to rank 0 in model order, once every gather is
+  // done: under NCCL a send queued before a gather holds that gather back until rank 0 receives
+  // it, while rank 0 waits in the same gather for this rank (a deadlock with experts, whose
+  // senders share rank 0's shard group; MPI's sends order nothing, so CPU ranks never showed it).
   std::map<std::string, at::Tensor> local;  // rank 0's own pieces, by "name#piece"
-  std::vector<std::pair<std::unique_ptr<Work>, at::Tensor>> sends;
+  std::vector<at::Tensor> outgoing;         // another rank's pieces, in model order
   for (std::size_t i = 0; i < engine.layout().size(); ++i) {
     const at::Tensor full = engine.full_master(i);
     if (!plan.sends(engine.layout()[i])) continue;
     for (const ParamSlot& s : engine.layout()[i].slots) {
       if (!s.primary || s.tied_copy) continue;
       at::Tensor piece = full.narrow(0, s.offset, s.numel).contiguous().clone();
-      if (writer) {
-        local[s.name + "#" + std::to_string(s.shard_index)] = piece;
-      } else {
-        auto work = world.send(piece, 0, kTag);
-        sends.emplace_back(std::move(work), piece);
-      }
+      if (writer) local[s.name + "#" + std::to_string(s.shard_index)] = piece;
+      else outgoing.push_back(std::move(piece));
     }
+  }
+  std::vector<std::pair<std::unique_ptr<Work>, at::Tensor>> sends;
+  for (at::Tensor& piece : outgoing) {
+    auto work = world.send(piece, 0, kTag);
+    sends.emplace_back(std::move(work), std::move(piece));
   }
   if (writer) {
     for (const UnitLayout& u : whole) {

@@ -110,6 +110,10 @@ void finalize_mpi();
 
 // True when the executor was built with CUDA/NCCL support.
 [[nodiscard]] bool nccl_available();
+// The run failed on this rank (out of memory, an error it reports and leaves on): from now on the
+// NCCL engine aborts its communicators instead of destroying them (a destroy waits for kernels
+// that peers may never complete). Nothing to do for MPI, whose communicators free locally.
+void mark_communication_failed();
 // NCCL over all ranks; the unique id travels through `bootstrap` (rank 0 broadcasts it) or, when
 // bootstrap is null, through a c10d::TCPStore at MASTER_ADDR:MASTER_PORT. REQUIRES: the current
 // CUDA device is set.

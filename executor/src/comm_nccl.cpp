@@ -45,8 +45,19 @@ ncclDataType_t nccl_type(const at::Tensor& t, const std::string& what) {
 }
 
 // Set once a communicator is aborted: an aborted NCCL communicator must not be aborted or
-// destroyed again.
+// destroyed again, nor asked anything (ncclCommAbort frees it).
 using AbortedFlag = std::shared_ptr<std::atomic<bool>>;
+
+// Set once any collective of this process failed or timed out, or the run failed
+// (mark_communication_failed): from then on communicators are aborted, not destroyed, since
+// ncclCommDestroy waits for every kernel of its communicator, and one a dead peer never matches
+// spins for ever.
+std::atomic<bool> g_failed{false};
+
+// Aborts `comm` once (whatever else shares `aborted`).
+void abort_once(ncclComm_t comm, const AbortedFlag& aborted) {
+  if (!aborted->exchange(true)) ncclCommAbort(comm);
+}
 
 class NcclWork final : public Work {
  public:
@@ -60,8 +71,9 @@ class NcclWork final : public Work {
   }
   // Dropped unwaited (an error path): the caller's stream, where freed memory is reused, waits
   // for the work before the tensors go.
+  // After a failure nothing waits for work that may never end.
   ~NcclWork() override {
-    if (!keep_.empty()) cudaStreamWaitEvent(c10::cuda::getCurrentCUDAStream().stream(), event_, 0);
+    if (!keep_.empty() && !aborted_->load() && !g_failed.load()) cudaStreamWaitEvent(c10::cuda::getCurrentCUDAStream().stream(), event_, 0);
     keep_.clear();
     cudaEventDestroy(event_);
   }
@@ -71,18 +83,27 @@ class NcclWork final : public Work {
   void wait() override {
     const auto deadline = std::chrono::steady_clock::now() + timeout_;
     while (true) {
+      if (aborted_->load()) throw CommError(what_ + ": the communicator was aborted after an earlier failure");
       const cudaError_t q = cudaEventQuery(event_);
       if (q == cudaSuccess) {
         order_current_stream();
         keep_.clear();
         return;
       }
-      if (q != cudaErrorNotReady) check_cuda(q, what_);
+      if (q != cudaErrorNotReady) {
+        g_failed = true;
+        check_cuda(q, what_);
+      }
       ncclResult_t async = ncclSuccess;
       ncclCommGetAsyncError(comm_, &async);
-      if (async != ncclSuccess && async != ncclInProgress) throw CommError(what_ + " failed: " + ncclGetErrorString(async));
+      if (async != ncclSuccess && async != ncclInProgress) {
+        g_failed = true;
+        abort_once(comm_, aborted_);  // its kernel may still spin
+        throw CommError(what_ + " failed: " + ncclGetErrorString(async));
+      }
       if (std::chrono::steady_clock::now() > deadline) {
-        if (!aborted_->exchange(true)) ncclCommAbort(comm_);
+        g_failed = true;
+        abort_once(comm_, aborted_);
         throw CommError(what_ + " did not complete within " + std::to_string(timeout_.count()) +
                         " s: a peer rank has probably died or hangs");
       }
@@ -108,8 +129,12 @@ class NcclCommunicator final : public Communicator {
     ncclCommUserRank(comm_, &rank_);
     ncclCommCount(comm_, &size_);
   }
+  // Destroyed while an exception unwinds, or after a failure: aborted (a destroy would wait for
+  // kernels a dead or failed peer never completes).
   ~NcclCommunicator() override {
-    if (!aborted_->load()) ncclCommDestroy(comm_);
+    if (aborted_->load()) return;
+    if (g_failed.load() || std::uncaught_exceptions() > 0) abort_once(comm_, aborted_);
+    else ncclCommDestroy(comm_);
   }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -166,16 +191,21 @@ class NcclCommunicator final : public Communicator {
     if (sent != in.numel() || received != out.numel()) throw CommError(what + ": counts do not add up to the tensors' sizes");
     sent = received = 0;
     const cudaStream_t side = collective_stream(what);
-    check(ncclGroupStart(), what);
-    for (int j = 0; j < size_; ++j) {
+    // The group is always closed, a failure inside it reported after: an open group would hold
+    // every later NCCL call of this thread back, unlaunched.
+    ncclResult_t first = ncclGroupStart();
+    check(first, what);
+    for (int j = 0; j < size_ && (first == ncclSuccess || first == ncclInProgress); ++j) {
       const auto n = static_cast<size_t>(send_counts[static_cast<std::size_t>(j)]);
       const auto m = static_cast<size_t>(recv_counts[static_cast<std::size_t>(j)]);
-      if (n > 0) check(ncclSend(send_base + sent * element, n, type, j, comm_, side), what);
-      if (m > 0) check(ncclRecv(recv_base + received * element, m, type, j, comm_, side), what);
+      if (n > 0) first = ncclSend(send_base + sent * element, n, type, j, comm_, side);
+      if (m > 0 && (first == ncclSuccess || first == ncclInProgress)) first = ncclRecv(recv_base + received * element, m, type, j, comm_, side);
       sent += static_cast<int64_t>(n);
       received += static_cast<int64_t>(m);
     }
-    check(ncclGroupEnd(), what);
+    const ncclResult_t ended = ncclGroupEnd();
+    check(first, what);
+    check(ended, what);
     return work(what, side, {in, out});
   }
   std::unique_ptr<Work> send(const at::Tensor& t, int peer, int /*tag: NCCL matches in order*/) override {
@@ -225,8 +255,10 @@ class NcclCommunicator final : public Communicator {
     if (sub == nullptr) return nullptr;
     return std::make_unique<NcclCommunicator>(sub, name, options_);
   }
+  // Leaves at once: aborting communicators whose kernels still spin may block, and the peers'
+  // collectives with this rank fail by their deadline.
   [[noreturn]] void abort(int exit_code) override {
-    if (!aborted_->exchange(true)) ncclCommAbort(comm_);
+    g_failed = true;
     std::_Exit(exit_code);
   }
   at::Device device() const override { return at::Device(at::kCUDA, c10::cuda::current_device()); }
@@ -314,6 +346,8 @@ ncclUniqueId exchange_through_store(int rank, int size, const CommOptions& optio
 }  // namespace
 
 bool nccl_available() { return true; }
+
+void mark_communication_failed() { g_failed = true; }
 
 std::unique_ptr<Communicator> make_nccl_communicator(int rank, int size, Communicator* bootstrap, const CommOptions& options) {
   ncclUniqueId id;

@@ -17,6 +17,7 @@ void finalize_mpi() {}
 
 #ifndef TRAINPLAN_HAVE_NCCL
 bool nccl_available() { return false; }
+void mark_communication_failed() {}
 std::unique_ptr<Communicator> make_nccl_communicator(int, int, Communicator*, const CommOptions&) {
   throw CommError("this executor was built without CUDA/NCCL (LibTorch without CUDA)");
 }

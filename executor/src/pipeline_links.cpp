@@ -122,12 +122,14 @@ class StreamLane final : public SendLane {
     check(cudaStreamWaitEvent(stream_.stream(), ready, 0), "cudaStreamWaitEvent");
     cudaEventDestroy(ready);  // released once the wait has been resolved
     c10::cuda::CUDAStreamGuard on_side(stream_);
-    // The tensor stays referenced until its send is known to be done (drain), so the caching
-    // allocator cannot hand its memory to the compute stream while the side stream reads it.
-    pending_.emplace_back(link_.send(tensor, peer_, kTag), tensor);
+    // Marked in use by the side stream, the caching allocator keeps the tensor's memory from the
+    // compute stream until the send is done, without this lane holding it: a stage sends m
+    // activations and m gradients a step, which a held reference would keep until drain().
+    tensor.record_stream(stream_);
+    pending_.push_back(link_.send(tensor, peer_, kTag));
   }
   void drain() override {
-    for (auto& p : pending_) p.first->wait();
+    for (auto& p : pending_) p->wait();
     pending_.clear();
   }
 
@@ -138,7 +140,7 @@ class StreamLane final : public SendLane {
   Communicator& link_;
   int peer_;
   c10::cuda::CUDAStream stream_;
-  std::vector<std::pair<std::unique_ptr<Work>, at::Tensor>> pending_;
+  std::vector<std::unique_ptr<Work>> pending_;
 };
 #endif
 

@@ -810,6 +810,7 @@ int train(const RunOptions& o, const std::string& command_line, World& w, const 
     if (!message) throw;
     // No collective from here: the other ranks may be anywhere. This rank reports and leaves;
     // run_executor's abort ends the others (MPI_Abort, or the NCCL timeout).
+    mark_communication_failed();
     OutOfMemory oom;
     oom.phase = phase_name(phases.current_phase());
     oom.micro_batch = phases.current_micro_batch();
@@ -1036,7 +1037,10 @@ int run_executor(const RunOptions& o, const std::string& command_line) {
     print_for_rank(w.comm->rank(), std::string("executor: run failed: ") + e.what());
     code = kExitRunFailed;
   }
-  if (code != 0 && w.comm->size() > 1) w.comm->abort(code);  // no rank is left waiting for this one
+  if (code != 0 && w.comm->size() > 1) {  // no rank is left waiting for this one
+    mark_communication_failed();
+    (w.bootstrap ? w.bootstrap : w.comm)->abort(code);  // under mpirun, MPI_Abort ends every rank at once
+  }
   w.comm.reset();
   w.bootstrap.reset();
   finalize_mpi();

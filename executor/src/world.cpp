@@ -28,11 +28,13 @@ World make_world(const std::string& device, int timeout_seconds) {
 
   int gpu = 0;  // this rank's CUDA device index
   if (launched_by_mpi()) {
-    w.bootstrap = make_mpi_communicator(comm_options);
     w.local_rank = env_int({"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"}, 0);
     w.local_size = env_int({"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"}, 1);
+    // The rank's GPU before MPI_Init: a CUDA-aware MPI (UCX) would otherwise make a context on
+    // GPU 0 in every rank.
+    if (want_cuda) gpu = cuda_set_device(w.local_rank);
+    w.bootstrap = make_mpi_communicator(comm_options);
     if (want_cuda) {
-      gpu = cuda_set_device(w.local_rank);
       w.comm = w.bootstrap->size() > 1 ? make_nccl_communicator(w.bootstrap->rank(), w.bootstrap->size(), w.bootstrap.get(), comm_options)
                                        : make_self_communicator();
     } else {

@@ -42,7 +42,7 @@ Result<Table> read_table(const std::string& path) {
   while (std::getline(in, line)) {
     ++number;
     if (!line.empty() && line.back() == '\r') line.pop_back();
-    if (line.empty()) continue;
+    if (line.empty() || line[0] == '#') continue;  // blank lines and comments (a copy's citation)
     if (t.header.empty()) t.header = split_csv(line);
     else t.rows.emplace_back(number, split_csv(line));
   }

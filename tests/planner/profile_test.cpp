@@ -14,6 +14,7 @@
 
 #include "cli_support.hpp"
 #include "test_support.hpp"
+#include "trainplan/costmodel/presets.hpp"
 #include "trainplan/planner/profile.hpp"
 #include "trainplan/planner/profile_run.hpp"
 
@@ -145,6 +146,22 @@ TEST(ImportKernelCsv, GivesTheTablesOfTheSameSamplesInMemory) {
   EXPECT_EQ(a, b);
   EXPECT_NEAR(imported->tables.kernel_latency, 4e-6, 1e-12);  // 2 x 12 - 20 us
   EXPECT_TRUE(contains(imported->tables.source, "from k.csv, e.csv")) << imported->tables.source;
+}
+
+// The dgx-h100 preset's kernel tables are what importing its H100 measurements gives (copied to
+// tests/data/h100-llama3.2-1b with their citation): an edit of the preset or of the import that
+// parts them fails here.
+TEST(ImportKernelCsv, TheMeasuredH100CsvsGiveTheDgxH100PresetsTables) {
+  auto imported = planner::import_kernel_csv({testing::data_path("h100-llama3.2-1b/h100_kernels.csv"),
+                                               testing::data_path("h100-llama3.2-1b/h100_elementwise.csv")}, 9e-6);
+  ASSERT_TRUE(imported) << imported.error().message;
+  auto preset = costmodel::find_hwprofile("dgx-h100");
+  ASSERT_TRUE(preset) << preset.error().message;
+  ASSERT_NE(preset->gpu.kernels, nullptr);
+  nlohmann::json a = costmodel::kernel_tables_to_json(imported->tables), b = costmodel::kernel_tables_to_json(*preset->gpu.kernels);
+  a.erase("source");
+  b.erase("source");
+  EXPECT_EQ(a, b);
 }
 
 TEST(ProfileCommand, RunsTheExecutorAloneOnOneRank) {
