@@ -38,6 +38,7 @@
 #include "trainplan/costmodel/presets.hpp"
 #include "trainplan/executor/executor.hpp"
 #include "trainplan/planner/launch.hpp"
+#include "trainplan/planner/report.hpp"
 
 namespace trainplan::executor {
 
@@ -539,8 +540,8 @@ int train(const RunOptions& o, const std::string& command_line, World& w, const 
   // line before and after, since for billions of parameters it takes a while.
   const auto t_build = std::chrono::steady_clock::now();
   if (talk && !o.quiet) {
-    std::cout << "executor: building the model (" << std::fixed << std::setprecision(2)
-              << cm::count_parameters(plan.model).total(plan.model.layers) / 1e9 << std::defaultfloat << " B parameters): "
+    std::cout << "executor: building the model (" << trainplan::planner::si(cm::count_parameters(plan.model).total(plan.model.layers))
+              << " parameters): "
               << (config.draw_base_weights ? "drawing the initial weights on " + std::to_string(at::get_num_threads()) + " host thread(s)"
                                            : "the weights come from " + o.init_from)
               << std::endl;
