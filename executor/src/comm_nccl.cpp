@@ -81,7 +81,12 @@ class NcclWork final : public Work {
   // orders the caller's stream after it: work queued on another stream (a collective's) is
   // followed by whatever the caller queues next, on any stream.
   void wait() override {
-    const auto deadline = std::chrono::steady_clock::now() + timeout_;
+    const auto start = std::chrono::steady_clock::now();
+    const auto deadline = start + timeout_;
+    // The first 2 ms polled without sleeping: a tensor-parallel all-reduce inside a layer takes
+    // tens of microseconds, and a 100 us sleep per wait would add more than that (twice per layer
+    // and pass); longer waits (a data-parallel drain, a dead peer) sleep between polls.
+    const auto spin_until = start + std::chrono::milliseconds(2);
     while (true) {
       if (aborted_->load()) throw CommError(what_ + ": the communicator was aborted after an earlier failure");
       const cudaError_t q = cudaEventQuery(event_);
@@ -107,7 +112,8 @@ class NcclWork final : public Work {
         throw CommError(what_ + " did not complete within " + std::to_string(timeout_.count()) +
                         " s: a peer rank has probably died or hangs");
       }
-      std::this_thread::sleep_for(std::chrono::microseconds(100));
+      if (std::chrono::steady_clock::now() < spin_until) std::this_thread::yield();
+      else std::this_thread::sleep_for(std::chrono::microseconds(100));
     }
   }
   void order_current_stream() override {
