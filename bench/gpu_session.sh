@@ -6,7 +6,8 @@
 #   bench/gpu_session.sh OUT_DIR TASK...
 #
 # Tasks, run in the order given, each writing its logs and JSON into OUT_DIR:
-#   tests       the CUDA unit tests: fused ops (kernels against ATen) and Quantize (dequantisation)
+#   tests       the CUDA unit tests: fused ops (kernels against ATen), the NCCL engine on one rank
+#               (NcclEngine) and Quantize (dequantisation)
 #   profile     executor --kernel-profile of Llama 3.2 1B, seq 2048, mb 4, gb 32 (kernels.csv)
 #   bench       bench/eager_bench.sh on the same plan against compiled PyTorch (bench.json)
 #   exactness   bench/fused_exactness.sh, fused against reference paths over 10 steps
