@@ -49,6 +49,8 @@ namespace {
 
 constexpr int kExitBadInput = 2;
 constexpr int kExitRunFailed = 3;
+// train()'s code for a run that diverged on every rank at once: exit 3, no abort needed.
+constexpr int kDivergedEverywhere = 103;
 
 struct InputError : std::runtime_error {
   using std::runtime_error::runtime_error;
@@ -126,14 +128,17 @@ void check_options(const RunOptions& o) {
   {
     std::vector<std::pair<std::string, std::string>> inputs = {{"--plan file", o.plan_path}, {"--vocab file", o.vocab}};
     if (o.data != "synthetic") inputs.emplace_back("--data file", o.data);
-    if (!o.init_from.empty()) {
-      inputs.emplace_back("--init-from checkpoint", o.init_from);
-      if (!fs::is_directory(o.init_from)) inputs.emplace_back("--init-from checkpoint's directory", fs::absolute(o.init_from).parent_path().string());
-    }
+    if (!o.init_from.empty()) inputs.emplace_back("--init-from checkpoint", o.init_from);
     const std::pair<const char*, std::string> outputs[] = {
         {"--measurement", o.measurement_path}, {"--kernel-profile", o.kernel_profile}, {"--export", o.export_dir}, {"--checkpoint-dir", o.checkpoint_dir}};
     for (const auto& [flag, path] : outputs) {
       if (const std::string conflict = cm::overwrite_conflict(flag, path, inputs); !conflict.empty()) throw InputError(conflict);
+    }
+    // The export writes model.safetensors and config.json into its folder: not the folder of an
+    // --init-from file either.
+    if (!o.init_from.empty() && !o.export_dir.empty() && !fs::is_directory(o.init_from)) {
+      const std::string conflict = cm::overwrite_conflict("--export", o.export_dir, {{"--init-from checkpoint's folder", fs::absolute(o.init_from).parent_path().string()}});
+      if (!conflict.empty()) throw InputError(conflict);
     }
     if (!o.kernel_profile.empty() && !o.measurement_path.empty() &&
         fs::absolute(o.kernel_profile).lexically_normal() == fs::absolute(o.measurement_path).lexically_normal()) {
@@ -596,9 +601,11 @@ int train(const RunOptions& o, const std::string& command_line, World& w, const 
   const nlohmann::json layout = checkpoint_layout(engine, comm.size(), precision, parallel_layout);
   TrainerState state;
   state.loss_scale = t.precision == cm::Precision::kFp16 ? 65536.0 : 1.0;
+  std::string last_checkpoint;  // the newest checkpoint this run wrote or resumed from
   if (!o.resume.empty()) {
     const Resumed resumed = resume_newest_intact(o.resume, engine, comm, layout);
     state = resumed.state;
+    last_checkpoint = resumed.step_dir;
     if (talk) {
       for (const std::string& why : resumed.skipped) {
         print_for_rank(rank, "executor: warning: --resume: skipping a damaged checkpoint, " + why);
@@ -785,16 +792,19 @@ int train(const RunOptions& o, const std::string& command_line, World& w, const 
         if (r.skipped) std::cout << " | skipped (inf/nan gradients, loss scale now " << state.loss_scale << ")";
         std::cout << std::endl;
       }
-      // A loss or gradient norm that is not finite ends the run (fp16: once the loss scaler is
-      // below 1, skipping steps has not helped): nothing after it would train, and no checkpoint
-      // of such weights replaces a good one. Both are all-reduced: every rank stops here.
-      const bool gave_up = t.precision != cm::Precision::kFp16 || state.loss_scale < 1.0;
-      if (gave_up && (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm))) {
+      // Training diverged, and the run ends here: nothing after it would train, and neither a
+      // checkpoint nor the export of such weights replaces a good one. A loss that is not finite
+      // (the forward overflowed, which no loss scale mends); a gradient norm that is not finite
+      // (bf16, fp32: its update was not applied); in fp16, gradients that overflow at a loss scale
+      // already below 1. The loss, the norm and the fp16 check are all-reduced: every rank stops
+      // at the same step.
+      const bool fp16_gave_up = t.precision == cm::Precision::kFp16 && r.skipped && state.loss_scale < 1.0;
+      if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm) || fp16_gave_up) {
         const bool loss = !std::isfinite(r.loss);
         const double value = loss ? r.loss : r.grad_norm;
         diverged_at = step;
         diverged_what = loss ? "loss" : "gradient norm";
-        diverged_value = std::isnan(value) ? "nan" : "inf";
+        diverged_value = !loss && fp16_gave_up ? "not_finite" : std::isnan(value) ? "nan" : "inf";
         break;
       }
       const bool stopping = o.stop_after > 0 && run_steps >= o.stop_after;
@@ -802,6 +812,7 @@ int train(const RunOptions& o, const std::string& command_line, World& w, const 
                        ((o.checkpoint_every > 0 && step % o.checkpoint_every == 0) || step == o.steps || stopping);
       if (due) {
         const std::string where = save_checkpoint(o.checkpoint_dir, engine, comm, state, layout);
+        last_checkpoint = where;
         if (talk) std::cout << "checkpoint: " << where << "\n";
       }
       if (stopping) break;
@@ -860,7 +871,7 @@ int train(const RunOptions& o, const std::string& command_line, World& w, const 
     return kExitRunFailed;
   }
 
-  if (!o.export_dir.empty()) {
+  if (!o.export_dir.empty() && diverged_at == 0) {
     // Piece j of a parameter comes from the first data-parallel replica's TP rank holding it, on
     // the stage that holds its unit; an expert's from the first replica of the ep rank holding it.
     std::vector<std::vector<UnitLayout>> tp_layouts;
@@ -983,15 +994,16 @@ int train(const RunOptions& o, const std::string& command_line, World& w, const 
   }
   if (diverged_at > 0 && talk) {
     std::ostringstream line;
-    line << "executor: error: training diverged: the " << diverged_what << " at step " << diverged_at << " is " << diverged_value << " ("
-         << cm::precision_name(t.precision) << ", peak --lr " << o.lr << "); the run stopped there, "
-         << (diverged_what == "loss" ? "" : "without applying that step's update, ") << "and wrote no checkpoint of it"
-         << (o.checkpoint_dir.empty() ? "" : " (the last one in " + o.checkpoint_dir + " stands)")
+    line << "executor: error: training diverged: the " << diverged_what << " at step " << diverged_at << " is "
+         << (diverged_value == "not_finite" ? "not finite at a loss scale below 1" : diverged_value) << " (" << cm::precision_name(t.precision)
+         << ", peak --lr " << o.lr << "); the run stopped there" << (diverged_what == "loss" ? "" : ", without applying that step's update,")
+         << " and wrote no checkpoint or export of it" << (last_checkpoint.empty() ? "" : " (the last checkpoint, " + last_checkpoint + ", stands)")
          << ". A lower --lr, --clip-grad or a longer --warmup-steps may help";
     print_for_rank(rank, line.str());
   }
   comm.barrier();
-  return diverged_at > 0 ? kExitRunFailed : 0;
+  // Every rank stopped at the same step: nothing to abort (kDivergedEverywhere).
+  return diverged_at > 0 ? kDivergedEverywhere : 0;
 }
 
 }  // namespace
@@ -1038,7 +1050,9 @@ int run_executor(const RunOptions& o, const std::string& command_line) {
     print_for_rank(w.comm->rank(), std::string("executor: run failed: ") + e.what());
     code = kExitRunFailed;
   }
-  if (code != 0 && w.comm->size() > 1) {  // no rank is left waiting for this one
+  if (code == kDivergedEverywhere) {
+    code = kExitRunFailed;
+  } else if (code != 0 && w.comm->size() > 1) {  // no rank is left waiting for this one
     mark_communication_failed();
     (w.bootstrap ? w.bootstrap : w.comm)->abort(code);  // under mpirun, MPI_Abort ends every rank at once
   }

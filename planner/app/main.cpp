@@ -9,6 +9,7 @@
 // Exit codes: 0 success, 1 no plan fits (for a published configuration too), 2 bad input, 3 the
 // run failed (`run`).
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <unistd.h>
@@ -583,8 +584,12 @@ int main(int argc, char** argv) {
     if (!plan_file.empty()) inputs.emplace_back("plan file", plan_file);
     for (const std::string& f : calibrate_files) inputs.emplace_back("measurement", f);
     for (const std::string& f : profile_csv) inputs.emplace_back("--from-csv file", f);
-    if (!cluster.empty()) inputs.emplace_back("--cluster file", cluster);
-    if (!model.empty()) inputs.emplace_back("--model file", model);
+    // A preset's name is no file even where a file of that name exists (presets come first).
+    const auto is_preset = [](const std::vector<std::string>& names, const std::string& name) {
+      return std::find(names.begin(), names.end(), name) != names.end();
+    };
+    if (!cluster.empty() && !is_preset(cm::hwprofile_preset_names(), cluster)) inputs.emplace_back("--cluster file", cluster);
+    if (!model.empty() && !is_preset(cm::model_preset_names(), cm::resolve_model_alias(model))) inputs.emplace_back("--model file", model);
     const std::pair<const char*, std::string> outputs[] = {
         {"--save-plan", save_plan}, {"--out", export_out}, {"--out", profile_out}, {"--out", calibrate_out}, {"--measurement", app.got_subcommand("run") ? measurement_file : ""}};
     for (const auto& [flag, path] : outputs) {

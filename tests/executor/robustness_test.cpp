@@ -2,6 +2,7 @@
 // and where, within a bounded time, and loses nothing already checkpointed.
 
 #include <cstdint>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -296,26 +297,43 @@ TEST(Resume, ACheckpointSavedAgainAndACrashsLeftoverPartialAreReplaced) {
   EXPECT_FALSE(fs::exists(dir + "/ck/step_000003/junk"));
 }
 
-// A learning rate of 1e30 blows the first update up: the next step's gradient norm is NaN. The
-// run ends there (exit 3) without applying that update or checkpointing it, says so, and its
-// measurement has "status": "diverged" (once it went on to "ok" with null losses).
-TEST(Failure, ATrainingThatDivergesStopsWithoutCheckpointingItAndSaysSo) {
+// A learning rate of 1e30 blows the first update up: a later step's loss or gradient norm is not
+// finite. The run ends there (exit 3) without checkpointing or exporting it, says so, and its
+// measurement has "status": "diverged" (once it went on to "ok" with null losses, and in fp16
+// checkpointed the NaN weights over good ones). On one rank and on two (pipeline stages), in
+// fp32 (the plan's) and fp16 (where a NaN loss ends the run whatever the loss scale).
+TEST(Failure, ATrainingThatDivergesStopsWithoutCheckpointingOrExportingItAndSaysSo) {
   const std::string dir = scratch_dir("diverged");
-  const std::string plan = write_plan(dir, "diverged", PlanSpec{});
-  const Outcome o = run_executor(1, "--plan " + plan + " --steps 6 --device cpu --quiet --lr 1e30 --measurement " + dir + "/m.json --checkpoint-dir " +
-                                        dir + "/ck --checkpoint-every 1");
-  EXPECT_EQ(o.exit_code, 3) << o.output;
-  EXPECT_NE(o.output.find("executor: error: training diverged: the gradient norm at step 2 is "), std::string::npos) << o.output;
-  EXPECT_NE(o.output.find("without applying that step's update, and wrote no checkpoint of it (the last one in " + dir + "/ck stands)"),
-            std::string::npos)
-      << o.output;
-  const auto m = read_json(dir + "/m.json");
-  EXPECT_EQ(m.at("status"), "diverged");
-  EXPECT_EQ(m.at("diverged").at("step"), 2);
-  EXPECT_EQ(m.at("diverged").at("quantity"), "grad_norm");
-  EXPECT_EQ(m.at("losses").size(), 2u);
-  EXPECT_TRUE(fs::exists(dir + "/ck/step_000001/manifest.json"));
-  EXPECT_FALSE(fs::exists(dir + "/ck/step_000002"));
+  PlanSpec two;
+  two.pp = 2;
+  PlanSpec half;
+  half.precision = "fp16";
+  const struct {
+    std::string name;
+    PlanSpec spec;
+  } cases[] = {{"fp32", PlanSpec{}}, {"fp16", half}, {"pp2", two}};
+  for (const auto& c : cases) {
+    const std::string plan = write_plan(dir, c.name, c.spec);
+    const std::string out = dir + "/" + c.name;
+    const Outcome o = run_executor(c.spec.ranks * c.spec.pp, "--plan " + plan + " --steps 8 --device cpu --quiet --lr 1e30 --measurement " + out +
+                                                                 ".measurement.json --checkpoint-dir " + out + "-ck --checkpoint-every 1 --export " + out + "-export");
+    EXPECT_EQ(o.exit_code, 3) << c.name << "\n" << o.output;
+    EXPECT_NE(o.output.find("executor: error: training diverged: the "), std::string::npos) << c.name << "\n" << o.output;
+    EXPECT_NE(o.output.find("and wrote no checkpoint or export of it (the last checkpoint, " + out + "-ck/step_"), std::string::npos)
+        << c.name << "\n" << o.output;
+    EXPECT_EQ(o.output.find("MPI_ABORT"), std::string::npos) << c.name << ": every rank stopped at once, nothing to abort\n" << o.output;
+    const auto m = read_json(out + ".measurement.json");
+    EXPECT_EQ(m.at("status"), "diverged") << c.name;
+    const int64_t step = m.at("diverged").at("step").get<int64_t>();
+    EXPECT_EQ(m.at("losses").size(), static_cast<std::size_t>(step)) << c.name;
+    ASSERT_GE(step, 2) << c.name << ": the first update is what blows up";
+    char last[32], diverged[32];
+    std::snprintf(last, sizeof last, "/step_%06lld", static_cast<long long>(step - 1));
+    std::snprintf(diverged, sizeof diverged, "/step_%06lld", static_cast<long long>(step));
+    EXPECT_TRUE(fs::exists(out + "-ck" + last + "/manifest.json")) << c.name;
+    EXPECT_FALSE(fs::exists(out + "-ck" + diverged)) << c.name;
+    EXPECT_FALSE(fs::exists(out + "-export")) << c.name;
+  }
 }
 
 TEST(Plan, AMalformedPlanIsAnErrorNamingTheFile) {
