@@ -710,6 +710,9 @@ int main(int argc, char** argv) {
       if (sequences < 1) return fail("--global-batch-tokens: less than one sequence of " + std::to_string(t.seq_len) + " tokens");
       if (sequences > static_cast<double>(kMaxGlobalBatch)) return fail("--global-batch-tokens: more than 2^32 sequences of " + std::to_string(t.seq_len) + " tokens");
       t.global_batch = static_cast<std::int64_t>(sequences);
+      if (std::fabs(sequences * static_cast<double>(t.seq_len) - *tokens) > 1e-3 * *tokens) {  // said, not silently changed
+        ctx.batch_note = "--global-batch-tokens " + batch_tokens_text + " rounded to whole sequences";
+      }
     }
     if (app.count("--train-tokens") > 0) {
       auto tokens = pl::parse_count(train_tokens_text, false, "--train-tokens");

@@ -87,10 +87,11 @@ std::string cluster_line(const HardwareProfile& hw, int gpus, bool is_default) {
   return s;
 }
 
-std::string training_line(const TrainingConfig& t, const std::string& tokens_note) {
-  std::string s = fmt("seq_len %lld, global batch %lld sequences (%s tokens), %s, %s, %s", static_cast<long long>(t.seq_len),
+std::string training_line(const TrainingConfig& t, const std::string& tokens_note, const std::string& batch_note) {
+  std::string s = fmt("seq_len %lld, global batch %lld sequences (%s tokens%s), %s, %s, %s", static_cast<long long>(t.seq_len),
                       static_cast<long long>(t.global_batch), si(static_cast<double>(t.global_batch) * t.seq_len).c_str(),
-                      precision_name(t.precision), optimizer_name(t.optimizer), mode_name(t.mode));
+                      batch_note.empty() ? "" : ("; " + batch_note).c_str(), precision_name(t.precision), optimizer_name(t.optimizer),
+                      mode_name(t.mode));
   if (t.mode == TrainingMode::kLora || t.mode == TrainingMode::kQlora) s += fmt(" (rank %d)", t.lora.rank);
   s += fmt(", %s tokens to train", si(t.train_tokens).c_str());
   if (!tokens_note.empty()) s += " (" + tokens_note + ")";
@@ -273,7 +274,7 @@ std::string render_evaluation(const Candidate& c, const ReportContext& ctx, Form
   out << (md ? "# " : "") << "trainplan estimate" << (plan.name.empty() ? "" : ": " + plan.name) << "\n\n";
   out << (md ? "- " : "") << "Model     " << model_line(plan.model) << "\n";
   out << (md ? "- " : "") << "Cluster   " << cluster_line(plan.cluster, plan.gpus, false) << "\n";
-  out << (md ? "- " : "") << "Training  " << training_line(plan.training, ctx.train_tokens_note) << "\n";
+  out << (md ? "- " : "") << "Training  " << training_line(plan.training, ctx.train_tokens_note, ctx.batch_note) << "\n";
   out << (md ? "- " : "") << "Stack     " << stack_line(plan.training) << "\n";
   out << (md ? "- " : "") << "Plan      " << plan_line(plan.parallel) << "\n\n";
   if (!e.fits || e.tight) {
@@ -344,7 +345,7 @@ std::string render_search(const PlanRequest& req, const SearchResult& result, co
   out << h1 << "trainplan: " << req.model.name << " on " << req.gpus << " GPUs\n\n";
   out << li << "Model     " << model_line(req.model) << "\n";
   out << li << "Cluster   " << cluster_line(req.cluster, req.gpus, ctx.default_cluster) << "\n";
-  out << li << "Training  " << training_line(req.training, ctx.train_tokens_note) << "\n";
+  out << li << "Training  " << training_line(req.training, ctx.train_tokens_note, ctx.batch_note) << "\n";
   out << li << "Stack     " << stack_line(req.training) << "\n";
   out << li << fmt("Searched  %s plans in %.3f s (%s plans/s); %s fit in memory", si(static_cast<double>(result.evaluated)).c_str(),
                    result.seconds, si(result.evaluated / std::max(result.seconds, 1e-9)).c_str(), si(static_cast<double>(result.fitting)).c_str());

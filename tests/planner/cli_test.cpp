@@ -180,6 +180,18 @@ TEST_F(PlannerCli, BadInputExitsTwoWithOneLineMessage) {
   EXPECT_NE(run("evaluate " + quote(malformed.string())).err.find(malformed.string()), std::string::npos);
 }
 
+// --global-batch-tokens is rounded to whole sequences, and the report says so when that changed
+// it: 10000 tokens at seq 8192 are 1 sequence (it said nothing); 4M (binary) are 512 exactly.
+TEST_F(PlannerCli, GlobalBatchTokensRoundedToWholeSequencesAreSaidSo) {
+  const Outcome rounded = run("--model 8b --gpus 8 --quiet --global-batch-tokens 10000");
+  ASSERT_EQ(rounded.exit_code, 0) << rounded.all();
+  EXPECT_NE(rounded.out.find("global batch 1 sequences (8.19 K tokens; --global-batch-tokens 10000 rounded to whole sequences)"), std::string::npos)
+      << rounded.out;
+  const Outcome exact = run("--model 8b --gpus 8 --quiet --global-batch-tokens 4M");
+  ASSERT_EQ(exact.exit_code, 0) << exact.all();
+  EXPECT_NE(exact.out.find("global batch 512 sequences (4.19 M tokens), "), std::string::npos) << exact.out;
+}
+
 TEST_F(PlannerCli, TheReportNamesTheStackAndTheHeadroomMarksTightPlans) {
   const Outcome plain = run("--model 8b --gpus 8 --quiet");
   ASSERT_EQ(plain.exit_code, 0) << plain.all();

@@ -18,6 +18,7 @@ struct ReportContext {
   std::string command;          // the command line that produced it, for the record
   bool default_cluster = false; // the user gave no --cluster
   std::string train_tokens_note;  // "20 tokens per parameter (default)"
+  std::string batch_note;       // "--global-batch-tokens 10000 rounded to whole sequences"
   std::string plan_path;        // where --save-plan wrote the recommended plan, if anywhere
   double memory_headroom = costmodel::kDefaultMemoryHeadroom;  // fraction of HBM capacity the search kept
 };
