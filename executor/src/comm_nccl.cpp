@@ -70,8 +70,7 @@ class NcclWork final : public Work {
     check_cuda(cudaEventRecord(event_, stream), what_);
   }
   // Dropped unwaited (an error path): the caller's stream, where freed memory is reused, waits
-  // for the work before the tensors go.
-  // After a failure nothing waits for work that may never end.
+  // for the work before the tensors go; after a failure nothing waits for work that may never end.
   ~NcclWork() override {
     if (!keep_.empty() && !aborted_->load() && !g_failed.load()) cudaStreamWaitEvent(c10::cuda::getCurrentCUDAStream().stream(), event_, 0);
     keep_.clear();
