@@ -47,9 +47,8 @@ note() { echo "$*" | tee -a "$out/summary.txt"; }
 nvidia-smi --query-gpu=name,clocks.max.sm,clocks.sm,driver_version,power.limit --format=csv > "$out/gpu.txt" 2>&1 || true
 
 # Build: configure once, then the targets the tasks need.
-targets="executor planner"
-case " $* " in *" tests "*) targets="$targets trainplan_fused_ops_tests trainplan_finetune_tests" ;; esac
-tests=OFF; [ "${targets#* trainplan_}" != "$targets" ] && tests=ON
+targets="executor planner" tests=OFF
+case " $* " in *" tests "*) targets="$targets trainplan_fused_ops_tests trainplan_finetune_tests" tests=ON ;; esac
 if [ ! -f "$build/CMakeCache.txt" ]; then
   prefix=$("$python" -c 'import torch; print(torch.utils.cmake_prefix_path)') || { note "build: $python has no torch"; exit 1; }
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTRAINPLAN_BUILD_EXECUTOR=ON -DTRAINPLAN_BUILD_GUI=OFF \

@@ -1053,7 +1053,6 @@ int run_executor(const RunOptions& o, const std::string& command_line) {
   if (code == kDivergedEverywhere) {
     code = kExitRunFailed;
   } else if (code != 0 && w.comm->size() > 1) {  // no rank is left waiting for this one
-    mark_communication_failed();
     (w.bootstrap ? w.bootstrap : w.comm)->abort(code);  // under mpirun, MPI_Abort ends every rank at once
   }
   w.comm.reset();
