@@ -215,7 +215,7 @@ TrainingConfig parse_training(ObjectReader r) {
   } else {
     r.optional_string("lora");
   }
-  t.train_tokens = r.optional_number("train_tokens", 0, 1e18, true).value_or(0);
+  t.train_tokens = r.optional_number("train_tokens", 0, kMaxTrainTokens, true).value_or(0);
   t.dropout = r.optional_boolean("dropout").value_or(false);
   t.dropout_rate = r.optional_number("dropout_rate", 0, 0.99).value_or(0.1);
   t.attention = r.optional_one_of("attention", {"flash", "standard"}).value_or("flash") == "standard"

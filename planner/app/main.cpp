@@ -717,7 +717,7 @@ int main(int argc, char** argv) {
     if (app.count("--train-tokens") > 0) {
       auto tokens = pl::parse_count(train_tokens_text, false, "--train-tokens");
       if (!tokens) return fail(tokens.error().message);
-      if (*tokens > 1e18) return fail("--train-tokens: at most 1e18 tokens, as in plan files (got " + train_tokens_text + ")");
+      if (*tokens > cm::kMaxTrainTokens) return fail("--train-tokens: at most 1e24 tokens, as in plan files (got " + train_tokens_text + ")");
       t.train_tokens = *tokens;
     } else {
       ctx.train_tokens_note = t.mode == cm::TrainingMode::kPretrain ? "20 per parameter or one step, the default; set --train-tokens" : "default; set --train-tokens";

@@ -199,6 +199,46 @@ TEST(PlanDocument, RoundTripKeepsParallelAndTrainingConfig) {
   }
 }
 
+// The default tokens to train (20 per parameter) of the largest model a model document allows
+// stay within what a plan document accepts, so a saved plan reads back. The bounds are the model
+// reader's (model.cpp): 10,000 layers, hidden 2^20, 4,096 heads, ffn 2^22, vocab 2^24, 65,536
+// experts of width 2^22. A 132 P-parameter dense model's default (2.6e18) once failed to read back
+// against a ceiling of 1e18.
+TEST(PlanDocument, TheLargestModelsDefaultTokensReadBack) {
+  ModelSpec m = testing::model("gpt3-175b");
+  m.name = "largest";
+  m.layers = 10000;
+  m.hidden = 1 << 20;
+  m.heads = 4096;
+  m.kv_heads = 4096;
+  m.ffn_hidden = 1 << 22;
+  m.vocab = 1 << 24;
+  m.moe = MoeSpec{};
+  m.moe->experts = 1 << 16;
+  m.moe->top_k = 1;
+  m.moe->expert_ffn_hidden = 1 << 22;
+  PlanRequest req;
+  req.model = m;
+  req.cluster = testing::cluster("dgx-h100");
+  req.gpus = 1;
+  resolve_training_defaults(req.model, req.training);
+  EXPECT_GT(req.training.train_tokens, 1e23) << "20 x about 8.6e21 parameters";
+  EXPECT_LE(req.training.train_tokens, kMaxTrainTokens);
+  Plan plan;
+  plan.model = req.model;
+  plan.cluster = req.cluster;
+  plan.gpus = req.gpus;
+  plan.training = req.training;
+  auto back = parse_plan_text(plan_to_json(plan, true).dump(), "largest.json");
+  ASSERT_TRUE(back.ok()) << back.error().message;
+  EXPECT_DOUBLE_EQ(back->training.train_tokens, req.training.train_tokens);
+  json over = plan_to_json(plan, true);
+  over["training"]["train_tokens"] = 2e24;
+  auto refused = parse_plan_text(over.dump(), "over.json");
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.error().message.find("over.json: /training/train_tokens"), std::string::npos) << refused.error().message;
+}
+
 TEST(HwprofileDocument, EveryPresetRoundTripsThroughJson) {
   for (const auto& name : hwprofile_preset_names()) {
     const HardwareProfile a = testing::cluster(name);

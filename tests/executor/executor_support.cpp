@@ -10,8 +10,10 @@
 #include <unistd.h>
 
 #include <array>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -23,11 +25,13 @@ namespace trainplan::testing {
 
 namespace fs = std::filesystem;
 
+// A new directory each call (mkdtemp), so nothing is ever removed: std::filesystem::remove_all
+// binds to LibTorch's exported copy in the binaries that link it and crashes on a directory that
+// exists (executor/src/checkpoint.cpp, remove_tree).
 std::string scratch_dir(const std::string& name) {
-  const fs::path dir = fs::temp_directory_path() / ("trainplan-executor-" + std::to_string(::getpid()) + "-" + name);
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir.string();
+  std::string pattern = (fs::temp_directory_path() / ("trainplan-executor-" + std::to_string(::getpid()) + "-" + name + "-XXXXXX")).string();
+  if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp " + pattern + ": " + std::strerror(errno));
+  return pattern;
 }
 
 costmodel::Estimate estimate_plan_file(const std::string& path) {

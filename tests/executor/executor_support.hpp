@@ -42,7 +42,7 @@ struct Outcome {
   double seconds = 0;
 };
 
-// A fresh directory under the system temp dir, unique per test.
+// A new directory under the system temp dir, unique per call (nothing is removed).
 std::string scratch_dir(const std::string& name);
 // Writes a trainplan/plan/v1 document for `spec` into `dir`; returns its path.
 std::string write_plan(const std::string& dir, const std::string& name, const PlanSpec& spec);

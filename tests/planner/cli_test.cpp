@@ -153,7 +153,7 @@ TEST_F(PlannerCli, BadInputExitsTwoWithOneLineMessage) {
       {"unknown model", "--model llama9-1t --gpus 8", "unknown model \"llama9-1t\""},
       {"zero global batch", "--model 8b --gpus 8 --global-batch 0", "--global-batch: must be a whole number of sequences from 1 to 2^32 (got 0)"},
       {"global batch past plan files' limit", "--model 8b --gpus 8 --global-batch 99999999999", "from 1 to 2^32 (got 99999999999)"},
-      {"train tokens past plan files' limit", "--model 8b --gpus 8 --train-tokens 1e308", "--train-tokens: at most 1e18 tokens"},
+      {"train tokens past plan files' limit", "--model 8b --gpus 8 --train-tokens 1e308", "--train-tokens: at most 1e24 tokens"},
       {"training shorter than one step", "--model 8b --gpus 8 --train-tokens 1000",
        "/training/train_tokens: 1000 tokens is less than one optimizer step (global_batch(512) * seq_len(8192) = 4.194e+06 tokens)"},
       {"sequence past learned positions", "--model tiny-gpt --gpus 1 --seq-len 4096", "/training/seq_len: 4096 exceeds max_seq_len (64) of a model with learned positions"},

@@ -45,6 +45,11 @@ struct LoraConfig {
   [[nodiscard]] double scale() const { return alpha / rank; }
 };
 
+// The most tokens a plan may train: a guard against absurd input, above the default (20 per
+// parameter) of the largest model a model document allows (10,000 layers of 65,536 experts of
+// width 2^22 over hidden 2^20: about 8.6e21 parameters, 1.7e23 tokens).
+inline constexpr double kMaxTrainTokens = 1e24;
+
 struct TrainingConfig {
   std::int64_t seq_len = 0;        // tokens per sequence; 0 = the model's max_seq_len
   std::int64_t global_batch = 0;   // sequences per optimizer step; 0 = default (see resolve_defaults)
