@@ -209,6 +209,7 @@ BuiltRequest build_request(const RequestForm& form) {
   if (!trim(form.train_tokens).empty()) {
     auto tokens = planner::parse_count(trim(form.train_tokens), false, "train_tokens");
     if (!tokens) errors.push_back({"train_tokens", tokens.error().message.substr(std::string("train_tokens: ").size())});
+    else if (*tokens > cm::kMaxTrainTokens) errors.push_back({"train_tokens", "at most 1e24 tokens, as in plan files"});
     else t.train_tokens = *tokens;
   }
 

@@ -54,6 +54,7 @@ TEST(RequestForm, EveryBadValueIsAnErrorAtItsFieldWithTheReason) {
       {"bad sequence length", [](RequestForm& f) { f.seq_len = "8X"; }, "seq_len", "unknown suffix"},
       {"batch below one sequence", [](RequestForm& f) { f.batch_unit = BatchUnit::kTokens; f.global_batch = "100"; }, "global_batch", "less than one sequence"},
       {"negative train tokens", [](RequestForm& f) { f.train_tokens = "-1T"; }, "train_tokens", "must be a positive number"},
+      {"train tokens past plan files' limit", [](RequestForm& f) { f.train_tokens = "1e30"; }, "train_tokens", "at most 1e24 tokens"},
       {"tp not dividing heads", [](RequestForm& f) { f.fixed["tp"] = "3"; }, "fix/tp", "must divide heads (64)"},
       {"tp zero", [](RequestForm& f) { f.fixed["tp"] = "0"; }, "fix/tp", "must be an integer in [1, 65536]"},
       {"pp beyond layers", [](RequestForm& f) { f.fixed["pp"] = "128"; }, "fix", "does not divide gpus(64)"},
