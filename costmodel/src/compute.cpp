@@ -29,30 +29,56 @@ Dtype activation_dtype(Precision p) {
 
 // The kernels of one layer (or of the ends) for one micro-batch: forward and backward time and
 // the number of launches.
+// Whether the op before a linear layer hands it its fp8 operand (stack.hpp Fp8Casting): its
+// input written by a norm or the activation function, its output's gradient by the activation's
+// backward.
+enum class Fp8Cast { kOwn, kFused };
+
 struct Pass {
   const KernelRates& gemm_rates;  // linear layers (fp8 GEMMs when training in fp8)
   const KernelRates& rates;       // everything else, in the activation dtype
   const StackSpec& stack;
   double operand_bytes;           // bytes per element of a linear layer's operands
   double e;                       // bytes per activation element
+  bool fp8 = false;               // linear layers quantise their operands (precision fp8)
   double forward = 0, backward = 0, kernels = 0;
 
   // y[T, out] = x[T, in] W[out, in]^T. Backward: dX (unless the input needs no gradient) and,
   // unless the weight is frozen, dW = dY^T X (PyTorch's orientation: out x in, contracting T).
   // The operands' leading dimensions are the features (in and out), never the tokens, so only
   // they decide whether the GEMMs run at the aligned rate (a 50257-row output layer does not).
-  void linear(double tokens, double out, double in, bool frozen, bool input_grad = true) {
-    const bool aligned = gemm_aligned(out, operand_bytes) && gemm_aligned(in, operand_bytes);
-    forward += gemm_rates.gemm(tokens, out, in, 1, operand_bytes, aligned);
+  // In fp8 the input, the output's gradient and the weight are cast first (stack.fp8).
+  void linear(double tokens, double out, double in, bool frozen, bool input_grad = true, Fp8Cast input = Fp8Cast::kOwn,
+              Fp8Cast grad_output = Fp8Cast::kOwn) {
+    gemms(gemm_rates, operand_bytes, tokens, out, in, frozen, input_grad);
+    if (!fp8) return;
+    const Fp8Casting& c = stack.fp8;
+    cast(forward, tokens * in * (input == Fp8Cast::kFused ? c.input_fused : c.input));
+    cast(forward, out * in * c.weight);
+    if (input_grad || !frozen) cast(backward, tokens * out * (grad_output == Fp8Cast::kFused ? c.grad_output_fused : c.grad_output));
+  }
+  // A linear layer that stays in the activation dtype when the others train in fp8 (the output
+  // layer, a router, LoRA adapters): no casts.
+  void linear_unquantised(double tokens, double out, double in, bool frozen, bool input_grad = true) {
+    gemms(rates, e, tokens, out, in, frozen, input_grad);
+  }
+  void gemms(const KernelRates& r, double bytes, double tokens, double out, double in, bool frozen, bool input_grad) {
+    const bool aligned = gemm_aligned(out, bytes) && gemm_aligned(in, bytes);
+    forward += r.gemm(tokens, out, in, 1, bytes, aligned);
     kernels += 1;
     if (input_grad) {
-      backward += gemm_rates.gemm(tokens, in, out, 1, operand_bytes, aligned);
+      backward += r.gemm(tokens, in, out, 1, bytes, aligned);
       kernels += 1;
     }
     if (!frozen) {
-      backward += gemm_rates.gemm(out, in, tokens, 1, operand_bytes, aligned);
+      backward += r.gemm(out, in, tokens, 1, bytes, aligned);
       kernels += 1;
     }
+  }
+  void cast(double& time, double bytes) {
+    if (bytes <= 0) return;
+    time += rates.stream(bytes);
+    kernels += 1;
   }
   // An element-wise op over `elements` elements: PyTorch's eager kernels at their measured rates,
   // or, in a fusing stack, one kernel each way moving `fused_forward` / `fused_backward` bytes per
@@ -87,8 +113,8 @@ struct Pass {
   }
   // LoRA adapter x A B on a linear from `in` to `out` features, rank r (A, B trainable).
   void adapter(double tokens, double in, double out, double r) {
-    linear(tokens, r, in, false);
-    linear(tokens, out, r, false);
+    linear_unquantised(tokens, r, in, false);
+    linear_unquantised(tokens, out, r, false);
     gradient_sum(tokens * in);
   }
 };
@@ -187,7 +213,7 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
   const double attended_keys = gathered_kv ? s_k * (2.0 * s.cp + 1.0) / (4.0 * s.cp) : s_k;
 
   LayerCost c;
-  Pass p{gemm_rates, rates, stack, lin_in, e};
+  Pass p{gemm_rates, rates, stack, lin_in, e, fp8};
   double recompute_pointwise = 0;  // forward time of the cheap ops selective recompute re-runs (flash, fusing stacks)
   const auto timed = [&](auto&& run) {  // forward time of what `run` adds to the pass
     const double before = p.forward;
@@ -212,24 +238,26 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
     // Down projections (replicated under TP), their RMSNorms, then the up projections.
     const double q_rank = static_cast<double>(mla->q_lora_rank);
     const double kv_rank = static_cast<double>(mla->kv_lora_rank);
+    // Every input here is a norm's output (fp8 written by the norm where the stack fuses it).
+    const Fp8Cast normed = Fp8Cast::kFused;
     if (q_rank > 0) {
-      p.linear(T, q_rank, h, frozen);
+      p.linear(T, q_rank, h, frozen, true, normed);
       p.elementwise(ElementwiseOp::kRmsNorm, T * q_rank, 2 * e, 3 * e);
-      p.linear(T, q_local, q_rank, frozen);
+      p.linear(T, q_local, q_rank, frozen, true, normed);
     } else {
-      p.linear(T, q_local, h, frozen);
+      p.linear(T, q_local, h, frozen, true, normed);
     }
-    p.linear(T, kv_rank + static_cast<double>(mla->qk_rope_head_dim), h, frozen);
+    p.linear(T, kv_rank + static_cast<double>(mla->qk_rope_head_dim), h, frozen, true, normed);
     p.elementwise(ElementwiseOp::kRmsNorm, T * kv_rank, 2 * e, 3 * e);
-    p.linear(T, a_local * static_cast<double>(mla->qk_nope_head_dim + mla->v_head_dim), kv_rank, frozen);
+    p.linear(T, a_local * static_cast<double>(mla->qk_nope_head_dim + mla->v_head_dim), kv_rank, frozen, true, normed);
     p.gradient_sum(T * h);  // the Q and KV paths' input gradients summed
     mla_latents = q_rank + kv_rank + static_cast<double>(mla->qk_rope_head_dim);
   } else if (stack.fused_qkv) {
-    p.linear(T, q_local + 2.0 * kv_local, h, frozen);
+    p.linear(T, q_local + 2.0 * kv_local, h, frozen, true, Fp8Cast::kFused);  // the norm's output
   } else {
-    p.linear(T, q_local, h, frozen);
-    p.linear(T, kv_local, h, frozen);
-    p.linear(T, kv_local, h, frozen);
+    p.linear(T, q_local, h, frozen, true, Fp8Cast::kFused);
+    p.linear(T, kv_local, h, frozen, true, Fp8Cast::kFused);
+    p.linear(T, kv_local, h, frozen, true, Fp8Cast::kFused);
     if (gemm_sums) p.backward += rates.stream(2.0 * e * T * h);  // K's and V's GEMMs read the running sum
     else p.gradient_sum(2.0 * T * h);  // three input gradients summed
   }
@@ -301,7 +329,7 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
   double ffn_local = static_cast<double>(mdl.ffn_hidden) / t;
   double experts_local = 1;
   if (mdl.moe) {
-    p.linear(T, mdl.moe->experts, h, frozen);  // router
+    p.linear_unquantised(T, mdl.moe->experts, h, frozen);  // router
     // With a capacity factor below 1 no expert takes more than capacity_factor of its balanced
     // share (the rest is dropped), so the experts multiply at most that many tokens.
     const double cf = mdl.moe->capacity_factor;
@@ -312,20 +340,23 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
   // Shared experts (DeepSeek, Qwen2-MoE): one dense MLP every token passes through.
   const double shared_local = mdl.moe ? static_cast<double>(mdl.moe->shared_ffn_hidden) / t : 0.0;
   const double tokens_per_expert = tokens_mlp / experts_local;
-  const auto mlp_linears = [&](double tokens, double width) {
+  // fp8: the first GEMM's input is the norm's output (an expert's: its dispatched tokens) and its
+  // output's gradient the activation's backward; the second's input the activation's output.
+  const auto mlp_linears = [&](double tokens, double width, Fp8Cast input) {
+    const Fp8Cast act = Fp8Cast::kFused;
     if (!feat.gated_mlp || stack.fused_gate_up) {
-      p.linear(tokens, feat.gated_mlp ? 2.0 * width : width, h, frozen);
+      p.linear(tokens, feat.gated_mlp ? 2.0 * width : width, h, frozen, true, input, act);
     } else {
-      p.linear(tokens, width, h, frozen);  // gate
-      p.linear(tokens, width, h, frozen);  // up
+      p.linear(tokens, width, h, frozen, true, input, act);  // gate
+      p.linear(tokens, width, h, frozen, true, input, act);  // up
       if (gemm_sums) p.backward += rates.stream(e * tokens * h);  // up's GEMM reads the running sum
       else p.gradient_sum(tokens * h);
     }
-    p.linear(tokens, h, width, frozen);
+    p.linear(tokens, h, width, frozen, true, act);
   };
-  for (double i = 0; i < experts_local; i += 1) mlp_linears(tokens_per_expert, ffn_local);
+  for (double i = 0; i < experts_local; i += 1) mlp_linears(tokens_per_expert, ffn_local, mdl.moe ? Fp8Cast::kOwn : Fp8Cast::kFused);
   if (shared_local > 0) {
-    mlp_linears(T, shared_local);
+    mlp_linears(T, shared_local, Fp8Cast::kFused);
     p.gradient_sum(T * h);  // the routed and the shared experts' input gradients summed
   }
   if (feat.mlp_bias) p.backward += rates.stream(e * T * (ffn_local + h));  // bias gradients
@@ -645,7 +676,7 @@ EndsCost ends_cost(const ModelSpec& mdl, const HardwareProfile& hw, const LayerS
   p.elementwise(feat.layer_norm ? ElementwiseOp::kLayerNorm : ElementwiseOp::kRmsNorm, Tn * h, 2 * e, 3 * e);  // final norm
   // Under TP the executor's chunked loss gives way to its vocab-parallel fp32 cross-entropy.
   const LossKernel loss = stack.loss == LossKernel::kChunkedFused && s.tp > 1 ? LossKernel::kFp32Copy : stack.loss;
-  if (loss != LossKernel::kChunkedFused) p.linear(T, v_local, h, frozen);  // output projection (vocab-parallel)
+  if (loss != LossKernel::kChunkedFused) p.linear_unquantised(T, v_local, h, frozen);  // output projection (vocab-parallel), never fp8
   double loss_saved = 0;
   switch (loss) {
     case LossKernel::kFp32Copy:
@@ -694,7 +725,7 @@ EndsCost ends_cost(const ModelSpec& mdl, const HardwareProfile& hw, const LayerS
       const auto run_chunk = [&](double tokens, double count) {
         if (tokens <= 0 || count <= 0) return;
         Pass q{gemm_rates, rates, stack, lin_in, e};
-        q.linear(tokens, v_local, h, frozen);  // logits, then (in this forward) dX and dW
+        q.linear_unquantised(tokens, v_local, h, frozen);  // logits, then (in this forward) dX and dW
         q.forward += q.backward + rates.stream(3.0 * e * tokens * v_local, 3);  // + the loss sum and its add
         if (!frozen) q.forward += rates.stream(8.0 * v_local * h);  // the fp32 sum read and written
         p.forward += count * q.forward;

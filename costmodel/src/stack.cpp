@@ -22,6 +22,25 @@ namespace {
 // Host time per kernel: 9.2 us for one eager op issued from Python on the H100 host
 // (shared/data/measured/h100-llama3.2-1b/h100_elementwise.csv, launch_tiny_add); LibTorch from
 // C++ skips the interpreter: 5 us assumed; Inductor's generated wrapper: 4 us assumed.
+// fp8 casts (Fp8Casting, bytes per element beyond the bf16 path):
+//  torchao tensorwise dynamic scaling (torchtitan's float8; pytorch-eager, torch-compile), as
+//    torchao/testing/float8/roofline_utils.py counts it: an input or output gradient takes an amax
+//    pass (reads 2) and a cast reading 2 and writing fp8 twice (2), 6 in all; under Inductor the
+//    amax pass fuses into the op that produced the tensor where that op is Inductor's (4); a
+//    weight, every micro-batch: amax (2), the forward cast (3) and the backward's transposed cast
+//    (3), 8. Eager casts run as more ATen ops than that: the roofline is the least they move.
+//  Transformer Engine (megatron-te) with Megatron-LM's default --fp8-recipe delayed: the scale
+//    comes from earlier steps' amax, taken in the cast kernel itself: cast_transpose reads 2 and
+//    writes 2 (4); LayerNormLinear and LayerNormMLP's norms and activation write fp8 themselves (1
+//    byte less than bf16) and the transposed copy reads 1 and writes 1 (net 1); the SwiGLU
+//    backward writes the fp8 gradient and its transpose in place of its bf16 output (0); the fp8
+//    weights are cast on the first micro-batch and kept for the step (0 per micro-batch).
+//  The executor does not train in fp8 (trainer.cpp): trainplan and trainplan-reference take
+//    torchao's unfused casts.
+constexpr Fp8Casting kTorchaoEager{6, 6, 6, 6, 8};
+constexpr Fp8Casting kTorchaoCompiled{6, 4, 6, 4, 8};
+constexpr Fp8Casting kTransformerEngine{4, 1, 4, 0, 0};
+
 constexpr StackSpec kSpecs[] = {
     // The fused paths (executor --kernels fused, the default). Norms: ATen's fused rms_norm
     // forward, recomputed in backward, and one CUDA kernel for the backward (NormLinearsFn);
@@ -37,7 +56,7 @@ constexpr StackSpec kSpecs[] = {
      "residual adds in the norms, "
      "separate Q/K/V and gate/up GEMMs, chunked linear cross-entropy, gradients accumulated in fp32 by the GEMMs (ZeRO-0/1, "
      "no TP), fused AdamW, the loss read once per step",
-     true, false, false, LossKernel::kChunkedFused, GradAccumulation::kFusedInGemmUnsharded, true, 1, 14, 1, 2, true, true, true, false, 5e-6, 1, ContextAttention::kAllGatherKv, false,
+     true, false, false, LossKernel::kChunkedFused, GradAccumulation::kFusedInGemmUnsharded, true, 1, 14, 1, 2, true, true, true, false, 5e-6, 1, ContextAttention::kAllGatherKv, false, kTorchaoEager,
      "executor/src/model.cpp (block_forward with Kernels::kFused: norm_linears, rotary_embedding, swiglu_down; head_loss: "
      "linear_cross_entropy), executor/src/fused_ops.cpp (NormLinearsFn, RotaryFn, SwigluDownFn, LinearCrossEntropyFn), "
      "executor/src/cuda_kernels.cu, executor/src/engine.cpp (grad_sums / fused_accumulation, else an fp32 gradient add per micro-batch; fused_optimizer_step: "
@@ -47,25 +66,25 @@ constexpr StackSpec kSpecs[] = {
     {Stack::kTrainplanReference, "trainplan-reference",
      "trainplan executor (--kernels reference, the executor before its fused paths): eager ATen kernels, separate Q/K/V and "
      "gate/up GEMMs, fp32 logits for the loss, unfused AdamW, fp32 gradient accumulation, one host sync per micro-batch",
-     false, false, false, LossKernel::kFp32Copy, GradAccumulation::kFp32Buffer, false, 106.0 / 32.0, 16, 5, 4, false, false, false, true, 5e-6, 1, ContextAttention::kAllGatherKv, false,
+     false, false, false, LossKernel::kFp32Copy, GradAccumulation::kFp32Buffer, false, 106.0 / 32.0, 16, 5, 4, false, false, false, true, 5e-6, 1, ContextAttention::kAllGatherKv, false, kTorchaoEager,
      "executor/src/model.cpp (block_forward with Kernels::kReference: at::rms_norm, three at::linear for q/k/v, rotate-half "
      "rotary, at::silu(gate) * up, head_loss: logits .to(kFloat) then at::cross_entropy_loss), executor/src/engine.cpp "
      "(fp32 gradient add per micro-batch, ATen AdamW), executor/src/engine.cpp forward_chunk (loss.item() per micro-batch)"},
     {Stack::kPytorchEager, "pytorch-eager",
      "PyTorch eager module: same kernels as trainplan-reference, bf16 .grad accumulation, fused AdamW on fp32 masters",
-     false, false, false, LossKernel::kFp32Copy, GradAccumulation::kParamDtype, true, 1, 24, 0.5, 4, false, false, false, false, 9.2e-6, 1, ContextAttention::kRing, true,
+     false, false, false, LossKernel::kFp32Copy, GradAccumulation::kParamDtype, true, 1, 24, 0.5, 4, false, false, false, false, 9.2e-6, 1, ContextAttention::kRing, true, kTorchaoEager,
      "bench/eager_reference.py (nn.RMSNorm, nn.Linear q/k/v, rotate-half rotary, F.silu(gate) * up, "
      "F.cross_entropy(logits.float()), torch.optim.AdamW(fused=True), clip_grad_norm_(foreach=True))"},
     {Stack::kTorchCompile, "torch-compile",
      "torch.compile (Inductor): element-wise work fused around the same GEMMs, fused cross-entropy, fused AdamW",
-     true, false, false, LossKernel::kFused, GradAccumulation::kParamDtype, true, 1, 24, 0.5, 2, false, false, false, false, 4e-6, 1, ContextAttention::kRing, true,
+     true, false, false, LossKernel::kFused, GradAccumulation::kParamDtype, true, 1, 24, 0.5, 2, false, false, false, false, 4e-6, 1, ContextAttention::kRing, true, kTorchaoCompiled,
      "PyTorch 2 Inductor fuses pointwise and reduction ops and its min-cut partitioner recomputes cheap "
      "pointwise results in backward (Ansel et al. 2024, ASPLOS, Sec. 5); measured on H100: 66.7 K tokens/s and "
      "29.9 GiB peak for Llama 3.2 1B at micro-batch 4 against 54.1 K and 41.6 GiB eager (issue 12)"},
     {Stack::kMegatronTe, "megatron-te",
      "Megatron-Core + Transformer Engine: fused norms, RoPE and SwiGLU, fused QKV and fc1 GEMMs, "
      "fp32 main grads accumulated in the wgrad GEMM, distributed fused Adam, vocab padded to 128 x tp",
-     true, true, true, LossKernel::kMegatronFp32, GradAccumulation::kFusedInGemm, true, 1, 10, 0.3, 3, false, false, false, false, 9.2e-6, 128, ContextAttention::kRing, false,
+     true, true, true, LossKernel::kMegatronFp32, GradAccumulation::kFusedInGemm, true, 1, 10, 0.3, 3, false, false, false, false, 9.2e-6, 128, ContextAttention::kRing, false, kTransformerEngine,
      "Megatron-LM (NVIDIA/Megatron-LM: --make-vocab-size-divisible-by 128, gradient_accumulation_fusion, "
      "distributed optimizer, vocab_parallel_cross_entropy in fp32); Transformer Engine LayerNormLinear, "
      "fused RoPE and SwiGLU; Narayanan et al. 2021, Korthikanti et al. 2022"},

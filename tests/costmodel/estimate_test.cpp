@@ -12,7 +12,9 @@
 #include <nlohmann/json.hpp>
 
 #include "test_support.hpp"
+#include "trainplan/costmodel/compute.hpp"
 #include "trainplan/costmodel/estimate.hpp"
+#include "trainplan/costmodel/kernels.hpp"
 #include "trainplan/costmodel/model.hpp"
 #include "trainplan/costmodel/network.hpp"
 
@@ -300,6 +302,44 @@ TEST(Precision, Fp8OnH100IsFasterThanBf16) {
   EXPECT_LT(fp8.time.step.value(), bf16.time.step.value());
   EXPECT_LT(fp8.time.compute.value(), bf16.time.compute.value());
   EXPECT_GT(fp8.throughput.tokens_per_second, bf16.throughput.tokens_per_second);
+}
+
+// Training in fp8 also moves the casts of each linear layer's operands (stack.hpp Fp8Casting),
+// derived here by hand for one Llama 3 8B layer under Megatron-LM + Transformer Engine's delayed
+// scaling, on an H100 whose fp8 peak is set to its bf16 peak so that the GEMMs take as long in
+// both: forward, the Q/K/V input written in fp8 by the norm (net 1 byte per element), the output
+// projection's input cast and transposed (4), the fc1 input from the norm (1) and the fc2 input
+// from the SwiGLU (1); backward, the gradients of the Q/K/V, output projection and fc2 outputs
+// cast and transposed (4 each) and fc1's from the SwiGLU backward (0). Each cast is one kernel.
+// The output layer stays in bf16: the ends cost the same in both.
+TEST(Precision, Fp8AddsTheCastsOfEachLinearsOperands) {
+  HardwareProfile hw = testing::cluster("dgx-h100");
+  hw.gpu.peak[static_cast<int>(Dtype::kFp8)] = hw.gpu.peak_for(Dtype::kBf16);
+  const ModelSpec m = testing::model("llama3-8b");
+  LayerSetting s;
+  s.micro_batch = 1;
+  s.seq_len = 8192;
+  s.stack = Stack::kMegatronTe;
+  s.zero_stage = 1;
+  const LayerCost bf16 = transformer_layer_cost(m, hw, s);
+  const EndsCost bf16_ends = ends_cost(m, hw, s);
+  s.precision = Precision::kFp8;
+  const LayerCost fp8 = transformer_layer_cost(m, hw, s);
+  const EndsCost fp8_ends = ends_cost(m, hw, s);
+  const KernelRates rates(hw.gpu, Dtype::kBf16);
+  const double T = 8192, h = 4096, ffn = 14336, qkv = h + 2.0 * 1024;
+  const double forward_casts = rates.stream(1 * T * h) + rates.stream(4 * T * h) + rates.stream(1 * T * h) + rates.stream(1 * T * ffn);
+  const double backward_casts = rates.stream(4 * T * qkv) + rates.stream(4 * T * h) + rates.stream(4 * T * h);
+  EXPECT_NEAR(fp8.forward - bf16.forward, forward_casts, 1e-3 * forward_casts);
+  EXPECT_NEAR(fp8.backward - bf16.backward, backward_casts, 1e-3 * backward_casts);
+  // The output layer at the real fp8 peak (twice bf16's) still takes its bf16 time.
+  const HardwareProfile real = testing::cluster("dgx-h100");
+  const EndsCost fp8_real = ends_cost(m, real, s);
+  s.precision = Precision::kBf16;
+  const EndsCost bf16_real = ends_cost(m, real, s);
+  EXPECT_NEAR(fp8_real.head_forward, bf16_real.head_forward, 1e-12);
+  EXPECT_NEAR(fp8_real.head_backward, bf16_real.head_backward, 1e-12);
+  EXPECT_NEAR(fp8_ends.head_forward, bf16_ends.head_forward, 1e-12);
 }
 
 // A100 has no fp8 tensor cores (datasheet): the plan is invalid, and the error says why.

@@ -58,6 +58,17 @@ enum class ContextAttention {
   kAllGatherKv,
 };
 
+// What quantising a linear layer's GEMM operands to fp8 moves, in bytes per element: its input
+// (an amax pass where the scale is computed from the tensor itself, then the cast writing fp8 in
+// both layouts, row-major for the forward GEMM and transposed for the weight gradient's), the
+// gradient of its output in backward (the same), and its weight per micro-batch (0 where the fp8
+// weight is cast once per step and cached). `*_fused`: where the op before (a norm, the
+// activation function or its backward) writes the fp8 copies itself or the amax pass fuses into
+// it.
+struct Fp8Casting {
+  double input = 0, input_fused = 0, grad_output = 0, grad_output_fused = 0, weight = 0;
+};
+
 struct StackSpec {
   Stack stack;
   const char* name;     // "trainplan", as on the command line and in documents
@@ -111,6 +122,11 @@ struct StackSpec {
   // runs exposed (the backward GEMMs wait for it), except with LoRA dropout, whose copies take the gathered
   // input).
   bool sequence_parallel_keeps_gathered_input;
+  // Training in fp8 (precision fp8): what quantising the operands of a linear layer's three GEMMs
+  // moves beyond the bf16 path, in bytes per element (Fp8Casting). The output layer and the
+  // router stay in bf16 in every stack (Megatron's output layer is not a Transformer Engine
+  // module; torchtitan leaves "output" out of its float8 conversion).
+  Fp8Casting fp8;
   const char* source;
 };
 

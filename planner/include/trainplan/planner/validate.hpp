@@ -60,6 +60,10 @@ void summarise(ValidationTable& table);
 // Dubey et al. 2024 (Llama 3), Table 4: MFU of Llama 3 405B on 8K and 16K H100 with the
 // published layout, predicted for the megatron-te stack. Held out: printed, never bounded.
 [[nodiscard]] costmodel::Result<ValidationTable> validate_llama3_405b_h100();
+// NVIDIA's NeMo / Megatron-Bridge performance summaries: tokens/s per GPU of Llama and GPT-3
+// 175B in FP8 on DGX-H100 with the published layout, predicted for the megatron-te stack. Held
+// out: printed, never bounded.
+[[nodiscard]] costmodel::Result<ValidationTable> validate_nemo_h100_fp8();
 // The executor's runs on one H100 (tests/data/h100-llama3.2-1b): step seconds, peak allocated and
 // reserved GiB per run against its plan's estimate; the source says whether the run that ran out
 // of memory is predicted not to fit.
