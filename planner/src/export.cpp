@@ -83,7 +83,14 @@ Result<Derived> derive(const Plan& plan) {
   d.nodes = plan.gpus / d.per_node;
   d.micro_batches = plan.training.global_batch / (static_cast<long long>(p.dp) * p.micro_batch);
   const double tokens_per_step = static_cast<double>(plan.training.global_batch) * static_cast<double>(plan.training.seq_len);
-  d.steps = static_cast<long long>(std::ceil(plan.training.train_tokens / tokens_per_step));
+  const double steps = std::ceil(plan.training.train_tokens / tokens_per_step);
+  if (!(steps <= std::ldexp(1.0, 62))) {  // a signed 64-bit step counter (--train-iters, steps) holds it
+    char buf[200];
+    std::snprintf(buf, sizeof buf, "/training/train_tokens: %.4g tokens are %.4g optimizer steps of %.4g tokens, more than a 64-bit step count holds",
+                  plan.training.train_tokens, steps, tokens_per_step);
+    return Error{buf};
+  }
+  d.steps = static_cast<long long>(steps);
   d.nodes_text = std::to_string(plan.gpus) + " GPUs = " + count_text(d.nodes, "node", "nodes") + " x " + std::to_string(d.per_node);
   return d;
 }

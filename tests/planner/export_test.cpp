@@ -227,6 +227,26 @@ TEST(ExportPlan, GpusThatAreNotWholeNodesAreAnError) {
   EXPECT_EQ(exported.error().message, "gpus(12) is not a whole number of nodes of 8 GPUs (dgx-h100)");
 }
 
+// Plans may train up to 1e24 tokens (plan.hpp kMaxTrainTokens); at a small step that is more
+// optimizer steps than a signed 64-bit count holds (--train-iters once read -9223372036854775808).
+TEST(ExportPlan, MoreStepsThanA64BitCountHoldsAreAnError) {
+  costmodel::Plan plan = load(testing::data_path("export/llama3-8b-hsdp16-offload.plan.json"));
+  plan.training.global_batch = 16;  // one sequence per rank
+  plan.training.seq_len = 1024;
+  const double step_tokens = static_cast<double>(plan.training.global_batch) * static_cast<double>(plan.training.seq_len);
+  plan.training.train_tokens = 1e24;
+  ASSERT_GT(1e24 / step_tokens, 9.3e18) << "the plan's step must be under 1.08e5 tokens for this case";
+  for (ExportTarget target : {ExportTarget::kMegatron, ExportTarget::kTorchtitan, ExportTarget::kDeepspeed, ExportTarget::kAccelerate}) {
+    auto exported = planner::export_plan(plan, target);
+    ASSERT_FALSE(exported.ok()) << export_target_name(target);
+    EXPECT_NE(exported.error().message.find("/training/train_tokens: 1e+24 tokens are"), std::string::npos) << exported.error().message;
+    EXPECT_NE(exported.error().message.find("more than a 64-bit step count holds"), std::string::npos) << exported.error().message;
+  }
+  plan.training.train_tokens = 4e18 * step_tokens;  // under 2^62 steps: written
+  auto written = planner::export_plan(plan, ExportTarget::kAccelerate);
+  EXPECT_TRUE(written.ok()) << written.error().message;
+}
+
 TEST(ExportTargetName, ParsesTheFourNamesAndListsThemOtherwise) {
   for (ExportTarget t : planner::export_targets()) {
     auto parsed = planner::parse_export_target(planner::export_target_name(t));
