@@ -27,13 +27,14 @@ Dtype activation_dtype(Precision p) {
   return p == Precision::kFp32 ? Dtype::kFp32 : (p == Precision::kFp16 ? Dtype::kFp16 : Dtype::kBf16);
 }
 
+// What produced a linear layer's input, or its output's gradient, which fp8 training casts
+// (stack.hpp Fp8Casting): a norm or the activation function (its backward for the gradient) may
+// write the fp8 copy itself or take the amax pass into its own; otherwise the cast is a kernel of
+// its own.
+enum class Fp8Cast { kOwn, kFromNorm, kFromActivation };
+
 // The kernels of one layer (or of the ends) for one micro-batch: forward and backward time and
 // the number of launches.
-// Whether the op before a linear layer hands it its fp8 operand (stack.hpp Fp8Casting): its
-// input written by a norm or the activation function, its output's gradient by the activation's
-// backward.
-enum class Fp8Cast { kOwn, kFused };
-
 struct Pass {
   const KernelRates& gemm_rates;  // linear layers (fp8 GEMMs when training in fp8)
   const KernelRates& rates;       // everything else, in the activation dtype
@@ -42,6 +43,9 @@ struct Pass {
   double e;                       // bytes per activation element
   bool fp8 = false;               // linear layers quantise their operands (precision fp8)
   double forward = 0, backward = 0, kernels = 0;
+  // fp8: the forward time of casting inputs a norm or the activation function produced, which a
+  // recompute of those ops runs again.
+  double pointwise_input_casts = 0;
 
   // y[T, out] = x[T, in] W[out, in]^T. Backward: dX (unless the input needs no gradient) and,
   // unless the weight is frozen, dW = dY^T X (PyTorch's orientation: out x in, contracting T).
@@ -52,10 +56,19 @@ struct Pass {
               Fp8Cast grad_output = Fp8Cast::kOwn) {
     gemms(gemm_rates, operand_bytes, tokens, out, in, frozen, input_grad);
     if (!fp8) return;
+    const double input_cast = cast(forward, tokens * in * input_bytes(input));
+    if (input != Fp8Cast::kOwn) pointwise_input_casts += input_cast;
+    cast(forward, out * in * stack.fp8.weight_forward);
+    if (input_grad || !frozen) {
+      const Fp8Casting& c = stack.fp8;
+      cast(backward, tokens * out * (grad_output == Fp8Cast::kFromActivation ? c.grad_output_from_activation : c.grad_output));
+      cast(backward, out * in * c.weight_backward);
+    }
+  }
+  // Bytes per element of casting an input that `from` produced to fp8 (stack.fp8).
+  double input_bytes(Fp8Cast from) const {
     const Fp8Casting& c = stack.fp8;
-    cast(forward, tokens * in * (input == Fp8Cast::kFused ? c.input_fused : c.input));
-    cast(forward, out * in * c.weight);
-    if (input_grad || !frozen) cast(backward, tokens * out * (grad_output == Fp8Cast::kFused ? c.grad_output_fused : c.grad_output));
+    return from == Fp8Cast::kFromNorm ? c.input_from_norm : from == Fp8Cast::kFromActivation ? c.input_from_activation : c.input;
   }
   // A linear layer that stays in the activation dtype when the others train in fp8 (the output
   // layer, a router, LoRA adapters): no casts.
@@ -75,10 +88,13 @@ struct Pass {
       kernels += 1;
     }
   }
-  void cast(double& time, double bytes) {
-    if (bytes <= 0) return;
-    time += rates.stream(bytes);
+  // Adds a cast kernel moving `bytes` to `time`; returns its time.
+  double cast(double& time, double bytes) {
+    if (bytes <= 0) return 0.0;
+    const double t = rates.stream(bytes);
+    time += t;
     kernels += 1;
+    return t;
   }
   // An element-wise op over `elements` elements: PyTorch's eager kernels at their measured rates,
   // or, in a fusing stack, one kernel each way moving `fused_forward` / `fused_backward` bytes per
@@ -238,26 +254,28 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
     // Down projections (replicated under TP), their RMSNorms, then the up projections.
     const double q_rank = static_cast<double>(mla->q_lora_rank);
     const double kv_rank = static_cast<double>(mla->kv_lora_rank);
-    // Every input here is a norm's output (fp8 written by the norm where the stack fuses it).
-    const Fp8Cast normed = Fp8Cast::kFused;
+    // fp8: the down projections (and Q's projection without a latent) take the block norm's
+    // output through plain linear modules (Megatron-Core's MLA spec: a standalone norm), the up
+    // projections their latent's norm fused in (TE's LayerNormColumnParallelLinear).
+    const Fp8Cast normed = Fp8Cast::kFromNorm;
     if (q_rank > 0) {
-      p.linear(T, q_rank, h, frozen, true, normed);
+      p.linear(T, q_rank, h, frozen);
       p.elementwise(ElementwiseOp::kRmsNorm, T * q_rank, 2 * e, 3 * e);
       p.linear(T, q_local, q_rank, frozen, true, normed);
     } else {
-      p.linear(T, q_local, h, frozen, true, normed);
+      p.linear(T, q_local, h, frozen);
     }
-    p.linear(T, kv_rank + static_cast<double>(mla->qk_rope_head_dim), h, frozen, true, normed);
+    p.linear(T, kv_rank + static_cast<double>(mla->qk_rope_head_dim), h, frozen);
     p.elementwise(ElementwiseOp::kRmsNorm, T * kv_rank, 2 * e, 3 * e);
     p.linear(T, a_local * static_cast<double>(mla->qk_nope_head_dim + mla->v_head_dim), kv_rank, frozen, true, normed);
     p.gradient_sum(T * h);  // the Q and KV paths' input gradients summed
     mla_latents = q_rank + kv_rank + static_cast<double>(mla->qk_rope_head_dim);
   } else if (stack.fused_qkv) {
-    p.linear(T, q_local + 2.0 * kv_local, h, frozen, true, Fp8Cast::kFused);  // the norm's output
+    p.linear(T, q_local + 2.0 * kv_local, h, frozen, true, Fp8Cast::kFromNorm);  // the norm's output
   } else {
-    p.linear(T, q_local, h, frozen, true, Fp8Cast::kFused);
-    p.linear(T, kv_local, h, frozen, true, Fp8Cast::kFused);
-    p.linear(T, kv_local, h, frozen, true, Fp8Cast::kFused);
+    p.linear(T, q_local, h, frozen, true, Fp8Cast::kFromNorm);
+    p.linear(T, kv_local, h, frozen, true, Fp8Cast::kFromNorm);
+    p.linear(T, kv_local, h, frozen, true, Fp8Cast::kFromNorm);
     if (gemm_sums) p.backward += rates.stream(2.0 * e * T * h);  // K's and V's GEMMs read the running sum
     else p.gradient_sum(2.0 * T * h);  // three input gradients summed
   }
@@ -340,10 +358,12 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
   // Shared experts (DeepSeek, Qwen2-MoE): one dense MLP every token passes through.
   const double shared_local = mdl.moe ? static_cast<double>(mdl.moe->shared_ffn_hidden) / t : 0.0;
   const double tokens_per_expert = tokens_mlp / experts_local;
-  // fp8: the first GEMM's input is the norm's output (an expert's: its dispatched tokens) and its
-  // output's gradient the activation's backward; the second's input the activation's output.
+  // fp8: the first GEMM's input is the norm's output (fused in the dense MLP's first module in
+  // Megatron-Core; an expert's input is its dispatched tokens, a shared expert's a plain linear's)
+  // and its output's gradient the activation's backward; the second's input the activation's
+  // output.
   const auto mlp_linears = [&](double tokens, double width, Fp8Cast input) {
-    const Fp8Cast act = Fp8Cast::kFused;
+    const Fp8Cast act = Fp8Cast::kFromActivation;
     if (!feat.gated_mlp || stack.fused_gate_up) {
       p.linear(tokens, feat.gated_mlp ? 2.0 * width : width, h, frozen, true, input, act);
     } else {
@@ -354,9 +374,9 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
     }
     p.linear(tokens, h, width, frozen, true, act);
   };
-  for (double i = 0; i < experts_local; i += 1) mlp_linears(tokens_per_expert, ffn_local, mdl.moe ? Fp8Cast::kOwn : Fp8Cast::kFused);
+  for (double i = 0; i < experts_local; i += 1) mlp_linears(tokens_per_expert, ffn_local, mdl.moe ? Fp8Cast::kOwn : Fp8Cast::kFromNorm);
   if (shared_local > 0) {
-    mlp_linears(T, shared_local, Fp8Cast::kFused);
+    mlp_linears(T, shared_local, Fp8Cast::kOwn);
     p.gradient_sum(T * h);  // the routed and the shared experts' input gradients summed
   }
   if (feat.mlp_bias) p.backward += rates.stream(e * T * (ffn_local + h));  // bias gradients
@@ -448,7 +468,7 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
   // which the stack keeps gathered or as the shard (stack.hpp).
   const double gemm_input_tokens = s.sequence_parallel && stack.sequence_parallel_keeps_gathered_input ? T : Tn;
   const double norm_outputs =
-      norm_recomputed ? 0.0 : ((attention_input_kept ? 1.0 : 0.0) + (mlp_input_kept ? 1.0 : 0.0)) * gemm_input_tokens * h * lin_in;
+      norm_recomputed ? 0.0 : ((attention_input_kept ? 1.0 : 0.0) + (mlp_input_kept ? 1.0 : 0.0)) * gemm_input_tokens * h * (lora ? e : lin_in);
   // Q, K and V (all-gathered K/V: every rank's, s.cp times the local ones). MLA: latents and their norms' inputs.
   const double qkv = T * (q_local + (gathered_kv ? s.cp : 1.0) * (k_local + v_local)) * e + 2.0 * T * mla_latents * e;
   const double score_bytes = s.attention == AttentionKernel::kStandard ? scores * (e + (s.dropout ? 1.0 + e : 0.0))
@@ -477,7 +497,7 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
   // copy the routing's small tensors: its top-k index (int64) and probability (float32), its
   // token's index (int64) and its float32 weight, and under expert parallelism the two int64
   // indices that order the received copies by expert and back.
-  const double moe_kept = mdl.moe ? (norm_recomputed ? Tn * h * lin_in : 0.0) + 4.0 * T * mdl.moe->experts +
+  const double moe_kept = mdl.moe ? (norm_recomputed ? Tn * h * e : 0.0) + 4.0 * T * mdl.moe->experts +
                                         tokens_mlp * (h * e + 24.0 + (s.ep > 1 ? 16.0 : 0.0))
                                   : 0.0;
   double adapters = 0;
@@ -533,13 +553,20 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
         double gemms = gemm_rates.gemm(T, kv_local, h, 1, lin_in, ok(kv_local, h)) + gemm_rates.gemm(T, h, q_local, 1, lin_in, ok(h, q_local)) +
                        experts_local * gemm_rates.gemm(tokens_per_expert, ffn_local, h, 1, lin_in, ok(ffn_local, h));
         if (shared_local > 0) gemms += gemm_rates.gemm(T, shared_local, h, 1, lin_in, ok(shared_local, h));
+        if (fp8) {  // the recomputed GEMMs' input and weight casts (at least: eager reruns every cast of the block)
+          const Fp8Casting& f = stack.fp8;
+          gemms += rates.stream(f.input_from_norm * T * h) + rates.stream(f.input * T * q_local) +
+                   experts_local * rates.stream(p.input_bytes(mdl.moe ? Fp8Cast::kOwn : Fp8Cast::kFromNorm) * tokens_per_expert * h) +
+                   (shared_local > 0 ? rates.stream(f.input * T * h) : 0.0) +
+                   rates.stream(f.weight_forward * h * (kv_local + q_local + experts_local * ffn_local + shared_local));
+        }
         c.recompute = recompute_pointwise + gemms + rotary_forward;
         c.forward_transient_bytes = std::max(c.forward_transient_bytes, T * kv_local * e + Tn * h * e);
       } else {
         // Flash already keeps no scores: recompute the cheap memory-bound ops instead (norms,
         // activation function) and keep only their inputs.
         c.activation_bytes = c.full_activation_bytes - norm_outputs - norm_stats - mlp_act_out;
-        c.recompute = recompute_pointwise;
+        c.recompute = recompute_pointwise + p.pointwise_input_casts;  // fp8: their outputs cast again
       }
       break;
     case Recompute::kFull:
@@ -773,7 +800,7 @@ EndsCost ends_cost(const ModelSpec& mdl, const HardwareProfile& hw, const LayerS
   c.head_backward = p.backward;
   c.kernels = emb.kernels + p.kernels;
   c.head_model_flops = (frozen ? 4.0 : 6.0) * static_cast<double>(mdl.vocab) / t * h * T;
-  c.head_activation_bytes = Tn * h * e + T * h * lin_in + loss_saved;
+  c.head_activation_bytes = Tn * h * e + T * h * e + loss_saved;  // the output layer's input: bf16 in every precision
   return c;
 }
 

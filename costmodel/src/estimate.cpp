@@ -297,7 +297,7 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
       x.gradients = x.dense * stack_grad_width / (p.zero_stage >= 2 ? dense_shard : 1) +
                     x.expert * stack_grad_width / (p.zero_stage >= 2 ? expert_shard : 1);
       x.optimizer = x.dense * w.optimizer / (p.zero_stage >= 1 ? dense_shard : 1) + x.expert * w.optimizer / (p.zero_stage >= 1 ? expert_shard : 1);
-      if (tr.precision == Precision::kFp8 && stack.fp8.weight == 0 && p.zero_stage < 3) {
+      if (tr.precision == Precision::kFp8 && stack.fp8.weight_forward == 0 && p.zero_stage < 3) {
         // fp8 weights cached for the step (stack.hpp Fp8Casting: Transformer Engine casts each
         // linear layer's weight on the first micro-batch and keeps it and its transpose): 2 bytes
         // per parameter of the stage's linear layers.

@@ -26,20 +26,22 @@ namespace {
 //  torchao tensorwise dynamic scaling (torchtitan's float8; pytorch-eager, torch-compile), as
 //    torchao/testing/float8/roofline_utils.py counts it: an input or output gradient takes an amax
 //    pass (reads 2) and a cast reading 2 and writing fp8 twice (2), 6 in all; under Inductor the
-//    amax pass fuses into the op that produced the tensor where that op is Inductor's (4); a
-//    weight, every micro-batch: amax (2), the forward cast (3) and the backward's transposed cast
-//    (3), 8. Eager casts run as more ATen ops than that: the roofline is the least they move.
-//  Transformer Engine (megatron-te) with Megatron-LM's default --fp8-recipe delayed: the scale
-//    comes from earlier steps' amax, taken in the cast kernel itself: cast_transpose reads 2 and
-//    writes 2 (4); LayerNormLinear and LayerNormMLP's norms and activation write fp8 themselves (1
-//    byte less than bf16) and the transposed copy reads 1 and writes 1 (net 1); the SwiGLU
-//    backward writes the fp8 gradient and its transpose in place of its bf16 output (0); the fp8
+//    amax pass fuses into the op that produced the tensor where that op is Inductor's, a norm or
+//    the activation function (4); a weight, every micro-batch: amax (2) and the forward cast (3),
+//    the backward's transposed cast (3). Eager casts run as more ATen ops than that: the roofline
+//    is the least they move.
+//  Megatron-LM with Transformer Engine (megatron-te) and its default --fp8-recipe delayed: the
+//    scale comes from earlier steps' amax, taken in the cast kernel itself: cast_transpose reads 2
+//    and writes 2 (4). The Q/K/V and fc1 GEMMs are TE LayerNormLinear modules, whose norm writes
+//    fp8 itself (1 byte less than bf16) and whose transposed copy reads 1 and writes 1 (net 1).
+//    The activation function is Megatron's own (bias_swiglu_impl, bias_gelu_impl) and writes bf16,
+//    so fc2's input and fc1's output gradient are cast by fc2's and fc1's modules (4). The fp8
 //    weights are cast on the first micro-batch and kept for the step (0 per micro-batch).
 //  The executor does not train in fp8 (trainer.cpp): trainplan and trainplan-reference take
 //    torchao's unfused casts.
-constexpr Fp8Casting kTorchaoEager{6, 6, 6, 6, 8};
-constexpr Fp8Casting kTorchaoCompiled{6, 4, 6, 4, 8};
-constexpr Fp8Casting kTransformerEngine{4, 1, 4, 0, 0};
+constexpr Fp8Casting kTorchaoEager{6, 6, 6, 6, 6, 5, 3};
+constexpr Fp8Casting kTorchaoCompiled{6, 4, 4, 6, 4, 5, 3};
+constexpr Fp8Casting kTransformerEngine{4, 1, 4, 4, 4, 0, 0};
 
 constexpr StackSpec kSpecs[] = {
     // The fused paths (executor --kernels fused, the default). Norms: ATen's fused rms_norm

@@ -443,8 +443,9 @@ Result<ValidationTable> validate_nemo_h100_fp8() {
     table.quantity = "tokens/s per GPU";
     table.source = "NVIDIA's NeMo 24.07 and Megatron-Bridge 25.11 / 26.02 performance summaries (DGX-H100, FP8; layouts as "
                    "published); predicted for the megatron-te stack on dgx-h100 in fp8 with ZeRO-1 (the distributed optimizer; "
-                   "ZeRO-3 where FSDP is on), sequence parallelism with TP, recompute searched; 25.11 ran FP8 current scaling, "
-                   "which reads each cast tensor once more than the delayed scaling modelled; not used to build the model";
+                   "ZeRO-3 where FSDP is on), sequence parallelism with TP, recompute searched; the 25.11 and 26.02 runs used "
+                   "FP8 current scaling, which costs more than the delayed scaling modelled (each cast reads its tensor once more, "
+                   "and a norm writes bf16 before the cast); not used to build the model";
     const costmodel::HardwareProfile h100 = checked(costmodel::find_hwprofile("dgx-h100"));
     for (const CsvRow& row : t.rows) {
       costmodel::PlanRequest req;

@@ -307,11 +307,11 @@ TEST(Precision, Fp8OnH100IsFasterThanBf16) {
 // Training in fp8 also moves the casts of each linear layer's operands (stack.hpp Fp8Casting),
 // derived here by hand for one Llama 3 8B layer under Megatron-LM + Transformer Engine's delayed
 // scaling, on an H100 whose fp8 peak is set to its bf16 peak so that the GEMMs take as long in
-// both: forward, the Q/K/V input written in fp8 by the norm (net 1 byte per element), the output
-// projection's input cast and transposed (4), the fc1 input from the norm (1) and the fc2 input
-// from the SwiGLU (1); backward, the gradients of the Q/K/V, output projection and fc2 outputs
-// cast and transposed (4 each) and fc1's from the SwiGLU backward (0). Each cast is one kernel.
-// The output layer stays in bf16: the ends cost the same in both.
+// both: forward, the Q/K/V and fc1 inputs written in fp8 by their LayerNormLinear's norm (net 1
+// byte per element), the output projection's input and fc2's (Megatron's own SwiGLU writes bf16)
+// cast and transposed (4 each); backward, the gradients of all four outputs cast and transposed
+// (4 each; fc1's is the SwiGLU backward's bf16 output). Each cast is one kernel. The output layer
+// stays in bf16: the ends cost the same in both.
 TEST(Precision, Fp8AddsTheCastsOfEachLinearsOperands) {
   HardwareProfile hw = testing::cluster("dgx-h100");
   hw.gpu.peak[static_cast<int>(Dtype::kFp8)] = hw.gpu.peak_for(Dtype::kBf16);
@@ -328,8 +328,8 @@ TEST(Precision, Fp8AddsTheCastsOfEachLinearsOperands) {
   const EndsCost fp8_ends = ends_cost(m, hw, s);
   const KernelRates rates(hw.gpu, Dtype::kBf16);
   const double T = 8192, h = 4096, ffn = 14336, qkv = h + 2.0 * 1024;
-  const double forward_casts = rates.stream(1 * T * h) + rates.stream(4 * T * h) + rates.stream(1 * T * h) + rates.stream(1 * T * ffn);
-  const double backward_casts = rates.stream(4 * T * qkv) + rates.stream(4 * T * h) + rates.stream(4 * T * h);
+  const double forward_casts = rates.stream(1 * T * h) + rates.stream(4 * T * h) + rates.stream(1 * T * h) + rates.stream(4 * T * ffn);
+  const double backward_casts = rates.stream(4 * T * qkv) + rates.stream(4 * T * h) + rates.stream(4 * T * 2 * ffn) + rates.stream(4 * T * h);
   EXPECT_NEAR(fp8.forward - bf16.forward, forward_casts, 1e-3 * forward_casts);
   EXPECT_NEAR(fp8.backward - bf16.backward, backward_casts, 1e-3 * backward_casts);
   // The output layer at the real fp8 peak (twice bf16's) still takes its bf16 time.
@@ -340,6 +340,36 @@ TEST(Precision, Fp8AddsTheCastsOfEachLinearsOperands) {
   EXPECT_NEAR(fp8_real.head_forward, bf16_real.head_forward, 1e-12);
   EXPECT_NEAR(fp8_real.head_backward, bf16_real.head_backward, 1e-12);
   EXPECT_NEAR(fp8_ends.head_forward, bf16_ends.head_forward, 1e-12);
+}
+
+// The same layer under torch.compile with torchao's tensorwise casts (torchao's roofline,
+// roofline_utils.py): separate Q, K, V and gate, up linears each cast the norm's output with the
+// amax pass fused into the norm (4 bytes per element), the output projection's input takes its
+// own amax pass (6) and the down projection's the activation's (4); backward, every output's
+// gradient 6, gate's and up's from the SwiGLU backward 4; every weight 5 forward (amax and cast)
+// and 3 backward (the transposed cast), every micro-batch.
+TEST(Precision, Fp8UnderTorchaoCastsWeightsEveryMicroBatch) {
+  HardwareProfile hw = testing::cluster("dgx-h100");
+  hw.gpu.peak[static_cast<int>(Dtype::kFp8)] = hw.gpu.peak_for(Dtype::kBf16);
+  const ModelSpec m = testing::model("llama3-8b");
+  LayerSetting s;
+  s.micro_batch = 1;
+  s.seq_len = 8192;
+  s.stack = Stack::kTorchCompile;
+  const LayerCost bf16 = transformer_layer_cost(m, hw, s);
+  s.precision = Precision::kFp8;
+  const LayerCost fp8 = transformer_layer_cost(m, hw, s);
+  const KernelRates r(hw.gpu, Dtype::kBf16);
+  const double T = 8192, h = 4096, kv = 1024, ffn = 14336;
+  const double weights[] = {h * h, h * kv, h * kv, h * h, h * ffn, h * ffn, ffn * h};  // q k v o gate up down
+  double forward = 3 * r.stream(4 * T * h) + r.stream(6 * T * h) + 2 * r.stream(4 * T * h) + r.stream(4 * T * ffn);
+  double backward = r.stream(6 * T * h) + 2 * r.stream(6 * T * kv) + r.stream(6 * T * h) + 2 * r.stream(4 * T * ffn) + r.stream(6 * T * h);
+  for (double w : weights) {
+    forward += r.stream(5 * w);
+    backward += r.stream(3 * w);
+  }
+  EXPECT_NEAR(fp8.forward - bf16.forward, forward, 1e-3 * forward);
+  EXPECT_NEAR(fp8.backward - bf16.backward, backward, 1e-3 * backward);
 }
 
 // Transformer Engine keeps each linear layer's fp8 weight and its transpose for the step (cast on

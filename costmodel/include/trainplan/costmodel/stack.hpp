@@ -58,15 +58,17 @@ enum class ContextAttention {
   kAllGatherKv,
 };
 
-// What quantising a linear layer's GEMM operands to fp8 moves, in bytes per element: its input
-// (an amax pass where the scale is computed from the tensor itself, then the cast writing fp8 in
-// both layouts, row-major for the forward GEMM and transposed for the weight gradient's), the
-// gradient of its output in backward (the same), and its weight per micro-batch (0 where the fp8
-// weight is cast once per step and cached). `*_fused`: where the op before (a norm, the
-// activation function or its backward) writes the fp8 copies itself or the amax pass fuses into
-// it.
+// What quantising a linear layer's GEMM operands to fp8 moves, in bytes per element beyond the
+// bf16 path: its input (an amax pass where the scale is computed from the tensor itself, then the
+// cast writing fp8 in both layouts, row-major for the forward GEMM and transposed for the weight
+// gradient's), less where the op that produced it (a norm, the activation function) writes the
+// fp8 copy itself or takes the amax pass into its own; the gradient of its output in backward
+// (the same, the activation's backward for fc1's); its weight per micro-batch, forward and
+// backward casts (0 where the fp8 weight is cast once per step and kept).
 struct Fp8Casting {
-  double input = 0, input_fused = 0, grad_output = 0, grad_output_fused = 0, weight = 0;
+  double input = 0, input_from_norm = 0, input_from_activation = 0;
+  double grad_output = 0, grad_output_from_activation = 0;
+  double weight_forward = 0, weight_backward = 0;
 };
 
 struct StackSpec {
@@ -123,9 +125,10 @@ struct StackSpec {
   // input).
   bool sequence_parallel_keeps_gathered_input;
   // Training in fp8 (precision fp8): what quantising the operands of a linear layer's three GEMMs
-  // moves beyond the bf16 path, in bytes per element (Fp8Casting). The output layer and the
-  // router stay in bf16 in every stack (Megatron's output layer is not a Transformer Engine
-  // module; torchtitan leaves "output" out of its float8 conversion).
+  // moves beyond the bf16 path, in bytes per element (Fp8Casting). The output layer, a router and
+  // LoRA adapters stay in bf16 in every stack (Megatron's output layer is a plain column-parallel
+  // linear and its router no Transformer Engine module; torchtitan's float8 configs leave the
+  // output layer out of the conversion).
   Fp8Casting fp8;
   const char* source;
 };
