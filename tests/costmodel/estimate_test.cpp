@@ -304,6 +304,22 @@ TEST(Precision, Fp8OnH100IsFasterThanBf16) {
   EXPECT_GT(fp8.throughput.tokens_per_second, bf16.throughput.tokens_per_second);
 }
 
+// An H100 whose fp8 peak is its bf16 peak, so that a GEMM takes as long in both and an fp8
+// layer's extra time is its casts; and one Llama 3 8B sequence of 8192 tokens for `stack`.
+HardwareProfile h100_with_fp8_at_bf16_peak() {
+  HardwareProfile hw = testing::cluster("dgx-h100");
+  hw.gpu.peak[static_cast<int>(Dtype::kFp8)] = hw.gpu.peak_for(Dtype::kBf16);
+  return hw;
+}
+LayerSetting one_sequence_of_8192(Stack stack) {
+  LayerSetting s;
+  s.micro_batch = 1;
+  s.seq_len = 8192;
+  s.stack = stack;
+  s.zero_stage = 1;
+  return s;
+}
+
 // Training in fp8 also moves the casts of each linear layer's operands (stack.hpp Fp8Casting),
 // derived here by hand for one Llama 3 8B layer under Megatron-LM + Transformer Engine's delayed
 // scaling, on an H100 whose fp8 peak is set to its bf16 peak so that the GEMMs take as long in
@@ -313,14 +329,9 @@ TEST(Precision, Fp8OnH100IsFasterThanBf16) {
 // (4 each; fc1's is the SwiGLU backward's bf16 output). Each cast is one kernel. The output layer
 // stays in bf16: the ends cost the same in both.
 TEST(Precision, Fp8AddsTheCastsOfEachLinearsOperands) {
-  HardwareProfile hw = testing::cluster("dgx-h100");
-  hw.gpu.peak[static_cast<int>(Dtype::kFp8)] = hw.gpu.peak_for(Dtype::kBf16);
+  const HardwareProfile hw = h100_with_fp8_at_bf16_peak();
   const ModelSpec m = testing::model("llama3-8b");
-  LayerSetting s;
-  s.micro_batch = 1;
-  s.seq_len = 8192;
-  s.stack = Stack::kMegatronTe;
-  s.zero_stage = 1;
+  LayerSetting s = one_sequence_of_8192(Stack::kMegatronTe);
   const LayerCost bf16 = transformer_layer_cost(m, hw, s);
   const EndsCost bf16_ends = ends_cost(m, hw, s);
   s.precision = Precision::kFp8;
@@ -349,13 +360,9 @@ TEST(Precision, Fp8AddsTheCastsOfEachLinearsOperands) {
 // gradient 6, gate's and up's from the SwiGLU backward 4; every weight 5 forward (amax and cast)
 // and 3 backward (the transposed cast), every micro-batch.
 TEST(Precision, Fp8UnderTorchaoCastsWeightsEveryMicroBatch) {
-  HardwareProfile hw = testing::cluster("dgx-h100");
-  hw.gpu.peak[static_cast<int>(Dtype::kFp8)] = hw.gpu.peak_for(Dtype::kBf16);
+  const HardwareProfile hw = h100_with_fp8_at_bf16_peak();
   const ModelSpec m = testing::model("llama3-8b");
-  LayerSetting s;
-  s.micro_batch = 1;
-  s.seq_len = 8192;
-  s.stack = Stack::kTorchCompile;
+  LayerSetting s = one_sequence_of_8192(Stack::kTorchCompile);
   const LayerCost bf16 = transformer_layer_cost(m, hw, s);
   s.precision = Precision::kFp8;
   const LayerCost fp8 = transformer_layer_cost(m, hw, s);
