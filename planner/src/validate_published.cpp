@@ -188,6 +188,29 @@ costmodel::PlanRequest fsdp_request(costmodel::ModelSpec model, costmodel::Hardw
   return req;
 }
 
+// A published run on DGX-H100 predicted for the megatron-te stack: `row`'s gpus, tp, cp and pp as
+// published, its sequence length and batch as given, no expert parallelism or offload.
+costmodel::PlanRequest megatron_h100_request(const PublishedTable& t, const CsvRow& row, costmodel::ModelSpec model,
+                                             const costmodel::HardwareProfile& h100, long long seq_len, long long global_batch,
+                                             costmodel::Precision precision) {
+  costmodel::PlanRequest req;
+  req.model = std::move(model);
+  req.cluster = h100;
+  req.gpus = t.integer(row, "gpus");
+  req.training.seq_len = seq_len;
+  req.training.global_batch = global_batch;
+  req.training.precision = precision;
+  req.training.stack = costmodel::Stack::kMegatronTe;
+  costmodel::resolve_training_defaults(req.model, req.training);
+  auto& c = req.parallel;
+  c.tp = t.integer(row, "tp");
+  c.cp = t.integer(row, "cp");
+  c.pp = t.integer(row, "pp");
+  c.ep = 1;
+  c.offload_optimizer = costmodel::Offload::kNone;
+  return req;
+}
+
 bool starts_with(const std::string& s, const char* prefix) { return s.rfind(prefix, 0) == 0; }
 
 }  // namespace
@@ -408,21 +431,11 @@ Result<ValidationTable> validate_llama3_405b_h100() {
     const costmodel::ModelSpec model = checked(costmodel::find_model("llama3-405b"));
     const costmodel::HardwareProfile h100 = checked(costmodel::find_hwprofile("dgx-h100"));
     for (const CsvRow& row : t.rows) {
-      costmodel::PlanRequest req;
-      req.model = model;
-      req.cluster = h100;
-      req.gpus = t.integer(row, "gpus");
-      req.training.seq_len = static_cast<long long>(t.number(row, "seq_len"));
-      req.training.global_batch = static_cast<long long>(t.number(row, "global_batch_tokens")) / req.training.seq_len;
-      req.training.stack = costmodel::Stack::kMegatronTe;
-      costmodel::resolve_training_defaults(req.model, req.training);
+      const auto seq = static_cast<long long>(t.number(row, "seq_len"));
+      costmodel::PlanRequest req = megatron_h100_request(t, row, model, h100, seq, static_cast<long long>(t.number(row, "global_batch_tokens")) / seq,
+                                                         costmodel::Precision::kBf16);
       auto& c = req.parallel;
-      c.tp = t.integer(row, "tp");
-      c.cp = t.integer(row, "cp");
-      c.pp = t.integer(row, "pp");
       c.dp = t.integer(row, "dp");
-      c.ep = 1;
-      c.offload_optimizer = costmodel::Offload::kNone;
       const std::string label = fmt("%d GPUs, tp%d cp%d pp%d dp%d, seq %lld", req.gpus, *c.tp, *c.cp, *c.pp, *c.dp,
                                     static_cast<long long>(req.training.seq_len));
       const Found best = best_plan(req, t.file + ": " + label);
@@ -448,28 +461,17 @@ Result<ValidationTable> validate_nemo_h100_fp8() {
                    "and a norm writes bf16 before the cast); not used to build the model";
     const costmodel::HardwareProfile h100 = checked(costmodel::find_hwprofile("dgx-h100"));
     for (const CsvRow& row : t.rows) {
-      costmodel::PlanRequest req;
-      req.model = checked(costmodel::find_model(t.text(row, "model")));
-      req.cluster = h100;
-      req.gpus = t.integer(row, "gpus");
-      req.training.seq_len = static_cast<long long>(t.number(row, "seq"));
-      req.training.global_batch = static_cast<long long>(t.number(row, "global_batch"));
-      req.training.precision = costmodel::Precision::kFp8;
-      req.training.stack = costmodel::Stack::kMegatronTe;
-      costmodel::resolve_training_defaults(req.model, req.training);
+      costmodel::PlanRequest req =
+          megatron_h100_request(t, row, checked(costmodel::find_model(t.text(row, "model"))), h100, static_cast<long long>(t.number(row, "seq")),
+                                static_cast<long long>(t.number(row, "global_batch")), costmodel::Precision::kFp8);
       auto& c = req.parallel;
-      c.tp = t.integer(row, "tp");
-      c.cp = t.integer(row, "cp");
-      c.pp = t.integer(row, "pp");
       const int model_parallel = *c.tp * *c.cp * *c.pp;
       if (req.gpus % model_parallel != 0) t.fail(row, "gpus: not a multiple of tp * cp * pp");
       c.dp = req.gpus / model_parallel;
-      c.ep = 1;
       c.micro_batch = t.integer(row, "micro_batch");
       c.zero_stage = t.number(row, "fsdp") != 0 ? 3 : 1;
       c.shard_group = 0;
       c.sequence_parallel = *c.tp > 1;
-      c.offload_optimizer = costmodel::Offload::kNone;
       const int vp = t.integer(row, "vp");
       c.virtual_stages = vp;
       c.schedule = vp > 1 ? costmodel::Schedule::kInterleaved : costmodel::Schedule::kOneFOneB;
