@@ -652,9 +652,7 @@ EndsCost ends_cost(const ModelSpec& mdl, const HardwareProfile& hw, const LayerS
   const StackSpec& stack = stack_spec(s.stack);
   const Dtype act_dtype = activation_dtype(s.precision);
   const KernelRates rates(hw.gpu, act_dtype);
-  const KernelRates gemm_rates(hw.gpu, compute_dtype(s.precision));
   const double e = dtype_bytes(act_dtype);
-  const double lin_in = s.precision == Precision::kFp8 ? 1.0 : e;
   const double t = s.tp;
   const double T = s.micro_batch * s.seq_len / s.cp;
   const double Tn = s.sequence_parallel ? T / t : T;
@@ -674,7 +672,7 @@ EndsCost ends_cost(const ModelSpec& mdl, const HardwareProfile& hw, const LayerS
     tp_reduce = s.sequence_parallel ? collective_time(hw, Collective::kReduceScatter, block, s.tp_group).value()
                                     : collective_time(hw, Collective::kAllReduce, block, s.tp_group).value();
   }
-  Pass emb{gemm_rates, rates, stack, lin_in, e};
+  Pass emb{rates, rates, stack, e, e};  // the ends' GEMMs stay in the activation dtype
   emb.elementwise(ElementwiseOp::kEmbedding, T * h, 2 * e, 0, !frozen);
   // The executor's fused path scatters the rows' gradients straight into the fp32 gradient
   // (fused_ops.cpp EmbeddingIntoFn: the gradient widened to fp32, then a sorted accumulating
@@ -699,7 +697,7 @@ EndsCost ends_cost(const ModelSpec& mdl, const HardwareProfile& hw, const LayerS
   // The embedding's output is the first layer's input, kept there; only a dropout mask is its own.
   c.embedding_activation_bytes = s.dropout ? Tn * h : 0.0;
 
-  Pass p{gemm_rates, rates, stack, lin_in, e};
+  Pass p{rates, rates, stack, e, e};
   p.elementwise(feat.layer_norm ? ElementwiseOp::kLayerNorm : ElementwiseOp::kRmsNorm, Tn * h, 2 * e, 3 * e);  // final norm
   // Under TP the executor's chunked loss gives way to its vocab-parallel fp32 cross-entropy.
   const LossKernel loss = stack.loss == LossKernel::kChunkedFused && s.tp > 1 ? LossKernel::kFp32Copy : stack.loss;
@@ -751,7 +749,7 @@ EndsCost ends_cost(const ModelSpec& mdl, const HardwareProfile& hw, const LayerS
       const bool into_gradient = !frozen && s.zero_stage <= 1;
       const auto run_chunk = [&](double tokens, double count) {
         if (tokens <= 0 || count <= 0) return;
-        Pass q{gemm_rates, rates, stack, lin_in, e};
+        Pass q{rates, rates, stack, e, e};
         q.linear_unquantised(tokens, v_local, h, frozen);  // logits, then (in this forward) dX and dW
         q.forward += q.backward + rates.stream(3.0 * e * tokens * v_local, 3);  // + the loss sum and its add
         if (!frozen) q.forward += rates.stream(8.0 * v_local * h);  // the fp32 sum read and written
