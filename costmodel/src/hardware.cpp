@@ -109,6 +109,9 @@ Result<HardwareProfile> parse_hwprofile(const nlohmann::json& json, const std::s
       hw.cpu_memory = Bytes::gib(n.number("cpu_memory_gib", kTiny, 1e6));
       hw.cpu_memory_bandwidth = BytesPerSecond::gb_per_s(n.number("cpu_memory_bandwidth_gb_per_s", kTiny, 1e5));
       hw.nvme_bandwidth = BytesPerSecond::gb_per_s(n.number("nvme_bandwidth_gb_per_s", kTiny, 1e5));
+      if (const auto vendor = n.optional_one_of("cpu_vendor", {"intel", "amd", "arm", "other"})) {
+        hw.cpu_vendor = *vendor == "intel" ? CpuVendor::kIntel : *vendor == "amd" ? CpuVendor::kAmd : *vendor == "arm" ? CpuVendor::kArm : CpuVendor::kOther;
+      }
       hw.node_source = n.optional_string("source").value_or("");
       n.finish();
     }
@@ -191,6 +194,9 @@ nlohmann::json hwprofile_to_json(const HardwareProfile& hw) {
       {"price", {{"usd_per_gpu_hour", hw.price_per_gpu_hour_usd}}},
   };
   if (hw.gpu.kernels) j["gpu"]["kernels"] = kernel_tables_to_json(*hw.gpu.kernels);
+  if (hw.cpu_vendor != CpuVendor::kOther) {
+    j["node"]["cpu_vendor"] = hw.cpu_vendor == CpuVendor::kIntel ? "intel" : hw.cpu_vendor == CpuVendor::kAmd ? "amd" : "arm";
+  }
   if (!hw.gpu.calibration.identity()) {
     const Calibration& c = hw.gpu.calibration;
     j["gpu"]["calibration"] = {{"gemm_time_scale", c.gemm_time_scale}, {"attention_time_scale", c.attention_time_scale},

@@ -28,7 +28,7 @@ using testing::quote;
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 const char* const kPublishedIds[] = {"h100_executor_runs", "h100_stacks_mb4", "megatron2021_table1", "korthikanti2022_table3", "zero2020_table1", "fsdp_runs_a100",
-                                     "torchtitan_a100", "llama3_405b_h100", "nemo_h100_fp8"};
+                                     "torchtitan_a100", "llama3_405b_h100", "nemo_h100_fp8", "nccl_tests_published"};
 
 std::string read_file(const std::string& path) {
   std::ifstream in(path);
@@ -333,6 +333,25 @@ TEST_F(ValidateCli, ABadMeasurementExitsTwoNamingTheFileAndPointer) {
       {"missing file", "validate " + quote((dir_ / "missing.json").string()), "missing.json"},
   });
   EXPECT_EQ(run("validate --format csv").exit_code, 2) << "validate writes text, json or md";
+}
+
+// Published nccl-tests rows (tests/data/nccl_tests_published.csv) where the buffer is large
+// enough for bandwidth to rule (1 GiB and up) and NCCL ran a ring or tree (NVLS off or absent):
+// 8 A100s (ml-engineering: 8.20 ms at 1 GiB, 128.0 ms at 16 GiB), 8 H200s with NVLS off (16 GiB:
+// all-reduce, all-gather, reduce-scatter) and 2 p4de nodes (51.4 ms at 2 GiB, a tree), each
+// within 10%.
+TEST(NcclTestsTable, BandwidthBoundRingAndTreeRowsWithinTenPercent) {
+  auto table = planner::validate_nccl_tests();
+  ASSERT_TRUE(table) << table.error().message;
+  int checked = 0;
+  for (const auto& row : table->rows) {
+    const bool large = row.label.find("GiB") != std::string::npos;
+    const bool nvls_possible = row.label.rfind("aws-p5", 0) == 0;  // H100 nodes with NVLink SHARP on
+    if (!large || nvls_possible) continue;
+    EXPECT_LE(std::fabs(row.error), 0.10) << row.label;
+    ++checked;
+  }
+  EXPECT_EQ(checked, 6);
 }
 
 }  // namespace

@@ -65,6 +65,11 @@ struct LinkSpec {
   std::shared_ptr<const MeasuredCollectives> measured;
 };
 
+// The host CPU's vendor (`node.cpu_vendor`): NCCL's tuning model charges a network step's host
+// overhead and caps its LL protocol by it (NVIDIA/nccl src/graph/tuning.cc getNetOverhead,
+// llMaxBws: 1 us on Intel and others, 2 us on AMD). Absent: kOther, which NCCL treats as Intel.
+enum class CpuVendor { kOther, kIntel, kAmd, kArm };
+
 struct HardwareProfile {
   std::string name;
   std::string source;
@@ -74,6 +79,7 @@ struct HardwareProfile {
   Bytes cpu_memory;                       // per node
   BytesPerSecond cpu_memory_bandwidth;    // per node
   BytesPerSecond nvme_bandwidth;          // per node, for NVMe offload
+  CpuVendor cpu_vendor = CpuVendor::kOther;
   LinkSpec intra_node;
   LinkSpec inter_node;
   BytesPerSecond checkpoint_write_bandwidth;  // aggregate, to the shared file system

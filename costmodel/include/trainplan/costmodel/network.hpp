@@ -1,10 +1,13 @@
 #pragma once
 // Collective communication times on a two-level network: GPUs of a node joined by NVLink/NVSwitch
-// (or PCIe), nodes joined by NICs (InfiniBand, RoCE, EFA). Alpha-beta model per algorithm (ring,
-// tree, hierarchical two-level); the fastest applicable algorithm is taken, as NCCL does.
+// (or PCIe), nodes joined by NICs (InfiniBand, RoCE, EFA), as NCCL runs them: each algorithm
+// (ring, tree, PAT) and protocol (LL, LL128, Simple) costs NCCL's own latency model, whose ring
+// latency grows with the ranks, plus its size over its bandwidth, and the cheapest is taken, as
+// NCCL's tuner takes it (NVIDIA/nccl src/graph/tuning.cc; network.cpp cites each constant).
 // Bandwidths are the link rate times the profile's measured efficiency (nccl-tests bus bandwidth),
 // or, for intra-node collectives of a kind the profile's `intra_node.measured` table holds, the
-// bus bandwidth measured at the message size (collectives.hpp).
+// bus bandwidth measured at the message size (collectives.hpp). NVLink SHARP (NVLS) and CollNet
+// are not modelled: where NCCL would run them the ring or tree stands in.
 
 #include <optional>
 
@@ -20,7 +23,22 @@ struct CollectiveGroup {
   int per_node = 1;  // ranks of the group inside one node (1 <= per_node <= size)
 };
 
-// Time of one collective. `bytes` is the full buffer per rank: the all-reduce buffer, the
+enum class NcclAlgorithm { kRing, kTree, kPat, kMeasured, kAllToAll };
+enum class NcclProtocol { kLl, kLl128, kSimple };
+[[nodiscard]] const char* nccl_algorithm_name(NcclAlgorithm a);  // "ring", "tree", "pat", "measured", "p2p"
+[[nodiscard]] const char* nccl_protocol_name(NcclProtocol p);    // "LL", "LL128", "Simple"
+
+// One collective as NCCL would run it: the (algorithm, protocol) pair of least time, that time and
+// its latency part. kMeasured: the profile's measured intra-node table (latency inside the rate).
+struct CollectiveCost {
+  Seconds time{0};
+  NcclAlgorithm algorithm = NcclAlgorithm::kRing;
+  NcclProtocol protocol = NcclProtocol::kSimple;
+  Seconds latency{0};
+};
+[[nodiscard]] CollectiveCost collective_cost(const HardwareProfile& hw, Collective kind, Bytes bytes, CollectiveGroup group);
+
+// Time of one collective (collective_cost's time). `bytes` is the full buffer per rank: the all-reduce buffer, the
 // gathered output of an all-gather, the input of a reduce-scatter, the send buffer of an
 // all-to-all. All groups of the same kind are assumed to run at once, so a group gets
 // per_node / gpus_per_node of its node's NIC bandwidth.

@@ -64,6 +64,10 @@ void summarise(ValidationTable& table);
 // 175B in FP8 on DGX-H100 with the published layout, predicted for the megatron-te stack. Held
 // out: printed, never bounded.
 [[nodiscard]] costmodel::Result<ValidationTable> validate_nemo_h100_fp8();
+// Published nccl-tests results (tests/data/nccl_tests_published.csv): the time of one collective
+// of the printed size on the printed number of GPUs and nodes, against network.hpp's NCCL model
+// on the profile of that system.
+[[nodiscard]] costmodel::Result<ValidationTable> validate_nccl_tests();
 // The executor's runs on one H100 (tests/data/h100-llama3.2-1b): step seconds, peak allocated and
 // reserved GiB per run against its plan's estimate; the source says whether the run that ran out
 // of memory is predicted not to fit.
