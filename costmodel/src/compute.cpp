@@ -189,7 +189,7 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
   const ModelFeatures feat = mdl.features();
   const bool fp8 = s.precision == Precision::kFp8;
   const Dtype act_dtype = activation_dtype(s.precision);
-  const KernelRates rates(hw.gpu, act_dtype);
+  const KernelRates rates(hw.gpu, act_dtype, stack.attention_kernel);
   const KernelRates gemm_rates(hw.gpu, compute_dtype(s.precision));
 
   const double t = s.tp;
@@ -525,7 +525,7 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
                                (c.gradients_in_gemm ? 0.0 : (local_attention_matmul(mdl, t) + mlp_matrices * h * std::max(ffn_local, shared_local)) * e);
   c.smallest_saved_tensor_bytes = std::min(T * k_local * e, Tn * h * e);
   // torchtitan's op-level selective checkpointing policy, for Llama-shaped blocks (wk, wo, w3).
-  const bool torchtitan_policy = feat.gated_mlp && !mla && (s.stack == Stack::kPytorchEager || s.stack == Stack::kTorchCompile);
+  const bool torchtitan_policy = feat.gated_mlp && !mla && stack.op_level_selective;
   switch (s.recompute) {
     case Recompute::kNone:
       c.activation_bytes = c.full_activation_bytes;

@@ -240,6 +240,10 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
   const double dense_layer = (pc.attention + pc.norms + (pc.mlp - pc.routed_experts)) / t;
   const double expert_layer = mdl.moe ? pc.routed_experts / (t * p.ep) : 0.0;
   const double lora_layer = lora ? lora_params_per_layer(mdl, tr.lora, p.tp) : 0.0;
+  // The largest linear layer of a block on one TP rank (DeepSpeed gathers each submodule's
+  // parameters on their own).
+  double largest_linear = h * static_cast<double>(mdl.moe ? mdl.moe->expert_ffn_hidden : mdl.ffn_hidden) / t;
+  for (const LinearShape& l : attention_linears(mdl)) largest_linear = std::max(largest_linear, static_cast<double>(l.in) * static_cast<double>(l.out) / t);
 
   const StateWidths w = state_widths(tr.precision, tr.optimizer);
   const double reduce_bytes = fp32 ? 4.0 : dtype_bytes(p.reduce_dtype);
@@ -255,13 +259,19 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
   // Gradients this rank keeps between micro-batches: the executor's fp32 buffer; Megatron's fp32
   // main_grad; PyTorch modules' param.grad in the compute dtype (the reduce dtype once sharded).
   const double stack_grad_width = stack.grads == GradAccumulation::kParamDtype && p.zero_stage < 2 ? w.gradients
+                                  : p.zero_stage >= 2 && stack.dp.sharded_grad_bytes > 0         ? std::max(stack.dp.sharded_grad_bytes, w.gradients)
                                   : stack.grads == GradAccumulation::kParamDtype                 ? grad_width
                                                                                                  : std::max(4.0, w.gradients);
+  // Where the stack's data parallelism reduces every micro-batch (stack.hpp DataParallelSpec):
+  // ZeRO-3, FSDP's SHARD_GRAD_OP, DeepSpeed's ZeRO-2.
+  const bool sharded_dp = p.dp * p.cp > 1;
+  const bool grad_op_units = p.zero_stage == 2 && stack.dp.grad_op_units;
+  const bool reduce_each_micro_batch = p.zero_stage == 3 || grad_op_units || (p.zero_stage == 2 && stack.dp.zero2_every_micro_batch);
   const double tokens = p.micro_batch * static_cast<double>(tr.seq_len) / p.cp;
 
   struct StageState {
     double dense = 0, expert = 0, trainable = 0, frozen_linear = 0;
-    double forward = 0, backward = 0, grad_pass = 0, host_wait = 0;
+    double forward = 0, backward = 0, grad_pass = 0, host_wait = 0, dp_copies = 0;
     double weights = 0, gradients = 0, optimizer = 0, activations = 0, buffers = 0, overhead = 0;
     double total = 0, reserved = 0, required = 0;
     double in_flight = 0;
@@ -336,13 +346,33 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
       case GradAccumulation::kFusedInGemmUnsharded:  // where it does not apply, or what it leaves (the final norm)
         x.grad_pass = pass_kernels > 0 ? rates.stream(grads_local * (e + 8.0), static_cast<int>(std::lround(pass_kernels))) : 0.0;
         break;
-      case GradAccumulation::kParamDtype:  // param.grad += from the second micro-batch on
-        x.grad_pass = (m - 1.0) / m * rates.stream(grads_local * 3.0 * e, static_cast<int>(std::lround(units * 9)));
+      case GradAccumulation::kParamDtype:
+        if (reduce_each_micro_batch && sharded_dp && stack.dp.sharded_grad_bytes > 0) {
+          // The reduced shard added into the kept sharded gradient from the second micro-batch on
+          // (FSDP: cast to fp32 and added; DeepSpeed: added into its partition).
+          x.grad_pass = (m - 1.0) / m * rates.stream(grads_local / dense_shard * 3.0 * stack.dp.sharded_grad_bytes, static_cast<int>(std::lround(units)));
+        } else {  // param.grad += from the second micro-batch on
+          x.grad_pass = (m - 1.0) / m * rates.stream(grads_local * 3.0 * e, static_cast<int>(std::lround(units * 9)));
+        }
         break;
       case GradAccumulation::kFusedInGemm:
         break;
     }
     x.backward += x.grad_pass;
+    // The stack's own passes over gathered parameters and reduced gradients, each micro-batch
+    // (stack.hpp DataParallelSpec): copies into and out of all-gather buffers (twice under ZeRO-3,
+    // forward and backward; once under SHARD_GRAD_OP), the gradient's copy into the reduce buffer
+    // and pre-divide, and its cast to the reduce dtype.
+    if (sharded_dp && !lora) {
+      const double gathers = p.zero_stage == 3 ? 2.0 : grad_op_units ? 1.0 : 0.0;
+      double bytes = gathers * (x.dense + x.expert) * stack.dp.gather_copy_bytes;
+      if (stack.dp.reduce_copy_bytes > 0) {
+        const double cast = reduce_bytes == e ? 0.0 : stack.dp.reduce_cast_fused ? reduce_bytes - e : e + reduce_bytes;
+        bytes += x.trainable * (stack.dp.reduce_copy_bytes + cast) / (reduce_each_micro_batch ? 1.0 : m);
+      }
+      x.dp_copies = bytes > 0 ? rates.stream(bytes, static_cast<int>(std::lround(2 * units))) : 0.0;
+      x.backward += x.dp_copies;
+    }
     const double kernels = layers[i] * lc.kernels + (first || last ? ec.kernels : 0.0);
     const double host = kernels * stack.host_seconds_per_kernel + (stack.host_sync_per_micro_batch ? 2.0 * stack.host_seconds_per_kernel : 0.0);
     x.host_wait = std::max(0.0, host - (x.forward + x.backward));
@@ -356,8 +386,15 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
       // output layer (last stage, untied or a tied copy).
       const double ends = std::max(first ? pc.embedding / t : 0.0,
                                    last && (!mdl.tied_embeddings || stages > 1) ? (mdl.tied_embeddings ? pc.embedding : pc.output) / t : 0.0);
-      const double unit = std::max({static_cast<double>(p.fsdp_wrap_min_params), dense_layer + expert_layer, ends});
-      const double gathers = p.prefetch ? 2.0 : 1.0;  // the unit running and the next one
+      double unit = std::max({static_cast<double>(p.fsdp_wrap_min_params), dense_layer + expert_layer, ends});
+      double gathers = p.prefetch ? 2.0 : 1.0;  // the unit running and the next one
+      if (p.prefetch && stack.dp.gathered_units > 0) gathers = stack.dp.gathered_units;
+      if (stack.dp.gather_bucket_params > 0) {
+        // DeepSpeed: a submodule's parameters with the prefetch bucket, gathered into a flat buffer
+        // and copied out of it (both alive until the copy-out ends).
+        unit = std::max(largest_linear, std::min(stack.dp.gather_bucket_params, unit)) + (p.prefetch ? stack.dp.gather_bucket_params : 0.0);
+        gathers = 2.0;
+      }
       if (!lora) {
         x.buffers += gathers * unit * w.weights + unit * reduce_bytes;
       } else {
@@ -374,9 +411,11 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
           x.buffers += gathers * unit * e;
         }
       }
-    } else if (p.dp * p.cp > 1) {
+    } else if (p.dp * p.cp > 1 && stack.dp.buckets == 0) {
       x.buffers += 2.0 * 25.0 * 1048576.0;  // two 25 MiB gradient buckets in flight
     }
+    // The stack's gradient bucket buffers (DeepSpeed's ipg buckets), in the reduce dtype.
+    if (p.dp * p.cp > 1 && stack.dp.buckets > 0) x.buffers += stack.dp.buckets * std::min(stack.dp.bucket_params, x.trainable) * reduce_bytes;
     // The gathered input of a column-parallel GEMM, where the stack gathers it again in backward
     // (kept as an activation otherwise).
     if (s.sequence_parallel && !stack.sequence_parallel_keeps_gathered_input) x.buffers += tokens * h * e;
@@ -502,32 +541,51 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
     const double expert_trainable = lora ? 0.0 : X.expert;
     const double units = std::max(1, Li);
     double dp_exposed = 0, dp_total = 0;
-    if (p.zero_stage == 3) {
+    if (p.zero_stage == 3 || grad_op_units) {
       // ZeRO-3 / FSDP full shard, unit by unit in the order the schedule runs them: a unit's
       // parameters are gathered before its forward and again before its backward, its gradients
       // reduce-scattered after its backward. With prefetch (depth 1) the next unit's gather runs
       // during this unit's compute, and in backward also the previous unit's reduce-scatter; what
       // does not fit in that compute is exposed, unit by unit (no slack carries over: a gather
       // cannot start more than one unit ahead). The first gather and the last reduce-scatter of a
-      // pass are always exposed.
+      // pass are always exposed. FSDP's SHARD_GRAD_OP (ZeRO-2 in an FSDP stack) keeps the
+      // gathered unit from its forward to its backward: no gather in backward.
+      const bool regather = p.zero_stage == 3;
       const CollectiveGroup shard{p.shard_size() * p.cp, std::min(p.shard_size(), share.dp) * share.cp};
       const double gather_width = lora ? (tr.mode == TrainingMode::kQlora ? frozen_width : e) : w.weights;
       struct DpUnit {
         double gather = 0, reduce = 0, forward = 0, backward = 0;
       };
       std::vector<DpUnit> dp_units;
+      // Gradients leave in reduce buckets where the stack fills them (DeepSpeed): a unit pays its
+      // share of a bucket's reduce-scatter, whose latency is paid once per bucket.
+      const double bucket = stack.dp.reduce_bucket_params > 0 ? std::min(stack.dp.reduce_bucket_params, X.trainable) : 0.0;
+      const double bucket_reduce = bucket > 0 ? collective_time(hw, Collective::kReduceScatter, Bytes(bucket * reduce_bytes), shard).value() : 0.0;
       const auto add_unit = [&](double params, double trainable, double forward, double backward) {
-        dp_units.push_back({collective_time(hw, Collective::kAllGather, Bytes(params * gather_width), shard).value(),
-                            collective_time(hw, Collective::kReduceScatter, Bytes(trainable * reduce_bytes), shard).value(), forward, backward});
+        const double reduce = bucket > trainable ? bucket_reduce * trainable / bucket
+                                                 : collective_time(hw, Collective::kReduceScatter, Bytes(trainable * reduce_bytes), shard).value();
+        dp_units.push_back({collective_time(hw, Collective::kAllGather, Bytes(params * gather_width), shard).value(), reduce, forward, backward});
       };
       const double layer_params = dense_layer + expert_layer;
       const double layer_trainable = lora ? lora_layer : layer_params;
-      // FSDP units of at least fsdp_wrap_min_params: whole layers grouped.
+      // FSDP units of at least fsdp_wrap_min_params: whole layers grouped. DeepSpeed gathers a
+      // layer submodule by submodule, coalesced with its prefetch bucket: chunks of at least the
+      // largest linear layer, at most the bucket.
       const int per_unit = std::max(1, static_cast<int>(std::ceil(static_cast<double>(p.fsdp_wrap_min_params) / std::max(1.0, layer_params))));
+      const int chunks = stack.dp.gather_bucket_params > 0
+                             ? std::max(1, static_cast<int>(std::ceil(layer_params / std::max(largest_linear, std::min(stack.dp.gather_bucket_params, layer_params)))))
+                             : 1;
       if (i == 0) add_unit(pc.embedding / t, lora ? 0.0 : pc.embedding / t, ec.embedding_forward, ec.embedding_backward);
       for (int done = 0; done < Li; done += per_unit) {
         const int n = std::min(per_unit, Li - done);
-        add_unit(n * layer_params, n * layer_trainable, n * lc.forward_total(), n * lc.backward_total());
+        // Units of as many layers cost alike: their collectives are timed once.
+        if (n == per_unit && done > 0) {
+          for (int c = 0; c < chunks; ++c) dp_units.push_back(dp_units[dp_units.size() - static_cast<std::size_t>(chunks)]);
+          continue;
+        }
+        for (int c = 0; c < chunks; ++c) {
+          add_unit(n * layer_params / chunks, n * layer_trainable / chunks, n * lc.forward_total() / chunks, n * lc.backward_total() / chunks);
+        }
       }
       if (i == stages - 1) {
         // With tied embeddings on one stage the output layer is the embedding unit's table, still
@@ -545,19 +603,19 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
         if (i + 1 < n) fwd += std::max(0.0, dp_units[i + 1].gather - dp_units[i].forward);
         // Backward in reverse: unit i computes while unit i - 1 is gathered and unit i + 1's
         // gradients are reduce-scattered.
-        const double during = (i > 0 ? dp_units[i - 1].gather : 0.0) + (i + 1 < n ? dp_units[i + 1].reduce : 0.0);
+        const double during = (i > 0 && regather ? dp_units[i - 1].gather : 0.0) + (i + 1 < n ? dp_units[i + 1].reduce : 0.0);
         bwd += std::max(0.0, during - dp_units[i].backward);
       }
       if (p.prefetch) {
         fwd += dp_units.front().gather;
-        bwd += dp_units.back().gather + dp_units.front().reduce;
+        bwd += (regather ? dp_units.back().gather : 0.0) + dp_units.front().reduce;
       } else {
         fwd = ag_total;
-        bwd = ag_total + rs_total;
+        bwd = (regather ? ag_total : 0.0) + rs_total;
       }
       const double ag = ag_total, rs = rs_total;
       dp_exposed += m * (fwd + bwd);
-      dp_total += m * (2 * ag + rs);
+      dp_total += m * ((regather ? 2 : 1) * ag + rs);
       if (p.shard_size() < p.dp) {  // hybrid shard: all-reduce the shards across replicas
         const int replicas = p.dp / p.shard_size();
         const CollectiveGroup rg{replicas, std::max(1, share.dp / p.shard_size())};
@@ -566,16 +624,26 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
         dp_total += ar;
       }
     } else if (p.dp * p.cp > 1) {
-      const Collective reduce = p.zero_stage == 0 ? Collective::kAllReduce : Collective::kReduceScatter;
-      const double red = collective_time(hw, reduce, Bytes(dense_trainable * reduce_bytes), dp_group).value() +
-                         collective_time(hw, reduce, Bytes(expert_trainable * reduce_bytes), edp_group).value();
-      // Overlaps the last micro-batch's backward, except the last bucket.
-      dp_exposed += p.overlap_grad_reduce ? std::max(0.0, red - X.backward) + red / units : red;
-      dp_total += red;
+      const Collective reduce = p.zero_stage == 0 || stack.dp.zero12_all_reduce ? Collective::kAllReduce : Collective::kReduceScatter;
+      // In the stack's buckets where it has them (DeepSpeed): whole buckets, then the rest.
+      const auto reduced = [&](double params, const CollectiveGroup& g) {
+        const double b = stack.dp.bucket_params;
+        if (b <= 0 || params <= b) return collective_time(hw, reduce, Bytes(params * reduce_bytes), g).value();
+        const double full = std::floor(params / b);
+        return full * collective_time(hw, reduce, Bytes(b * reduce_bytes), g).value() +
+               collective_time(hw, reduce, Bytes((params - full * b) * reduce_bytes), g).value();
+      };
+      // DeepSpeed's ZeRO-2 reduces every micro-batch, the others once per step.
+      const double times = p.zero_stage == 2 && stack.dp.zero2_every_micro_batch ? m : 1.0;
+      const double red = reduced(dense_trainable, dp_group) + reduced(expert_trainable, edp_group);
+      // Overlaps the last micro-batch's backward, except the last bucket (where the stack overlaps).
+      dp_exposed += times * (p.overlap_grad_reduce && stack.dp.zero12_overlap ? std::max(0.0, red - X.backward) + red / units : red);
+      dp_total += times * red;
       if (p.zero_stage >= 1) {  // gather updated parameters after the sharded step
         const double ag = collective_time(hw, Collective::kAllGather, Bytes(dense_trainable * w.weights), dp_group).value() +
                           collective_time(hw, Collective::kAllGather, Bytes(expert_trainable * w.weights), edp_group).value();
-        dp_exposed += std::max(0.0, ag - X.forward) + ag / units;  // overlaps the next step's first forward
+        // Overlaps the next step's first forward; DeepSpeed gathers in its step (all_gather_dp_groups).
+        dp_exposed += stack.dp.zero12_overlap ? std::max(0.0, ag - X.forward) + ag / units : ag;
         dp_total += ag;
       }
     }
@@ -635,6 +703,7 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
                             (critical == stages - 1 ? ec.head_forward + ec.head_backward : 0.0) + S.grad_pass + S.host_wait) +
                        kOverlapSlowdown * std::max(0.0, tail.dp_total - tail.dp_exposed));
   tm.recompute = Seconds(static_cast<double>(m) * L * lc.recompute);
+  tm.dp_copies = Seconds(m * S.dp_copies);
   tm.tp_comm = Seconds(static_cast<double>(m) * L * (lc.tp_comm_forward + lc.tp_comm_backward + lc.tp_comm_recompute));
   tm.cp_comm = Seconds(static_cast<double>(m) * L * lc.cp_comm);
   est.communication.cp_sent = Bytes(static_cast<double>(m) * *std::max_element(layers.begin(), layers.end()) * lc.cp_bytes);
@@ -655,7 +724,7 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
   tm.offload = Seconds(tail.offload);
 
   tm.step = tm.compute + tm.recompute + tm.tp_comm + tm.cp_comm + tm.ep_comm + tm.pp_comm + tm.bubble +
-            tm.dp_comm_exposed + tm.optimizer + tm.offload;
+            tm.dp_comm_exposed + tm.dp_copies + tm.optimizer + tm.offload;
 
   // --- throughput ---
   const double step_tokens = static_cast<double>(tr.global_batch) * tr.seq_len;
@@ -743,6 +812,7 @@ nlohmann::json estimate_to_json(const Plan& plan, const Estimate& e) {
         {"pp_comm_seconds", t.pp_comm.value()},
         {"dp_comm_exposed_seconds", t.dp_comm_exposed.value()},
         {"dp_comm_total_seconds", t.dp_comm_total.value()},
+        {"dp_copy_seconds", t.dp_copies.value()},
         {"bubble_seconds", t.bubble.value()},
         {"optimizer_seconds", t.optimizer.value()},
         {"offload_seconds", t.offload.value()}}},

@@ -58,6 +58,16 @@ LinkSpec read_link(detail::ObjectReader r, bool inter, int gpus_per_node) {
 
 }  // namespace
 
+int gpu_generation(const GpuSpec& gpu) {
+  if (gpu.generation >= 0) return gpu.generation;
+  const std::string& n = gpu.name;
+  const auto has = [&](const char* s) { return n.find(s) != std::string::npos; };
+  if (has("B200") || has("B300") || has("GB200") || has("GB300")) return 3;
+  if (has("H100") || has("H200") || has("H800") || has("H20")) return 2;
+  if (has("V100")) return 0;
+  return 1;
+}
+
 Result<HardwareProfile> parse_hwprofile(const nlohmann::json& json, const std::string& file, const std::string& pointer) {
   try {
     detail::ObjectReader r(json, file, pointer);
@@ -100,6 +110,7 @@ Result<HardwareProfile> parse_hwprofile(const nlohmann::json& json, const std::s
         c.finish();
       }
       hw.gpu.source = g.optional_string("source").value_or("");
+      hw.gpu.generation = gpu_generation(hw.gpu);
       g.finish();
     }
     {

@@ -266,7 +266,8 @@ nlohmann::json kernel_tables_to_json(const KernelTables& t) {
   return j;
 }
 
-KernelRates::KernelRates(const GpuSpec& gpu, Dtype compute_dtype) : gpu_(gpu), tables_(gpu.kernels.get()), peak_(gpu.peak_for(compute_dtype).value()) {
+KernelRates::KernelRates(const GpuSpec& gpu, Dtype compute_dtype, AttentionImpl attention)
+    : gpu_(gpu), tables_(gpu.kernels.get()), peak_(gpu.peak_for(compute_dtype).value()), attention_impl_(attention), generation_(gpu_generation(gpu)) {
   if (tables_ != nullptr) {
     const double table_peak = gpu.peak_for(tables_->gemm_dtype).value();
     table_scale_ = table_peak > 0 && peak_ > 0 ? peak_ / table_peak : 1.0;
@@ -331,6 +332,9 @@ double KernelRates::attention_rate(double s, double d, bool backward) const {
 double KernelRates::attention_forward(double batch_heads, double s_q, double s_k, double d, bool causal) const {
   if (batch_heads <= 0 || s_q <= 0 || s_k <= 0) return 0.0;
   const double flops = 4.0 * batch_heads * s_q * s_k * d * (causal ? 0.5 : 1.0);
+  if (attention_impl_ == AttentionImpl::kFlash2) {
+    if (const auto rate = flash2_rate(generation_, d, s_q, causal, false)) return latency_ + attention_scale_ * flops / *rate;
+  }
   if (tables_ != nullptr && !tables_->prepared.attention_head_dims.empty()) return latency_ + attention_scale_ * flops / attention_rate(s_q, d, false);
   return latency_ + attention_scale_ * flops / (peak_ * gpu_.attention_efficiency);
 }
@@ -338,6 +342,9 @@ double KernelRates::attention_forward(double batch_heads, double s_q, double s_k
 double KernelRates::attention_backward(double batch_heads, double s_q, double s_k, double d, bool causal) const {
   if (batch_heads <= 0 || s_q <= 0 || s_k <= 0) return 0.0;
   const double flops = 2.5 * 4.0 * batch_heads * s_q * s_k * d * (causal ? 0.5 : 1.0);
+  if (attention_impl_ == AttentionImpl::kFlash2) {
+    if (const auto rate = flash2_rate(generation_, d, s_q, causal, true)) return latency_ + attention_scale_ * flops / *rate;
+  }
   if (tables_ != nullptr && !tables_->prepared.attention_head_dims.empty()) return latency_ + attention_scale_ * flops / attention_rate(s_q, d, true);
   return latency_ + attention_scale_ * flops / (peak_ * gpu_.attention_efficiency * 0.8);
 }

@@ -45,16 +45,6 @@ double bus_factor(Collective kind, int n) {
   return kind == Collective::kAllReduce ? 2.0 * f : f;
 }
 
-// GPU generation index of tuning.cc (compCapIndex) from the GPU's name.
-int generation(const GpuSpec& gpu) {
-  const std::string& n = gpu.name;
-  const auto has = [&](const char* s) { return n.find(s) != std::string::npos; };
-  if (has("B200") || has("B300") || has("GB200") || has("GB300")) return 3;
-  if (has("H100") || has("H200") || has("H800") || has("H20")) return 2;
-  if (has("V100")) return 0;
-  return 1;
-}
-
 bool nvlink_class(const LinkSpec& link) { return link.kind == "nvswitch" || link.kind == "nvlink"; }
 
 int log2i(int n) {
@@ -142,14 +132,14 @@ CollectiveCost collective_cost(const HardwareProfile& hw, Collective kind, Bytes
   const double bus = nodes == 1 ? intra_bw : std::min(intra_bw, per_node * nic_per_gpu);
   const bool nvlink = nvlink_class(hw.intra_node);
   const auto& intra_hw = nvlink ? kNvlinkLatency : kPciLatency;
-  const int gen = generation(hw.gpu);
+  const int gen = gpu_generation(hw.gpu);
   const bool amd = hw.cpu_vendor == CpuVendor::kAmd;
   const double ll_max = 1e9 * (nodes == 1 ? kLlMaxOneNode[gen] : (amd ? kLlMaxAmd : kLlMaxIntel)[nodes == 2 ? 0 : 1]);
   const double net_overhead = nodes > 1 ? (amd ? 2.0 : 1.0) : 0.0;  // getNetOverhead, us
   const double ppn = static_cast<double>(n) / nodes;
   const int nsteps = kind == Collective::kAllReduce ? 2 * (n - 1) : n - 1;
   const int inter_steps = nodes == 1 ? 0 : kind == Collective::kAllReduce ? 2 * (nodes - 1) : nodes - 1;
-  const int log_size = static_cast<int>(std::floor(std::log2(std::max(1.0, s / 64.0))));
+  const int log_size = std::ilogb(std::max(1.0, s / 64.0));  // floor(log2(bytes / 64))
 
   CollectiveCost best{Seconds(std::numeric_limits<double>::infinity()), NcclAlgorithm::kRing, NcclProtocol::kSimple, Seconds(0)};
   const auto consider = [&](int algorithm, int protocol, double latency_us, double time_of_bytes) {

@@ -53,43 +53,269 @@ constexpr StackSpec kSpecs[] = {
     // * up is recomputed in the backward kernel. Under ZeRO-0/1 without TP every gradient goes
     // straight into the fp32 buffer from the GEMM (or kernel) that computes it; the Q/K/V and
     // gate/up input gradients are summed by their GEMMs (beta = 1).
-    {Stack::kTrainplan, "trainplan",
-     "trainplan executor (--kernels fused): fused rotary, SwiGLU and RMSNorm-backward kernels, norms recomputed in backward, "
-     "residual adds in the norms, "
-     "separate Q/K/V and gate/up GEMMs, chunked linear cross-entropy, gradients accumulated in fp32 by the GEMMs (ZeRO-0/1, "
-     "no TP), fused AdamW, the loss read once per step",
-     true, false, false, LossKernel::kChunkedFused, GradAccumulation::kFusedInGemmUnsharded, true, 1, 14, 1, 2, true, true, true, false, 5e-6, 1, ContextAttention::kAllGatherKv, false, kTorchaoEager,
-     "executor/src/model.cpp (block_forward with Kernels::kFused: norm_linears, rotary_embedding, swiglu_down; head_loss: "
-     "linear_cross_entropy), executor/src/fused_ops.cpp (NormLinearsFn, RotaryFn, SwigluDownFn, LinearCrossEntropyFn), "
-     "executor/src/cuda_kernels.cu, executor/src/engine.cpp (grad_sums / fused_accumulation, else an fp32 gradient add per micro-batch; fused_optimizer_step: "
-     "at::_fused_adamw_, gradient_norm: _foreach_norm, one .item() per step)"},
+    {.stack = Stack::kTrainplan,
+     .name = "trainplan",
+     .summary = "trainplan executor (--kernels fused): fused rotary, SwiGLU and RMSNorm-backward kernels, norms recomputed in backward, "
+                "residual adds in the norms, "
+                "separate Q/K/V and gate/up GEMMs, chunked linear cross-entropy, gradients accumulated in fp32 by the GEMMs (ZeRO-0/1, "
+                "no TP), fused AdamW, the loss read once per step",
+     .fused_elementwise = true,
+     .fused_qkv = false,
+     .fused_gate_up = false,
+     .loss = LossKernel::kChunkedFused,
+     .grads = GradAccumulation::kFusedInGemmUnsharded,
+     .fused_optimizer = true,
+     .optimizer_update_factor = 1,
+     .optimizer_overhead_bytes = 14,
+     .optimizer_kernels_per_tensor = 1,
+     .swiglu_saved = 2,
+     .norm_recomputed = true,
+     .gemm_sums_input_gradients = true,
+     .residual_adds_in_norms = true,
+     .host_sync_per_micro_batch = false,
+     .host_seconds_per_kernel = 5e-6,
+     .vocab_pad_multiple = 1,
+     .context_attention = ContextAttention::kAllGatherKv,
+     .sequence_parallel_keeps_gathered_input = false,
+     .fp8 = kTorchaoEager,
+     .source = "executor/src/model.cpp (block_forward with Kernels::kFused: norm_linears, rotary_embedding, swiglu_down; head_loss: "
+               "linear_cross_entropy), executor/src/fused_ops.cpp (NormLinearsFn, RotaryFn, SwigluDownFn, LinearCrossEntropyFn), "
+               "executor/src/cuda_kernels.cu, executor/src/engine.cpp (grad_sums / fused_accumulation, else an fp32 gradient add per micro-batch; fused_optimizer_step: "
+               "at::_fused_adamw_, gradient_norm: _foreach_norm, one .item() per step)"},
     // The plain path (executor --kernels reference): the executor as it was before its fused
     // paths, and the stack of the H100 runs in tests/data/h100-llama3.2-1b.
-    {Stack::kTrainplanReference, "trainplan-reference",
-     "trainplan executor (--kernels reference, the executor before its fused paths): eager ATen kernels, separate Q/K/V and "
-     "gate/up GEMMs, fp32 logits for the loss, unfused AdamW, fp32 gradient accumulation, one host sync per micro-batch",
-     false, false, false, LossKernel::kFp32Copy, GradAccumulation::kFp32Buffer, false, 106.0 / 32.0, 16, 5, 4, false, false, false, true, 5e-6, 1, ContextAttention::kAllGatherKv, false, kTorchaoEager,
-     "executor/src/model.cpp (block_forward with Kernels::kReference: at::rms_norm, three at::linear for q/k/v, rotate-half "
-     "rotary, at::silu(gate) * up, head_loss: logits .to(kFloat) then at::cross_entropy_loss), executor/src/engine.cpp "
-     "(fp32 gradient add per micro-batch, ATen AdamW), executor/src/engine.cpp forward_chunk (loss.item() per micro-batch)"},
-    {Stack::kPytorchEager, "pytorch-eager",
-     "PyTorch eager module: same kernels as trainplan-reference, bf16 .grad accumulation, fused AdamW on fp32 masters",
-     false, false, false, LossKernel::kFp32Copy, GradAccumulation::kParamDtype, true, 1, 24, 0.5, 4, false, false, false, false, 9.2e-6, 1, ContextAttention::kRing, true, kTorchaoEager,
-     "bench/eager_reference.py (nn.RMSNorm, nn.Linear q/k/v, rotate-half rotary, F.silu(gate) * up, "
-     "F.cross_entropy(logits.float()), torch.optim.AdamW(fused=True), clip_grad_norm_(foreach=True))"},
-    {Stack::kTorchCompile, "torch-compile",
-     "torch.compile (Inductor): element-wise work fused around the same GEMMs, fused cross-entropy, fused AdamW",
-     true, false, false, LossKernel::kFused, GradAccumulation::kParamDtype, true, 1, 24, 0.5, 2, false, false, false, false, 4e-6, 1, ContextAttention::kRing, true, kTorchaoCompiled,
-     "PyTorch 2 Inductor fuses pointwise and reduction ops and its min-cut partitioner recomputes cheap "
-     "pointwise results in backward (Ansel et al. 2024, ASPLOS, Sec. 5); measured on H100: 66.7 K tokens/s and "
-     "29.9 GiB peak for Llama 3.2 1B at micro-batch 4 against 54.1 K and 41.6 GiB eager (issue 12)"},
-    {Stack::kMegatronTe, "megatron-te",
-     "Megatron-Core + Transformer Engine: fused norms, RoPE and SwiGLU, fused QKV and fc1 GEMMs, "
-     "fp32 main grads accumulated in the wgrad GEMM, distributed fused Adam, vocab padded to 128 x tp",
-     true, true, true, LossKernel::kMegatronFp32, GradAccumulation::kFusedInGemm, true, 1, 10, 0.3, 3, false, false, false, false, 9.2e-6, 128, ContextAttention::kRing, false, kTransformerEngine,
-     "Megatron-LM (NVIDIA/Megatron-LM: --make-vocab-size-divisible-by 128, gradient_accumulation_fusion, "
-     "distributed optimizer, vocab_parallel_cross_entropy in fp32); Transformer Engine LayerNormLinear, "
-     "fused RoPE and SwiGLU; Narayanan et al. 2021, Korthikanti et al. 2022"},
+    {.stack = Stack::kTrainplanReference,
+     .name = "trainplan-reference",
+     .summary = "trainplan executor (--kernels reference, the executor before its fused paths): eager ATen kernels, separate Q/K/V and "
+                "gate/up GEMMs, fp32 logits for the loss, unfused AdamW, fp32 gradient accumulation, one host sync per micro-batch",
+     .fused_elementwise = false,
+     .fused_qkv = false,
+     .fused_gate_up = false,
+     .loss = LossKernel::kFp32Copy,
+     .grads = GradAccumulation::kFp32Buffer,
+     .fused_optimizer = false,
+     .optimizer_update_factor = 106.0 / 32.0,
+     .optimizer_overhead_bytes = 16,
+     .optimizer_kernels_per_tensor = 5,
+     .swiglu_saved = 4,
+     .norm_recomputed = false,
+     .gemm_sums_input_gradients = false,
+     .residual_adds_in_norms = false,
+     .host_sync_per_micro_batch = true,
+     .host_seconds_per_kernel = 5e-6,
+     .vocab_pad_multiple = 1,
+     .context_attention = ContextAttention::kAllGatherKv,
+     .sequence_parallel_keeps_gathered_input = false,
+     .fp8 = kTorchaoEager,
+     .source = "executor/src/model.cpp (block_forward with Kernels::kReference: at::rms_norm, three at::linear for q/k/v, rotate-half "
+               "rotary, at::silu(gate) * up, head_loss: logits .to(kFloat) then at::cross_entropy_loss), executor/src/engine.cpp "
+               "(fp32 gradient add per micro-batch, ATen AdamW), executor/src/engine.cpp forward_chunk (loss.item() per micro-batch)"},
+    {.stack = Stack::kPytorchEager,
+     .name = "pytorch-eager",
+     .summary = "PyTorch eager module: same kernels as trainplan-reference, bf16 .grad accumulation, fused AdamW on fp32 masters",
+     .fused_elementwise = false,
+     .fused_qkv = false,
+     .fused_gate_up = false,
+     .loss = LossKernel::kFp32Copy,
+     .grads = GradAccumulation::kParamDtype,
+     .fused_optimizer = true,
+     .optimizer_update_factor = 1,
+     .optimizer_overhead_bytes = 24,
+     .optimizer_kernels_per_tensor = 0.5,
+     .swiglu_saved = 4,
+     .norm_recomputed = false,
+     .gemm_sums_input_gradients = false,
+     .residual_adds_in_norms = false,
+     .host_sync_per_micro_batch = false,
+     .host_seconds_per_kernel = 9.2e-6,
+     .vocab_pad_multiple = 1,
+     .context_attention = ContextAttention::kRing,
+     .sequence_parallel_keeps_gathered_input = true,
+     .fp8 = kTorchaoEager,
+     .op_level_selective = true,
+     .source = "bench/eager_reference.py (nn.RMSNorm, nn.Linear q/k/v, rotate-half rotary, F.silu(gate) * up, "
+               "F.cross_entropy(logits.float()), torch.optim.AdamW(fused=True), clip_grad_norm_(foreach=True))"},
+    {.stack = Stack::kTorchCompile,
+     .name = "torch-compile",
+     .summary = "torch.compile (Inductor): element-wise work fused around the same GEMMs, fused cross-entropy, fused AdamW",
+     .fused_elementwise = true,
+     .fused_qkv = false,
+     .fused_gate_up = false,
+     .loss = LossKernel::kFused,
+     .grads = GradAccumulation::kParamDtype,
+     .fused_optimizer = true,
+     .optimizer_update_factor = 1,
+     .optimizer_overhead_bytes = 24,
+     .optimizer_kernels_per_tensor = 0.5,
+     .swiglu_saved = 2,
+     .norm_recomputed = false,
+     .gemm_sums_input_gradients = false,
+     .residual_adds_in_norms = false,
+     .host_sync_per_micro_batch = false,
+     .host_seconds_per_kernel = 4e-6,
+     .vocab_pad_multiple = 1,
+     .context_attention = ContextAttention::kRing,
+     .sequence_parallel_keeps_gathered_input = true,
+     .fp8 = kTorchaoCompiled,
+     .op_level_selective = true,
+     .source = "PyTorch 2 Inductor fuses pointwise and reduction ops and its min-cut partitioner recomputes cheap "
+               "pointwise results in backward (Ansel et al. 2024, ASPLOS, Sec. 5); measured on H100: 66.7 K tokens/s and "
+               "29.9 GiB peak for Llama 3.2 1B at micro-batch 4 against 54.1 K and 41.6 GiB eager (issue 12)"},
+    {.stack = Stack::kMegatronTe,
+     .name = "megatron-te",
+     .summary = "Megatron-Core + Transformer Engine: fused norms, RoPE and SwiGLU, fused QKV and fc1 GEMMs, "
+                "fp32 main grads accumulated in the wgrad GEMM, distributed fused Adam, vocab padded to 128 x tp",
+     .fused_elementwise = true,
+     .fused_qkv = true,
+     .fused_gate_up = true,
+     .loss = LossKernel::kMegatronFp32,
+     .grads = GradAccumulation::kFusedInGemm,
+     .fused_optimizer = true,
+     .optimizer_update_factor = 1,
+     .optimizer_overhead_bytes = 10,
+     .optimizer_kernels_per_tensor = 0.3,
+     .swiglu_saved = 3,
+     .norm_recomputed = false,
+     .gemm_sums_input_gradients = false,
+     .residual_adds_in_norms = false,
+     .host_sync_per_micro_batch = false,
+     .host_seconds_per_kernel = 9.2e-6,
+     .vocab_pad_multiple = 128,
+     .context_attention = ContextAttention::kRing,
+     .sequence_parallel_keeps_gathered_input = false,
+     .fp8 = kTransformerEngine,
+     .source = "Megatron-LM (NVIDIA/Megatron-LM: --make-vocab-size-divisible-by 128, gradient_accumulation_fusion, "
+               "distributed optimizer, vocab_parallel_cross_entropy in fp32); Transformer Engine LayerNormLinear, "
+               "fused RoPE and SwiGLU; Narayanan et al. 2021, Korthikanti et al. 2022"},
+    // PyTorch FSDP1 as Composer / llm-foundry run it (and Accelerate's and Lightning's FSDP1 on
+    // an eager module). Read from pytorch v2.8.0 (git a1cb3cc0), torch/distributed/fsdp:
+    // _flat_param.py (_init_param_reduce_dtypes: the reduce dtype defaults to param_dtype;
+    // _full_param_padded backs the parameters as views: no copy-out), _runtime_utils.py
+    // (_post_backward_hook: the unsharded gradient pre-divided in place before the
+    // reduce-scatter, every micro-batch; _accumulate_sharded_grad: the shard cast to the fp32
+    // sharded parameter's dtype and added into _saved_grad_shard), _limiter_utils.py
+    // (limit_all_gathers, on by default: at most 2 all-gathers in flight); SHARD_GRAD_OP keeps the
+    // unsharded parameters from forward to backward (api.py). llm-foundry (mosaicml/llm-foundry
+    // 8c8dd48f): flash-attn's fused cross-entropy is the default loss (models/mpt/modeling_mpt.py
+    // loss_fn 'fused_crossentropy') and FlashAttention-2 the attention (attn_impl 'flash'); Composer
+    // (mosaicml/composer 64051888) trains with DecoupledAdamW, PyTorch's foreach AdamW math (one
+    // ATen op per step of the update, as trainplan-reference moves), and clips with a foreach norm.
+    {.stack = Stack::kFsdp1,
+     .name = "fsdp1",
+     .summary = "PyTorch FSDP1 (Composer / llm-foundry; Accelerate, Lightning): one FlatParameter per block, limit_all_gathers, "
+                "gradients pre-divided and reduce-scattered every micro-batch into an fp32 shard, eager modules with "
+                "FlashAttention-2 and flash-attn's fused cross-entropy, foreach AdamW",
+     .fused_elementwise = false,
+     .fused_qkv = false,
+     .fused_gate_up = false,
+     .loss = LossKernel::kFused,
+     .grads = GradAccumulation::kParamDtype,
+     .fused_optimizer = false,
+     .optimizer_update_factor = 106.0 / 32.0,
+     .optimizer_overhead_bytes = 12,
+     .optimizer_kernels_per_tensor = 0.5,
+     .swiglu_saved = 4,
+     .norm_recomputed = false,
+     .gemm_sums_input_gradients = false,
+     .residual_adds_in_norms = false,
+     .host_sync_per_micro_batch = false,
+     .host_seconds_per_kernel = 9.2e-6,
+     .vocab_pad_multiple = 1,
+     .context_attention = ContextAttention::kRing,
+     .sequence_parallel_keeps_gathered_input = true,
+     .fp8 = kTorchaoEager,
+     .attention_kernel = AttentionImpl::kFlash2,
+     .op_level_selective = true,
+     .dp = {.gathered_units = 2, .reduce_copy_bytes = 4, .sharded_grad_bytes = 4, .grad_op_units = true},
+     .reduce_dtype = Dtype::kBf16,
+     .source = "pytorch/pytorch v2.8.0 (a1cb3cc0) torch/distributed/fsdp/_flat_param.py, _runtime_utils.py, _limiter_utils.py, api.py; "
+               "mosaicml/llm-foundry 8c8dd48f models/mpt/modeling_mpt.py (fused_crossentropy), models/utils/config_defaults.py "
+               "(attn_impl flash); mosaicml/composer 64051888 utils/parallelism.py (FSDPConfig: limit_all_gathers)"},
+    // PyTorch FSDP2 as torchtitan runs it (pytorch/torchtitan 42b0beb4, 2025-06;
+    // torch/distributed/fsdp/_fully_shard in pytorch v2.8.0): fully_shard per TransformerBlock;
+    // mixed_precision_reduce float32 by default (config_manager.py); each all-gather copies the
+    // fp32 shards into a bf16 buffer and, after the collective, copies every parameter out of it
+    // (_fsdp_collectives.py foreach_all_gather / split_with_sizes_copy: 2 bytes read, 2 written
+    // per parameter), and in forward keeps the previous unit's output until the next unit's
+    // copy-out (_fsdp_param_group.py all_gather_state: 3 units); each reduce-scatter copies the
+    // unsharded gradients into one buffer in the reduce dtype (chunk_cat, the cast fused) and
+    // adds the result into the fp32 sharded gradient (foreach_reduce), every micro-batch; the loss
+    // is F.cross_entropy on .float() logits (components/loss.py); attention is SDPA under
+    // sdpa_kernel([FLASH_ATTENTION, EFFICIENT_ATTENTION, MATH]) (models/attention.py): the flash
+    // backend, FlashAttention-2; fused AdamW; selective recompute is torch's op-level policy.
+    {.stack = Stack::kFsdp2,
+     .name = "fsdp2",
+     .summary = "PyTorch FSDP2 (torchtitan; Accelerate FSDP2): fully_shard per block, parameters copied into and out of each "
+                "all-gather, gradients copied into an fp32 reduce-scatter every micro-batch, eager modules with FlashAttention-2, "
+                "fp32 logits for the loss, fused AdamW",
+     .fused_elementwise = false,
+     .fused_qkv = false,
+     .fused_gate_up = false,
+     .loss = LossKernel::kFp32Copy,
+     .grads = GradAccumulation::kParamDtype,
+     .fused_optimizer = true,
+     .optimizer_update_factor = 1,
+     .optimizer_overhead_bytes = 12,
+     .optimizer_kernels_per_tensor = 0.5,
+     .swiglu_saved = 4,
+     .norm_recomputed = false,
+     .gemm_sums_input_gradients = false,
+     .residual_adds_in_norms = false,
+     .host_sync_per_micro_batch = false,
+     .host_seconds_per_kernel = 9.2e-6,
+     .vocab_pad_multiple = 1,
+     .context_attention = ContextAttention::kRing,
+     .sequence_parallel_keeps_gathered_input = true,
+     .fp8 = kTorchaoEager,
+     .attention_kernel = AttentionImpl::kFlash2,
+     .op_level_selective = true,
+     .dp = {.gathered_units = 3, .gather_copy_bytes = 4, .reduce_copy_bytes = 4, .reduce_cast_fused = true, .sharded_grad_bytes = 4,
+            .grad_op_units = true},
+     .source = "pytorch/torchtitan 42b0beb4 config_manager.py, components/loss.py, models/attention.py, models/llama3/infra/parallelize.py; "
+               "pytorch/pytorch v2.8.0 (a1cb3cc0) torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py, _fsdp_param_group.py"},
+    // DeepSpeed ZeRO (microsoft/DeepSpeed 38327e07, v0.16.5) on an eager PyTorch module:
+    // runtime/zero/config.py defaults (reduce_bucket_size 5e8, stage3_prefetch_bucket_size 5e7,
+    // overlap_comm only for stage 3); stage 3 fetches each submodule's own parameters and the
+    // prefetched ones in one coalesced all-gather, then copies each parameter out of the flat
+    // buffer (partitioned_param_coordinator.py fetch_sub_module, partition_parameters.py
+    // all_gather_coalesced), and reduce-scatters buckets of reduce_bucket_size after an interleaved
+    // copy and a pre-divide (runtime/comm/coalesced_collectives.py reduce_scatter_coalesced) into
+    // a gradient partition in the compute dtype (stage3.py); stages 1-2 keep ipg buckets of
+    // reduce_bucket_size elements, reduce them by all-reducing whole buckets
+    // (use_multi_rank_bucket_allreduce), stage 2 every micro-batch, stage 1 once per step
+    // (stage_1_and_2.py), not overlapped (overlap_comm off); FusedAdam (engine.py), the step on a
+    // transient fp32 copy of the gradient partition, then copied back into the bf16 partition.
+    {.stack = Stack::kDeepspeed,
+     .name = "deepspeed",
+     .summary = "DeepSpeed ZeRO-1/2/3: per-submodule coalesced all-gathers with a 5e7 prefetch bucket, 5e8-element gradient buckets "
+                "(all-reduced under ZeRO-1/2, every micro-batch under ZeRO-2), gradients kept in bf16, FusedAdam, eager modules "
+                "with FlashAttention-2 and fp32 logits for the loss",
+     .fused_elementwise = false,
+     .fused_qkv = false,
+     .fused_gate_up = false,
+     .loss = LossKernel::kFp32Copy,
+     .grads = GradAccumulation::kParamDtype,
+     .fused_optimizer = true,
+     .optimizer_update_factor = 1,
+     .optimizer_overhead_bytes = 24,
+     .optimizer_kernels_per_tensor = 0.3,
+     .swiglu_saved = 4,
+     .norm_recomputed = false,
+     .gemm_sums_input_gradients = false,
+     .residual_adds_in_norms = false,
+     .host_sync_per_micro_batch = false,
+     .host_seconds_per_kernel = 9.2e-6,
+     .vocab_pad_multiple = 1,
+     .context_attention = ContextAttention::kRing,
+     .sequence_parallel_keeps_gathered_input = true,
+     .fp8 = kTorchaoEager,
+     .attention_kernel = AttentionImpl::kFlash2,
+     .op_level_selective = false,
+     .dp = {.gather_bucket_params = 5e7, .gather_copy_bytes = 4, .reduce_copy_bytes = 8, .reduce_bucket_params = 5e8, .bucket_params = 5e8,
+            .buckets = 1, .sharded_grad_bytes = 2, .zero12_all_reduce = true, .zero2_every_micro_batch = true, .zero12_overlap = false},
+     .reduce_dtype = Dtype::kBf16,
+     .source = "microsoft/DeepSpeed 38327e07 (v0.16.5) deepspeed/runtime/zero/config.py, stage3.py, stage_1_and_2.py, "
+               "partitioned_param_coordinator.py, partition_parameters.py, runtime/comm/coalesced_collectives.py, runtime/engine.py"},
 };
 
 }  // namespace
@@ -110,6 +336,6 @@ std::optional<Stack> stack_from_name(const std::string& name) {
   return std::nullopt;
 }
 
-const char* stack_choices() { return "trainplan | trainplan-reference | pytorch-eager | torch-compile | megatron-te"; }
+const char* stack_choices() { return "trainplan | trainplan-reference | pytorch-eager | torch-compile | megatron-te | fsdp1 | fsdp2 | deepspeed"; }
 
 }  // namespace trainplan::costmodel

@@ -695,7 +695,10 @@ int main(int argc, char** argv) {
     }
     t.dropout = dropout;
     t.attention = attention == "standard" ? cm::AttentionKernel::kStandard : cm::AttentionKernel::kFlash;
-    if (stack_choice) t.stack = *stack_choice;
+    if (stack_choice) {
+      t.stack = *stack_choice;
+      req.parallel.reduce_dtype = cm::stack_spec(*stack_choice).reduce_dtype;  // the stack's own default
+    }
     if (t.seq_len == 0) t.seq_len = req.model.max_seq_len;
     constexpr long long kMaxGlobalBatch = 1LL << 32;  // as in plan files
     if (app.count("--global-batch") > 0 && (global_batch <= 0 || global_batch > kMaxGlobalBatch)) {

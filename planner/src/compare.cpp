@@ -159,6 +159,7 @@ std::string label(const std::string& key) {
       {"pp_comm_seconds", "pipeline p2p"},
       {"dp_comm_exposed_seconds", "data-parallel comm, exposed"},
       {"dp_comm_total_seconds", "data-parallel comm, total"},
+      {"dp_copy_seconds", "sharding copies"},
       {"bubble_seconds", "pipeline bubble"},
       {"optimizer_seconds", "optimizer step"},
       {"offload_seconds", "offload transfers"},

@@ -5,6 +5,8 @@
 #include <sstream>
 
 #include "export_writers.hpp"
+#include "trainplan/costmodel/estimate.hpp"
+#include "trainplan/costmodel/stack.hpp"
 #include "trainplan/planner/report.hpp"
 
 namespace trainplan::planner {
@@ -134,6 +136,36 @@ std::vector<std::string> model_shape_refusals(const costmodel::ModelSpec& m, con
 
 }  // namespace export_detail
 
+costmodel::Stack export_stack(const Plan& plan, ExportTarget target) {
+  switch (target) {
+    case ExportTarget::kMegatron: return costmodel::Stack::kMegatronTe;
+    case ExportTarget::kTorchtitan: return costmodel::Stack::kFsdp2;
+    case ExportTarget::kDeepspeed: return costmodel::Stack::kDeepspeed;
+    case ExportTarget::kAccelerate:  // FSDP (written as fsdp_version 2) where the plan shards, else DDP on an eager module
+      return plan.parallel.dp > 1 && plan.parallel.zero_stage >= 2 ? costmodel::Stack::kFsdp2 : costmodel::Stack::kPytorchEager;
+  }
+  return costmodel::Stack::kPytorchEager;
+}
+
+std::string export_prediction(const Plan& plan, ExportTarget target) {
+  Plan as_run = plan;
+  as_run.training.stack = export_stack(plan, target);
+  const costmodel::Estimate e = costmodel::estimate(as_run);
+  const auto rate = [](double x) {
+    char b[32];
+    if (x >= 1e6) std::snprintf(b, sizeof b, "%.2f M", x / 1e6);
+    else if (x >= 1e3) std::snprintf(b, sizeof b, "%.1f K", x / 1e3);
+    else std::snprintf(b, sizeof b, "%.0f", x);
+    return std::string(b);
+  };
+  char buf[400];
+  std::snprintf(buf, sizeof buf, "trainplan predicts for the %s stack: %.3g s per step, %s tokens/s (%s per GPU), MFU %.1f%%, %.1f of %.0f GiB per GPU%s",
+                costmodel::stack_name(as_run.training.stack), e.time.step.value(), rate(e.throughput.tokens_per_second).c_str(),
+                rate(e.throughput.tokens_per_second_per_gpu).c_str(), 100 * e.throughput.mfu, e.memory.required.in_gib(),
+                e.memory.capacity.in_gib(), e.fits ? "" : ": does not fit");
+  return buf;
+}
+
 Result<PlanExport> export_plan(const Plan& plan, ExportTarget target) {
   using namespace export_detail;
   auto derived = derive(plan);
@@ -154,6 +186,14 @@ Result<PlanExport> export_plan(const Plan& plan, ExportTarget target) {
     case ExportTarget::kAccelerate: out = accelerate_export(plan, *derived); break;
   }
   out.file_name = (plan.name.empty() ? std::string("plan") : plan.name) + "-" + entry(target).name + "." + entry(target).extension;
+  // The prediction for the stack that runs the file, first among the notes and, where the format
+  // has comments, on the file's first comment line.
+  const std::string prediction = export_prediction(plan, target);
+  out.notes.insert(out.notes.begin(), prediction);
+  if (target != ExportTarget::kDeepspeed) {
+    const std::size_t at = out.text.rfind("#!", 0) == 0 ? out.text.find('\n') + 1 : 0;
+    out.text.insert(at, "# " + prediction + ".\n");
+  }
   return out;
 }
 

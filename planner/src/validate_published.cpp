@@ -320,7 +320,8 @@ Result<ValidationTable> validate_fsdp_runs_a100() {
     table.title = "FSDP runs on A100";
     table.quantity = "MFU, %";
     table.source = "TinyLlama README (jzhang38/TinyLlama); PyTorch/IBM blog \"Maximizing training throughput using PyTorch FSDP\", "
-                   "Table 1 (FULL_SHARD, bf16; cluster IBM Vela, tests/data/ibm-vela-a100-80g.json)";
+                   "Table 1 (FULL_SHARD, bf16, predicted for the fsdp1 stack with a bf16 reduce-scatter; cluster IBM Vela, "
+                   "tests/data/ibm-vela-a100-80g.json)";
     const auto vela_text = checked(published_data_text("ibm-vela-a100-80g"));
     const costmodel::HardwareProfile vela = checked(costmodel::parse_hwprofile_text(vela_text, "ibm-vela-a100-80g.json"));
     for (const CsvRow& row : t.rows) {
@@ -349,13 +350,15 @@ Result<ValidationTable> validate_fsdp_runs_a100() {
                                      : starts_with(ac, "selective") ? costmodel::Recompute::kSelective
                                                                     : costmodel::Recompute::kNone;
       // TinyLlama used fused kernels (flash-attn rotary, RMSNorm and cross-entropy, xformers SwiGLU,
-      // a fused QKV; per its README): the fused stack. The PyTorch/IBM runs used plain PyTorch
-      // modules (no torch.compile).
+      // a fused QKV; per its README): the fused stack. The PyTorch/IBM runs used FSDP1 on plain
+      // PyTorch modules (no torch.compile) with every dtype bf16 (the blog's mixed-precision
+      // policy: parameters, reduction and buffers in bf16).
       costmodel::PlanRequest req = fsdp_request(std::move(model), std::move(cluster), t.integer(row, "gpus"),
                                                 static_cast<long long>(t.number(row, "seq")),
                                                 static_cast<long long>(t.number(row, "global_batch")),
-                                                tinyllama ? costmodel::Stack::kMegatronTe : costmodel::Stack::kPytorchEager, r,
+                                                tinyllama ? costmodel::Stack::kMegatronTe : costmodel::Stack::kFsdp1, r,
                                                 t.integer(row, "micro_batch"));
+      if (!tinyllama) req.parallel.reduce_dtype = costmodel::Dtype::kBf16;
       if (ac.find("every n blocks") != std::string::npos) {
         // "Selective" here checkpoints every n-th block fully; n is not given, but the published
         // HFU/MFU ratio (59/51) fixes the recomputed fraction: a full forward is 1/3 of a layer's
@@ -381,9 +384,9 @@ Result<ValidationTable> validate_torchtitan_a100() {
     table.id = "torchtitan_a100";
     table.title = "torchtitan on A100";
     table.quantity = "MFU, %";
-    table.source = "torchtitan docs/performance.md (older version): Llama 3 and Llama 2 with FSDP on 64 A100-80GB, bf16, eager "
-                   "modules; activation checkpointing \"selective(layer)\" taken as full recompute of every 2nd layer (torchtitan's "
-                   "default frequency), \"selective(op)\" as selective recompute, which for the pytorch-eager stack is torchtitan's op-level policy "
+    table.source = "torchtitan docs/performance.md (older version): Llama 3 and Llama 2 with FSDP2 on 64 A100-80GB, bf16, eager "
+                   "modules, predicted for the fsdp2 stack (fp32 reduce-scatter, torchtitan's default); activation checkpointing \"selective(layer)\" taken as full recompute of every 2nd layer (torchtitan's "
+                   "default frequency), \"selective(op)\" as selective recompute, which for the fsdp2 stack is torchtitan's op-level policy "
                    "(SDPA and every other matmul saved, the rest recomputed)";
     const costmodel::HardwareProfile a100 = checked(costmodel::find_hwprofile("dgx-a100-80g"));
     for (const CsvRow& row : t.rows) {
@@ -407,7 +410,7 @@ Result<ValidationTable> validate_torchtitan_a100() {
         t.fail(row, "act_ckpt: must be none | full | selective(op) | selective(layer) (got \"" + ac + "\")");
       }
       costmodel::PlanRequest req = fsdp_request(std::move(model), a100, t.integer(row, "gpus"), static_cast<long long>(t.number(row, "seq")),
-                                                static_cast<long long>(t.number(row, "global_batch")), costmodel::Stack::kPytorchEager, r,
+                                                static_cast<long long>(t.number(row, "global_batch")), costmodel::Stack::kFsdp2, r,
                                                 t.integer(row, "local_batch"));
       req.parallel.recompute_layers = recompute_layers;
       const std::string label = fmt("%s, %d GPUs, seq %lld, %s", name.c_str(), req.gpus, static_cast<long long>(req.training.seq_len), ac.c_str());

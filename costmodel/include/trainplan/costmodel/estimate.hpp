@@ -47,6 +47,9 @@ struct MemoryBreakdown {
 struct TimeBreakdown {
   Seconds step, compute, recompute, tp_comm, cp_comm, ep_comm, pp_comm, dp_comm_exposed, dp_comm_total, bubble,
       optimizer, offload;
+  // The sharding stack's own passes on the compute stream (stack.hpp DataParallelSpec): copies
+  // into and out of all-gather and reduce-scatter buffers, pre-divides, casts to the reduce dtype.
+  Seconds dp_copies;
 };
 
 struct Throughput {

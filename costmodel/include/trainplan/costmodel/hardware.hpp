@@ -46,6 +46,7 @@ struct GpuSpec {
   double attention_efficiency = 0; // fraction of peak a fused (flash) attention kernel reaches
   double memory_efficiency = 0;    // fraction of HBM bandwidth a streaming kernel reaches
   Bytes reserved_memory;           // CUDA context, cuBLAS/NCCL workspaces: not usable for tensors
+  int generation = -1;             // gpu_generation of `name`, set when a profile is read; -1: not yet
   Seconds min_kernel_time;         // latency of one kernel (launch, fill, tail) added to its work; `min_kernel_us`
   // Measured kernel tables (`kernels`); null: kernel times come from the figures above.
   std::shared_ptr<const KernelTables> kernels;
@@ -94,6 +95,11 @@ struct HardwareProfile {
     return BytesPerSecond(inter_node.bandwidth.value() * inter_node.nics_per_node / gpus_per_node);
   }
 };
+
+// The GPU's generation as NCCL's tuning model and the published kernel tables index it, from its
+// name: 0 Volta, 1 Ampere (and any GPU not recognised), 2 Hopper (H100, H200, H800, H20), 3
+// Blackwell (B200, B300, GB200, GB300).
+[[nodiscard]] int gpu_generation(const GpuSpec& gpu);
 
 [[nodiscard]] Result<HardwareProfile> parse_hwprofile(const nlohmann::json& json, const std::string& file,
                                                       const std::string& pointer = "");

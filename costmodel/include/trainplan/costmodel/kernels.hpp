@@ -11,6 +11,7 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,18 @@ namespace trainplan::costmodel {
 
 struct GpuSpec;
 enum class Dtype;
+
+// The fused attention kernel a stack runs (StackSpec::attention_kernel).
+enum class AttentionImpl {
+  // The profile's measured attention table (gpu.kernels.attention: the SDPA backend the PyTorch
+  // that measured it picked; on the H100 presets, torch 2.11's cuDNN attention), else the
+  // profile's attention_efficiency.
+  kProfile,
+  // FlashAttention-2 (the flash-attn package, or SDPA's flash backend, which is FlashAttention-2
+  // from PyTorch 2.2): its published rates on Ampere and Hopper (attention_kernels.cpp), the
+  // profile's figures on other GPUs.
+  kFlash2,
+};
 
 // Memory-bound operations a training step runs, as PyTorch runs them eagerly (one or more ATen
 // kernels each). `elements` of an op is the size its bytes are counted on (kElementwiseOps).
@@ -115,8 +128,8 @@ struct KernelTables {
 // The time of kernels on one GPU for one compute dtype.
 class KernelRates {
  public:
-  // `gpu` must outlive this object.
-  KernelRates(const GpuSpec& gpu, Dtype compute_dtype);
+  // `gpu` must outlive this object. `attention` picks the fused attention kernel's rates.
+  KernelRates(const GpuSpec& gpu, Dtype compute_dtype, AttentionImpl attention = AttentionImpl::kProfile);
 
   // C[m,n] = A[m,k] B[k,n], `batch` independent products. With a GEMM table: the analytic time
   // (wave quantisation over the SMs, short-k fill, HBM bound) corrected by the measured/analytic
@@ -155,6 +168,14 @@ class KernelRates {
   double attention_table_scale_ = 1;  // likewise for the attention table
   double latency_ = 0;
   double copy_ = 0;
+  AttentionImpl attention_impl_ = AttentionImpl::kProfile;
+  int generation_ = 1;  // gpu_generation(gpu_)
 };
+
+// FlashAttention-2's published rate, FLOP/s (the causal convention: half the score blocks of a
+// causal kernel), for head size `d` and `seq` queries, forward or backward, on a GPU of
+// `generation` (gpu_generation: 1 Ampere, 2 Hopper); nullopt on other GPUs. attention_kernels.cpp
+// cites each figure.
+[[nodiscard]] std::optional<double> flash2_rate(int generation, double d, double seq, bool causal, bool backward);
 
 }  // namespace trainplan::costmodel

@@ -8,6 +8,9 @@
 #include <optional>
 #include <string>
 
+#include "trainplan/costmodel/hardware.hpp"
+#include "trainplan/costmodel/kernels.hpp"
+
 namespace trainplan::costmodel {
 
 enum class Stack {
@@ -16,8 +19,12 @@ enum class Stack {
   kPytorchEager,  // a plain PyTorch module in eager mode (bench/eager_reference.py)
   kTorchCompile,  // the same module under torch.compile (Inductor)
   kMegatronTe,    // Megatron-LM / Megatron-Core with Transformer Engine
+  kFsdp1,         // PyTorch FSDP1 (FlatParameter per wrapped block): Composer / llm-foundry, Accelerate, Lightning
+  kFsdp2,         // PyTorch FSDP2 (fully_shard, per-parameter DTensor): torchtitan, Accelerate FSDP2
+  kDeepspeed,     // DeepSpeed ZeRO-1/2/3 on a PyTorch module
 };
-inline constexpr Stack kStacks[] = {Stack::kTrainplan, Stack::kTrainplanReference, Stack::kPytorchEager, Stack::kTorchCompile, Stack::kMegatronTe};
+inline constexpr Stack kStacks[] = {Stack::kTrainplan, Stack::kTrainplanReference, Stack::kPytorchEager, Stack::kTorchCompile,
+                                    Stack::kMegatronTe, Stack::kFsdp1, Stack::kFsdp2, Stack::kDeepspeed};
 
 // How the loss over the vocabulary is computed.
 enum class LossKernel {
@@ -69,6 +76,45 @@ struct Fp8Casting {
   double input = 0, input_from_norm = 0, input_from_activation = 0;
   double grad_output = 0, grad_output_from_activation = 0;
   double weight_forward = 0, weight_backward = 0;
+};
+
+// How a stack's data parallelism moves parameters and gradients under ZeRO / FSDP, beyond the
+// collectives themselves (estimate.cpp). Zero where the stack does nothing of the kind.
+struct DataParallelSpec {
+  // ZeRO-3: parameters one all-gather carries. 0: an FSDP unit (a transformer block, or whole
+  // blocks up to the plan's fsdp_wrap_min_params); > 0: DeepSpeed's fetch of one submodule (each
+  // linear layer) coalesced with its prefetch bucket of this many parameters.
+  double gather_bucket_params = 0;
+  // Gathered units held at once under ZeRO-3 with prefetch: FSDP1's limit_all_gathers (the unit
+  // running and one prefetched); FSDP2's forward keeps the previous unit's all-gather output
+  // until the next unit's copy-out (3); 0: the plan's prefetch (2, else 1).
+  double gathered_units = 0;
+  // Bytes per gathered parameter the compute stream moves per gather (copy-in to the all-gather
+  // buffer, copy-out into the parameters).
+  double gather_copy_bytes = 0;
+  // Bytes per parameter per micro-batch the compute stream moves on the 16-bit unsharded gradient
+  // before its reduction (a copy into the reduce buffer, a pre-divide), beyond a cast to the
+  // reduce dtype where that differs; `reduce_cast_fused`: the copy casts (FSDP2's chunk_cat), so
+  // the cast costs only its wider write.
+  double reduce_copy_bytes = 0;
+  bool reduce_cast_fused = false;
+  // Gradients reduced by one collective (elements): DeepSpeed's reduce_bucket_size; 0: a unit's.
+  double reduce_bucket_params = 0;
+  // Gradient bucket buffers kept for the reductions (elements each, in the gradient's dtype):
+  // DeepSpeed's IPG buckets; 0: DDP's two 25 MiB buckets (ZeRO-0..2) and none under ZeRO-3.
+  double bucket_params = 0;
+  int buckets = 0;
+  // Bytes per parameter of the sharded gradient kept between micro-batches under ZeRO-2/3: FSDP's
+  // fp32 shard, DeepSpeed's partition in the compute dtype; 0: as `grads` says.
+  double sharded_grad_bytes = 0;
+  // ZeRO-2 is FSDP's SHARD_GRAD_OP: parameters gathered unit by unit before each micro-batch's
+  // forward and kept to its backward, gradients reduce-scattered unit by unit each micro-batch.
+  bool grad_op_units = false;
+  // ZeRO-1/2 reduce by all-reducing whole buckets (DeepSpeed's use_multi_rank_bucket_allreduce),
+  // ZeRO-2 every micro-batch, and overlap the backward only with overlap_comm (off below stage 3).
+  bool zero12_all_reduce = false;
+  bool zero2_every_micro_batch = false;
+  bool zero12_overlap = true;
 };
 
 struct StackSpec {
@@ -130,14 +176,27 @@ struct StackSpec {
   // linear and its router no Transformer Engine module; torchtitan's float8 configs leave the
   // output layer out of the conversion).
   Fp8Casting fp8;
+  // The fused attention kernel (kernels.hpp AttentionImpl).
+  AttentionImpl attention_kernel = AttentionImpl::kProfile;
+  // Selective recompute is PyTorch's op-level selective checkpointing (torchtitan's policy: the
+  // outputs of SDPA and every other matmul kept, the rest recomputed); false: the attention core
+  // recomputed (Megatron's, the executor's).
+  bool op_level_selective = false;
+  DataParallelSpec dp;
+  // The dtype data parallelism reduces gradients in by default: fp32 (torchtitan's
+  // mixed_precision_reduce, Megatron's fp32 main grads, the executor); the compute dtype where the
+  // stack's default follows it (FSDP1's MixedPrecision with reduce_dtype None, DeepSpeed's
+  // communication_data_type). `planner --stack` starts a request with it; a plan states its own.
+  Dtype reduce_dtype = Dtype::kFp32;
   const char* source;
 };
 
 [[nodiscard]] const StackSpec& stack_spec(Stack stack);
 [[nodiscard]] const char* stack_name(Stack stack);
-// "trainplan", "trainplan-reference", "pytorch-eager", "torch-compile", "megatron-te".
+// "trainplan", "trainplan-reference", "pytorch-eager", "torch-compile", "megatron-te", "fsdp1",
+// "fsdp2", "deepspeed".
 [[nodiscard]] std::optional<Stack> stack_from_name(const std::string& name);
-// "trainplan | trainplan-reference | pytorch-eager | torch-compile | megatron-te", for messages.
+// "trainplan | trainplan-reference | ... | deepspeed", for messages.
 [[nodiscard]] const char* stack_choices();
 
 }  // namespace trainplan::costmodel

@@ -28,7 +28,13 @@ struct PlanExport {
   std::vector<std::string> notes;
 };
 
-// The target's file for `plan`. REQUIRES: validate_plan(plan) holds. An error when the target
+// The software stack that runs the target's file (megatron: megatron-te, torchtitan: fsdp2,
+// deepspeed: deepspeed, accelerate: fsdp2 where the plan shards (fsdp_version 2), else
+// pytorch-eager), whose prediction the export states.
+[[nodiscard]] costmodel::Stack export_stack(const costmodel::Plan& plan, ExportTarget target);
+
+// The target's file for `plan`, its first note (and first comment line, where the format has
+// comments) the prediction for export_stack's stack. REQUIRES: validate_plan(plan) holds. An error when the target
 // cannot express the plan: every reason, "; "-separated, each naming the plan field and the stack,
 // e.g. "deepspeed: pp=4: DeepSpeed's pipeline engine needs a PipelineModule in the training
 // script; a JSON config cannot express it"; or when the GPUs are not a whole number of nodes.

@@ -1,0 +1,145 @@
+// The FSDP and DeepSpeed stacks (stack.hpp: fsdp1, fsdp2, deepspeed): FlashAttention-2's
+// published rates (attention_kernels.cpp), and what each stack's data parallelism adds beyond the
+// collectives (DataParallelSpec), each against a value derived by hand from the stack's source as
+// stack.cpp cites it.
+
+#include <cmath>
+
+#include <gtest/gtest.h>
+
+#include "test_support.hpp"
+#include "trainplan/costmodel/estimate.hpp"
+#include "trainplan/costmodel/kernels.hpp"
+#include "trainplan/costmodel/stack.hpp"
+
+namespace trainplan {
+namespace {
+
+using namespace costmodel;
+
+// Dao 2023, Fig. 4 (A100, forward + backward, causal, head size 128): 182 TFLOP/s at 8K, 189 at
+// 16K and beyond. Shah et al. 2024, Fig. 5 and 6 (H100, FlashAttention-2): 333 forward causal at
+// 8K; the causal backward is the non-causal 318 times 333/370. Head size 96 lies between 64 and
+// 128 in log2: 0.585 of the way. No published rate on Blackwell.
+TEST(Flash2Rates, AreThePapersFigures) {
+  EXPECT_DOUBLE_EQ(*flash2_rate(1, 128, 8192, true, false), 182e12);
+  EXPECT_DOUBLE_EQ(*flash2_rate(1, 128, 8192, true, true), 182e12);
+  EXPECT_DOUBLE_EQ(*flash2_rate(1, 128, 131072, true, false), 189e12);
+  EXPECT_DOUBLE_EQ(*flash2_rate(2, 128, 8192, true, false), 333e12);
+  EXPECT_NEAR(*flash2_rate(2, 128, 8192, true, true), 318e12 * 333.0 / 370.0, 1e6);
+  EXPECT_DOUBLE_EQ(*flash2_rate(2, 128, 8192, false, true), 318e12);
+  const double f = std::log2(96.0 / 64.0);
+  EXPECT_NEAR(*flash2_rate(2, 96, 8192, true, false), (295 + f * (333 - 295)) * 1e12, 1e6);
+  EXPECT_FALSE(flash2_rate(3, 128, 8192, true, false));
+}
+
+// On the H100 preset the profile's attention table is torch 2.11's SDPA (cuDNN): 625 TFLOP/s
+// forward at hd128, 8K, 32 heads x batch 2. FlashAttention-2 runs the same causal forward of
+// 4 x 64 x 8192^2 x 128 / 2 FLOPs at 333 TFLOP/s.
+TEST(Flash2Rates, ReplaceTheProfilesTableWhereTheStackRunsFlashAttention2) {
+  const HardwareProfile hw = testing::cluster("dgx-h100");
+  const KernelRates profile(hw.gpu, Dtype::kBf16);
+  const KernelRates flash2(hw.gpu, Dtype::kBf16, AttentionImpl::kFlash2);
+  const double flops = 4.0 * 64 * 8192.0 * 8192.0 * 128 / 2;
+  EXPECT_NEAR(flash2.attention_forward(64, 8192, 8192, 128, true), flash2.latency() + flops / 333e12, 1e-12);
+  EXPECT_GT(flash2.attention_forward(64, 8192, 8192, 128, true), 1.7 * profile.attention_forward(64, 8192, 8192, 128, true));
+  // Blackwell has no published FlashAttention-2 rate: the profile's figures stand.
+  const HardwareProfile b200 = testing::cluster("dgx-b200");
+  EXPECT_DOUBLE_EQ(KernelRates(b200.gpu, Dtype::kBf16, AttentionImpl::kFlash2).attention_forward(64, 8192, 8192, 128, true),
+                   KernelRates(b200.gpu, Dtype::kBf16).attention_forward(64, 8192, 8192, 128, true));
+}
+
+Plan sharded(Stack stack, int zero, long long global_batch) {
+  Plan p = testing::make_plan("llama3-8b", "dgx-h100", 8, 4096, global_batch);
+  p.training.stack = stack;
+  p.parallel.zero_stage = zero;
+  p.parallel.micro_batch = 1;
+  p.parallel.recompute = Recompute::kFull;
+  p.parallel.reduce_dtype = stack_spec(stack).reduce_dtype;
+  return p;
+}
+
+// DeepSpeed keeps one ipg bucket of reduce_bucket_size = 5e8 elements in the compute dtype
+// (stage_1_and_2.py, overlap_comm off below stage 3): 1e9 bytes, where DDP keeps two 25 MiB
+// buckets. Everything else in the buffers (cuBLAS workspaces) is the same.
+TEST(DeepspeedStack, KeepsAGigabyteGradientBucket) {
+  const Estimate ds = testing::checked_estimate(sharded(Stack::kDeepspeed, 2, 8));
+  const Estimate eager = testing::checked_estimate(sharded(Stack::kPytorchEager, 2, 8));
+  EXPECT_NEAR(ds.memory.buffers.value() - eager.memory.buffers.value(), 5e8 * 2 - 2 * 25 * 1048576.0, 1.0);
+}
+
+// DeepSpeed's ZeRO-2 all-reduces its buckets after every micro-batch and does not overlap them
+// (overlap_comm is off below stage 3), then gathers the updated parameters once in its step: the
+// traffic of m micro-batches is m reductions plus one gather, all of it exposed, so going from 2
+// to 4 micro-batches adds twice what going from 1 to 2 adds.
+TEST(DeepspeedStack, Zero2ReducesEveryMicroBatchExposed) {
+  const Estimate one = testing::checked_estimate(sharded(Stack::kDeepspeed, 2, 8));
+  const Estimate two = testing::checked_estimate(sharded(Stack::kDeepspeed, 2, 16));
+  const Estimate four = testing::checked_estimate(sharded(Stack::kDeepspeed, 2, 32));
+  ASSERT_EQ(four.micro_batches, 4);
+  const double reduction = two.time.dp_comm_total.value() - one.time.dp_comm_total.value();
+  EXPECT_GT(reduction, 0);
+  EXPECT_NEAR(four.time.dp_comm_total.value() - two.time.dp_comm_total.value(), 2 * reduction, 1e-9);
+  EXPECT_NEAR(four.time.dp_comm_exposed.value(), four.time.dp_comm_total.value(), 1e-9);
+  // ZeRO-1 reduces once per step.
+  const Estimate z1_one = testing::checked_estimate(sharded(Stack::kDeepspeed, 1, 8));
+  const Estimate z1_four = testing::checked_estimate(sharded(Stack::kDeepspeed, 1, 32));
+  EXPECT_NEAR(z1_four.time.dp_comm_total.value(), z1_one.time.dp_comm_total.value(), 1e-9);
+}
+
+// FSDP2 copies every gathered parameter out of the all-gather buffer (2 bytes read, 2 written),
+// twice per micro-batch under FULL_SHARD, and copies each gradient into the fp32 reduce-scatter
+// buffer (2 read, 4 written): 2 x 4 + 6 = 14 bytes per parameter per micro-batch, at the copy
+// bandwidth, one launch per unit and pass.
+TEST(Fsdp2Stack, CopiesParametersAndGradientsThroughItsBuffers) {
+  Plan plan = sharded(Stack::kFsdp2, 3, 16);
+  const Estimate e = testing::checked_estimate(plan);
+  const KernelRates rates(plan.cluster.gpu, Dtype::kBf16);
+  const double units = plan.model.layers + 2;  // the blocks, the embedding, the output layer
+  const double per_micro_batch = 2 * units * rates.latency() + 14.0 * e.parameters / rates.copy_bandwidth();
+  EXPECT_NEAR(e.time.dp_copies.value(), e.micro_batches * per_micro_batch, 1e-9);
+  // FSDP1 gathers into the buffer its parameters are views of (no copy-out) and pre-divides the
+  // bf16 gradient in place before a bf16 reduce-scatter: 4 bytes per parameter.
+  const Estimate f1 = testing::checked_estimate(sharded(Stack::kFsdp1, 3, 16));
+  EXPECT_NEAR(f1.time.dp_copies.value(), f1.micro_batches * (2 * units * rates.latency() + 4.0 * f1.parameters / rates.copy_bandwidth()), 1e-9);
+}
+
+// FSDP keeps the sharded gradient in fp32 between micro-batches (FSDP1 _saved_grad_shard, FSDP2's
+// sharded_param.grad): 4 bytes per parameter over the 8 shards, where DeepSpeed keeps its
+// gradient partition in bf16 (2).
+TEST(FsdpStacks, KeepTheShardedGradientInFp32) {
+  const Estimate f2 = testing::checked_estimate(sharded(Stack::kFsdp2, 3, 16));
+  const Estimate ds = testing::checked_estimate(sharded(Stack::kDeepspeed, 3, 16));
+  EXPECT_NEAR(f2.memory.gradients.value(), 4.0 * f2.parameters / 8, 1e-3 * f2.memory.gradients.value());
+  EXPECT_NEAR(ds.memory.gradients.value(), 2.0 * ds.parameters / 8, 1e-3 * ds.memory.gradients.value());
+}
+
+// FSDP's SHARD_GRAD_OP (ZeRO-2 in an FSDP stack) gathers each unit before every micro-batch's
+// forward and reduce-scatters its gradients after every backward: the traffic grows with the
+// micro-batches, unlike PyTorch DDP-style ZeRO-2, which reduces once per step.
+TEST(FsdpStacks, ShardGradOpGathersEveryMicroBatch) {
+  const Estimate one = testing::checked_estimate(sharded(Stack::kFsdp1, 2, 8));
+  const Estimate four = testing::checked_estimate(sharded(Stack::kFsdp1, 2, 32));
+  EXPECT_NEAR(four.time.dp_comm_total.value(), 4 * one.time.dp_comm_total.value(), 1e-9);
+  // and it gathers once per micro-batch, where FULL_SHARD gathers twice.
+  const Estimate full = testing::checked_estimate(sharded(Stack::kFsdp1, 3, 8));
+  EXPECT_LT(one.time.dp_comm_total.value(), full.time.dp_comm_total.value());
+}
+
+// DeepSpeed's ZeRO-3 gathers a block submodule by submodule, coalesced with its 5e7-parameter
+// prefetch bucket: Llama 3 8B's block (218 M parameters, its largest linear 58.7 M) goes in 4
+// all-gathers where FSDP gathers it in one, so latency is paid four times as often.
+TEST(DeepspeedStack, Zero3GathersInSubmoduleChunks) {
+  Plan ds = sharded(Stack::kDeepspeed, 3, 8);
+  Plan f1 = sharded(Stack::kFsdp1, 3, 8);
+  ds.gpus = f1.gpus = 1024;
+  ds.parallel.dp = f1.parallel.dp = 1024;
+  ds.training.global_batch = f1.training.global_batch = 1024;
+  ds.parallel.reduce_dtype = f1.parallel.reduce_dtype = Dtype::kBf16;
+  const Estimate a = testing::checked_estimate(ds), b = testing::checked_estimate(f1);
+  // The same bytes, more collectives of a ring over 1024 ranks: more time.
+  EXPECT_GT(a.time.dp_comm_total.value(), 1.2 * b.time.dp_comm_total.value());
+}
+
+}  // namespace
+}  // namespace trainplan
