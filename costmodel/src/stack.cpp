@@ -273,6 +273,38 @@ constexpr StackSpec kSpecs[] = {
             .grad_op_units = true},
      .source = "pytorch/torchtitan 42b0beb4 config_manager.py, components/loss.py, models/attention.py, models/llama3/infra/parallelize.py; "
                "pytorch/pytorch v2.8.0 (a1cb3cc0) torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py, _fsdp_param_group.py"},
+    // FSDP2 as torchtitan runs it with training.compile (models/llama3/infra/parallelize.py
+    // apply_compile: each TransformerBlock compiled on its own, before fully_shard; the loss
+    // compiled too, components/loss.py): Inductor's fusions and recompute as torch-compile, the
+    // loss fused, FSDP2's collectives and copies as fsdp2 (they run outside the compiled blocks).
+    {.stack = Stack::kFsdp2Compile,
+     .name = "fsdp2-compile",
+     .summary = "PyTorch FSDP2 under torch.compile (torchtitan --compile): blocks and loss compiled by Inductor, FSDP2's "
+                "copies and fp32 reduce-scatter as fsdp2, FlashAttention-2, fused AdamW",
+     .fused_elementwise = true,
+     .fused_qkv = false,
+     .fused_gate_up = false,
+     .loss = LossKernel::kFused,
+     .grads = GradAccumulation::kParamDtype,
+     .fused_optimizer = true,
+     .optimizer_update_factor = 1,
+     .optimizer_overhead_bytes = 12,
+     .optimizer_kernels_per_tensor = 0.5,
+     .swiglu_saved = 2,
+     .norm_recomputed = false,
+     .gemm_sums_input_gradients = false,
+     .residual_adds_in_norms = false,
+     .host_sync_per_micro_batch = false,
+     .host_seconds_per_kernel = 4e-6,
+     .vocab_pad_multiple = 1,
+     .context_attention = ContextAttention::kRing,
+     .sequence_parallel_keeps_gathered_input = true,
+     .fp8 = kTorchaoCompiled,
+     .attention_kernel = AttentionImpl::kFlash2,
+     .op_level_selective = true,
+     .dp = {.gathered_units = 3, .gather_copy_bytes = 4, .reduce_copy_bytes = 4, .reduce_cast_fused = true, .sharded_grad_bytes = 4,
+            .grad_op_units = true},
+     .source = "pytorch/torchtitan 42b0beb4 models/llama3/infra/parallelize.py (apply_compile), components/loss.py; as fsdp2 for FSDP2"},
     // DeepSpeed ZeRO (microsoft/DeepSpeed 38327e07, v0.16.5) on an eager PyTorch module:
     // runtime/zero/config.py defaults (reduce_bucket_size 5e8, stage3_prefetch_bucket_size 5e7,
     // overlap_comm only for stage 3); stage 3 fetches each submodule's own parameters and the
@@ -336,6 +368,6 @@ std::optional<Stack> stack_from_name(const std::string& name) {
   return std::nullopt;
 }
 
-const char* stack_choices() { return "trainplan | trainplan-reference | pytorch-eager | torch-compile | megatron-te | fsdp1 | fsdp2 | deepspeed"; }
+const char* stack_choices() { return "trainplan | trainplan-reference | pytorch-eager | torch-compile | megatron-te | fsdp1 | fsdp2 | fsdp2-compile | deepspeed"; }
 
 }  // namespace trainplan::costmodel

@@ -215,7 +215,10 @@ InputPanel::InputPanel(QWidget* parent) : QWidget(parent) {
       combo({{tr("trainplan executor"), QStringLiteral("trainplan")},
              {tr("trainplan executor, --kernels reference"), QStringLiteral("trainplan-reference")},
              {tr("PyTorch eager"), QStringLiteral("pytorch-eager")},
-             {tr("torch.compile"), QStringLiteral("torch-compile")}, {tr("Megatron-Core + TE"), QStringLiteral("megatron-te")}}));
+             {tr("torch.compile"), QStringLiteral("torch-compile")}, {tr("Megatron-Core + TE"), QStringLiteral("megatron-te")},
+             {tr("PyTorch FSDP1 (Composer, Accelerate, Lightning)"), QStringLiteral("fsdp1")},
+             {tr("PyTorch FSDP2 (torchtitan)"), QStringLiteral("fsdp2")},
+             {tr("PyTorch FSDP2 + torch.compile"), QStringLiteral("fsdp2-compile")}, {tr("DeepSpeed ZeRO"), QStringLiteral("deepspeed")}}));
   auto* headroom = line(QString::number(100 * cm::kDefaultMemoryHeadroom));
   headroom->setToolTip(tr("Percent of HBM kept free: plans needing more are tight, ranked after the others"));
   row(tr("Memory headroom %"), QStringLiteral("memory_headroom"), headroom);

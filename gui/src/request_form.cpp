@@ -8,6 +8,7 @@
 #include "trainplan/costmodel/hardware.hpp"
 #include "trainplan/costmodel/model.hpp"
 #include "trainplan/costmodel/presets.hpp"
+#include "trainplan/costmodel/stack.hpp"
 #include "trainplan/planner/inputs.hpp"
 
 namespace trainplan::gui {
@@ -182,8 +183,10 @@ BuiltRequest build_request(const RequestForm& form) {
     t.attention = form.attention == "standard" ? cm::AttentionKernel::kStandard : cm::AttentionKernel::kFlash;
   }
   if (enum_field("dropout", form.dropout, {"off", "on"})) t.dropout = form.dropout == "on";
-  if (enum_field("stack", form.stack, {"trainplan", "trainplan-reference", "pytorch-eager", "torch-compile", "megatron-te"})) {
+  if (enum_field("stack", form.stack,
+                 {"trainplan", "trainplan-reference", "pytorch-eager", "torch-compile", "megatron-te", "fsdp1", "fsdp2", "fsdp2-compile", "deepspeed"})) {
     t.stack = *cm::stack_from_name(form.stack);
+    req.parallel.reduce_dtype = cm::stack_spec(t.stack).reduce_dtype;  // the stack's default, as `planner --stack`
   }
   if (!trim(form.memory_headroom).empty()) {
     char* end = nullptr;

@@ -21,10 +21,11 @@ enum class Stack {
   kMegatronTe,    // Megatron-LM / Megatron-Core with Transformer Engine
   kFsdp1,         // PyTorch FSDP1 (FlatParameter per wrapped block): Composer / llm-foundry, Accelerate, Lightning
   kFsdp2,         // PyTorch FSDP2 (fully_shard, per-parameter DTensor): torchtitan, Accelerate FSDP2
+  kFsdp2Compile,  // the same under torch.compile (torchtitan's --compile: each block and the loss compiled)
   kDeepspeed,     // DeepSpeed ZeRO-1/2/3 on a PyTorch module
 };
 inline constexpr Stack kStacks[] = {Stack::kTrainplan, Stack::kTrainplanReference, Stack::kPytorchEager, Stack::kTorchCompile,
-                                    Stack::kMegatronTe, Stack::kFsdp1, Stack::kFsdp2, Stack::kDeepspeed};
+                                    Stack::kMegatronTe, Stack::kFsdp1, Stack::kFsdp2, Stack::kFsdp2Compile, Stack::kDeepspeed};
 
 // How the loss over the vocabulary is computed.
 enum class LossKernel {
@@ -194,7 +195,7 @@ struct StackSpec {
 [[nodiscard]] const StackSpec& stack_spec(Stack stack);
 [[nodiscard]] const char* stack_name(Stack stack);
 // "trainplan", "trainplan-reference", "pytorch-eager", "torch-compile", "megatron-te", "fsdp1",
-// "fsdp2", "deepspeed".
+// "fsdp2", "fsdp2-compile", "deepspeed".
 [[nodiscard]] std::optional<Stack> stack_from_name(const std::string& name);
 // "trainplan | trainplan-reference | ... | deepspeed", for messages.
 [[nodiscard]] const char* stack_choices();
