@@ -114,6 +114,22 @@ double daly_interval(double delta, double mtbf) {
 
 }  // namespace
 
+double expected_max_of_normals(double n) {
+  if (n <= 1) return 0.0;
+  // Acklam's rational approximation of the standard normal quantile (relative error < 1.2e-9).
+  const double p = (n - 0.375) / (n + 0.25);
+  constexpr double a[] = {-3.969683028665376e+01, 2.209460984245205e+02, -2.759285104469687e+02, 1.383577518672690e+02, -3.066479806614716e+01, 2.506628277459239e+00};
+  constexpr double b[] = {-5.447609879822406e+01, 1.615858368580409e+02, -1.556989798598866e+02, 6.680131188771972e+01, -1.328068155288572e+01};
+  constexpr double c[] = {-7.784894002430293e-03, -3.223964580411365e-01, -2.400758277161838e+00, -2.549732539343734e+00, 4.374664141464968e+00, 2.938163982698783e+00};
+  constexpr double d[] = {7.784695709041462e-03, 3.224671290700398e-01, 2.445134137142996e+00, 3.754408661907416e+00};
+  if (p > 0.97575) {
+    const double q = std::sqrt(-2 * std::log(1 - p));
+    return -(((((c[0] * q + c[1]) * q + c[2]) * q + c[3]) * q + c[4]) * q + c[5]) / ((((d[0] * q + d[1]) * q + d[2]) * q + d[3]) * q + 1);
+  }
+  const double q = p - 0.5, r = q * q;
+  return (((((a[0] * r + a[1]) * r + a[2]) * r + a[3]) * r + a[4]) * r + a[5]) * q / (((((b[0] * r + b[1]) * r + b[2]) * r + b[3]) * r + b[4]) * r + 1);
+}
+
 std::vector<int> partition_layers(int layers, int chunks, double layer_seconds, double first_seconds, double last_seconds) {
   std::vector<int> n(static_cast<std::size_t>(chunks), 1);
   const auto cost = [&](int c, int count) {
@@ -725,6 +741,13 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
 
   tm.step = tm.compute + tm.recompute + tm.tp_comm + tm.cp_comm + tm.ep_comm + tm.pp_comm + tm.bubble +
             tm.dp_comm_exposed + tm.dp_copies + tm.optimizer + tm.offload;
+  // Every step of a synchronous job waits for its slowest GPU: the GPU-bound part of the step
+  // (communication runs at the network's pace) stretched by the expected largest of N draws of
+  // the GPUs' speed and step-time spread (HardwareProfile::gpu_speed_cv, step_jitter_cv).
+  const double spread = std::hypot(hw.gpu_speed_cv, hw.step_jitter_cv);
+  const double gpu_bound = (tm.step - tm.tp_comm - tm.cp_comm - tm.ep_comm - tm.pp_comm - tm.dp_comm_exposed - tm.offload).value();
+  tm.straggler = Seconds(std::max(0.0, gpu_bound) * spread * expected_max_of_normals(plan.gpus));
+  tm.sustained_step = tm.step + tm.straggler;
 
   // --- throughput ---
   const double step_tokens = static_cast<double>(tr.global_batch) * tr.seq_len;
@@ -756,7 +779,7 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
   // --- whole run ---
   const double trainable = est.trainable_parameters;
   // A checkpoint holds what resuming needs: fp32 master weights and optimizer states (LoRA: adapters only).
-  est.run = run_cost(plan, tm.step, trainable * (w.optimizer + (fp32 || w.optimizer == 0 ? w.weights : 0.0)));
+  est.run = run_cost(plan, tm.sustained_step, trainable * (w.optimizer + (fp32 || w.optimizer == 0 ? w.weights : 0.0)));
   return est;
 }
 
@@ -813,6 +836,8 @@ nlohmann::json estimate_to_json(const Plan& plan, const Estimate& e) {
         {"dp_comm_exposed_seconds", t.dp_comm_exposed.value()},
         {"dp_comm_total_seconds", t.dp_comm_total.value()},
         {"dp_copy_seconds", t.dp_copies.value()},
+        {"straggler_seconds", t.straggler.value()},
+        {"sustained_step_seconds", t.sustained_step.value()},
         {"bubble_seconds", t.bubble.value()},
         {"optimizer_seconds", t.optimizer.value()},
         {"offload_seconds", t.offload.value()}}},

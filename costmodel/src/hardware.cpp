@@ -138,6 +138,8 @@ Result<HardwareProfile> parse_hwprofile(const nlohmann::json& json, const std::s
       detail::ObjectReader rel = r.object("reliability");
       hw.gpu_mtbf_hours = rel.number("gpu_mtbf_hours", kTiny, 1e9);
       hw.restart_time = Seconds(60.0 * rel.number("restart_minutes", 0, 1e5));
+      hw.gpu_speed_cv = rel.optional_number("gpu_speed_cv", 0, 0.5).value_or(0);
+      hw.step_jitter_cv = rel.optional_number("step_jitter_cv", 0, 0.5).value_or(0);
       hw.reliability_source = rel.optional_string("source").value_or("");
       rel.finish();
     }
@@ -220,6 +222,8 @@ nlohmann::json hwprofile_to_json(const HardwareProfile& hw) {
   with_source(j["gpu"], hw.gpu.source);
   with_source(j["node"], hw.node_source);
   with_source(j["storage"], hw.storage_source);
+  if (hw.gpu_speed_cv > 0) j["reliability"]["gpu_speed_cv"] = hw.gpu_speed_cv;
+  if (hw.step_jitter_cv > 0) j["reliability"]["step_jitter_cv"] = hw.step_jitter_cv;
   with_source(j["reliability"], hw.reliability_source);
   with_source(j["price"], hw.price_source);
   return j;

@@ -158,7 +158,9 @@ std::string time_table(const Estimate& e, bool md) {
   add("sharding copies", t.dp_copies, "the stack's gather/reduce buffer copies");
   add("optimizer step", t.optimizer, "");
   add("offload transfers", t.offload, "");
-  add("step", t.step, "");
+  add("step", t.step, "benchmark: every GPU at its own pace");
+  add("wait for the slowest GPU", t.straggler, "GPUs' speed and step-time spread, largest of all GPUs");
+  add("sustained step", t.sustained_step, "what a long run sees; days and cost below use it");
   return table({"time per step", "s", "share", ""}, rows, md, {false, true, true, false});
 }
 

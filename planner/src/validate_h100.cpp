@@ -41,6 +41,7 @@ Result<ValidationTable> validate_h100_runs() {
   table.title = "H100 runs of the executor";
   table.quantity = "step seconds, peak allocated and reserved GiB";
   table.reference = "measured";
+  table.run_kind = "measured";
   for (const char* stem : kRuns) {
     auto text = published_data_text(std::string(stem) + ".measurement");
     if (!text) return text.error();
@@ -70,6 +71,7 @@ Result<ValidationTable> validate_h100_stacks() {
   table.title = "H100 stacks at micro-batch 4";
   table.quantity = "tokens/s, peak allocated GiB";
   table.reference = "measured";
+  table.run_kind = "measured";
   table.source = "issue 12 and shared/data/measured/h100-llama3.2-1b/README.md: Llama 3.2 1B, seq 2048, micro-batch 4, global batch 32 "
                  "on one H100 80GB; the executor, bench/eager_reference.py eager and under torch.compile";
   auto text = published_data_text("stacks_mb4");

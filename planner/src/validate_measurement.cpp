@@ -67,6 +67,7 @@ Result<ValidationTable> validate_measurement(const nlohmann::json& document, con
                      measured->device.empty() ? "(device not given)" : measured->device.c_str(), measured->world_size,
                      plan->cluster.name.c_str(), layout.c_str());
   table.reference = "measured";
+  table.run_kind = "measured";
   // Rows only for what was measured; a plan the cost model says does not fit says so in every note.
   const auto add = [&](const std::string& label, double measured_value, double predicted_value, std::string note) {
     if (!why_not.empty()) note = note.empty() ? why_not : note + "; " + why_not;

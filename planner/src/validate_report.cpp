@@ -46,10 +46,11 @@ std::string table_section(const ValidationTable& table, bool markdown) {
   std::ostringstream out;
   if (markdown) {
     out << "## " << table.title << " (" << table.quantity << ")\n\n";
-    out << "Source: " << table.source << ". Table id `" << table.id << "`.\n\n";
+    out << "Source: " << table.source << ". Runs: " << table.run_kind << ". Table id `" << table.id << "`.\n\n";
   } else {
     out << table.title << " (" << table.quantity << ")\n";
     out << "  source: " << table.source << "\n";
+    out << "  runs: " << table.run_kind << "\n";
   }
   out << detail::table(header, rows, markdown, {false, true, true, true, false});
   out << (markdown ? "\n" : "  ") << closing_line(table) << "\n\n";
@@ -72,11 +73,11 @@ std::string summary_section(const std::vector<ValidationTable>& tables, bool mar
   std::vector<Row> rows;
   for (const ValidationTable& t : tables) {
     const ValidationRow* worst = worst_row(t);
-    rows.push_back(Row{{t.title, t.quantity, std::to_string(t.rows.size()), percent(t.mape), worst ? signed_percent(worst->error) : "-"}});
+    rows.push_back(Row{{t.title, t.run_kind, t.quantity, std::to_string(t.rows.size()), percent(t.mape), worst ? signed_percent(worst->error) : "-"}});
   }
   std::ostringstream out;
   out << (markdown ? "## Summary\n\n" : "Summary\n");
-  out << detail::table({"table", "quantity", "rows", "MAPE", "worst"}, rows, markdown, {false, false, true, true, true});
+  out << detail::table({"table", "runs", "quantity", "rows", "MAPE", "worst"}, rows, markdown, {false, false, false, true, true, true});
   return out.str();
 }
 
@@ -95,6 +96,7 @@ nlohmann::json validation_to_json(const std::vector<ValidationTable>& tables) {
                           {"quantity", t.quantity},
                           {"source", t.source},
                           {"reference", t.reference},
+                          {"run_kind", t.run_kind},
                           {"mape", t.mape},
                           {"max_abs_error", t.max_abs_error},
                           {"rows", std::move(rows)}});

@@ -85,6 +85,12 @@ struct HardwareProfile {
   LinkSpec inter_node;
   BytesPerSecond checkpoint_write_bandwidth;  // aggregate, to the shared file system
   double gpu_mtbf_hours = 0;              // mean time between failures of one GPU (incl. its host share)
+  // What a synchronous job of many GPUs waits for (the `reliability` section, optional, 0 when
+  // absent): the coefficient of variation of the sustained speed of GPUs of this SKU across the
+  // fleet (manufacturing and power management: Sinha et al., SC22), and of one GPU's step time from
+  // step to step. Every step waits for the slowest of its GPUs (estimate.cpp, "sustained step").
+  double gpu_speed_cv = 0;
+  double step_jitter_cv = 0;
   Seconds restart_time;                   // detect, reschedule, reload after a failure
   double price_per_gpu_hour_usd = 0;
   // Where each section's figures come from (the documents' `source` strings), kept for writing.

@@ -33,6 +33,11 @@ struct ValidationTable {
   std::string quantity;   // what the rows compare, with its unit: "hardware TFLOP/s per GPU"
   std::string source;     // the citation, or the measurement file, what it ran on and the plan predicted
   std::string reference = "published";  // what `published` is: "published" or "measured"
+  // What kind of run the rows are: "benchmark" (a short recipe or benchmark run: compared with
+  // the benchmark step), "production" (a long production run: compared with the sustained step,
+  // which waits for the slowest GPU), "measured" (this project's executor), "microbenchmark"
+  // (one collective or kernel), "analytic" (a paper's formula).
+  std::string run_kind = "benchmark";
   std::vector<ValidationRow> rows;
   double mape = 0;           // mean of |error| over the rows (a fraction: 0.064 is 6.4%)
   double max_abs_error = 0;  // largest |error| (a fraction)
