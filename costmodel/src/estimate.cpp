@@ -130,6 +130,30 @@ double expected_max_of_normals(double n) {
   return (((((a[0] * r + a[1]) * r + a[2]) * r + a[3]) * r + a[4]) * r + a[5]) * q / (((((b[0] * r + b[1]) * r + b[2]) * r + b[3]) * r + b[4]) * r + 1);
 }
 
+std::vector<int> partition_with_ends(int layers, int stages, int virtual_stages, int first_stage_layers, int last_stage_layers) {
+  const int chunks = stages * virtual_stages;
+  std::vector<int> n(static_cast<std::size_t>(chunks), 0);
+  std::vector<int> free;
+  int rest = layers;
+  for (int c = 0; c < chunks; ++c) {
+    const int stage = c % stages;
+    if (stage == 0 && first_stage_layers > 0) {
+      n[static_cast<std::size_t>(c)] = first_stage_layers / virtual_stages;
+    } else if (stage == stages - 1 && last_stage_layers > 0) {
+      n[static_cast<std::size_t>(c)] = last_stage_layers / virtual_stages;
+    } else {
+      free.push_back(c);
+      continue;
+    }
+    rest -= n[static_cast<std::size_t>(c)];
+  }
+  // The rest as evenly as it goes, the earlier chunks one layer more.
+  for (std::size_t i = 0; i < free.size(); ++i) {
+    n[static_cast<std::size_t>(free[i])] = rest / static_cast<int>(free.size()) + (static_cast<int>(i) < rest % static_cast<int>(free.size()) ? 1 : 0);
+  }
+  return n;
+}
+
 std::vector<int> partition_layers(int layers, int chunks, double layer_seconds, double first_seconds, double last_seconds) {
   std::vector<int> n(static_cast<std::size_t>(chunks), 1);
   const auto cost = [&](int c, int count) {
@@ -244,8 +268,10 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
   // --- per-stage layers, parameters and times ---
   const int stages = p.pp;
   const std::vector<int> chunk_layers =
-      partition_layers(mdl.layers, stages * p.virtual_stages, lc.forward_total() + lc.backward_total(),
-                       ec.embedding_forward + ec.embedding_backward, ec.head_forward + ec.head_backward);
+      p.first_stage_layers > 0 || p.last_stage_layers > 0
+          ? partition_with_ends(mdl.layers, stages, p.virtual_stages, p.first_stage_layers, p.last_stage_layers)
+          : partition_layers(mdl.layers, stages * p.virtual_stages, lc.forward_total() + lc.backward_total(),
+                             ec.embedding_forward + ec.embedding_backward, ec.head_forward + ec.head_backward);
   std::vector<int> layers(stages, 0);
   for (std::size_t c = 0; c < chunk_layers.size(); ++c) layers[c % stages] += chunk_layers[c];
   const double t = p.tp;

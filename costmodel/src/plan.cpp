@@ -76,6 +76,8 @@ ParallelConfig ParallelConstraints::fixed() const {
   p.virtual_stages = *virtual_stages; p.sequence_parallel = *sequence_parallel;
   p.schedule = *schedule; p.recompute = *recompute; p.offload_optimizer = *offload_optimizer;
   p.recompute_layers = recompute_layers;
+  p.first_stage_layers = first_stage_layers;
+  p.last_stage_layers = last_stage_layers;
   p.offload_params = offload_params; p.fsdp_wrap_min_params = fsdp_wrap_min_params;
   p.prefetch = prefetch; p.reduce_dtype = reduce_dtype; p.overlap_grad_reduce = overlap_grad_reduce;
   return p;
@@ -88,6 +90,8 @@ ParallelConstraints ParallelConstraints::of(const ParallelConfig& p) {
   c.virtual_stages = p.virtual_stages; c.sequence_parallel = p.sequence_parallel;
   c.schedule = p.schedule; c.recompute = p.recompute; c.offload_optimizer = p.offload_optimizer;
   c.recompute_layers = p.recompute_layers;
+  c.first_stage_layers = p.first_stage_layers;
+  c.last_stage_layers = p.last_stage_layers;
   c.offload_params = p.offload_params; c.fsdp_wrap_min_params = p.fsdp_wrap_min_params;
   c.prefetch = p.prefetch; c.reduce_dtype = p.reduce_dtype; c.overlap_grad_reduce = p.overlap_grad_reduce;
   return c;
@@ -166,6 +170,8 @@ ParallelConstraints parse_parallel(ObjectReader r) {
   c.recompute = auto_enum<Recompute>(r, "recompute", {"none", "selective", "full"},
                                      {Recompute::kNone, Recompute::kSelective, Recompute::kFull});
   c.recompute_layers = static_cast<int>(r.optional_integer("recompute_layers", 0, 100000).value_or(0));
+  c.first_stage_layers = static_cast<int>(r.optional_integer("first_stage_layers", 0, 100000).value_or(0));
+  c.last_stage_layers = static_cast<int>(r.optional_integer("last_stage_layers", 0, 100000).value_or(0));
   if (is_auto(r, "offload_optimizer")) r.optional_string("offload_optimizer");
   else c.offload_optimizer = parse_offload_value(r, "offload_optimizer");
   if (r.has("offload_params")) c.offload_params = parse_offload_value(r, "offload_params");
@@ -436,6 +442,23 @@ Result<bool> validate_plan(const Plan& plan) {
   if (p.recompute_layers < 0) return err("/parallel/recompute_layers: must be >= 0");
   if (p.recompute_layers > 0 && p.recompute != Recompute::kFull) return err("/parallel/recompute_layers: needs recompute \"full\"");
   if (p.offload_params != Offload::kNone && p.zero_stage != 3) return err("/parallel/offload_params: needs zero_stage 3");
+  if (p.first_stage_layers < 0 || p.last_stage_layers < 0) return err("/parallel/first_stage_layers: must be >= 0 (last_stage_layers too)");
+  if (p.first_stage_layers > 0 || p.last_stage_layers > 0) {
+    const int v = p.virtual_stages;
+    const char* key = p.first_stage_layers > 0 ? "/parallel/first_stage_layers" : "/parallel/last_stage_layers";
+    if (p.pp < 2) return err(std::string(key) + ": needs pp > 1");
+    if (p.first_stage_layers % v != 0 || p.last_stage_layers % v != 0) {
+      return err(std::string(key) + ": the first and last stages' layers must split evenly over virtual_stages(" + n(v) + ")");
+    }
+    // Every other model chunk keeps at least one layer; with two stages both set must be the model.
+    const int free_chunks = (p.pp - (p.first_stage_layers > 0 ? 1 : 0) - (p.last_stage_layers > 0 ? 1 : 0)) * v;
+    const int rest = m.layers - p.first_stage_layers - p.last_stage_layers;
+    if (rest < free_chunks || (free_chunks == 0 && rest != 0)) {
+      return err(std::string(key) + ": first_stage_layers(" + n(p.first_stage_layers) + ") + last_stage_layers(" + n(p.last_stage_layers) +
+                 ") leave " + n(rest) + " of the " + n(m.layers) + " layers for " + n(free_chunks) + " other model chunks (pp " + n(p.pp) +
+                 " x virtual_stages " + n(v) + "), each of which needs at least one" + (free_chunks == 0 ? " and none may be left" : ""));
+    }
+  }
   if (plan.training.precision == Precision::kFp8 && plan.cluster.gpu.peak_for(Dtype::kFp8).value() <= 0) {
     return err("/training/precision: fp8 is not supported by " + plan.cluster.gpu.name);
   }
@@ -443,7 +466,7 @@ Result<bool> validate_plan(const Plan& plan) {
 }
 
 nlohmann::json parallel_to_json(const ParallelConfig& p) {
-  return {
+  nlohmann::json j = {
       {"tp", p.tp}, {"pp", p.pp}, {"dp", p.dp}, {"cp", p.cp}, {"ep", p.ep},
       {"sequence_parallel", p.sequence_parallel}, {"zero_stage", p.zero_stage}, {"shard_group", p.shard_group},
       {"micro_batch", p.micro_batch}, {"virtual_stages", p.virtual_stages}, {"schedule", schedule_name(p.schedule)},
@@ -451,6 +474,9 @@ nlohmann::json parallel_to_json(const ParallelConfig& p) {
       {"offload_params", offload_name(p.offload_params)}, {"fsdp_wrap_min_params", p.fsdp_wrap_min_params},
       {"prefetch", p.prefetch}, {"reduce_dtype", dtype_name(p.reduce_dtype)}, {"overlap_grad_reduce", p.overlap_grad_reduce},
   };
+  if (p.first_stage_layers > 0) j["first_stage_layers"] = p.first_stage_layers;
+  if (p.last_stage_layers > 0) j["last_stage_layers"] = p.last_stage_layers;
+  return j;
 }
 
 nlohmann::json training_to_json(const TrainingConfig& t) {

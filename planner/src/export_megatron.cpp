@@ -11,9 +11,11 @@
 // weights but keeps a full gradient buffer (ZeRO-1); Megatron FSDP's
 // --data-parallel-sharding-strategy optim_grads / optim_grads_params is ZeRO-2 / ZeRO-3.
 
+#include <algorithm>
 #include <sstream>
 
 #include "export_writers.hpp"
+#include "trainplan/costmodel/estimate.hpp"
 
 namespace trainplan::planner::export_detail {
 
@@ -31,10 +33,6 @@ std::vector<std::string> megatron_refusals(const Plan& plan) {
     r.push_back(std::string("mode=") + cm::mode_name(t.mode) + ": pretrain_gpt.py trains every weight; it has no LoRA or QLoRA adapters");
   }
   if (p.pp > 1 && p.schedule == cm::Schedule::kGpipe) r.push_back("schedule=gpipe: Megatron-LM runs 1F1B and interleaved 1F1B pipelines only");
-  if (m.layers % (p.pp * p.virtual_stages) != 0) {
-    r.push_back("pp=" + n(p.pp) + ", virtual_stages=" + n(p.virtual_stages) + ": " + n(m.layers) +
-                " layers do not split evenly; this export writes no uneven stage layout");
-  }
   if (p.zero_stage == 3 && p.shard_group > 0 && p.shard_group < p.dp) {
     r.push_back("shard_group=" + n(p.shard_group) + ": hybrid sharding (Megatron FSDP with an outer replica axis) is not exported yet");
   }
@@ -117,7 +115,29 @@ PlanExport megatron_export(const Plan& plan, const Derived& d) {
     line("--moe-router-topk " + std::to_string(m.moe->top_k));
     line("--moe-ffn-hidden-size " + std::to_string(m.moe->expert_ffn_hidden));
   }
-  if (p.pp > 1 && p.schedule == cm::Schedule::kInterleaved) {
+  // The model chunks' layers as the estimate (and the executor) split them: evenly where they
+  // can, otherwise fewer where the embedding and the loss sit, or as the plan's first and last
+  // stage layers say. An uneven split is Megatron's --pipeline-model-parallel-layout: one entry
+  // per model chunk in layer order (chunk c on rank c % pp), "E" the embedding, "t" a decoder
+  // layer, "L" the loss (megatron/core/transformer/pipeline_parallel_layer_layout.py).
+  const std::vector<int> chunk_layers = p.pp > 1 ? cm::estimate(plan).pipeline.chunk_layers : std::vector<int>{};
+  const bool even = std::all_of(chunk_layers.begin(), chunk_layers.end(), [&](int c) { return c == chunk_layers.front(); });
+  std::string layout;
+  for (std::size_t c = 0; c < chunk_layers.size(); ++c) {
+    layout += c == 0 ? "E" : "|";
+    layout += chunk_layers[c] == 1 ? std::string("t") : chunk_layers[c] > 1 ? "t*" + std::to_string(chunk_layers[c]) : std::string();
+  }
+  if (!layout.empty()) layout += "L";
+  if (p.pp > 1 && !even) {
+    line("# Parallelism: " + std::string(p.schedule == cm::Schedule::kInterleaved ? "interleaved 1F1B with " + std::to_string(p.virtual_stages) +
+                                                                                        " model chunks per pipeline rank"
+                                                                                  : "1F1B") +
+         ", layers per model chunk " + [&] {
+           std::string s;
+           for (int c : chunk_layers) s += (s.empty() ? "" : "/") + std::to_string(c);
+           return s;
+         }() + " (fewer where the embedding and the loss sit)");
+  } else if (p.pp > 1 && p.schedule == cm::Schedule::kInterleaved) {
     line("# Parallelism: interleaved 1F1B with " + std::to_string(p.virtual_stages) + " model chunks per pipeline rank (" +
          std::to_string(m.layers) + " / (" + std::to_string(p.pp) + " * " + std::to_string(p.virtual_stages) + ") = " +
          std::to_string(m.layers / (p.pp * p.virtual_stages)) + " layers each)");
@@ -126,7 +146,9 @@ PlanExport megatron_export(const Plan& plan, const Derived& d) {
   }
   line("--tensor-model-parallel-size " + std::to_string(p.tp));
   line("--pipeline-model-parallel-size " + std::to_string(p.pp));
-  if (p.pp > 1 && p.schedule == cm::Schedule::kInterleaved) {
+  if (p.pp > 1 && !even) {
+    line("--pipeline-model-parallel-layout \"" + layout + "\"");
+  } else if (p.pp > 1 && p.schedule == cm::Schedule::kInterleaved) {
     line("--num-layers-per-virtual-pipeline-stage " + std::to_string(m.layers / (p.pp * p.virtual_stages)));
   }
   if (p.cp > 1) line("--context-parallel-size " + std::to_string(p.cp));

@@ -91,7 +91,15 @@ Result<bool> apply_constraint(const std::string& key, const std::string& value, 
     else return Error{"offload must be none, cpu or nvme"};
     return true;
   }
-  return Error{"unknown key \"" + key + "\" (tp, pp, dp, cp, ep, zero, shard_group, mb, v, sp, schedule, recompute, offload)"};
+  if (key == "first_stage_layers" || key == "last_stage_layers") {
+    std::optional<int> layers;
+    auto r = as_int(1, 100000, layers);
+    if (!r) return r;
+    (key == "first_stage_layers" ? c.first_stage_layers : c.last_stage_layers) = *layers;
+    return true;
+  }
+  return Error{"unknown key \"" + key + "\" (tp, pp, dp, cp, ep, zero, shard_group, mb, v, sp, schedule, recompute, offload, "
+               "first_stage_layers, last_stage_layers)"};
 }
 
 std::string planner_command(const costmodel::PlanRequest& r, const std::string& objective, double memory_headroom) {

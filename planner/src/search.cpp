@@ -377,6 +377,8 @@ Result<SearchResult> search(const PlanRequest& req, const SearchOptions& options
                       p.reduce_dtype = c.reduce_dtype;
                       p.overlap_grad_reduce = c.overlap_grad_reduce;
                       p.recompute_layers = rc == Recompute::kFull ? c.recompute_layers : 0;
+                      p.first_stage_layers = c.first_stage_layers;
+                      p.last_stage_layers = c.last_stage_layers;
                       if (!validate_plan(plan)) continue;
                       consider(part, shapes, plan);
                     }

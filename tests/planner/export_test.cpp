@@ -11,6 +11,7 @@
 #include <string>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "cli_support.hpp"
 #include "test_support.hpp"
@@ -340,6 +341,67 @@ TEST(ExportPlan, StatesThePredictionForTheStackThatRunsIt) {
       EXPECT_NE(exported->text.find("# " + note + ".\n"), std::string::npos);
     }
   }
+}
+
+// Uneven pipelines (issue 32): the plan's first and last stage layers, or a split the layers do
+// not make evenly, go to Megatron-LM as --pipeline-model-parallel-layout (one entry per model
+// chunk in layer order, E the embedding, t a decoder layer, L the loss; NVIDIA/Megatron-LM
+// d98e8a64dd megatron/core/transformer/pipeline_parallel_layer_layout.py), the chunks' layers
+// being the estimate's (what the executor runs too).
+TEST(ExportPlan, MegatronWritesAnUnevenPipelineAsItsLayout) {
+  costmodel::Plan plan = load(testing::source_path("samples/plans/gpt3-175b-1024xa100.json"));
+  ASSERT_GT(plan.parallel.pp, 2);
+  const int pp = plan.parallel.pp, v = plan.parallel.virtual_stages;
+  plan.parallel.first_stage_layers = v;
+  plan.parallel.last_stage_layers = v;
+  ASSERT_TRUE(costmodel::validate_plan(plan)) << costmodel::validate_plan(plan).error().message;
+  const std::vector<int> chunks = costmodel::estimate(plan).pipeline.chunk_layers;
+  ASSERT_EQ(chunks.size(), static_cast<std::size_t>(pp * v));
+  EXPECT_EQ(chunks.front(), 1);
+  EXPECT_EQ(chunks.back(), 1);
+  std::string layout = "E";
+  for (std::size_t c = 0; c < chunks.size(); ++c) {
+    if (c > 0) layout += "|";
+    layout += chunks[c] == 1 ? "t" : "t*" + std::to_string(chunks[c]);
+  }
+  layout += "L";
+  auto exported = planner::export_plan(plan, planner::ExportTarget::kMegatron);
+  ASSERT_TRUE(exported.ok()) << exported.error().message;
+  EXPECT_TRUE(contains(exported->text, "--pipeline-model-parallel-layout \"" + layout + "\"\n")) << exported->text;
+  EXPECT_FALSE(contains(exported->text, "--num-layers-per-virtual-pipeline-stage"));
+  // Stages that split evenly keep the plain options.
+  const costmodel::Plan even = load(testing::source_path("samples/plans/gpt3-175b-1024xa100.json"));
+  auto plain = planner::export_plan(even, planner::ExportTarget::kMegatron);
+  ASSERT_TRUE(plain.ok());
+  EXPECT_FALSE(contains(plain->text, "--pipeline-model-parallel-layout"));
+}
+
+// What the first and last stage layers must satisfy, each error naming the field.
+TEST(PlanDocument, FirstAndLastStageLayersAreChecked) {
+  costmodel::Plan plan = load(testing::source_path("samples/plans/gpt3-175b-1024xa100.json"));
+  costmodel::Plan one_stage = plan;
+  one_stage.parallel.pp = 1;
+  one_stage.parallel.dp *= plan.parallel.pp;
+  one_stage.parallel.virtual_stages = 1;
+  one_stage.parallel.schedule = costmodel::Schedule::kOneFOneB;
+  one_stage.parallel.first_stage_layers = 4;
+  EXPECT_TRUE(contains(costmodel::validate_plan(one_stage).error().message, "/parallel/first_stage_layers: needs pp > 1"));
+  costmodel::Plan too_many = plan;
+  too_many.parallel.first_stage_layers = plan.model.layers;
+  too_many.parallel.virtual_stages = 1;
+  too_many.parallel.schedule = costmodel::Schedule::kOneFOneB;
+  EXPECT_TRUE(contains(costmodel::validate_plan(too_many).error().message, "each of which needs at least one"));
+  if (plan.parallel.virtual_stages > 1) {
+    costmodel::Plan odd = plan;
+    odd.parallel.last_stage_layers = plan.parallel.virtual_stages + 1;
+    EXPECT_TRUE(contains(costmodel::validate_plan(odd).error().message, "split evenly over virtual_stages"));
+  }
+  // The document keeps them.
+  costmodel::Plan kept = plan;
+  kept.parallel.first_stage_layers = plan.parallel.virtual_stages;
+  const auto j = costmodel::parallel_to_json(kept.parallel);
+  EXPECT_EQ(j.at("first_stage_layers"), plan.parallel.virtual_stages);
+  EXPECT_FALSE(j.contains("last_stage_layers"));
 }
 
 }  // namespace

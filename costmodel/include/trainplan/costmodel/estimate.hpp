@@ -61,6 +61,12 @@ struct TimeBreakdown {
 // (1.424), 3.956 for 16384 (3.971): within 0.5% from 64 draws on.
 [[nodiscard]] double expected_max_of_normals(double n);
 
+// The layers of each model chunk (chunk c on pipeline stage c % stages) when the first and last
+// stages hold a fixed number (ParallelConfig::first_stage_layers, last_stage_layers; 0 = not
+// fixed), split evenly over their virtual stages, and the rest spread over the other chunks, the
+// earlier ones a layer more. REQUIRES: validate_plan's rules for them hold.
+[[nodiscard]] std::vector<int> partition_with_ends(int layers, int stages, int virtual_stages, int first_stage_layers, int last_stage_layers);
+
 struct Throughput {
   double tokens_per_second = 0;
   double tokens_per_second_per_gpu = 0;

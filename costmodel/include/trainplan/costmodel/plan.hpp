@@ -80,6 +80,11 @@ struct ParallelConfig {
   Schedule schedule = Schedule::kOneFOneB;
   Recompute recompute = Recompute::kNone;
   int recompute_layers = 0;        // with recompute "full": layers per stage recomputed; 0 = all
+  // Layers of the first and last pipeline stages (Megatron's --decoder-first/last-pipeline-num-
+  // layers), each split evenly over the stage's virtual stages, the rest spread over the others;
+  // 0: every stage's layers balanced by their time, the embedding's and the loss's included.
+  int first_stage_layers = 0;
+  int last_stage_layers = 0;
   Offload offload_optimizer = Offload::kNone;  // optimizer states (+ master weights) and step on CPU/NVMe
   Offload offload_params = Offload::kNone;     // ZeRO-Infinity: sharded parameters kept off the GPU
   std::int64_t fsdp_wrap_min_params = 0;       // FSDP unit size: 0 = one unit per transformer block
@@ -100,6 +105,8 @@ struct ParallelConstraints {
   std::optional<Schedule> schedule;
   std::optional<Recompute> recompute;
   int recompute_layers = 0;
+  int first_stage_layers = 0;
+  int last_stage_layers = 0;
   std::optional<Offload> offload_optimizer;
   Offload offload_params = Offload::kNone;
   std::int64_t fsdp_wrap_min_params = 0;
