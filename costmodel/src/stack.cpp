@@ -228,6 +228,11 @@ constexpr StackSpec kSpecs[] = {
      .op_level_selective = true,
      .dp = {.gathered_units = 2, .reduce_copy_bytes = 4, .sharded_grad_bytes = 4, .grad_op_units = true},
      .reduce_dtype = Dtype::kBf16,
+     // FSDP1 shards data only: Composer, Accelerate (its parallelism_config needs FSDP2) and
+     // Lightning's FSDPStrategy have no tensor, context or pipeline parallelism with it.
+     .tensor_parallel = false,
+     .context_parallel = false,
+     .pipeline_parallel = false,
      .source = "pytorch/pytorch v2.8.0 (a1cb3cc0) torch/distributed/fsdp/_flat_param.py, _runtime_utils.py, _limiter_utils.py, api.py; "
                "mosaicml/llm-foundry 8c8dd48f models/mpt/modeling_mpt.py (fused_crossentropy), models/utils/config_defaults.py "
                "(attn_impl flash); mosaicml/composer 64051888 utils/parallelism.py (FSDPConfig: limit_all_gathers)"},
@@ -346,6 +351,11 @@ constexpr StackSpec kSpecs[] = {
      .dp = {.gather_bucket_params = 5e7, .gather_copy_bytes = 4, .reduce_copy_bytes = 8, .reduce_bucket_params = 5e8, .bucket_params = 5e8,
             .buckets = 1, .sharded_grad_bytes = 2, .zero12_all_reduce = true, .zero2_every_micro_batch = true, .zero12_overlap = false},
      .reduce_dtype = Dtype::kBf16,
+     // AutoTP for tensor parallelism; its pipeline engine runs with ZeRO-1 at most
+     // (runtime/pipe/engine.py: "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism");
+     // its sequence parallelism (Ulysses) is an all-to-all, not the ring attention modelled here.
+     .context_parallel = false,
+     .max_zero_with_pipeline = 1,
      .source = "microsoft/DeepSpeed 38327e07 (v0.16.5) deepspeed/runtime/zero/config.py, stage3.py, stage_1_and_2.py, "
                "partitioned_param_coordinator.py, partition_parameters.py, runtime/comm/coalesced_collectives.py, runtime/engine.py"},
 };

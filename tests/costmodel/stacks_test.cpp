@@ -141,5 +141,28 @@ TEST(DeepspeedStack, Zero3GathersInSubmoduleChunks) {
   EXPECT_GT(a.time.dp_comm_total.value(), 1.2 * b.time.dp_comm_total.value());
 }
 
+// What each stack runs besides data parallelism: FSDP1 shards data only (Composer, Accelerate's
+// FSDP1 and Lightning's FSDPStrategy have no TP, CP or PP with it); DeepSpeed's pipeline engine
+// asserts ZeRO below 2 (runtime/pipe/engine.py) and its Ulysses sequence parallelism is no ring;
+// torchtitan's FSDP2 composes all of them. The search never recommends what the stack lacks.
+TEST(StackCapabilities, ArePlanErrorsNamingTheField) {
+  Plan p = testing::make_plan("llama3-8b", "dgx-h100", 16, 4096, 64);
+  p.parallel.dp = 8;
+  p.parallel.tp = 2;
+  p.training.stack = Stack::kFsdp1;
+  EXPECT_EQ(validate_plan(p).error().message.find("/parallel/tp: the fsdp1 stack has no tensor parallelism"), 0u)
+      << validate_plan(p).error().message;
+  p.training.stack = Stack::kFsdp2;
+  EXPECT_TRUE(validate_plan(p));
+  Plan pipe = testing::make_plan("llama3-8b", "dgx-h100", 16, 4096, 64);
+  pipe.parallel.dp = 8;
+  pipe.parallel.pp = 2;
+  pipe.parallel.zero_stage = 2;
+  pipe.training.stack = Stack::kDeepspeed;
+  EXPECT_NE(validate_plan(pipe).error().message.find("ZeRO-1 at most"), std::string::npos);
+  pipe.parallel.zero_stage = 1;
+  EXPECT_TRUE(validate_plan(pipe));
+}
+
 }  // namespace
 }  // namespace trainplan

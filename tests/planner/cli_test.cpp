@@ -169,6 +169,8 @@ TEST_F(PlannerCli, BadInputExitsTwoWithOneLineMessage) {
        "--out " + malformed.string() + ": is the plan file " + malformed.string() + "; writing there would replace it"},
       {"calibrated profile over its measurement", "calibrate " + quote(malformed.string()) + " --out " + quote(malformed.string()),
        "is the measurement " + malformed.string()},
+      {"a parallelism the stack lacks", "--model 8b --gpus 64 --stack fsdp1 --fix cp=2",
+       "/parallel/cp: the fsdp1 stack has no context parallelism (ring attention)"},
       {"unknown stack", "--model 8b --gpus 8 --stack jax", "--stack: must be one of trainplan | trainplan-reference | pytorch-eager | torch-compile | megatron-te | fsdp1 | fsdp2 | fsdp2-compile | deepspeed (got \"jax\")"},
       {"headroom past half of HBM", "--model 8b --gpus 8 --memory-headroom 60", "--memory-headroom"},
       {"negative headroom", "--model 8b --gpus 8 --memory-headroom -1", "--memory-headroom"},

@@ -189,6 +189,10 @@ struct StackSpec {
   // stack's default follows it (FSDP1's MixedPrecision with reduce_dtype None, DeepSpeed's
   // communication_data_type). `planner --stack` starts a request with it; a plan states its own.
   Dtype reduce_dtype = Dtype::kFp32;
+  // The parallelisms the stack runs besides data parallelism (validate_plan refuses the others,
+  // so the search never recommends them), and the highest ZeRO stage it runs with a pipeline.
+  bool tensor_parallel = true, context_parallel = true, pipeline_parallel = true;
+  int max_zero_with_pipeline = 3;
   const char* source;
 };
 
