@@ -187,28 +187,31 @@ constexpr StackSpec kSpecs[] = {
      .source = "Megatron-LM (NVIDIA/Megatron-LM: --make-vocab-size-divisible-by 128, gradient_accumulation_fusion, "
                "distributed optimizer, vocab_parallel_cross_entropy in fp32); Transformer Engine LayerNormLinear, "
                "fused RoPE and SwiGLU; Narayanan et al. 2021, Korthikanti et al. 2022"},
-    // PyTorch FSDP1 as Composer / llm-foundry run it (and Accelerate's and Lightning's FSDP1 on
-    // an eager module). Read from pytorch v2.8.0 (git a1cb3cc0), torch/distributed/fsdp:
+    // PyTorch FSDP1 as Accelerate, Lightning and Composer run it on a Hugging Face module. Read
+    // from pytorch v2.8.0 (git a1cb3cc0), torch/distributed/fsdp:
     // _flat_param.py (_init_param_reduce_dtypes: the reduce dtype defaults to param_dtype;
     // _full_param_padded backs the parameters as views: no copy-out), _runtime_utils.py
     // (_post_backward_hook: the unsharded gradient pre-divided in place before the
     // reduce-scatter, every micro-batch; _accumulate_sharded_grad: the shard cast to the fp32
     // sharded parameter's dtype and added into _saved_grad_shard), _limiter_utils.py
     // (limit_all_gathers, on by default: at most 2 all-gathers in flight); SHARD_GRAD_OP keeps the
-    // unsharded parameters from forward to backward (api.py). llm-foundry (mosaicml/llm-foundry
-    // 8c8dd48f): flash-attn's fused cross-entropy is the default loss (models/mpt/modeling_mpt.py
-    // loss_fn 'fused_crossentropy') and FlashAttention-2 the attention (attn_impl 'flash'); Composer
-    // (mosaicml/composer 64051888) trains with DecoupledAdamW, PyTorch's foreach AdamW math (one
-    // ATen op per step of the update, as trainplan-reference moves), and clips with a foreach norm.
+    // unsharded parameters from forward to backward (api.py). The module (transformers 4.51.3):
+    // the loss on an fp32 copy of the logits (loss/loss_utils.py ForCausalLMLoss: logits.float()),
+    // attention through SDPA with is_causal and no mask on unpadded batches (the default
+    // attn_implementation "sdpa"), whose flash backend is FlashAttention-2 (PyTorch 2.2 on; on
+    // H100 cuDNN only in 2.5.0 and from 2.11, where it is opted into). The optimizer: PyTorch's
+    // AdamW without fused=True runs its foreach path (one ATen op per step of the update, as
+    // trainplan-reference moves); Composer's DecoupledAdamW (mosaicml/composer 64051888) the same
+    // math; the gradient clipped with a foreach norm.
     {.stack = Stack::kFsdp1,
      .name = "fsdp1",
-     .summary = "PyTorch FSDP1 (Composer / llm-foundry; Accelerate, Lightning): one FlatParameter per block, limit_all_gathers, "
-                "gradients pre-divided and reduce-scattered every micro-batch into an fp32 shard, eager modules with "
-                "FlashAttention-2 and flash-attn's fused cross-entropy, foreach AdamW",
+     .summary = "PyTorch FSDP1 (Accelerate, Lightning, Composer): one FlatParameter per block, limit_all_gathers, "
+                "gradients pre-divided and reduce-scattered every micro-batch into an fp32 shard, eager Hugging Face modules "
+                "with FlashAttention-2 and the loss on fp32 logits, foreach AdamW",
      .fused_elementwise = false,
      .fused_qkv = false,
      .fused_gate_up = false,
-     .loss = LossKernel::kFused,
+     .loss = LossKernel::kFp32Copy,
      .grads = GradAccumulation::kParamDtype,
      .fused_optimizer = false,
      .optimizer_update_factor = 106.0 / 32.0,
@@ -234,8 +237,8 @@ constexpr StackSpec kSpecs[] = {
      .context_parallel = false,
      .pipeline_parallel = false,
      .source = "pytorch/pytorch v2.8.0 (a1cb3cc0) torch/distributed/fsdp/_flat_param.py, _runtime_utils.py, _limiter_utils.py, api.py; "
-               "mosaicml/llm-foundry 8c8dd48f models/mpt/modeling_mpt.py (fused_crossentropy), models/utils/config_defaults.py "
-               "(attn_impl flash); mosaicml/composer 64051888 utils/parallelism.py (FSDPConfig: limit_all_gathers)"},
+               "transformers 4.51.3 loss/loss_utils.py (ForCausalLMLoss), integrations/sdpa_attention.py; "
+               "mosaicml/composer 64051888 utils/parallelism.py (FSDPConfig: limit_all_gathers)"},
     // PyTorch FSDP2 as torchtitan runs it (pytorch/torchtitan 42b0beb4, 2025-06;
     // torch/distributed/fsdp/_fully_shard in pytorch v2.8.0): fully_shard per TransformerBlock;
     // mixed_precision_reduce float32 by default (config_manager.py); each all-gather copies the

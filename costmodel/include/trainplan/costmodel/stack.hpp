@@ -19,7 +19,7 @@ enum class Stack {
   kPytorchEager,  // a plain PyTorch module in eager mode (bench/eager_reference.py)
   kTorchCompile,  // the same module under torch.compile (Inductor)
   kMegatronTe,    // Megatron-LM / Megatron-Core with Transformer Engine
-  kFsdp1,         // PyTorch FSDP1 (FlatParameter per wrapped block): Composer / llm-foundry, Accelerate, Lightning
+  kFsdp1,         // PyTorch FSDP1 (FlatParameter per wrapped block): Accelerate, Lightning, Composer
   kFsdp2,         // PyTorch FSDP2 (fully_shard, per-parameter DTensor): torchtitan, Accelerate FSDP2
   kFsdp2Compile,  // the same under torch.compile (torchtitan's --compile: each block and the loss compiled)
   kDeepspeed,     // DeepSpeed ZeRO-1/2/3 on a PyTorch module
