@@ -282,10 +282,14 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
   const double dense_layer = (pc.attention + pc.norms + (pc.mlp - pc.routed_experts)) / t;
   const double expert_layer = mdl.moe ? pc.routed_experts / (t * p.ep) : 0.0;
   const double lora_layer = lora ? lora_params_per_layer(mdl, tr.lora, p.tp) : 0.0;
-  // The largest linear layer of a block on one TP rank (DeepSpeed gathers each submodule's
-  // parameters on their own).
-  double largest_linear = h * static_cast<double>(mdl.moe ? mdl.moe->expert_ffn_hidden : mdl.ffn_hidden) / t;
-  for (const LinearShape& l : attention_linears(mdl)) largest_linear = std::max(largest_linear, static_cast<double>(l.in) * static_cast<double>(l.out) / t);
+  const StackSpec& stack = stack_spec(tr.stack);
+  // The largest linear layer of a block on one TP rank, for stacks that gather each submodule's
+  // parameters on their own (DeepSpeed); not needed (0) for the others.
+  double largest_linear = 0;
+  if (stack.dp.gather_bucket_params > 0) {
+    largest_linear = h * static_cast<double>(mdl.moe ? mdl.moe->expert_ffn_hidden : mdl.ffn_hidden) / t;
+    for (const LinearShape& l : attention_linears(mdl)) largest_linear = std::max(largest_linear, l.in * l.out / t);
+  }
 
   const StateWidths w = state_widths(tr.precision, tr.optimizer);
   const double reduce_bytes = fp32 ? 4.0 : dtype_bytes(p.reduce_dtype);
@@ -296,7 +300,6 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
                                   ? (tr.lora.base_format == QuantFormat::kNf4 ? 4.127 / 8.0 : 1.0 + 4.0 / h)
                                   : e;
 
-  const StackSpec& stack = stack_spec(tr.stack);
   const KernelRates rates(hw.gpu, compute_dtype(tr.precision));
   // Gradients this rank keeps between micro-batches: the executor's fp32 buffer; Megatron's fp32
   // main_grad; PyTorch modules' param.grad in the compute dtype (the reduce dtype once sharded).

@@ -326,13 +326,8 @@ Result<bool> validate_request(const PlanRequest& req) {
   const ModelSpec& m = req.model;
   const auto err = [](const std::string& s) { return Error{s}; };
   if (const std::string e = training_error(m, req.training); !e.empty()) return err(e);
-  {  // what the stack cannot run (StackSpec), named before any search
-    const StackSpec& stack = stack_spec(req.training.stack);
-    const std::string what = std::string(": the ") + stack.name + " stack has no ";
-    if (c.tp && *c.tp > 1 && !stack.tensor_parallel) return err("/parallel/tp" + what + "tensor parallelism");
-    if (c.cp && *c.cp > 1 && !stack.context_parallel) return err("/parallel/cp" + what + "context parallelism (ring attention)");
-    if (c.pp && *c.pp > 1 && !stack.pipeline_parallel) return err("/parallel/pp" + what + "pipeline parallelism");
-  }
+  // What the stack cannot run, named before any search.
+  if (const std::string e = unsupported_parallelism(req.training.stack, c.tp.value_or(1), c.cp.value_or(1), c.pp.value_or(1)); !e.empty()) return err(e);
   if (c.tp && m.heads % *c.tp != 0) return err("/parallel/tp: tp(" + std::to_string(*c.tp) + ") must divide heads (" + std::to_string(m.heads) + ")");
   if (c.tp && c.pp && c.dp && c.cp && static_cast<long long>(*c.tp) * *c.pp * *c.dp * *c.cp != req.gpus) {
     return err("/parallel: " + dims_text(*c.tp, *c.cp, *c.pp, *c.dp) + " != gpus(" + std::to_string(req.gpus) + ")");
@@ -451,10 +446,7 @@ Result<bool> validate_plan(const Plan& plan) {
   if (p.offload_params != Offload::kNone && p.zero_stage != 3) return err("/parallel/offload_params: needs zero_stage 3");
   {
     const StackSpec& stack = stack_spec(plan.training.stack);
-    const std::string what = std::string(": the ") + stack.name + " stack has no ";
-    if (p.tp > 1 && !stack.tensor_parallel) return err("/parallel/tp" + what + "tensor parallelism");
-    if (p.cp > 1 && !stack.context_parallel) return err("/parallel/cp" + what + "context parallelism (ring attention)");
-    if (p.pp > 1 && !stack.pipeline_parallel) return err("/parallel/pp" + what + "pipeline parallelism");
+    if (const std::string e = unsupported_parallelism(plan.training.stack, p.tp, p.cp, p.pp); !e.empty()) return err(e);
     if (p.pp > 1 && p.zero_stage > stack.max_zero_with_pipeline) {
       return err("/parallel/zero_stage: the " + std::string(stack.name) + " stack runs a pipeline with ZeRO-" + n(stack.max_zero_with_pipeline) +
                  " at most (got " + n(p.zero_stage) + ")");

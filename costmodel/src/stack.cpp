@@ -43,6 +43,69 @@ constexpr Fp8Casting kTorchaoEager{6, 6, 6, 6, 6, 5, 3};
 constexpr Fp8Casting kTorchaoCompiled{6, 4, 4, 6, 4, 5, 3};
 constexpr Fp8Casting kTransformerEngine{4, 1, 4, 4, 4, 0, 0};
 
+// PyTorch FSDP2 as torchtitan runs it (pytorch/torchtitan 42b0beb4, 2025-06;
+// torch/distributed/fsdp/_fully_shard in pytorch v2.8.0): fully_shard per TransformerBlock;
+// mixed_precision_reduce float32 by default (config_manager.py); each all-gather copies the
+// fp32 shards into a bf16 buffer and, after the collective, copies every parameter out of it
+// (_fsdp_collectives.py foreach_all_gather / split_with_sizes_copy: 2 bytes read, 2 written
+// per parameter), and in forward keeps the previous unit's output until the next unit's
+// copy-out (_fsdp_param_group.py all_gather_state: 3 units); each reduce-scatter copies the
+// unsharded gradients into one buffer in the reduce dtype (chunk_cat, the cast fused) and
+// adds the result into the fp32 sharded gradient (foreach_reduce), every micro-batch; the loss
+// is F.cross_entropy on .float() logits (components/loss.py); attention is SDPA under
+// sdpa_kernel([FLASH_ATTENTION, EFFICIENT_ATTENTION, MATH]) (models/attention.py): the flash
+// backend, FlashAttention-2; fused AdamW; selective recompute is torch's op-level policy.
+constexpr StackSpec kFsdp2 = {
+    .stack = Stack::kFsdp2,
+    .name = "fsdp2",
+    .summary = "PyTorch FSDP2 (torchtitan; Accelerate FSDP2): fully_shard per block, parameters copied into and out of each "
+               "all-gather, gradients copied into an fp32 reduce-scatter every micro-batch, eager modules with FlashAttention-2, "
+               "fp32 logits for the loss, fused AdamW",
+    .fused_elementwise = false,
+    .fused_qkv = false,
+    .fused_gate_up = false,
+    .loss = LossKernel::kFp32Copy,
+    .grads = GradAccumulation::kParamDtype,
+    .fused_optimizer = true,
+    .optimizer_update_factor = 1,
+    .optimizer_overhead_bytes = 12,
+    .optimizer_kernels_per_tensor = 0.5,
+    .swiglu_saved = 4,
+    .norm_recomputed = false,
+    .gemm_sums_input_gradients = false,
+    .residual_adds_in_norms = false,
+    .host_sync_per_micro_batch = false,
+    .host_seconds_per_kernel = 9.2e-6,
+    .vocab_pad_multiple = 1,
+    .context_attention = ContextAttention::kRing,
+    .sequence_parallel_keeps_gathered_input = true,
+    .fp8 = kTorchaoEager,
+    .attention_kernel = AttentionImpl::kFlash2,
+    .op_level_selective = true,
+    .dp = {.gathered_units = 3, .gather_copy_bytes = 4, .reduce_copy_bytes = 4, .reduce_cast_fused = true, .sharded_grad_bytes = 4,
+           .grad_op_units = true},
+    .source = "pytorch/torchtitan 42b0beb4 config_manager.py, components/loss.py, models/attention.py, models/llama3/infra/parallelize.py; "
+              "pytorch/pytorch v2.8.0 (a1cb3cc0) torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py, _fsdp_param_group.py"};
+
+// FSDP2 as torchtitan runs it with training.compile (models/llama3/infra/parallelize.py
+// apply_compile: each TransformerBlock compiled on its own, before fully_shard; the loss compiled
+// too, components/loss.py): Inductor's kernels as torch-compile's (fused element-wise work, the
+// fused loss, its partitioner's recompute, its wrapper's launches, torchao's compiled fp8 casts),
+// FSDP2's collectives and copies as fsdp2's (they run outside the compiled blocks).
+constexpr StackSpec compiled(StackSpec s) {
+  s.stack = Stack::kFsdp2Compile;
+  s.name = "fsdp2-compile";
+  s.summary = "PyTorch FSDP2 under torch.compile (torchtitan --compile): blocks and loss compiled by Inductor, FSDP2's "
+              "copies and fp32 reduce-scatter as fsdp2, FlashAttention-2, fused AdamW";
+  s.fused_elementwise = true;
+  s.loss = LossKernel::kFused;
+  s.swiglu_saved = 2;
+  s.host_seconds_per_kernel = 4e-6;
+  s.fp8 = kTorchaoCompiled;
+  s.source = "pytorch/torchtitan 42b0beb4 models/llama3/infra/parallelize.py (apply_compile), components/loss.py; as fsdp2 for FSDP2";
+  return s;
+}
+
 constexpr StackSpec kSpecs[] = {
     // The fused paths (executor --kernels fused, the default). Norms: ATen's fused rms_norm
     // forward, recomputed in backward, and one CUDA kernel for the backward (NormLinearsFn);
@@ -239,80 +302,8 @@ constexpr StackSpec kSpecs[] = {
      .source = "pytorch/pytorch v2.8.0 (a1cb3cc0) torch/distributed/fsdp/_flat_param.py, _runtime_utils.py, _limiter_utils.py, api.py; "
                "transformers 4.51.3 loss/loss_utils.py (ForCausalLMLoss), integrations/sdpa_attention.py; "
                "mosaicml/composer 64051888 utils/parallelism.py (FSDPConfig: limit_all_gathers)"},
-    // PyTorch FSDP2 as torchtitan runs it (pytorch/torchtitan 42b0beb4, 2025-06;
-    // torch/distributed/fsdp/_fully_shard in pytorch v2.8.0): fully_shard per TransformerBlock;
-    // mixed_precision_reduce float32 by default (config_manager.py); each all-gather copies the
-    // fp32 shards into a bf16 buffer and, after the collective, copies every parameter out of it
-    // (_fsdp_collectives.py foreach_all_gather / split_with_sizes_copy: 2 bytes read, 2 written
-    // per parameter), and in forward keeps the previous unit's output until the next unit's
-    // copy-out (_fsdp_param_group.py all_gather_state: 3 units); each reduce-scatter copies the
-    // unsharded gradients into one buffer in the reduce dtype (chunk_cat, the cast fused) and
-    // adds the result into the fp32 sharded gradient (foreach_reduce), every micro-batch; the loss
-    // is F.cross_entropy on .float() logits (components/loss.py); attention is SDPA under
-    // sdpa_kernel([FLASH_ATTENTION, EFFICIENT_ATTENTION, MATH]) (models/attention.py): the flash
-    // backend, FlashAttention-2; fused AdamW; selective recompute is torch's op-level policy.
-    {.stack = Stack::kFsdp2,
-     .name = "fsdp2",
-     .summary = "PyTorch FSDP2 (torchtitan; Accelerate FSDP2): fully_shard per block, parameters copied into and out of each "
-                "all-gather, gradients copied into an fp32 reduce-scatter every micro-batch, eager modules with FlashAttention-2, "
-                "fp32 logits for the loss, fused AdamW",
-     .fused_elementwise = false,
-     .fused_qkv = false,
-     .fused_gate_up = false,
-     .loss = LossKernel::kFp32Copy,
-     .grads = GradAccumulation::kParamDtype,
-     .fused_optimizer = true,
-     .optimizer_update_factor = 1,
-     .optimizer_overhead_bytes = 12,
-     .optimizer_kernels_per_tensor = 0.5,
-     .swiglu_saved = 4,
-     .norm_recomputed = false,
-     .gemm_sums_input_gradients = false,
-     .residual_adds_in_norms = false,
-     .host_sync_per_micro_batch = false,
-     .host_seconds_per_kernel = 9.2e-6,
-     .vocab_pad_multiple = 1,
-     .context_attention = ContextAttention::kRing,
-     .sequence_parallel_keeps_gathered_input = true,
-     .fp8 = kTorchaoEager,
-     .attention_kernel = AttentionImpl::kFlash2,
-     .op_level_selective = true,
-     .dp = {.gathered_units = 3, .gather_copy_bytes = 4, .reduce_copy_bytes = 4, .reduce_cast_fused = true, .sharded_grad_bytes = 4,
-            .grad_op_units = true},
-     .source = "pytorch/torchtitan 42b0beb4 config_manager.py, components/loss.py, models/attention.py, models/llama3/infra/parallelize.py; "
-               "pytorch/pytorch v2.8.0 (a1cb3cc0) torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py, _fsdp_param_group.py"},
-    // FSDP2 as torchtitan runs it with training.compile (models/llama3/infra/parallelize.py
-    // apply_compile: each TransformerBlock compiled on its own, before fully_shard; the loss
-    // compiled too, components/loss.py): Inductor's fusions and recompute as torch-compile, the
-    // loss fused, FSDP2's collectives and copies as fsdp2 (they run outside the compiled blocks).
-    {.stack = Stack::kFsdp2Compile,
-     .name = "fsdp2-compile",
-     .summary = "PyTorch FSDP2 under torch.compile (torchtitan --compile): blocks and loss compiled by Inductor, FSDP2's "
-                "copies and fp32 reduce-scatter as fsdp2, FlashAttention-2, fused AdamW",
-     .fused_elementwise = true,
-     .fused_qkv = false,
-     .fused_gate_up = false,
-     .loss = LossKernel::kFused,
-     .grads = GradAccumulation::kParamDtype,
-     .fused_optimizer = true,
-     .optimizer_update_factor = 1,
-     .optimizer_overhead_bytes = 12,
-     .optimizer_kernels_per_tensor = 0.5,
-     .swiglu_saved = 2,
-     .norm_recomputed = false,
-     .gemm_sums_input_gradients = false,
-     .residual_adds_in_norms = false,
-     .host_sync_per_micro_batch = false,
-     .host_seconds_per_kernel = 4e-6,
-     .vocab_pad_multiple = 1,
-     .context_attention = ContextAttention::kRing,
-     .sequence_parallel_keeps_gathered_input = true,
-     .fp8 = kTorchaoCompiled,
-     .attention_kernel = AttentionImpl::kFlash2,
-     .op_level_selective = true,
-     .dp = {.gathered_units = 3, .gather_copy_bytes = 4, .reduce_copy_bytes = 4, .reduce_cast_fused = true, .sharded_grad_bytes = 4,
-            .grad_op_units = true},
-     .source = "pytorch/torchtitan 42b0beb4 models/llama3/infra/parallelize.py (apply_compile), components/loss.py; as fsdp2 for FSDP2"},
+    kFsdp2,
+    compiled(kFsdp2),
     // DeepSpeed ZeRO (microsoft/DeepSpeed 38327e07, v0.16.5) on an eager PyTorch module:
     // runtime/zero/config.py defaults (reduce_bucket_size 5e8, stage3_prefetch_bucket_size 5e7,
     // overlap_comm only for stage 3); stage 3 fetches each submodule's own parameters and the
@@ -373,6 +364,15 @@ const StackSpec& stack_spec(Stack stack) {
 }
 
 const char* stack_name(Stack stack) { return stack_spec(stack).name; }
+
+std::string unsupported_parallelism(Stack stack, int tp, int cp, int pp) {
+  const StackSpec& s = stack_spec(stack);
+  const std::string lacks = std::string(": the ") + s.name + " stack has no ";
+  if (tp > 1 && !s.tensor_parallel) return "/parallel/tp" + lacks + "tensor parallelism";
+  if (cp > 1 && !s.context_parallel) return "/parallel/cp" + lacks + "context parallelism (ring attention)";
+  if (pp > 1 && !s.pipeline_parallel) return "/parallel/pp" + lacks + "pipeline parallelism";
+  return "";
+}
 
 std::optional<Stack> stack_from_name(const std::string& name) {
   for (const StackSpec& s : kSpecs) {

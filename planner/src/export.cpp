@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "export_writers.hpp"
+#include "text_table.hpp"
 #include "trainplan/costmodel/estimate.hpp"
 #include "trainplan/costmodel/stack.hpp"
 #include "trainplan/planner/report.hpp"
@@ -151,19 +152,10 @@ std::string export_prediction(const Plan& plan, ExportTarget target) {
   Plan as_run = plan;
   as_run.training.stack = export_stack(plan, target);
   const costmodel::Estimate e = costmodel::estimate(as_run);
-  const auto rate = [](double x) {
-    char b[32];
-    if (x >= 1e6) std::snprintf(b, sizeof b, "%.2f M", x / 1e6);
-    else if (x >= 1e3) std::snprintf(b, sizeof b, "%.1f K", x / 1e3);
-    else std::snprintf(b, sizeof b, "%.0f", x);
-    return std::string(b);
-  };
-  char buf[400];
-  std::snprintf(buf, sizeof buf, "trainplan predicts for the %s stack: %.3g s per step, %s tokens/s (%s per GPU), MFU %.1f%%, %.1f of %.0f GiB per GPU%s",
-                costmodel::stack_name(as_run.training.stack), e.time.step.value(), rate(e.throughput.tokens_per_second).c_str(),
-                rate(e.throughput.tokens_per_second_per_gpu).c_str(), 100 * e.throughput.mfu, e.memory.required.in_gib(),
-                e.memory.capacity.in_gib(), e.fits ? "" : ": does not fit");
-  return buf;
+  return detail::fmt("trainplan predicts for the %s stack: %.3g s per step, %s tokens/s (%s per GPU), MFU %.1f%%, %.1f of %.0f GiB per GPU%s",
+                     costmodel::stack_name(as_run.training.stack), e.time.step.value(), si(e.throughput.tokens_per_second).c_str(),
+                     si(e.throughput.tokens_per_second_per_gpu).c_str(), 100 * e.throughput.mfu, e.memory.required.in_gib(),
+                     e.memory.capacity.in_gib(), e.fits ? "" : ": does not fit");
 }
 
 Result<PlanExport> export_plan(const Plan& plan, ExportTarget target) {

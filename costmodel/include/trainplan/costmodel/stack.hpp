@@ -197,6 +197,10 @@ struct StackSpec {
 };
 
 [[nodiscard]] const StackSpec& stack_spec(Stack stack);
+// The first of tp, cp and pp above 1 that `stack` does not run, as a plan error naming the field
+// ("/parallel/cp: the fsdp1 stack has no context parallelism (ring attention)"); "" when it runs
+// them all.
+[[nodiscard]] std::string unsupported_parallelism(Stack stack, int tp, int cp, int pp);
 [[nodiscard]] const char* stack_name(Stack stack);
 // "trainplan", "trainplan-reference", "pytorch-eager", "torch-compile", "megatron-te", "fsdp1",
 // "fsdp2", "fsdp2-compile", "deepspeed".
