@@ -226,6 +226,10 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
   // the keys up to their own end through a masked kernel, (2cp + 1) / 4cp of the s_q x s_k
   // rectangle, no causal skipping; ring attention runs a causal kernel on each block (1/2).
   const bool gathered_kv = s.cp > 1 && stack.context_attention == ContextAttention::kAllGatherKv;
+  // An explicit mask tensor: the kernel visits the whole seq x seq rectangle (SDPA with attn_mask
+  // cannot take its flash backend and runs the masked one over every key block; flash-attn's
+  // causal skipping needs causal=True), so no causal halving.
+  const bool causal_kernel = !gathered_kv && s.attention_mask == AttentionMask::kCausal;
   const double attended_keys = gathered_kv ? s_k * (2.0 * s.cp + 1.0) / (4.0 * s.cp) : s_k;
 
   LayerCost c;
@@ -313,8 +317,8 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
   if (s.attention == AttentionKernel::kFlash) {
     const double batch_heads = s.micro_batch * a_local;
     const double d_mean = (d_qk + d_v) / 2.0;  // MLA's Q.K and P.V head sizes differ; the FLOPs are those of their mean
-    core_forward = rates.attention_forward(batch_heads, s_q, attended_keys, d_mean, !gathered_kv);
-    core_backward = rates.attention_backward(batch_heads, s_q, attended_keys, d_mean, !gathered_kv);
+    core_forward = rates.attention_forward(batch_heads, s_q, attended_keys, d_mean, causal_kernel);
+    core_backward = rates.attention_backward(batch_heads, s_q, attended_keys, d_mean, causal_kernel);
     p.kernels += gathered_kv ? 6 : 3;  // one kernel per query chunk
   } else {
     const double batch = s.micro_batch * a_local;
@@ -696,11 +700,19 @@ EndsCost ends_cost(const ModelSpec& mdl, const HardwareProfile& hw, const LayerS
   c.embedding_backward = emb.backward + (frozen ? 0.0 : tp_reduce);
   // The embedding's output is the first layer's input, kept there; only a dropout mask is its own.
   c.embedding_activation_bytes = s.dropout ? Tn * h : 0.0;
+  // An explicit attention mask is built once per micro-batch in the activation dtype, [batch, 1,
+  // seq, seq] (transformers 4.51.3 modeling_llama.py _prepare_4d_causal_attention_mask_with_cache_position:
+  // torch.full((seq, seq), min_dtype, dtype=dtype)), and every layer's attention keeps it for its
+  // backward; it lives from the first layer's forward to the last one's backward.
+  if (s.attention_mask == AttentionMask::kExplicit) c.embedding_activation_bytes += s.micro_batch * (s.seq_len / s.cp) * mdl.attended_keys(s.seq_len) * e;
 
   Pass p{rates, rates, stack, e, e};
   p.elementwise(feat.layer_norm ? ElementwiseOp::kLayerNorm : ElementwiseOp::kRmsNorm, Tn * h, 2 * e, 3 * e);  // final norm
   // Under TP the executor's chunked loss gives way to its vocab-parallel fp32 cross-entropy.
-  const LossKernel loss = stack.loss == LossKernel::kChunkedFused && s.tp > 1 ? LossKernel::kFp32Copy : stack.loss;
+  // The plan's loss kernel, else the stack's. Under TP the chunked loss (the executor's, Liger's:
+  // whole-vocabulary rows) gives way to the vocab-parallel fp32 cross-entropy.
+  const LossKernel chosen = s.loss.value_or(stack.loss);
+  const LossKernel loss = chosen == LossKernel::kChunkedFused && s.tp > 1 ? LossKernel::kFp32Copy : chosen;
   if (loss != LossKernel::kChunkedFused) p.linear_unquantised(T, v_local, h, frozen);  // output projection (vocab-parallel), never fp8
   double loss_saved = 0;
   switch (loss) {

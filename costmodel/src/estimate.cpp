@@ -15,20 +15,25 @@
 
 namespace trainplan::costmodel {
 
-StateWidths state_widths(Precision precision, OptimizerKind optimizer) {
+StateWidths state_widths(Precision precision, OptimizerKind optimizer, bool master_weights) {
   const bool fp32 = precision == Precision::kFp32;
   StateWidths w;
   w.weights = fp32 ? 4 : 2;
   w.gradients = fp32 ? 4 : 2;
-  // Optimizer states per parameter; mixed precision adds a 4-byte fp32 master copy.
+  w.master = !fp32 && master_weights;
+  // Optimizer states per parameter; mixed precision adds a 4-byte fp32 master copy. Without one
+  // the parameters are the 16-bit tensors themselves and PyTorch's optimizers create their states
+  // in the parameter's dtype (torch/optim/adamw.py, sgd.py at v2.8.0: torch.zeros_like(p)), so the
+  // fp32 moments become 16-bit ones; bitsandbytes' 8-bit states stay 8-bit.
+  const double width = fp32 || w.master ? 1.0 : 0.5;
   double states = 0;
   switch (optimizer) {
-    case OptimizerKind::kAdamW: states = 8; break;        // momentum + variance, fp32
-    case OptimizerKind::kSgdMomentum: states = 4; break;  // momentum, fp32
-    case OptimizerKind::kAdafactor: states = 0; break;    // factored second moment: O(rows + cols)
-    case OptimizerKind::kAdam8bit: states = 2; break;     // block-wise 8-bit momentum + variance
+    case OptimizerKind::kAdamW: states = 8 * width; break;        // momentum + variance
+    case OptimizerKind::kSgdMomentum: states = 4 * width; break;  // momentum
+    case OptimizerKind::kAdafactor: states = 0; break;            // factored second moment: O(rows + cols)
+    case OptimizerKind::kAdam8bit: states = 2; break;             // block-wise 8-bit momentum + variance
   }
-  w.optimizer = states + (fp32 ? 0 : 4);
+  w.optimizer = states + (w.master ? 4 : 0);
   return w;
 }
 
@@ -248,6 +253,8 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
   s.dropout = tr.dropout;
   s.zero_stage = p.zero_stage;
   s.attention = tr.attention;
+  s.attention_mask = tr.attention_mask;
+  s.loss = tr.loss;
   s.stack = tr.stack;
   s.recompute = p.recompute;
   s.mode = tr.mode;
@@ -291,7 +298,7 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
     for (const LinearShape& l : attention_linears(mdl)) largest_linear = std::max(largest_linear, l.in * l.out / t);
   }
 
-  const StateWidths w = state_widths(tr.precision, tr.optimizer);
+  const StateWidths w = state_widths(tr.precision, tr.optimizer, tr.master_weights);
   const double reduce_bytes = fp32 ? 4.0 : dtype_bytes(p.reduce_dtype);
   const double grad_width = std::max(w.gradients, reduce_bytes);  // grads are accumulated in the reduce dtype
   const int dense_shard = p.zero_stage == 3 ? p.shard_size() * p.cp : p.dp * p.cp;
@@ -303,8 +310,12 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
   const KernelRates rates(hw.gpu, compute_dtype(tr.precision));
   // Gradients this rank keeps between micro-batches: the executor's fp32 buffer; Megatron's fp32
   // main_grad; PyTorch modules' param.grad in the compute dtype (the reduce dtype once sharded).
+  // FSDP's sharded gradient takes the sharded parameter's dtype: fp32 beside fp32 parameters,
+  // the 16-bit dtype in pure 16-bit training (pytorch v2.8.0 _runtime_utils.py
+  // _accumulate_sharded_grad casts to the flat parameter's dtype).
+  const double sharded_grad_bytes = w.master ? stack.dp.sharded_grad_bytes : std::min(stack.dp.sharded_grad_bytes, w.gradients);
   const double stack_grad_width = stack.grads == GradAccumulation::kParamDtype && p.zero_stage < 2 ? w.gradients
-                                  : p.zero_stage >= 2 && stack.dp.sharded_grad_bytes > 0         ? std::max(stack.dp.sharded_grad_bytes, w.gradients)
+                                  : p.zero_stage >= 2 && sharded_grad_bytes > 0                  ? std::max(sharded_grad_bytes, w.gradients)
                                   : stack.grads == GradAccumulation::kParamDtype                 ? grad_width
                                                                                                  : std::max(4.0, w.gradients);
   // Where the stack's data parallelism reduces every micro-batch (stack.hpp DataParallelSpec):
@@ -392,10 +403,10 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
         x.grad_pass = pass_kernels > 0 ? rates.stream(grads_local * (e + 8.0), static_cast<int>(std::lround(pass_kernels))) : 0.0;
         break;
       case GradAccumulation::kParamDtype:
-        if (reduce_each_micro_batch && sharded_dp && stack.dp.sharded_grad_bytes > 0) {
+        if (reduce_each_micro_batch && sharded_dp && sharded_grad_bytes > 0) {
           // The reduced shard added into the kept sharded gradient from the second micro-batch on
           // (FSDP: cast to fp32 and added; DeepSpeed: added into its partition).
-          x.grad_pass = (m - 1.0) / m * rates.stream(grads_local / dense_shard * 3.0 * stack.dp.sharded_grad_bytes, static_cast<int>(std::lround(units)));
+          x.grad_pass = (m - 1.0) / m * rates.stream(grads_local / dense_shard * 3.0 * sharded_grad_bytes, static_cast<int>(std::lround(units)));
         } else {  // param.grad += from the second micro-batch on
           x.grad_pass = (m - 1.0) / m * rates.stream(grads_local * 3.0 * e, static_cast<int>(std::lround(units * 9)));
         }
@@ -807,8 +818,9 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
 
   // --- whole run ---
   const double trainable = est.trainable_parameters;
-  // A checkpoint holds what resuming needs: fp32 master weights and optimizer states (LoRA: adapters only).
-  est.run = run_cost(plan, tm.sustained_step, trainable * (w.optimizer + (fp32 || w.optimizer == 0 ? w.weights : 0.0)));
+  // A checkpoint holds what resuming needs: the master weights (the weights themselves where there
+  // is no separate master) and optimizer states (LoRA: adapters only).
+  est.run = run_cost(plan, tm.sustained_step, trainable * (w.optimizer + (w.master ? 0.0 : w.weights)));
   return est;
 }
 

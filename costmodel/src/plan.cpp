@@ -226,6 +226,16 @@ TrainingConfig parse_training(ObjectReader r) {
   t.dropout_rate = r.optional_number("dropout_rate", 0, 0.99).value_or(0.1);
   t.attention = r.optional_one_of("attention", {"flash", "standard"}).value_or("flash") == "standard"
                     ? AttentionKernel::kStandard : AttentionKernel::kFlash;
+  t.attention_mask = r.optional_one_of("attention_mask", {"causal", "explicit"}).value_or("causal") == "explicit"
+                         ? AttentionMask::kExplicit : AttentionMask::kCausal;
+  if (const auto name = r.optional_string("loss")) {
+    if (*name != "stack") {
+      const auto loss = loss_kernel_from_name(*name);
+      if (!loss) r.fail("loss", std::string("must be stack | ") + loss_kernel_choices() + " (got \"" + *name + "\")");
+      t.loss = *loss;
+    }
+  }
+  t.master_weights = r.optional_boolean("master_weights").value_or(true);
   if (const auto name = r.optional_string("stack")) {
     const auto stack = stack_from_name(*name);
     if (!stack) r.fail("stack", std::string("must be one of ") + stack_choices() + " (got \"" + *name + "\")");
@@ -316,6 +326,24 @@ std::string training_error(const ModelSpec& m, const TrainingConfig& t) {
     return "/training/seq_len: " + std::to_string(t.seq_len) + " exceeds max_seq_len (" + std::to_string(m.max_seq_len) +
            ") of a model with learned positions";
   }
+  if (!t.master_weights) {
+    if (t.precision != Precision::kBf16 && t.precision != Precision::kFp16) {
+      return std::string("/training/master_weights: false (pure 16-bit training) needs precision bf16 or fp16 (got ") + precision_name(t.precision) + ")";
+    }
+    if (!stack_spec(t.stack).pure_16bit) {
+      return std::string("/training/master_weights: the ") + stack_name(t.stack) +
+             " stack keeps fp32 master weights; pure 16-bit training runs on pytorch-eager, torch-compile, fsdp1, fsdp2 and fsdp2-compile";
+    }
+  }
+  return "";
+}
+
+// Context parallelism splits the sequence into causal blocks (ring attention, or K/V gathered
+// round a causal mask the stack builds itself): an explicit mask of the user's has no place.
+std::string mask_error(const TrainingConfig& t, int cp) {
+  if (t.attention_mask == AttentionMask::kExplicit && cp > 1) {
+    return "/training/attention_mask: \"explicit\" cannot run with context parallelism (cp " + std::to_string(cp) + "), whose kernels take causal blocks";
+  }
   return "";
 }
 
@@ -328,6 +356,7 @@ Result<bool> validate_request(const PlanRequest& req) {
   if (const std::string e = training_error(m, req.training); !e.empty()) return err(e);
   // What the stack cannot run, named before any search.
   if (const std::string e = unsupported_parallelism(req.training.stack, c.tp.value_or(1), c.cp.value_or(1), c.pp.value_or(1)); !e.empty()) return err(e);
+  if (const std::string e = mask_error(req.training, c.cp.value_or(1)); !e.empty()) return err(e);
   if (c.tp && m.heads % *c.tp != 0) return err("/parallel/tp: tp(" + std::to_string(*c.tp) + ") must divide heads (" + std::to_string(m.heads) + ")");
   if (c.tp && c.pp && c.dp && c.cp && static_cast<long long>(*c.tp) * *c.pp * *c.dp * *c.cp != req.gpus) {
     return err("/parallel: " + dims_text(*c.tp, *c.cp, *c.pp, *c.dp) + " != gpus(" + std::to_string(req.gpus) + ")");
@@ -447,6 +476,7 @@ Result<bool> validate_plan(const Plan& plan) {
   {
     const StackSpec& stack = stack_spec(plan.training.stack);
     if (const std::string e = unsupported_parallelism(plan.training.stack, p.tp, p.cp, p.pp); !e.empty()) return err(e);
+    if (const std::string e = mask_error(plan.training, p.cp); !e.empty()) return err(e);
     if (p.pp > 1 && p.zero_stage > stack.max_zero_with_pipeline) {
       return err("/parallel/zero_stage: the " + std::string(stack.name) + " stack runs a pipeline with ZeRO-" + n(stack.max_zero_with_pipeline) +
                  " at most (got " + n(p.zero_stage) + ")");
@@ -496,6 +526,10 @@ nlohmann::json training_to_json(const TrainingConfig& t) {
       {"dropout", t.dropout}, {"dropout_rate", t.dropout_rate}, {"attention", t.attention == AttentionKernel::kFlash ? "flash" : "standard"},
       {"stack", stack_name(t.stack)},
   };
+  // Written only where they differ from their defaults, so documents of earlier versions stay as they were.
+  if (t.attention_mask == AttentionMask::kExplicit) j["attention_mask"] = "explicit";
+  if (t.loss) j["loss"] = loss_kernel_name(*t.loss);
+  if (!t.master_weights) j["master_weights"] = false;
   if (t.mode == TrainingMode::kLora || t.mode == TrainingMode::kQlora) {
     j["lora"] = {{"rank", t.lora.rank}, {"targets", t.lora.targets},
                  {"base_format", t.lora.base_format == QuantFormat::kNf4 ? "nf4" : "int8"}, {"alpha", t.lora.alpha}, {"dropout", t.lora.dropout}};

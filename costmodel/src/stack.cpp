@@ -84,6 +84,7 @@ constexpr StackSpec kFsdp2 = {
     .op_level_selective = true,
     .dp = {.gathered_units = 3, .gather_copy_bytes = 4, .reduce_copy_bytes = 4, .reduce_cast_fused = true, .sharded_grad_bytes = 4,
            .grad_op_units = true},
+    .pure_16bit = true,
     .source = "pytorch/torchtitan 42b0beb4 config_manager.py, components/loss.py, models/attention.py, models/llama3/infra/parallelize.py; "
               "pytorch/pytorch v2.8.0 (a1cb3cc0) torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py, _fsdp_param_group.py"};
 
@@ -196,6 +197,7 @@ constexpr StackSpec kSpecs[] = {
      .sequence_parallel_keeps_gathered_input = true,
      .fp8 = kTorchaoEager,
      .op_level_selective = true,
+     .pure_16bit = true,
      .source = "bench/eager_reference.py (nn.RMSNorm, nn.Linear q/k/v, rotate-half rotary, F.silu(gate) * up, "
                "F.cross_entropy(logits.float()), torch.optim.AdamW(fused=True), clip_grad_norm_(foreach=True))"},
     {.stack = Stack::kTorchCompile,
@@ -221,6 +223,7 @@ constexpr StackSpec kSpecs[] = {
      .sequence_parallel_keeps_gathered_input = true,
      .fp8 = kTorchaoCompiled,
      .op_level_selective = true,
+     .pure_16bit = true,
      .source = "PyTorch 2 Inductor fuses pointwise and reduction ops and its min-cut partitioner recomputes cheap "
                "pointwise results in backward (Ansel et al. 2024, ASPLOS, Sec. 5); measured on H100: 66.7 K tokens/s and "
                "29.9 GiB peak for Llama 3.2 1B at micro-batch 4 against 54.1 K and 41.6 GiB eager (issue 12)"},
@@ -299,6 +302,7 @@ constexpr StackSpec kSpecs[] = {
      .tensor_parallel = false,
      .context_parallel = false,
      .pipeline_parallel = false,
+     .pure_16bit = true,
      .source = "pytorch/pytorch v2.8.0 (a1cb3cc0) torch/distributed/fsdp/_flat_param.py, _runtime_utils.py, _limiter_utils.py, api.py; "
                "transformers 4.51.3 loss/loss_utils.py (ForCausalLMLoss), integrations/sdpa_attention.py; "
                "mosaicml/composer 64051888 utils/parallelism.py (FSDPConfig: limit_all_gathers)"},
@@ -380,6 +384,33 @@ std::optional<Stack> stack_from_name(const std::string& name) {
   }
   return std::nullopt;
 }
+
+namespace {
+struct LossName {
+  LossKernel loss;
+  const char* name;
+};
+constexpr LossName kLossNames[] = {{LossKernel::kFp32Copy, "fp32-logits"},
+                                   {LossKernel::kFused, "fused"},
+                                   {LossKernel::kChunkedFused, "chunked-linear"},
+                                   {LossKernel::kMegatronFp32, "vocab-parallel-fp32"}};
+}  // namespace
+
+const char* loss_kernel_name(LossKernel loss) {
+  for (const LossName& n : kLossNames) {
+    if (n.loss == loss) return n.name;
+  }
+  return "fp32-logits";
+}
+
+std::optional<LossKernel> loss_kernel_from_name(const std::string& name) {
+  for (const LossName& n : kLossNames) {
+    if (name == n.name) return n.loss;
+  }
+  return std::nullopt;
+}
+
+const char* loss_kernel_choices() { return "fp32-logits | fused | chunked-linear | vocab-parallel-fp32"; }
 
 const char* stack_choices() { return "trainplan | trainplan-reference | pytorch-eager | torch-compile | megatron-te | fsdp1 | fsdp2 | fsdp2-compile | deepspeed"; }
 

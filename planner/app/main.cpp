@@ -428,6 +428,8 @@ int main(int argc, char** argv) {
 
   std::string model = "70b", cluster, seq_len_text, batch_tokens_text, train_tokens_text, format = "text", save_plan, objective = "throughput";
   std::string precision = "bf16", optimizer = "adamw", mode = "pretrain", attention = "flash", stack, lora_targets = "q,k,v,o", base_format = "nf4";
+  std::string attention_mask = "causal", loss = "stack";
+  bool pure_16bit = false;
   double memory_headroom_percent = 100 * cm::kDefaultMemoryHeadroom;
   int gpus = 0, lora_rank = 16, top = 10;
   long long global_batch = 0;
@@ -448,6 +450,10 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--base-format", base_format, "QLoRA: storage of the frozen base weights, nf4 | int8")->check(CLI::IsMember({"nf4", "int8"}))->capture_default_str();
   app.add_option("--attention", attention, "flash | standard (materialised scores)")->check(CLI::IsMember({"flash", "standard"}))->capture_default_str();
+  app.add_option("--attention-mask", attention_mask, "causal (the kernel's causal flag) | explicit (a mask tensor: the whole seq x seq rectangle computed, the mask kept)")
+      ->check(CLI::IsMember({"causal", "explicit"}))->capture_default_str();
+  app.add_option("--loss", loss, std::string("Loss kernel: stack (the stack's own) | ") + cm::loss_kernel_choices())->capture_default_str();
+  app.add_flag("--pure-16bit", pure_16bit, "No fp32 master weights: parameters, gradients, optimizer states and the gradient reduction in the 16-bit dtype (a model cast to bf16 under FSDP without mixed precision)");
   app.add_flag("--dropout", dropout, "Model has dropout layers");
   const std::string stack_help = std::string("Software stack to predict for: ") + cm::stack_choices() + " (default trainplan, this project's executor)";
   const std::string headroom_help = "Percent of HBM kept free: plans needing more are \"tight\", ranked after the others (default " +
@@ -695,9 +701,19 @@ int main(int argc, char** argv) {
     }
     t.dropout = dropout;
     t.attention = attention == "standard" ? cm::AttentionKernel::kStandard : cm::AttentionKernel::kFlash;
+    t.attention_mask = attention_mask == "explicit" ? cm::AttentionMask::kExplicit : cm::AttentionMask::kCausal;
+    if (loss != "stack") {
+      const auto kernel = cm::loss_kernel_from_name(loss);
+      if (!kernel) return fail("--loss: \"" + loss + "\" is not one of stack | " + cm::loss_kernel_choices());
+      t.loss = *kernel;
+    }
     if (stack_choice) {
       t.stack = *stack_choice;
       req.parallel.reduce_dtype = cm::stack_spec(*stack_choice).reduce_dtype;  // the stack's own default
+    }
+    if (pure_16bit) {  // the gradients are reduced in the parameters' dtype (FSDP without mixed precision)
+      t.master_weights = false;
+      req.parallel.reduce_dtype = t.precision == cm::Precision::kFp16 ? cm::Dtype::kFp16 : cm::Dtype::kBf16;
     }
     if (t.seq_len == 0) t.seq_len = req.model.max_seq_len;
     constexpr long long kMaxGlobalBatch = 1LL << 32;  // as in plan files

@@ -148,6 +148,51 @@ costmodel::Stack export_stack(const Plan& plan, ExportTarget target) {
   return costmodel::Stack::kPytorchEager;
 }
 
+namespace {
+
+// The plan's own loss kernel, attention mask and pure 16-bit states against what the target can
+// be told. Megatron-LM and torchtitan build their own loss and causal mask and keep fp32 master
+// weights; DeepSpeed's 16-bit optimizers keep fp32 partitions. Accelerate and DeepSpeed run the
+// user's training script, where the loss and the mask live: said as notes there.
+std::vector<std::string> stack_setting_refusals(const Plan& plan, ExportTarget target) {
+  const auto& t = plan.training;
+  std::vector<std::string> r;
+  const bool own_script = target == ExportTarget::kAccelerate || target == ExportTarget::kDeepspeed;
+  const costmodel::StackSpec& runs = costmodel::stack_spec(export_stack(plan, target));
+  if (!t.master_weights && target != ExportTarget::kAccelerate) {
+    r.push_back(std::string("master_weights=false: ") + entry(target).name + " keeps fp32 master weights (pure 16-bit training runs under --to accelerate)");
+  }
+  if (!own_script && t.attention_mask == costmodel::AttentionMask::kExplicit) {
+    r.push_back("attention_mask=explicit: " + std::string(entry(target).name) + " builds its own causal mask");
+  }
+  if (!own_script && t.loss && *t.loss != runs.loss) {
+    r.push_back(std::string("loss=") + costmodel::loss_kernel_name(*t.loss) + ": " + entry(target).name + " computes the loss its own way (" +
+                costmodel::loss_kernel_name(runs.loss) + ")");
+  }
+  return r;
+}
+
+std::vector<std::string> script_notes(const Plan& plan, ExportTarget target) {
+  const auto& t = plan.training;
+  std::vector<std::string> notes;
+  if (target != ExportTarget::kAccelerate && target != ExportTarget::kDeepspeed) return notes;
+  if (t.loss) {
+    notes.push_back(std::string("loss=") + costmodel::loss_kernel_name(*t.loss) +
+                    ": the training script computes the loss (fused: flash-attn's CrossEntropyLoss(inplace_backward=True); chunked-linear: "
+                    "Liger-Kernel's LigerFusedLinearCrossEntropyLoss); the config carries none");
+  }
+  if (t.attention_mask == costmodel::AttentionMask::kExplicit) {
+    notes.push_back("attention_mask=explicit: predicted for a script that hands attention a mask tensor (the whole seq x seq rectangle computed)");
+  }
+  if (!t.master_weights) {
+    notes.push_back("master_weights=false: load the model in bf16 (from_pretrained(..., torch_dtype=torch.bfloat16)); its parameters, gradients and "
+                    "AdamW states then stay bf16");
+  }
+  return notes;
+}
+
+}  // namespace
+
 std::string export_prediction(const Plan& plan, ExportTarget target) {
   Plan as_run = plan;
   as_run.training.stack = export_stack(plan, target);
@@ -170,6 +215,7 @@ Result<PlanExport> export_plan(const Plan& plan, ExportTarget target) {
     case ExportTarget::kDeepspeed: reasons = deepspeed_refusals(plan); break;
     case ExportTarget::kAccelerate: reasons = accelerate_refusals(plan); break;
   }
+  for (std::string& reason : stack_setting_refusals(plan, target)) reasons.push_back(std::move(reason));
   if (!reasons.empty()) return Error{refusal_error(target, reasons)};
   switch (target) {
     case ExportTarget::kMegatron: out = megatron_export(plan, *derived); break;
@@ -182,6 +228,7 @@ Result<PlanExport> export_plan(const Plan& plan, ExportTarget target) {
   // has comments, on the file's first comment line.
   const std::string prediction = export_prediction(plan, target);
   out.notes.insert(out.notes.begin(), prediction);
+  for (std::string& note : script_notes(plan, target)) out.notes.push_back(std::move(note));
   if (target != ExportTarget::kDeepspeed) {
     const std::size_t at = out.text.rfind("#!", 0) == 0 ? out.text.find('\n') + 1 : 0;
     out.text.insert(at, "# " + prediction + ".\n");

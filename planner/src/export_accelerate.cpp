@@ -58,7 +58,10 @@ std::vector<std::string> accelerate_refusals(const Plan& plan) {
   }
   if (both_cpu && effective_zero(p) < 2) r.push_back("offload_params=cpu: Accelerate's CPU offload is FSDP's; it needs zero_stage 2 or 3");
   if (t.precision == cm::Precision::kFp8) r.push_back("precision=fp8: Accelerate's fp8 needs a backend config (Transformer Engine, MS-AMP or torchao) this export does not write");
-  if (p.reduce_dtype != cm::Dtype::kFp32) r.push_back("reduce_dtype: FSDP2's reduce dtype is set in the training script (MixedPrecisionPolicy), not in the config");
+  // Pure 16-bit training reduces in the parameters' own dtype, with no policy to set.
+  if (p.reduce_dtype != cm::Dtype::kFp32 && t.master_weights) {
+    r.push_back("reduce_dtype: FSDP2's reduce dtype is set in the training script (MixedPrecisionPolicy), not in the config");
+  }
   return r;
 }
 
@@ -124,7 +127,8 @@ PlanExport accelerate_export(const Plan& plan, const Derived& d) {
                       "(model.gradient_checkpointing_enable())");
   }
   o << "machine_rank: 0\nmain_training_function: main\n";
-  o << "mixed_precision: " << (t.precision == cm::Precision::kBf16 ? "bf16" : t.precision == cm::Precision::kFp16 ? "fp16" : "'no'") << "\n";
+  // Pure 16-bit: the model is loaded in bf16 and trained as it is, no autocast or cast policy.
+  o << "mixed_precision: " << (!t.master_weights ? "'no'" : t.precision == cm::Precision::kBf16 ? "bf16" : t.precision == cm::Precision::kFp16 ? "fp16" : "'no'") << "\n";
   o << "num_machines: " << d.nodes << "\nnum_processes: " << plan.gpus << "\n";
   o << "rdzv_backend: static\nsame_network: true\nuse_cpu: false\n";
   e.text = o.str();

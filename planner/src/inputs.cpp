@@ -127,6 +127,9 @@ std::string planner_command(const costmodel::PlanRequest& r, const std::string& 
     if (t.mode == costmodel::TrainingMode::kQlora && t.lora.base_format == costmodel::QuantFormat::kInt8) s += " --base-format int8";
   }
   if (t.attention == costmodel::AttentionKernel::kStandard) s += " --attention standard";
+  if (t.attention_mask == costmodel::AttentionMask::kExplicit) s += " --attention-mask explicit";
+  if (t.loss) s += std::string(" --loss ") + costmodel::loss_kernel_name(*t.loss);
+  if (!t.master_weights) s += " --pure-16bit";
   if (t.dropout) s += " --dropout";
   if (t.stack != costmodel::Stack::kTrainplan) s += std::string(" --stack ") + costmodel::stack_name(t.stack);
   if (memory_headroom != costmodel::kDefaultMemoryHeadroom) s += " --memory-headroom " + number(100 * memory_headroom);

@@ -218,6 +218,12 @@ std::vector<std::string> executor_limitations(const Plan& plan) {
   if (p.offload_params != cm::Offload::kNone) problems.push_back("parameter offload (offload_params) is not in the executor (offload_optimizer cpu is)");
   if (p.fsdp_wrap_min_params != 0) problems.push_back("fsdp_wrap_min_params: the executor wraps one unit per block");
   if (p.reduce_dtype != cm::Dtype::kFp32) problems.push_back("reduce_dtype: the executor reduces gradients in fp32");
+  if (!t.master_weights) problems.push_back("master_weights false: the executor trains with fp32 master weights (pure 16-bit training is not in it)");
+  if (t.attention_mask == cm::AttentionMask::kExplicit) problems.push_back("attention_mask explicit: the executor's attention takes the kernel's causal flag");
+  if (t.loss && *t.loss != cm::LossKernel::kChunkedFused && *t.loss != cm::LossKernel::kFp32Copy) {
+    // executor/src/model.cpp head_loss: the chunked linear cross-entropy (--kernels fused), fp32 logits (--kernels reference)
+    problems.push_back(std::string("loss ") + cm::loss_kernel_name(*t.loss) + ": the executor's loss is chunked-linear (--kernels fused) or fp32-logits (--kernels reference)");
+  }
   if (t.seq_len > plan.model.max_seq_len) problems.push_back("seq_len " + std::to_string(t.seq_len) + " exceeds the model's max_seq_len " + std::to_string(plan.model.max_seq_len));
   return problems;
 }

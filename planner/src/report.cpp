@@ -99,7 +99,15 @@ std::string training_line(const TrainingConfig& t, const std::string& tokens_not
 }
 
 std::string stack_line(const TrainingConfig& t) {
-  return std::string(stack_name(t.stack)) + ": " + stack_spec(t.stack).summary + " [choose with --stack]";
+  std::string s = std::string(stack_name(t.stack)) + ": " + stack_spec(t.stack).summary + " [choose with --stack]";
+  // What the plan changes in the stack (--loss, --attention-mask, --pure-16bit).
+  std::string changes;
+  const auto add = [&](const std::string& what) { changes += (changes.empty() ? "" : "; ") + what; };
+  if (t.loss && *t.loss != stack_spec(t.stack).loss) add(std::string("loss ") + loss_kernel_name(*t.loss));
+  if (t.attention_mask == AttentionMask::kExplicit) add("explicit attention mask (the whole seq x seq rectangle computed)");
+  if (!t.master_weights) add("pure 16-bit: no fp32 master weights, 16-bit optimizer states");
+  if (!changes.empty()) s += "; this plan: " + changes;
+  return s;
 }
 
 Row ranked_row(int rank, const Candidate& c) {
@@ -118,7 +126,7 @@ const std::vector<std::string> kRankedHeader = {"#", "TP", "PP", "DP", "CP", "EP
                                                 "GiB/GPU (of)", "step s", "tokens/s", "MFU", "days", "GPU-h"};
 const std::vector<bool> kRankedRight = {true, true, true, true, true, true, true, true, true, false, false, true, true, true, true, true, true};
 
-std::string memory_table(const Estimate& e, bool md) {
+std::string memory_table(const Estimate& e, const TrainingConfig& t, bool md) {
   const auto& m = e.memory;
   std::vector<Row> rows;
   const auto add = [&](const char* name, Bytes b, const std::string& note) {
@@ -127,7 +135,7 @@ std::string memory_table(const Estimate& e, bool md) {
   const char* verdict = !e.fits ? "DOES NOT FIT" : e.tight ? "fits, but tight (within the memory headroom)" : "fits";
   add("weights", m.weights, "");
   add("gradients", m.gradients, "");
-  add("optimizer states", m.optimizer, "incl. fp32 master weights");
+  add("optimizer states", m.optimizer, state_widths(t.precision, t.optimizer, t.master_weights).master ? "incl. fp32 master weights" : "");
   add("activations", m.activations, "peak; " + count_text(m.micro_batches_in_flight, "micro-batch", "micro-batches") + " in flight, logits and gradients included");
   add("comm buffers, workspaces", m.buffers, "");
   add("= allocated", m.total, "peak of the tensors alive at once");
@@ -288,7 +296,7 @@ std::string render_evaluation(const Candidate& c, const ReportContext& ctx, Form
   out << fmt("%s tokens/s (%s per GPU), model %.0f TFLOP/s per GPU (MFU %.1f%%), hardware %.0f TFLOP/s (HFU %.1f%%)\n\n",
              si(e.throughput.tokens_per_second).c_str(), si(e.throughput.tokens_per_second_per_gpu).c_str(),
              e.throughput.model_tflops_per_gpu, 100 * e.throughput.mfu, e.throughput.hardware_tflops_per_gpu, 100 * e.throughput.hfu);
-  out << (md ? "```\n" : "") << memory_table(e, false) << "\n" << time_table(e, false) << (md ? "```\n" : "") << "\n";
+  out << (md ? "```\n" : "") << memory_table(e, plan.training, false) << "\n" << time_table(e, false) << (md ? "```\n" : "") << "\n";
   out << run_lines(plan, e);
   return out.str();
 }
@@ -379,7 +387,7 @@ std::string render_search(const PlanRequest& req, const SearchResult& result, co
              "checkpoints and failures.\n\n", 100 * ctx.memory_headroom);
 
   out << h2 << "Where the memory and time go (recommended plan)\n\n" << (md ? "```\n" : "");
-  out << memory_table(best->estimate, false) << "\n" << time_table(best->estimate, false) << (md ? "```\n" : "") << "\n";
+  out << memory_table(best->estimate, best->plan.training, false) << "\n" << time_table(best->estimate, false) << (md ? "```\n" : "") << "\n";
 
   if (!result.alternatives.empty()) {
     out << h2 << "Alternatives that lose\n\n";

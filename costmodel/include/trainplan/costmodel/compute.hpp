@@ -8,6 +8,8 @@
 // 2022, Table 2, generalised to Llama-style blocks, GQA, MoE, flash attention, fp8 and the
 // tensors each stack keeps), plus the transient bytes the allocator sees.
 
+#include <optional>
+
 #include "trainplan/costmodel/hardware.hpp"
 #include "trainplan/costmodel/kernels.hpp"
 #include "trainplan/costmodel/model.hpp"
@@ -26,6 +28,8 @@ struct LayerSetting {
   bool dropout = false;
   int zero_stage = 0;       // ZeRO-0/1 keep each gradient whole through the step (fused accumulation)
   AttentionKernel attention = AttentionKernel::kFlash;
+  AttentionMask attention_mask = AttentionMask::kCausal;
+  std::optional<LossKernel> loss;  // empty: the stack's
   Stack stack = Stack::kTrainplan;
   Recompute recompute = Recompute::kNone;
   TrainingMode mode = TrainingMode::kPretrain;

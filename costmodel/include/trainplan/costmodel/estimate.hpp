@@ -21,11 +21,15 @@ struct ModelStateBytes {
 };
 
 // Bytes per trainable parameter of each model state for a precision and optimizer
-// (ZeRO §3: mixed-precision Adam is 2 + 2 + K with K = 12).
+// (ZeRO §3: mixed-precision Adam is 2 + 2 + K with K = 12). `master`: the optimizer's bytes
+// include a 4-byte fp32 master copy of the weights (mixed precision); false in fp32 training and
+// in pure 16-bit training (TrainingConfig::master_weights false: weights, gradients and the
+// optimizer's states all in the 16-bit dtype, 2 + 2 + 4 for AdamW).
 struct StateWidths {
   double weights = 0, gradients = 0, optimizer = 0;
+  bool master = true;
 };
-[[nodiscard]] StateWidths state_widths(Precision precision, OptimizerKind optimizer);
+[[nodiscard]] StateWidths state_widths(Precision precision, OptimizerKind optimizer, bool master_weights = true);
 
 // Model-state bytes of `params` parameters replicated over `dp` ranks with ZeRO stage
 // `zero_stage` (0..3): ZeRO Table 1 for mixed-precision Adam.

@@ -24,6 +24,11 @@ enum class Schedule { kGpipe, kOneFOneB, kInterleaved };
 enum class Recompute { kNone, kSelective, kFull };
 enum class Offload { kNone, kCpu, kNvme };
 enum class AttentionKernel { kFlash, kStandard };
+// How causality reaches the attention kernel: its own causal flag, which skips the key blocks
+// above the diagonal (SDPA's is_causal, flash-attn's causal=True), or an explicit mask tensor
+// (a padded batch, or a module that always builds one), which the kernel applies to the whole
+// seq x seq rectangle.
+enum class AttentionMask { kCausal, kExplicit };
 enum class QuantFormat { kNf4, kInt8 };
 
 const char* precision_name(Precision p);
@@ -61,6 +66,14 @@ struct TrainingConfig {
   bool dropout = false;            // dropout layers present (stores masks, costs time)
   double dropout_rate = 0.1;       // their probability (the embedding's and each block's two residual branches)
   AttentionKernel attention = AttentionKernel::kFlash;
+  AttentionMask attention_mask = AttentionMask::kCausal;
+  // The loss kernel (stack.hpp LossKernel); empty: the stack's own. A plan states its own where
+  // the training script swaps it (flash-attn's or Liger's fused cross-entropy on an FSDP stack).
+  std::optional<LossKernel> loss;
+  // false: pure 16-bit training (bf16/fp16 only): the parameters are the 16-bit tensors, with
+  // their gradients and optimizer states in the same dtype and no fp32 master copy (a Hugging Face
+  // model loaded in bf16 and sharded by FSDP without mixed precision). estimate.hpp StateWidths.
+  bool master_weights = true;
   // The software stack the prediction is for (stack.hpp): which kernels are fused, which tensors
   // are kept, how the loss and the optimizer run. Default: this project's executor.
   Stack stack = Stack::kTrainplan;

@@ -30,9 +30,13 @@ inline constexpr Stack kStacks[] = {Stack::kTrainplan, Stack::kTrainplanReferenc
 // How the loss over the vocabulary is computed.
 enum class LossKernel {
   kFp32Copy,    // logits.float() then log_softmax + nll: an fp32 copy and an fp32 log-softmax kept
-  kFused,       // one fused kernel on the 16-bit logits: fp32 only in registers, 16-bit gradient
+  // One fused kernel on the 16-bit logits: fp32 only in registers, the gradient written over the
+  // logits (Inductor's compiled F.cross_entropy; flash-attn's CrossEntropyLoss with
+  // inplace_backward=True, Dao-AILab/flash-attention flash_attn/losses/cross_entropy.py).
+  kFused,
   kMegatronFp32,  // Megatron's vocab-parallel cross-entropy: fp32 copy, fp32 softmax kept, gradient in place
-  // Chunked linear cross-entropy (the executor's fused path): per chunk of tokens the logits GEMM,
+  // Chunked linear cross-entropy (the executor's fused path; Liger-Kernel's
+  // LigerFusedLinearCrossEntropyLoss does the same): per chunk of tokens the logits GEMM,
   // one kernel turning the 16-bit logits into their gradient in place, then the input- and
   // weight-gradient GEMMs, all in the forward; kept: the input's gradient and an fp32 weight
   // gradient. Never more than one chunk of logits.
@@ -193,6 +197,11 @@ struct StackSpec {
   // so the search never recommends them), and the highest ZeRO stage it runs with a pipeline.
   bool tensor_parallel = true, context_parallel = true, pipeline_parallel = true;
   int max_zero_with_pipeline = 3;
+  // Runs pure 16-bit training (TrainingConfig::master_weights false): a module cast to bf16 under
+  // PyTorch's own optimizers keeps no fp32 copy. Megatron's and DeepSpeed's 16-bit optimizers
+  // always keep fp32 main parameters (Float16OptimizerWithFloat16Params; ZeRO's fp32 partitions),
+  // and the executor trains with fp32 masters.
+  bool pure_16bit = false;
   const char* source;
 };
 
@@ -202,6 +211,11 @@ struct StackSpec {
 // them all.
 [[nodiscard]] std::string unsupported_parallelism(Stack stack, int tp, int cp, int pp);
 [[nodiscard]] const char* stack_name(Stack stack);
+// The loss kernels by their document names: "fp32-logits", "fused", "chunked-linear",
+// "vocab-parallel-fp32" (plan key training.loss, planner --loss).
+[[nodiscard]] const char* loss_kernel_name(LossKernel loss);
+[[nodiscard]] std::optional<LossKernel> loss_kernel_from_name(const std::string& name);
+[[nodiscard]] const char* loss_kernel_choices();
 // "trainplan", "trainplan-reference", "pytorch-eager", "torch-compile", "megatron-te", "fsdp1",
 // "fsdp2", "fsdp2-compile", "deepspeed".
 [[nodiscard]] std::optional<Stack> stack_from_name(const std::string& name);

@@ -1,0 +1,176 @@
+// What a plan may change in its stack (plan.hpp TrainingConfig): the loss kernel, an explicit
+// attention mask, pure 16-bit model states. Each against a value derived by hand from the source
+// cited beside the field.
+
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "test_support.hpp"
+#include "trainplan/costmodel/compute.hpp"
+#include "trainplan/costmodel/estimate.hpp"
+#include "trainplan/costmodel/plan.hpp"
+#include "trainplan/planner/export.hpp"
+
+namespace trainplan {
+namespace {
+
+using namespace costmodel;
+
+Plan fsdp1_8b(const char* cluster = "dgx-a100-80g", long long seq = 8192) {
+  Plan p = testing::make_plan("llama3-8b", cluster, 8, seq, 64);
+  p.training.stack = Stack::kFsdp1;
+  p.parallel.zero_stage = 3;
+  p.parallel.micro_batch = 1;
+  p.parallel.reduce_dtype = Dtype::kBf16;
+  return p;
+}
+
+// torch/optim/adamw.py (v2.8.0) creates exp_avg and exp_avg_sq with torch.zeros_like(p): a bf16
+// parameter gets bf16 moments, 2 + 2 bytes, and there is no master copy. Mixed precision keeps
+// 4 + 4 bytes of moments and a 4-byte master (ZeRO Sec. 3.1: K = 12).
+TEST(PureSixteenBit, StatesTakeTheParametersDtype) {
+  const StateWidths mixed = state_widths(Precision::kBf16, OptimizerKind::kAdamW);
+  EXPECT_DOUBLE_EQ(mixed.optimizer, 12.0);
+  EXPECT_TRUE(mixed.master);
+  const StateWidths pure = state_widths(Precision::kBf16, OptimizerKind::kAdamW, false);
+  EXPECT_DOUBLE_EQ(pure.weights, 2.0);
+  EXPECT_DOUBLE_EQ(pure.gradients, 2.0);
+  EXPECT_DOUBLE_EQ(pure.optimizer, 4.0);
+  EXPECT_FALSE(pure.master);
+  EXPECT_DOUBLE_EQ(state_widths(Precision::kFp16, OptimizerKind::kSgdMomentum, false).optimizer, 2.0);
+  EXPECT_DOUBLE_EQ(state_widths(Precision::kBf16, OptimizerKind::kAdam8bit, false).optimizer, 2.0);  // bitsandbytes' 8-bit states
+  EXPECT_FALSE(state_widths(Precision::kFp32, OptimizerKind::kAdamW).master);  // fp32 training: the weights are the masters
+}
+
+// FSDP1 FULL_SHARD over 8 GPUs: the optimizer's shard is params x 12 / 8 bytes with fp32 masters,
+// params x 4 / 8 pure; the kept gradient shard fp32 (params x 4 / 8, _saved_grad_shard in the
+// flat parameter's fp32) or bf16 (x 2 / 8). A checkpoint of pure states holds the bf16 weights
+// and moments: 6 bytes per parameter, against 12 (masters and moments) in mixed precision.
+TEST(PureSixteenBit, ShrinksTheShardsAndTheCheckpoint) {
+  Plan mixed = fsdp1_8b();
+  Plan pure = mixed;
+  pure.training.master_weights = false;
+  ASSERT_TRUE(validate_plan(pure));
+  const Estimate m = estimate(mixed);
+  const Estimate q = estimate(pure);
+  const double params = m.parameters;
+  EXPECT_NEAR(m.memory.optimizer.value(), params * 12.0 / 8.0, 1e-6 * params);
+  EXPECT_NEAR(q.memory.optimizer.value(), params * 4.0 / 8.0, 1e-6 * params);
+  EXPECT_NEAR(m.memory.gradients.value(), params * 4.0 / 8.0, 1e-6 * params);
+  EXPECT_NEAR(q.memory.gradients.value(), params * 2.0 / 8.0, 1e-6 * params);
+  EXPECT_NEAR(m.run.checkpoint_bytes.value(), params * 12.0, 1e-6 * params);
+  EXPECT_NEAR(q.run.checkpoint_bytes.value(), params * 6.0, 1e-6 * params);
+  EXPECT_LT(q.time.optimizer.value(), m.time.optimizer.value());  // 14 bytes per parameter touched instead of 32
+}
+
+TEST(PureSixteenBit, OnlyWhereTheStackRunsIt) {
+  Plan p = fsdp1_8b();
+  p.training.master_weights = false;
+  p.training.stack = Stack::kMegatronTe;
+  const auto megatron = validate_plan(p);
+  ASSERT_FALSE(megatron);
+  EXPECT_NE(megatron.error().message.find("/training/master_weights"), std::string::npos);
+  p.training.stack = Stack::kFsdp2;
+  p.training.precision = Precision::kFp32;
+  const auto fp32 = validate_plan(p);
+  ASSERT_FALSE(fp32);
+  EXPECT_NE(fp32.error().message.find("needs precision bf16 or fp16"), std::string::npos);
+}
+
+// An explicit mask: the kernel computes the whole 8192 x 8192 rectangle. FlashAttention-2 on an
+// A100 at head size 128, 8K (Dao 2023, Fig. 4): 201 TFLOP/s without causal skipping, 182 with.
+// Llama 3 8B, one sequence: the forward is 4 x 32 heads x 8192^2 x 128 = 1.0995e15 FLOPs full,
+// half causal, the backward 2.5 times its forward; (1 + 2.5) x (1.0995e15 / 201e12 - 0.5498e15 /
+// 182e12) = 8.574 ms more per layer. The mask itself, [1, 1, 8192, 8192] in bf16, is 128 MiB
+// kept through the step.
+TEST(AttentionMask, ExplicitComputesTheWholeRectangleAndKeepsTheMask) {
+  const Plan plan = fsdp1_8b();
+  const HardwareProfile& hw = plan.cluster;
+  LayerSetting s;
+  s.seq_len = 8192;
+  s.stack = Stack::kFsdp1;
+  s.zero_stage = 3;
+  LayerSetting x = s;
+  x.attention_mask = AttentionMask::kExplicit;
+  const LayerCost causal = transformer_layer_cost(plan.model, hw, s);
+  const LayerCost full = transformer_layer_cost(plan.model, hw, x);
+  const double flops = 4.0 * 32 * 8192.0 * 8192.0 * 128;
+  const double expected = 3.5 * (flops / 201e12 - 0.5 * flops / 182e12);
+  EXPECT_NEAR(full.forward + full.backward - causal.forward - causal.backward, expected, 1e-4 * expected);
+  EXPECT_NEAR(expected, 8.574e-3, 1e-6);
+  const EndsCost causal_ends = ends_cost(plan.model, hw, s);
+  const EndsCost full_ends = ends_cost(plan.model, hw, x);
+  EXPECT_DOUBLE_EQ(full_ends.embedding_activation_bytes - causal_ends.embedding_activation_bytes, 8192.0 * 8192.0 * 2.0);
+}
+
+TEST(AttentionMask, ExplicitIsRefusedUnderContextParallelism) {
+  Plan p = testing::make_plan("llama3-8b", "dgx-h100", 8, 8192, 64);
+  p.parallel.cp = 2;
+  p.parallel.dp = 4;
+  p.training.attention_mask = AttentionMask::kExplicit;
+  const auto valid = validate_plan(p);
+  ASSERT_FALSE(valid);
+  EXPECT_NE(valid.error().message.find("/training/attention_mask"), std::string::npos);
+}
+
+// The loss on fsdp1 swapped for a fused kernel (flash-attn's CrossEntropyLoss with
+// inplace_backward): kept to the backward are the bf16 logits and an fp32 log-sum-exp per token,
+// 8192 x 128256 x 2 + 8192 x 4 bytes, against the fp32 log-softmax's 8192 x 128256 x 4; beside
+// them the output layer's input and the final norm's, 8192 x 4096 x 2 each.
+TEST(LossKernel, APlansLossReplacesTheStacks) {
+  const Plan plan = fsdp1_8b();
+  LayerSetting s;
+  s.seq_len = 8192;
+  s.stack = Stack::kFsdp1;
+  const double T = 8192, V = 128256, h = 4096;
+  EXPECT_DOUBLE_EQ(ends_cost(plan.model, plan.cluster, s).head_activation_bytes, 2 * T * h * 2 + 4 * T * V);
+  s.loss = LossKernel::kFused;
+  EXPECT_DOUBLE_EQ(ends_cost(plan.model, plan.cluster, s).head_activation_bytes, 2 * T * h * 2 + 2 * T * V + 4 * T);
+}
+
+TEST(TrainingOptions, RoundTripThroughThePlanDocument) {
+  Plan p = fsdp1_8b();
+  p.training.loss = LossKernel::kChunkedFused;
+  p.training.attention_mask = AttentionMask::kExplicit;
+  p.training.master_weights = false;
+  const nlohmann::json j = training_to_json(p.training);
+  EXPECT_EQ(j.at("loss"), "chunked-linear");
+  EXPECT_EQ(j.at("attention_mask"), "explicit");
+  EXPECT_EQ(j.at("master_weights"), false);
+  EXPECT_FALSE(training_to_json(fsdp1_8b().training).contains("loss"));  // defaults are not written
+  auto parsed = parse_plan(plan_to_json(p), "round-trip.json");
+  ASSERT_TRUE(parsed) << parsed.error().message;
+  EXPECT_EQ(parsed->training.loss, LossKernel::kChunkedFused);
+  EXPECT_EQ(parsed->training.attention_mask, AttentionMask::kExplicit);
+  EXPECT_FALSE(parsed->training.master_weights);
+  nlohmann::json bad = plan_to_json(p);
+  bad["training"]["loss"] = "softmax";
+  const auto refused = parse_plan(bad, "bad.json");
+  ASSERT_FALSE(refused);
+  EXPECT_NE(refused.error().message.find("loss"), std::string::npos);
+}
+
+// Megatron-LM and torchtitan build their own loss and keep fp32 masters: refused there.
+// Accelerate runs the user's script: it takes the plan, and says where the loss goes.
+TEST(TrainingOptions, ExportsRefuseWhatTheirStackCannotBeToldAndNoteTheScriptsPart) {
+  Plan p = fsdp1_8b();
+  p.training.master_weights = false;
+  p.training.loss = LossKernel::kFused;
+  const auto titan = planner::export_plan(p, planner::ExportTarget::kTorchtitan);
+  ASSERT_FALSE(titan);
+  EXPECT_NE(titan.error().message.find("master_weights=false"), std::string::npos);
+  EXPECT_NE(titan.error().message.find("loss=fused"), std::string::npos);
+  const auto accelerate = planner::export_plan(p, planner::ExportTarget::kAccelerate);
+  ASSERT_TRUE(accelerate) << accelerate.error().message;
+  bool loss_note = false, dtype_note = false;
+  for (const std::string& note : accelerate->notes) {
+    loss_note = loss_note || note.find("flash-attn's CrossEntropyLoss") != std::string::npos;
+    dtype_note = dtype_note || note.find("torch_dtype=torch.bfloat16") != std::string::npos;
+  }
+  EXPECT_TRUE(loss_note);
+  EXPECT_TRUE(dtype_note);
+}
+
+}  // namespace
+}  // namespace trainplan
