@@ -235,7 +235,9 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
   const bool fp32 = tr.precision == Precision::kFp32;
   const double e = fp32 ? 4.0 : 2.0;
   const int gpn = hw.gpus_per_node;
-  const NodeShare share = node_share(p, gpn);
+  // Ranks of each axis that share one NVLink domain (a node, or an NVL72 rack of 18 nodes).
+  const int domain = hw.nvlink_domain_gpus();
+  const NodeShare share = node_share(p, domain);
 
   Estimate est;
   est.parameters = pc.total(mdl.layers);
@@ -767,7 +769,7 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
   tm.ep_comm = Seconds(static_cast<double>(m) * L * lc.ep_comm);
   double p2p = 0;
   if (stages > 1) {
-    const bool across = static_cast<long long>(p.tp) * p.cp * p.pp > gpn;
+    const bool across = static_cast<long long>(p.tp) * p.cp * p.pp > domain;
     // Megatron sends 1/t of the activation across the slow link (scatter/gather or sequence parallel).
     p2p = send_recv_time(hw, Bytes(tokens * h * e / t), across).value();
     tm.pp_comm = Seconds(2.0 * p2p * (static_cast<double>(p.virtual_stages) * m + stages - 1));
@@ -787,7 +789,19 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
   const double spread = std::hypot(hw.gpu_speed_cv, hw.step_jitter_cv);
   const double gpu_bound = (tm.step - tm.tp_comm - tm.cp_comm - tm.ep_comm - tm.pp_comm - tm.dp_comm_exposed - tm.offload).value();
   tm.straggler = Seconds(std::max(0.0, gpu_bound) * spread * expected_max_of_normals(plan.gpus));
-  tm.sustained_step = tm.step + tm.straggler;
+  // Hours of full load hold the SM clock at what the power limit allows (GpuSpec::clocks):
+  // tensor-core work (GEMMs, attention) slows by peak / sustained, memory-bound work does not
+  // (the HBM clock is its own). The same plan again with those kernels' times scaled; the
+  // difference is its own line.
+  if (const double slowdown = hw.gpu.clock_slowdown(); slowdown > 1.0) {
+    Plan slowed = plan;
+    GpuSpec& g = slowed.cluster.gpu;
+    g.calibration.gemm_time_scale *= slowdown;
+    g.calibration.attention_time_scale *= slowdown;
+    g.sustained_clock_mhz = g.peak_clock_mhz;
+    tm.clock = Seconds(std::max(0.0, estimate(slowed, options).time.step.value() - tm.step.value()));
+  }
+  tm.sustained_step = tm.step + tm.clock + tm.straggler;
 
   // --- throughput ---
   const double step_tokens = static_cast<double>(tr.global_batch) * tr.seq_len;
@@ -877,6 +891,7 @@ nlohmann::json estimate_to_json(const Plan& plan, const Estimate& e) {
         {"dp_comm_exposed_seconds", t.dp_comm_exposed.value()},
         {"dp_comm_total_seconds", t.dp_comm_total.value()},
         {"dp_copy_seconds", t.dp_copies.value()},
+        {"sustained_clock_seconds", t.clock.value()},
         {"straggler_seconds", t.straggler.value()},
         {"sustained_step_seconds", t.sustained_step.value()},
         {"bubble_seconds", t.bubble.value()},

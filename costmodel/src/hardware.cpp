@@ -109,6 +109,17 @@ Result<HardwareProfile> parse_hwprofile(const nlohmann::json& json, const std::s
         cal.source = c.string("source");
         c.finish();
       }
+      if (g.has("clocks")) {
+        detail::ObjectReader c = g.object("clocks");
+        hw.gpu.peak_clock_mhz = c.number("peak_mhz", 1, 1e5);
+        hw.gpu.sustained_clock_mhz = c.number("sustained_mhz", 1, 1e5);
+        if (hw.gpu.sustained_clock_mhz > hw.gpu.peak_clock_mhz) {
+          c.fail("sustained_mhz", "must not exceed peak_mhz (the clock the peaks are for): a GPU does not sustain more than its peak");
+        }
+        hw.gpu.power_limit_w = c.optional_number("power_limit_w", 1, 1e5).value_or(0.0);
+        hw.gpu.clocks_source = c.string("source");
+        c.finish();
+      }
       hw.gpu.source = g.optional_string("source").value_or("");
       hw.gpu.generation = gpu_generation(hw.gpu);
       g.finish();
@@ -122,6 +133,12 @@ Result<HardwareProfile> parse_hwprofile(const nlohmann::json& json, const std::s
       hw.nvme_bandwidth = BytesPerSecond::gb_per_s(n.number("nvme_bandwidth_gb_per_s", kTiny, 1e5));
       if (const auto vendor = n.optional_one_of("cpu_vendor", {"intel", "amd", "arm", "other"})) {
         hw.cpu_vendor = *vendor == "intel" ? CpuVendor::kIntel : *vendor == "amd" ? CpuVendor::kAmd : *vendor == "arm" ? CpuVendor::kArm : CpuVendor::kOther;
+      }
+      if (const auto domain = n.optional_integer("nvlink_domain_gpus", 1, 1 << 16)) {
+        if (*domain % hw.gpus_per_node != 0) {
+          n.fail("nvlink_domain_gpus", "must be a multiple of gpus_per_node (" + std::to_string(hw.gpus_per_node) + "): an NVLink domain holds whole nodes");
+        }
+        hw.nvlink_domain = static_cast<int>(*domain);
       }
       hw.node_source = n.optional_string("source").value_or("");
       n.finish();
@@ -207,6 +224,11 @@ nlohmann::json hwprofile_to_json(const HardwareProfile& hw) {
       {"price", {{"usd_per_gpu_hour", hw.price_per_gpu_hour_usd}}},
   };
   if (hw.gpu.kernels) j["gpu"]["kernels"] = kernel_tables_to_json(*hw.gpu.kernels);
+  if (hw.nvlink_domain > hw.gpus_per_node) j["node"]["nvlink_domain_gpus"] = hw.nvlink_domain;
+  if (hw.gpu.peak_clock_mhz > 0) {
+    j["gpu"]["clocks"] = {{"peak_mhz", hw.gpu.peak_clock_mhz}, {"sustained_mhz", hw.gpu.sustained_clock_mhz}, {"source", hw.gpu.clocks_source}};
+    if (hw.gpu.power_limit_w > 0) j["gpu"]["clocks"]["power_limit_w"] = hw.gpu.power_limit_w;
+  }
   if (hw.cpu_vendor != CpuVendor::kOther) {
     j["node"]["cpu_vendor"] = hw.cpu_vendor == CpuVendor::kIntel ? "intel" : hw.cpu_vendor == CpuVendor::kAmd ? "amd" : "arm";
   }

@@ -120,7 +120,7 @@ CollectiveCost collective_cost(const HardwareProfile& hw, Collective kind, Bytes
     return c;
   }
 
-  if (nodes == 1) {
+  if (nodes == 1 && n <= hw.gpus_per_node) {  // the table was measured inside one node
     if (const auto measured = measured_intra_node_time(hw, kind, s, n)) {
       return {Seconds(*measured), NcclAlgorithm::kMeasured, NcclProtocol::kSimple, Seconds(0)};
     }

@@ -374,6 +374,16 @@ Result<bool> validate_request(const PlanRequest& req) {
                std::to_string(req.gpus) + ")");
   }
   if (c.pp && *c.pp > m.layers) return err("/parallel/pp: pp(" + std::to_string(*c.pp) + ") exceeds layers (" + std::to_string(m.layers) + ")");
+  if (c.first_stage_layers + c.last_stage_layers > 0) {
+    const char* key = c.first_stage_layers > 0 ? "/parallel/first_stage_layers" : "/parallel/last_stage_layers";
+    if (c.pp && *c.pp < 2) return err(std::string(key) + ": needs pp > 1");
+    // Every other stage keeps at least one layer (validate_plan checks the whole rule once pp is known).
+    const int others = c.pp ? *c.pp - (c.first_stage_layers > 0 ? 1 : 0) - (c.last_stage_layers > 0 ? 1 : 0) : 0;
+    if (c.first_stage_layers + c.last_stage_layers + others > m.layers) {
+      return err(std::string(key) + ": first_stage_layers(" + std::to_string(c.first_stage_layers) + ") + last_stage_layers(" +
+                 std::to_string(c.last_stage_layers) + ") leave too few of the model's " + std::to_string(m.layers) + " layers for the other stages");
+    }
+  }
   if (c.ep && *c.ep > 1 && !m.moe) return err("/parallel/ep: ep(" + std::to_string(*c.ep) + ") needs a mixture-of-experts model");
   if (c.ep && m.moe && m.moe->experts % *c.ep != 0) return err("/parallel/ep: ep(" + std::to_string(*c.ep) + ") must divide experts (" + std::to_string(m.moe->experts) + ")");
   if (c.cp && req.training.seq_len % *c.cp != 0) return err("/parallel/cp: cp(" + std::to_string(*c.cp) + ") must divide seq_len (" + std::to_string(req.training.seq_len) + ")");

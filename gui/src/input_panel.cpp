@@ -53,7 +53,8 @@ struct Choice {
 };
 const char* const kFixedNumbers[][2] = {{"tp", "TP"}, {"pp", "PP"}, {"dp", "DP"}, {"cp", "CP"}, {"ep", "EP"},
                                         {"zero", "ZeRO stage"}, {"shard_group", "Hybrid-shard group"},
-                                        {"mb", "Micro-batch (seq)"}, {"v", "Virtual stages"}};
+                                        {"mb", "Micro-batch (seq)"}, {"v", "Virtual stages"},
+                                        {"first_stage_layers", "First stage layers"}, {"last_stage_layers", "Last stage layers"}};
 const Choice kFixedChoices[] = {{"schedule", "Schedule", {"auto", "1f1b", "interleaved", "gpipe"}},
                                 {"recompute", "Recompute", {"auto", "none", "selective", "full"}},
                                 {"sp", "Sequence parallel", {"auto", "on", "off"}},
@@ -211,6 +212,14 @@ InputPanel::InputPanel(QWidget* parent) : QWidget(parent) {
   row(tr("Attention"), QStringLiteral("attention"),
       combo({{tr("flash (no score matrix)"), QStringLiteral("flash")}, {tr("standard (scores stored)"), QStringLiteral("standard")}}));
   row(tr("Dropout"), QStringLiteral("dropout"), combo({{tr("off"), QStringLiteral("off")}, {tr("on"), QStringLiteral("on")}}));
+  row(tr("Attention mask"), QStringLiteral("attention_mask"),
+      combo({{tr("causal (kernel flag)"), QStringLiteral("causal")}, {tr("explicit tensor (full rectangle)"), QStringLiteral("explicit")}}));
+  row(tr("Loss kernel"), QStringLiteral("loss"),
+      combo({{tr("the stack's"), QStringLiteral("stack")}, {tr("fp32 logits"), QStringLiteral("fp32-logits")},
+             {tr("fused cross-entropy"), QStringLiteral("fused")}, {tr("chunked linear cross-entropy"), QStringLiteral("chunked-linear")},
+             {tr("vocab-parallel fp32 (Megatron)"), QStringLiteral("vocab-parallel-fp32")}}));
+  row(tr("Master weights"), QStringLiteral("master_weights"),
+      combo({{tr("fp32 (mixed precision)"), QStringLiteral("fp32")}, {tr("none (pure 16-bit)"), QStringLiteral("none")}}));
   row(tr("Software stack"), QStringLiteral("stack"),
       combo({{tr("trainplan executor"), QStringLiteral("trainplan")},
              {tr("trainplan executor, --kernels reference"), QStringLiteral("trainplan-reference")},
@@ -337,6 +346,9 @@ RequestForm InputPanel::form() const {
   form.lora_rank = text("lora_rank");
   form.attention = text("attention");
   form.dropout = text("dropout");
+  form.attention_mask = text("attention_mask");
+  form.loss = text("loss");
+  form.master_weights = text("master_weights");
   form.stack = text("stack");
   form.memory_headroom = text("memory_headroom");
   for (const auto& [field, w] : fields_) {
@@ -478,6 +490,9 @@ void InputPanel::load_request(const cm::PlanRequest& request, const QString& sou
   set_choice("precision", QString::fromUtf8(cm::precision_name(t.precision)));
   set_choice("optimizer", QString::fromUtf8(cm::optimizer_name(t.optimizer)));
   set_choice("mode", QString::fromUtf8(cm::mode_name(t.mode)));
+  set_choice("attention_mask", t.attention_mask == cm::AttentionMask::kExplicit ? QStringLiteral("explicit") : QStringLiteral("causal"));
+  set_choice("loss", t.loss ? QString::fromUtf8(cm::loss_kernel_name(*t.loss)) : QStringLiteral("stack"));
+  set_choice("master_weights", t.master_weights ? QStringLiteral("fp32") : QStringLiteral("none"));
   const cm::ParallelConstraints& c = request.parallel;
   const auto number = [](const std::optional<int>& v) { return v ? QString::number(*v) : QString(); };
   set_line("fix/tp", number(c.tp));
@@ -488,6 +503,9 @@ void InputPanel::load_request(const cm::PlanRequest& request, const QString& sou
   set_line("fix/zero", number(c.zero_stage));
   set_line("fix/mb", number(c.micro_batch));
   set_line("fix/v", number(c.virtual_stages));
+  const auto layers = [](int n) { return n > 0 ? QString::number(n) : QString(); };
+  set_line("fix/first_stage_layers", layers(c.first_stage_layers));
+  set_line("fix/last_stage_layers", layers(c.last_stage_layers));
   set_choice("fix/schedule", c.schedule ? QString::fromUtf8(cm::schedule_name(*c.schedule)) : QStringLiteral("auto"));
   set_choice("fix/recompute", c.recompute ? QString::fromUtf8(cm::recompute_name(*c.recompute)) : QStringLiteral("auto"));
   set_choice("fix/sp", c.sequence_parallel ? (*c.sequence_parallel ? QStringLiteral("on") : QStringLiteral("off")) : QStringLiteral("auto"));

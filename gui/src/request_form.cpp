@@ -129,6 +129,10 @@ std::string field_of_message(const std::string& message, const std::string& docu
       {"/training/global_batch", "global_batch"},
       {"/training/precision", "precision"},
       {"/training/train_tokens", "train_tokens"},
+      {"/training/master_weights", "master_weights"},
+      {"/training/attention_mask", "attention_mask"},
+      {"/parallel/first_stage_layers", "fix/first_stage_layers"},
+      {"/parallel/last_stage_layers", "fix/last_stage_layers"},
       {"/gpus", "gpus"},
   };
   const auto it = kRequestFields.find(pointer);
@@ -183,10 +187,21 @@ BuiltRequest build_request(const RequestForm& form) {
     t.attention = form.attention == "standard" ? cm::AttentionKernel::kStandard : cm::AttentionKernel::kFlash;
   }
   if (enum_field("dropout", form.dropout, {"off", "on"})) t.dropout = form.dropout == "on";
+  if (enum_field("attention_mask", form.attention_mask, {"causal", "explicit"})) {
+    t.attention_mask = form.attention_mask == "explicit" ? cm::AttentionMask::kExplicit : cm::AttentionMask::kCausal;
+  }
+  if (form.loss != "stack") {
+    if (const auto loss = cm::loss_kernel_from_name(form.loss)) t.loss = *loss;
+    else errors.push_back({"loss", std::string("must be stack | ") + cm::loss_kernel_choices() + " (got \"" + form.loss + "\")"});
+  }
+  if (enum_field("master_weights", form.master_weights, {"fp32", "none"})) t.master_weights = form.master_weights == "fp32";
   if (enum_field("stack", form.stack,
                  {"trainplan", "trainplan-reference", "pytorch-eager", "torch-compile", "megatron-te", "fsdp1", "fsdp2", "fsdp2-compile", "deepspeed"})) {
     t.stack = *cm::stack_from_name(form.stack);
     req.parallel.reduce_dtype = cm::stack_spec(t.stack).reduce_dtype;  // the stack's default, as `planner --stack`
+  }
+  if (!t.master_weights) {  // reduced in the parameters' dtype, as `planner --pure-16bit`
+    req.parallel.reduce_dtype = t.precision == cm::Precision::kFp16 ? cm::Dtype::kFp16 : cm::Dtype::kBf16;
   }
   if (!trim(form.memory_headroom).empty()) {
     char* end = nullptr;

@@ -151,7 +151,7 @@ int list_models() {
 }
 
 int list_hardware() {
-  std::printf("%-13s %-20s %5s %8s %9s %9s %11s  %-22s %8s\n", "cluster", "GPU", "GPUs", "HBM GiB", "HBM TB/s", "bf16 TF/s",
+  std::printf("%-13s %-20s %5s %6s %8s %9s %9s %11s  %-22s %8s\n", "cluster", "GPU", "GPUs", "NVLink", "HBM GiB", "HBM TB/s", "bf16 TF/s",
               "NVLink GB/s", "inter-node per node", "$/GPU-h");
   for (const auto& name : cm::hwprofile_preset_names()) {
     auto h = cm::find_hwprofile(name);
@@ -159,11 +159,12 @@ int list_hardware() {
     const auto& x = *h;
     const std::string inter = std::to_string(x.inter_node.nics_per_node) + " x " +
                               std::to_string(static_cast<int>(x.inter_node.bandwidth.value() * 8 / 1e9)) + " Gb/s " + x.inter_node.kind;
-    std::printf("%-13s %-20s %5d %8.0f %9.2f %9.0f %11.0f  %-22s %8.2f%s\n", name.c_str(), x.gpu.name.c_str(), x.gpus_per_node,
-                x.gpu.hbm_capacity.in_gib(), x.gpu.hbm_bandwidth.value() / 1e12, x.gpu.peak_for(cm::Dtype::kBf16).in_tflops(),
+    std::printf("%-13s %-20s %5d %6d %8.0f %9.2f %9.0f %11.0f  %-22s %8.2f%s\n", name.c_str(), x.gpu.name.c_str(), x.gpus_per_node,
+                x.nvlink_domain_gpus(), x.gpu.hbm_capacity.in_gib(), x.gpu.hbm_bandwidth.value() / 1e12, x.gpu.peak_for(cm::Dtype::kBf16).in_tflops(),
                 x.intra_node.bandwidth.in_gb_per_s(), inter.c_str(), x.price_per_gpu_hour_usd, name == cm::kDefaultCluster ? "  (default)" : "");
   }
-  std::printf("\nAny cluster can also be given as a trainplan/hwprofile/v1 JSON file: --cluster path/to/cluster.json (format: README.md)\n");
+  std::printf("\nGPUs: per node (host); NVLink: GPUs in one NVLink domain (a node, or a 72-GPU NVL72 rack of 4-GPU trays).\n"
+              "Any cluster can also be given as a trainplan/hwprofile/v1 JSON file: --cluster path/to/cluster.json (format: README.md)\n");
   return 0;
 }
 

@@ -83,6 +83,11 @@ std::string cluster_line(const HardwareProfile& hw, int gpus, bool is_default) {
                       hw.gpu.hbm_capacity.in_gib(), hw.gpu.peak_for(Dtype::kBf16).in_tflops(), hw.intra_node.kind.c_str(),
                       hw.intra_node.bandwidth.in_gb_per_s(), hw.inter_node.nics_per_node,
                       hw.inter_node.bandwidth.value() * 8 / 1e9, hw.inter_node.kind.c_str());
+  if (hw.nvlink_domain_gpus() > hw.gpus_per_node) s += fmt(", NVLink domain of %d GPUs", hw.nvlink_domain_gpus());
+  if (hw.gpu.clock_slowdown() > 1.0) {
+    s += fmt(", sustained clock %.0f of %.0f MHz", hw.gpu.sustained_clock_mhz, hw.gpu.peak_clock_mhz);
+    if (hw.gpu.power_limit_w > 0) s += fmt(" at %.0f W", hw.gpu.power_limit_w);
+  }
   if (is_default) s += "  [default cluster; choose another with --cluster]";
   return s;
 }
@@ -167,6 +172,7 @@ std::string time_table(const Estimate& e, bool md) {
   add("optimizer step", t.optimizer, "");
   add("offload transfers", t.offload, "");
   add("step", t.step, "benchmark: every GPU at its own pace");
+  if (t.clock.value() > 0) add("sustained clock", t.clock, "tensor-core work at the clock the GPUs hold under load (profile gpu.clocks)");
   add("wait for the slowest GPU", t.straggler, "GPUs' speed and step-time spread, largest of all GPUs");
   add("sustained step", t.sustained_step, "what a long run sees; days and cost below use it");
   return table({"time per step", "s", "share", ""}, rows, md, {false, true, true, false});

@@ -233,7 +233,9 @@ Result<SearchResult> search(const PlanRequest& req, const SearchOptions& options
   const ModelSpec& m = req.model;
   const ParallelConstraints& c = req.parallel;
   const int gpus = req.gpus;
-  const int gpn = req.cluster.gpus_per_node;
+  // Tensor parallelism and hybrid-shard groups stay inside one NVLink domain (a node, or a rack
+  // of NVL72 trays).
+  const int gpn = req.cluster.nvlink_domain_gpus();
   const std::int64_t gb = req.training.global_batch;
 
   std::vector<int> tps;

@@ -65,6 +65,10 @@ TEST(RequestForm, EveryBadValueIsAnErrorAtItsFieldWithTheReason) {
       {"dropout not on or off", [](RequestForm& f) { f.dropout = "maybe"; }, "dropout", "must be one of off, on"},
       {"fp8 on A100", [](RequestForm& f) { f.cluster.ref = "dgx-a100-80g"; f.precision = "fp8"; }, "precision", "fp8 is not supported"},
       {"unknown precision", [](RequestForm& f) { f.precision = "fp4"; }, "precision", "must be one of"},
+      {"unknown loss", [](RequestForm& f) { f.loss = "softmax"; }, "loss", "fp32-logits | fused"},
+      {"pure 16-bit on Megatron", [](RequestForm& f) { f.stack = "megatron-te"; f.master_weights = "none"; }, "master_weights", "keeps fp32 master weights"},
+      {"explicit mask with cp", [](RequestForm& f) { f.attention_mask = "explicit"; f.fixed["cp"] = "2"; }, "attention_mask", "context parallelism"},
+      {"first stage with more layers than the model", [](RequestForm& f) { f.fixed["pp"] = "4"; f.fixed["first_stage_layers"] = "90"; }, "fix/first_stage_layers", ""},
   };
   for (const auto& c : cases) {
     RequestForm form;
@@ -75,6 +79,27 @@ TEST(RequestForm, EveryBadValueIsAnErrorAtItsFieldWithTheReason) {
     EXPECT_EQ(built.errors.front().field, c.field) << c.what << ": " << built.errors.front().message;
     EXPECT_NE(built.errors.front().message.find(c.fragment), std::string::npos) << c.what << ": " << built.errors.front().message;
   }
+}
+
+// The stack settings a plan may change, and the uneven pipeline's end stages, reach the request.
+TEST(RequestForm, CarriesTheStackSettingsAndTheEndStagesLayers) {
+  RequestForm form;
+  form.stack = "fsdp2";
+  form.loss = "fused";
+  form.attention_mask = "explicit";
+  form.master_weights = "none";
+  form.fixed["pp"] = "4";
+  form.fixed["first_stage_layers"] = "18";
+  form.fixed["last_stage_layers"] = "17";
+  const auto built = build_request(form);
+  ASSERT_TRUE(built.request) << built.errors.front().field << ": " << built.errors.front().message;
+  const auto& t = built.request->training;
+  EXPECT_EQ(t.loss, costmodel::LossKernel::kFused);
+  EXPECT_EQ(t.attention_mask, costmodel::AttentionMask::kExplicit);
+  EXPECT_FALSE(t.master_weights);
+  EXPECT_EQ(built.request->parallel.reduce_dtype, costmodel::Dtype::kBf16);  // reduced in the parameters' dtype
+  EXPECT_EQ(built.request->parallel.first_stage_layers, 18);
+  EXPECT_EQ(built.request->parallel.last_stage_layers, 17);
 }
 
 TEST(RequestForm, SeveralBadFieldsAreAllReported) {

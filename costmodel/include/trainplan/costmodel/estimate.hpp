@@ -55,9 +55,11 @@ struct TimeBreakdown {
   // into and out of all-gather and reduce-scatter buffers, pre-divides, casts to the reduce dtype.
   Seconds dp_copies;
   // The benchmark step above is one GPU's; a synchronous job of N GPUs runs each step at the pace
-  // of its slowest (HardwareProfile::gpu_speed_cv, step_jitter_cv): `straggler` is that wait,
-  // `sustained_step` = step + straggler, what a long production run sees per step.
-  Seconds straggler, sustained_step;
+  // of its slowest (HardwareProfile::gpu_speed_cv, step_jitter_cv): `straggler` is that wait.
+  // `clock`: what the step loses when the GPUs hold their sustained clock rather than the one the
+  // peaks are for (GpuSpec::clock_slowdown; 0 where the profile states no clocks).
+  // `sustained_step` = step + clock + straggler, what a long production run sees per step.
+  Seconds clock, straggler, sustained_step;
 };
 
 // The expected largest of n independent standard normal draws (Blom's approximation,

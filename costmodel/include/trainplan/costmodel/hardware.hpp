@@ -51,8 +51,19 @@ struct GpuSpec {
   // Measured kernel tables (`kernels`); null: kernel times come from the figures above.
   std::shared_ptr<const KernelTables> kernels;
   Calibration calibration;
+  // The clocks (`gpu.clocks`, optional): the SM clock the dense peaks and the measured tables are
+  // for (`peak_mhz`), the clock the GPU holds under hours of full load at its power limit
+  // (`sustained_mhz`, from nvidia-smi or DCGM on the user's own cluster), and that limit
+  // (`power_limit_w`). Tensor-core work scales with the SM clock; HBM-bound work does not. 0:
+  // not stated, the peaks stand for the whole run.
+  double peak_clock_mhz = 0, sustained_clock_mhz = 0, power_limit_w = 0;
+  std::string clocks_source;
   std::string source;              // where the figures above come from
   [[nodiscard]] FlopsPerSecond peak_for(Dtype d) const { return peak[static_cast<int>(d)]; }
+  // How much longer compute-bound kernels take at the sustained clock: peak / sustained, >= 1.
+  [[nodiscard]] double clock_slowdown() const {
+    return peak_clock_mhz > 0 && sustained_clock_mhz > 0 && sustained_clock_mhz < peak_clock_mhz ? peak_clock_mhz / sustained_clock_mhz : 1.0;
+  }
 };
 
 struct LinkSpec {
@@ -76,6 +87,11 @@ struct HardwareProfile {
   std::string source;
   GpuSpec gpu;
   int gpus_per_node = 0;
+  // GPUs joined by one NVLink fabric (`node.nvlink_domain_gpus`): 8 in a DGX/HGX node, 72 in a
+  // GB200 or GB300 NVL72 rack, whose nodes (compute trays) hold 4. Collectives and pipeline
+  // sends among them run at NVLink rates; tensor, context and expert parallelism are placed in it.
+  // 0 when read: gpus_per_node. A multiple of gpus_per_node.
+  int nvlink_domain = 0;
   BytesPerSecond pcie_bandwidth;          // host<->GPU, per GPU per direction
   Bytes cpu_memory;                       // per node
   BytesPerSecond cpu_memory_bandwidth;    // per node
@@ -96,6 +112,7 @@ struct HardwareProfile {
   // Where each section's figures come from (the documents' `source` strings), kept for writing.
   std::string node_source, storage_source, reliability_source, price_source;
 
+  [[nodiscard]] int nvlink_domain_gpus() const { return nvlink_domain > 0 ? nvlink_domain : gpus_per_node; }
   // Inter-node bandwidth available to one GPU when all GPUs of a node send at once.
   [[nodiscard]] BytesPerSecond nic_bandwidth_per_gpu() const {
     return BytesPerSecond(inter_node.bandwidth.value() * inter_node.nics_per_node / gpus_per_node);

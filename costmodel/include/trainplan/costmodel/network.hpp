@@ -20,7 +20,9 @@ enum class Collective { kAllReduce, kAllGather, kReduceScatter, kAllToAll };
 
 struct CollectiveGroup {
   int size = 1;      // ranks in the group
-  int per_node = 1;  // ranks of the group inside one node (1 <= per_node <= size)
+  // Ranks of the group inside one NVLink domain (1 <= per_node <= size): a node, or the 72 GPUs
+  // of an NVL72 rack (HardwareProfile::nvlink_domain_gpus), which NCCL treats as one node (MNNVL).
+  int per_node = 1;
 };
 
 enum class NcclAlgorithm { kRing, kTree, kPat, kMeasured, kAllToAll };

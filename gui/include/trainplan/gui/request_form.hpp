@@ -43,6 +43,9 @@ struct RequestForm {
   std::string lora_rank = "16";     // LoRA/QLoRA adapter rank, 1 .. 65536 (read in every mode)
   std::string attention = "flash";  // flash | standard (materialised scores)
   std::string dropout = "off";      // on | off: the model has dropout layers
+  std::string attention_mask = "causal";  // causal | explicit (plan.hpp AttentionMask)
+  std::string loss = "stack";              // stack | fp32-logits | fused | chunked-linear | vocab-parallel-fp32
+  std::string master_weights = "fp32";    // fp32 | none (pure 16-bit training)
   std::string stack = "trainplan";  // trainplan | trainplan-reference | pytorch-eager | torch-compile | megatron-te
   std::string memory_headroom;      // percent of HBM kept free; empty: costmodel::kDefaultMemoryHeadroom
   // Fixed parallel settings, by planner::apply_constraint key (tp, pp, dp, cp, ep, zero, mb, v,
@@ -52,7 +55,8 @@ struct RequestForm {
 
 // An input that is wrong, and why. `field` names it: "model", "cluster", "model/layers" (a
 // document field: the document and its pointer), "gpus", "seq_len", "global_batch",
-// "train_tokens", "precision", "lora_rank", "attention", "dropout", "stack", "memory_headroom",
+// "train_tokens", "precision", "lora_rank", "attention", "dropout", "attention_mask", "loss",
+// "master_weights", "stack", "memory_headroom",
 // "fix/tp" (a constraint), "fix"
 // (the constraints together).
 struct FieldError {
