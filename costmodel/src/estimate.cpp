@@ -46,6 +46,12 @@ ModelStateBytes zero_model_states(double params, Precision precision, OptimizerK
   return b;
 }
 
+int layers_kept_for_reuse(double max_reuse_distance, double layer_params, double head_params, int stage_layers) {
+  const double room = max_reuse_distance / 2.0 - head_params;
+  if (max_reuse_distance <= 0 || room <= 0 || layer_params <= 0) return 0;
+  return std::min(stage_layers, static_cast<int>(std::ceil(room / layer_params)));
+}
+
 namespace {
 
 // Ranks of each axis that share one node, with the layout TP (innermost), CP, PP, DP.
@@ -301,6 +307,27 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
   }
 
   const StateWidths w = state_widths(tr.precision, tr.optimizer, tr.master_weights);
+  // ZeRO-3 under a stack that keeps parameters gathered for reuse (DeepSpeed's
+  // stage3_max_reuse_distance, stack.hpp): between a layer's forward and its backward the trace
+  // fetches the stage's later layers and its output layer twice (their forward, then their
+  // backward), so the last k layers stay gathered, k the count of m = 0, 1, ... with
+  // 2 (m x layer + head) < the distance; the output layer always (its backward follows its
+  // forward), the embedding when the whole stage is within half the distance.
+  struct ReuseKept {
+    int layers = 0;
+    bool head = false, embedding = false;
+  };
+  const auto reuse_kept = [&](int stage_layers, bool first, bool last) {
+    ReuseKept k;
+    const double d = stack.dp.max_reuse_distance_params;
+    if (p.zero_stage != 3 || d <= 0) return k;
+    const double head = last ? pc.final_norm + (mdl.tied_embeddings ? pc.embedding : pc.output) / t : 0.0;
+    const double layer = std::max(1.0, dense_layer + expert_layer);
+    k.head = last;
+    k.layers = layers_kept_for_reuse(d, layer, head, stage_layers);
+    k.embedding = first && k.layers == stage_layers && 2.0 * (stage_layers * layer + head) < d;
+    return k;
+  };
   const double reduce_bytes = fp32 ? 4.0 : dtype_bytes(p.reduce_dtype);
   const double grad_width = std::max(w.gradients, reduce_bytes);  // grads are accumulated in the reduce dtype
   const int dense_shard = p.zero_stage == 3 ? p.shard_size() * p.cp : p.dp * p.cp;
@@ -423,7 +450,8 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
     // and pre-divide, and its cast to the reduce dtype.
     if (sharded_dp && !lora) {
       const double gathers = p.zero_stage == 3 ? 2.0 : grad_op_units ? 1.0 : 0.0;
-      double bytes = gathers * (x.dense + x.expert) * stack.dp.gather_copy_bytes;
+      const ReuseKept kept = reuse_kept(layers[i], first, last);  // not gathered again in backward
+      double bytes = (gathers * (x.dense + x.expert) - kept.layers * (dense_layer + expert_layer)) * stack.dp.gather_copy_bytes;
       if (stack.dp.reduce_copy_bytes > 0) {
         const double cast = reduce_bytes == e ? 0.0 : stack.dp.reduce_cast_fused ? reduce_bytes - e : e + reduce_bytes;
         bytes += x.trainable * (stack.dp.reduce_copy_bytes + cast) / (reduce_each_micro_batch ? 1.0 : m);
@@ -455,6 +483,10 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
       }
       if (!lora) {
         x.buffers += gathers * unit * w.weights + unit * reduce_bytes;
+        // Layers kept gathered for reuse are alive together at the backward's start, the running
+        // unit among them.
+        const ReuseKept kept = reuse_kept(layers[i], first, last);
+        x.buffers += std::max(0.0, kept.layers * (dense_layer + expert_layer) - unit) * w.weights;
       } else {
         // The frozen base is gathered in the compute dtype and never reduced; the adapters' units
         // are gathered and their gradients reduce-scattered (engine.cpp: a unit of their own).
@@ -651,29 +683,34 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
         const double head = pc.final_norm + (mdl.tied_embeddings ? (stages > 1 ? pc.embedding / t : 0.0) : pc.output / t);
         add_unit(head, lora ? 0.0 : head, ec.head_forward, ec.head_backward);
       }
-      double fwd = 0, bwd = 0, ag_total = 0, rs_total = 0;
+      double fwd = 0, bwd = 0, ag_total = 0, bwd_ag_total = 0, rs_total = 0;
       const std::size_t n = dp_units.size();
-      for (std::size_t i = 0; i < n; ++i) {
-        ag_total += dp_units[i].gather;
-        rs_total += dp_units[i].reduce;
+      // Units kept gathered for reuse (the last ones of the forward) are not gathered in backward.
+      const ReuseKept kept = reuse_kept(Li, i == 0, i == stages - 1);
+      const std::size_t kept_units = std::min(n, static_cast<std::size_t>(kept.layers) * static_cast<std::size_t>(chunks) + (kept.head ? 1 : 0) +
+                                                     (kept.embedding ? 1 : 0));
+      const auto backward_gather = [&](std::size_t u) { return regather && u + kept_units < n ? dp_units[u].gather : 0.0; };
+      for (std::size_t u = 0; u < n; ++u) {
+        ag_total += dp_units[u].gather;
+        bwd_ag_total += backward_gather(u);
+        rs_total += dp_units[u].reduce;
         if (!p.prefetch) continue;
-        // Forward in order: unit i computes while unit i + 1 is gathered.
-        if (i + 1 < n) fwd += std::max(0.0, dp_units[i + 1].gather - dp_units[i].forward);
-        // Backward in reverse: unit i computes while unit i - 1 is gathered and unit i + 1's
+        // Forward in order: unit u computes while unit u + 1 is gathered.
+        if (u + 1 < n) fwd += std::max(0.0, dp_units[u + 1].gather - dp_units[u].forward);
+        // Backward in reverse: unit u computes while unit u - 1 is gathered and unit u + 1's
         // gradients are reduce-scattered.
-        const double during = (i > 0 && regather ? dp_units[i - 1].gather : 0.0) + (i + 1 < n ? dp_units[i + 1].reduce : 0.0);
-        bwd += std::max(0.0, during - dp_units[i].backward);
+        const double during = (u > 0 ? backward_gather(u - 1) : 0.0) + (u + 1 < n ? dp_units[u + 1].reduce : 0.0);
+        bwd += std::max(0.0, during - dp_units[u].backward);
       }
       if (p.prefetch) {
         fwd += dp_units.front().gather;
-        bwd += (regather ? dp_units.back().gather : 0.0) + dp_units.front().reduce;
+        bwd += backward_gather(n - 1) + dp_units.front().reduce;
       } else {
         fwd = ag_total;
-        bwd = (regather ? ag_total : 0.0) + rs_total;
+        bwd = bwd_ag_total + rs_total;
       }
-      const double ag = ag_total, rs = rs_total;
       dp_exposed += m * (fwd + bwd);
-      dp_total += m * ((regather ? 2 : 1) * ag + rs);
+      dp_total += m * (ag_total + bwd_ag_total + rs_total);
       if (p.shard_size() < p.dp) {  // hybrid shard: all-reduce the shards across replicas
         const int replicas = p.dp / p.shard_size();
         const CollectiveGroup rg{replicas, std::max(1, share.dp / p.shard_size())};

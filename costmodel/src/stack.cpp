@@ -310,7 +310,9 @@ constexpr StackSpec kSpecs[] = {
     compiled(kFsdp2),
     // DeepSpeed ZeRO (microsoft/DeepSpeed 38327e07, v0.16.5) on an eager PyTorch module:
     // runtime/zero/config.py defaults (reduce_bucket_size 5e8, stage3_prefetch_bucket_size 5e7,
-    // overlap_comm only for stage 3); stage 3 fetches each submodule's own parameters and the
+    // stage3_max_reuse_distance 1e9, overlap_comm only for stage 3); a submodule's parameters
+    // are kept gathered when the trace reaches their next use within 1e9 fetched parameters
+    // (partitioned_param_coordinator.py __params_to_release); stage 3 fetches each submodule's own parameters and the
     // prefetched ones in one coalesced all-gather, then copies each parameter out of the flat
     // buffer (partitioned_param_coordinator.py fetch_sub_module, partition_parameters.py
     // all_gather_coalesced), and reduce-scatters buckets of reduce_bucket_size after an interleaved
@@ -346,7 +348,7 @@ constexpr StackSpec kSpecs[] = {
      .fp8 = kTorchaoEager,
      .attention_kernel = AttentionImpl::kFlash2,
      .op_level_selective = false,
-     .dp = {.gather_bucket_params = 5e7, .gather_copy_bytes = 4, .reduce_copy_bytes = 8, .reduce_bucket_params = 5e8, .bucket_params = 5e8,
+     .dp = {.gather_bucket_params = 5e7, .max_reuse_distance_params = 1e9, .gather_copy_bytes = 4, .reduce_copy_bytes = 8, .reduce_bucket_params = 5e8, .bucket_params = 5e8,
             .buckets = 1, .sharded_grad_bytes = 2, .zero12_all_reduce = true, .zero2_every_micro_batch = true, .zero12_overlap = false},
      .reduce_dtype = Dtype::kBf16,
      // AutoTP for tensor parallelism; its pipeline engine runs with ZeRO-1 at most

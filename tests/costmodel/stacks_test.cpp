@@ -141,6 +141,20 @@ TEST(DeepspeedStack, Zero3GathersInSubmoduleChunks) {
   EXPECT_GT(a.time.dp_comm_total.value(), 1.2 * b.time.dp_comm_total.value());
 }
 
+// DeepSpeed's stage3_max_reuse_distance (1e9, runtime/zero/config.py) keeps the last layers of
+// the forward gathered to their backward (partitioned_param_coordinator.py __params_to_release).
+// Llama 2 7B: a layer is 4 x 4096^2 + 3 x 4096 x 11008 + 2 x 4096 = 202.38 M parameters, the head
+// 32000 x 4096 + 4096 = 131.08 M: (5e8 - 131.08 M) / 202.38 M = 1.82, so 2 layers. Llama 3.2 1B:
+// 60.82 M a layer, the tied head 128256 x 2048 + 2048 = 262.67 M: 3.90, so 4. Llama 3 8B: its head
+// of 525.34 M is past half the distance, so none.
+TEST(DeepspeedReuse, KeepsTheLastLayersWithinTheReuseDistance) {
+  EXPECT_EQ(layers_kept_for_reuse(1e9, 202.38e6, 131.08e6, 32), 2);
+  EXPECT_EQ(layers_kept_for_reuse(1e9, 60.82e6, 262.67e6, 16), 4);
+  EXPECT_EQ(layers_kept_for_reuse(1e9, 218.1e6, 525.34e6, 32), 0);
+  EXPECT_EQ(layers_kept_for_reuse(1e9, 1e6, 0, 12), 12);  // a model under half the distance keeps every layer
+  EXPECT_EQ(layers_kept_for_reuse(0, 202.38e6, 131.08e6, 32), 0);
+}
+
 // What each stack runs besides data parallelism: FSDP1 shards data only (Composer, Accelerate's
 // FSDP1 and Lightning's FSDPStrategy have no TP, CP or PP with it); DeepSpeed's pipeline engine
 // asserts ZeRO below 2 (runtime/pipe/engine.py) and its Ulysses sequence parallelism is no ring;

@@ -36,6 +36,13 @@ struct StateWidths {
 [[nodiscard]] ModelStateBytes zero_model_states(double params, Precision precision, OptimizerKind optimizer,
                                                 int zero_stage, int dp);
 
+// ZeRO-3 with DeepSpeed's stage3_max_reuse_distance (StackSpec DataParallelSpec): how many of a
+// stage's last layers stay gathered from their forward to their backward. Between a layer's two
+// uses the trace fetches the layers after it and the head twice, so layer L - m stays when
+// 2 (m x layer_params + head_params) < max_reuse_distance: ceil((distance / 2 - head) / layer)
+// layers, at most the stage's; none when the head alone is past half the distance.
+[[nodiscard]] int layers_kept_for_reuse(double max_reuse_distance, double layer_params, double head_params, int stage_layers);
+
 // Memory per GPU as PyTorch's caching allocator sees it. `total` is the peak of allocated bytes
 // (weights + gradients + optimizer + activations + buffers, or the optimizer step's peak);
 // `reserved` adds the blocks the allocator holds cached at that peak; `required` adds the CUDA

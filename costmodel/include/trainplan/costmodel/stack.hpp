@@ -94,6 +94,11 @@ struct DataParallelSpec {
   // running and one prefetched); FSDP2's forward keeps the previous unit's all-gather output
   // until the next unit's copy-out (3); 0: the plan's prefetch (2, else 1).
   double gathered_units = 0;
+  // ZeRO-3: a gathered parameter is not released when the parameters fetched before its next use
+  // number fewer than this (DeepSpeed's stage3_max_reuse_distance, 1e9: the last layers of the
+  // forward, whose backward follows within that distance, stay gathered and are not gathered
+  // again; a model under half of it keeps every layer); 0: released after each use.
+  double max_reuse_distance_params = 0;
   // Bytes per gathered parameter the compute stream moves per gather (copy-in to the all-gather
   // buffer, copy-out into the parameters).
   double gather_copy_bytes = 0;
