@@ -44,9 +44,11 @@ LinkSpec read_link(detail::ObjectReader r, bool inter, int gpus_per_node) {
     l.kind = r.one_of("kind", {"infiniband", "roce", "efa", "ethernet"});
     l.nics_per_node = static_cast<int>(r.integer("nics_per_node", 1, 64));
     l.bandwidth = BytesPerSecond::gbit_per_s(r.number("nic_bandwidth_gbit_per_s", kTiny, 1e5));
+    l.plugin_latency = Seconds::us(r.optional_number("net_plugin_latency_us", 0, 1e5).value_or(0.0));
   } else {
     l.kind = r.one_of("kind", {"nvswitch", "nvlink", "pcie"});
     l.bandwidth = BytesPerSecond::gb_per_s(r.number("bandwidth_gb_per_s", kTiny, 1e5));
+    l.nvls_bus_bandwidth = BytesPerSecond::gb_per_s(r.optional_number("nvls_bus_gb_per_s", 0, 1e5).value_or(0.0));
   }
   l.efficiency = r.number("efficiency", kTiny, 1);
   l.latency = Seconds::us(r.number("latency_us", 0, 1e5));
@@ -187,8 +189,10 @@ nlohmann::json hwprofile_to_json(const HardwareProfile& hw) {
     if (inter) {
       j["nics_per_node"] = l.nics_per_node;
       j["nic_bandwidth_gbit_per_s"] = l.bandwidth.value() * 8 / 1e9;
+      if (l.plugin_latency.value() > 0) j["net_plugin_latency_us"] = l.plugin_latency.value() * 1e6;
     } else {
       j["bandwidth_gb_per_s"] = l.bandwidth.in_gb_per_s();
+      if (l.nvls_bus_bandwidth.value() > 0) j["nvls_bus_gb_per_s"] = l.nvls_bus_bandwidth.in_gb_per_s();
     }
     if (!l.source.empty()) j["source"] = l.source;
     if (!inter && l.measured) j["measured"] = measured_collectives_to_json(*l.measured);

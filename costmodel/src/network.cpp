@@ -17,7 +17,7 @@ namespace trainplan::costmodel {
 namespace {
 
 constexpr int kLl = 0, kLl128 = 1, kSimple = 2;
-constexpr int kTree = 0, kRing = 1, kPat = 2;
+constexpr int kTree = 0, kRing = 1, kPat = 2, kNvls = 3, kNvlsTree = 4;
 
 // tuning.cc baseLatencies (us), by algorithm (Tree, Ring, PAT) and protocol (LL, LL128, Simple).
 constexpr double kBaseLatency[3][3] = {{6.8, 14.0, 8.4}, {6.6, 14.0, 8.4}, {8.0, 8.0, 8.0}};
@@ -68,6 +68,8 @@ const char* nccl_algorithm_name(NcclAlgorithm a) {
     case NcclAlgorithm::kRing: return "ring";
     case NcclAlgorithm::kTree: return "tree";
     case NcclAlgorithm::kPat: return "pat";
+    case NcclAlgorithm::kNvls: return "nvls";
+    case NcclAlgorithm::kNvlsTree: return "nvls-tree";
     case NcclAlgorithm::kMeasured: return "measured";
     case NcclAlgorithm::kAllToAll: return "p2p";
   }
@@ -146,7 +148,11 @@ CollectiveCost collective_cost(const HardwareProfile& hw, Collective kind, Bytes
     const double t = latency_us * 1e-6 + time_of_bytes;
     if (t < best.time.value()) {
       best.time = Seconds(t);
-      best.algorithm = algorithm == kRing ? NcclAlgorithm::kRing : algorithm == kTree ? NcclAlgorithm::kTree : NcclAlgorithm::kPat;
+      best.algorithm = algorithm == kRing   ? NcclAlgorithm::kRing
+                       : algorithm == kTree ? NcclAlgorithm::kTree
+                       : algorithm == kNvls ? NcclAlgorithm::kNvls
+                       : algorithm == kNvlsTree ? NcclAlgorithm::kNvlsTree
+                                                : NcclAlgorithm::kPat;
       best.protocol = protocol == kLl ? NcclProtocol::kLl : protocol == kLl128 ? NcclProtocol::kLl128 : NcclProtocol::kSimple;
       best.latency = Seconds(latency_us * 1e-6);
     }
@@ -154,8 +160,11 @@ CollectiveCost collective_cost(const HardwareProfile& hw, Collective kind, Bytes
   for (int p : {kLl, kLl128, kSimple}) {
     // LL128 needs NVLink between the GPUs of a node (tuning.cc: typeIntra <= PATH_NVB).
     if (p == kLl128 && !nvlink) continue;
+    // The network plugin's own latency (LinkSpec::plugin_latency), on every network step, twice
+    // with Simple (tuning.cc: interLat += latencyInter, and again for the flush).
+    const double plugin = hw.inter_node.plugin_latency.value() * 1e6 * (p == kSimple ? 2.0 : 1.0);
     // With one rank per node every step is a network step, at the tree's network latency.
-    const double inter_lat_ring = (ppn == 1 ? kNetLatency[kTree][p] : kNetLatency[kRing][p]);
+    const double inter_lat_ring = (ppn == 1 ? kNetLatency[kTree][p] : kNetLatency[kRing][p]) + plugin;
 
     // Ring: all three collectives.
     {
@@ -181,14 +190,30 @@ CollectiveCost collective_cost(const HardwareProfile& hw, Collective kind, Bytes
       if (p == kLl128) factor *= nodes == 1 ? 7.0 / 9.0 : 120.0 / 128.0;
       if (log_size < 23) factor *= kTreeCorrection[p][std::max(0, log_size)];
       const double intra_lat = intra_hw[kTree][p];
-      const double inter_lat = kNetLatency[kTree][p];
+      const double inter_lat = kNetLatency[kTree][p] + plugin;
       const double latency = kBaseLatency[kTree][p] + 2.0 * ((ppn - 1) * intra_lat + log2i(nodes) * inter_lat);
       consider(kTree, p, latency, s * seconds_per_byte / factor);
+    }
+    // NVLS (NVLink SHARP) for all-reduce, Simple only, where the profile measured it: the NVSwitch
+    // reduces the buffer, each GPU writes and reads it once, at the measured NVLS bus bandwidth;
+    // NCCL's latency for it is one NVLink step of 25 us (tuning.cc hwLatencies NVLS, base 0).
+    // Across nodes NCCL runs NVLS-tree: NVLS inside each node pipelined with trees between them,
+    // whose network part moves what the tree's does (s with two nodes, 2s beyond), at a latency of
+    // the NVLS step and 2 log2(nodes) network steps of 20.9 us plus the plugin's.
+    const double nvls_bus = hw.intra_node.nvls_bus_bandwidth.value();
+    if (kind == Collective::kAllReduce && p == kSimple && nvls_bus > 0 && nvlink && ppn > 1) {
+      const double intra = bus_factor(kind, n) * s / nvls_bus;
+      if (nodes == 1) {
+        consider(kNvls, p, 25.0, intra);
+      } else {
+        const double network = s * (nodes == 2 ? 1.0 : 2.0) / (per_node * nic_per_gpu);
+        consider(kNvlsTree, p, 25.0 + 2.0 * log2i(nodes) * (20.9 + plugin), std::max(intra, network));
+      }
     }
     // PAT (NCCL 2.23+): all-gather and reduce-scatter with one rank per node, Simple only; its
     // latency grows with log2(nodes), less a linear part of 2.8 us per rank.
     if (p == kSimple && kind != Collective::kAllReduce && per_node == 1 && nodes > 1) {
-      const double latency = kBaseLatency[kPat][p] + log2i(nodes) * (kNetLatency[kTree][p] / 3.5) + n * 2.8;
+      const double latency = kBaseLatency[kPat][p] + log2i(nodes) * ((kNetLatency[kTree][p] + plugin) / 3.5) + n * 2.8;
       consider(kPat, p, latency, s / (0.75 * bus));
     }
   }

@@ -507,10 +507,12 @@ Result<ValidationTable> validate_nccl_tests() {
     table.quantity = "time per collective, us";
     table.source = "nccl-tests output printed by stas00/ml-engineering (network/README.md: 8xA100 all_reduce; 8xH200 with NVLS off) and "
                    "aws-samples/awsome-distributed-training (2x p4de, 2x p5 and 1x p5 all_reduce); predicted by network.hpp's NCCL "
-                   "model (algorithm and protocol chosen as NCCL's tuning.cc chooses them) on the profile named in each row. NVLS "
-                   "(NVLink SHARP), which NCCL runs on H100 nodes for large all-reduces where it is on, is not modelled";
+                   "model (algorithm and protocol chosen as NCCL's tuning.cc chooses them, NVLS where the profile measured it and the "
+                   "run left it on, the network plugin's reported latency on every network step) on the profile named in each row";
     for (const CsvRow& row : t.rows) {
-      const costmodel::HardwareProfile hw = checked(costmodel::find_hwprofile(t.text(row, "profile")));
+      costmodel::HardwareProfile hw = checked(costmodel::find_hwprofile(t.text(row, "profile")));
+      // A run made with NCCL_NVLS_ENABLE=0 is predicted without NVLS.
+      if (t.text(row, "algo").find("NVLS_ENABLE=0") != std::string::npos) hw.intra_node.nvls_bus_bandwidth = costmodel::BytesPerSecond(0);
       const int gpus = t.integer(row, "gpus"), nodes = t.integer(row, "nodes");
       if (gpus % nodes != 0) t.fail(row, "gpus: not a multiple of nodes");
       const std::string kind = t.text(row, "collective");

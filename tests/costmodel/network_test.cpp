@@ -161,14 +161,14 @@ TEST(MultiNodeAllGather, TwoFullNodesRunAtTheNodesNicBandwidth) {
 // Two nodes: each of NCCL's double binary trees has one edge between them, so a tree all-reduce
 // sends the buffer through the node's NICs once, where a ring sends 2(n-1)/n of it. On 2 p4de
 // nodes (4 x 100 Gb/s EFA, 42.5 GB/s at 0.85) 2 GiB: 2^31 / 42.5e9 / 0.92 (NCCL's tree factor) +
-// 8.4 us + 2 (7 x 4.0 + 14) us = 55.0 ms; AWS printed 51.4 ms (busbw 78 GB/s, above the ring's
-// 42.5 GB/s cap).
+// 8.4 us + 2 (7 x 4.0 + 14 + 2 x 75) us (aws-ofi-nccl's 75 us, twice with Simple) = 55.3 ms; AWS
+// printed 51.4 ms (busbw 78 GB/s, above the ring's 42.5 GB/s cap).
 TEST(TreeAllReduce, HalvesTheNicTrafficOnTwoNodes) {
   const HardwareProfile hw = testing::cluster("aws-p4d");
   const double S = 2 * kGiB;
   const CollectiveCost c = collective_cost(hw, Collective::kAllReduce, Bytes(S), {16, 8});
   EXPECT_EQ(c.algorithm, NcclAlgorithm::kTree);
-  EXPECT_NEAR(c.time.value(), S / 42.5e9 / 0.92 + 92.4e-6, 1e-9);
+  EXPECT_NEAR(c.time.value(), S / 42.5e9 / 0.92 + 392.4e-6, 1e-9);
   EXPECT_LE(relative_error(c.time.value(), 51406e-6), 0.10);
 }
 
@@ -221,7 +221,9 @@ TEST(Collective, OneRankOrNoBytesCostsNothing) {
 }
 
 TEST(Collective, TimeGrowsWithBytesAndAllReduceCostsTwoReduceScatters) {
-  const HardwareProfile hw = testing::cluster("dgx-h100");
+  // Without NVLS, whose all-reduce is no pair of reduce-scatters (the switch reduces).
+  HardwareProfile hw = testing::cluster("dgx-h100");
+  hw.intra_node.nvls_bus_bandwidth = BytesPerSecond(0);
   for (const CollectiveGroup g : {CollectiveGroup{8, 8}, CollectiveGroup{64, 8}, CollectiveGroup{16, 1}}) {
     double previous = 0;
     for (double S = 1024; S <= 16 * kGiB; S *= 4) {
@@ -236,6 +238,24 @@ TEST(Collective, TimeGrowsWithBytesAndAllReduceCostsTwoReduceScatters) {
     const double rs = collective_time(hw, Collective::kReduceScatter, Bytes(16 * kGiB), g).value();
     EXPECT_NEAR(ar / rs, 2.0, 0.02) << g.size << "/" << g.per_node;
   }
+}
+
+// NVLS (NVLink SHARP) on two p5 nodes, 16 GiB: NVLS inside each node at the measured 480 GB/s
+// bus bandwidth, 2 x 15/16 x 2^34 B / 480e9 = 67.106 ms, pipelined with the trees between the two
+// nodes (2^34 B at 8 x 45 GB/s of NIC share: 47.7 ms); latency 25 us for the NVLS step and 2 x
+// log2(2) network steps of 20.9 us plus twice aws-ofi-nccl's 75 us (Simple): 366.8 us.
+TEST(NvlsTree, TwoP5NodesRunAtTheNvlsBusBandwidth) {
+  const HardwareProfile p5 = testing::cluster("aws-p5");
+  const double s = 17179869184.0;
+  const CollectiveCost c = collective_cost(p5, Collective::kAllReduce, Bytes(s), {16, 8});
+  EXPECT_EQ(c.algorithm, NcclAlgorithm::kNvlsTree);
+  EXPECT_NEAR(c.latency.value(), 366.8e-6, 1e-9);
+  EXPECT_NEAR(c.time.value(), 2.0 * 15.0 / 16.0 * s / 480e9 + 366.8e-6, 1e-9);
+  // Without NVLS (NCCL_NVLS_ENABLE=0, or a GPU without it) the ring over NVLink and the NICs.
+  HardwareProfile off = p5;
+  off.intra_node.nvls_bus_bandwidth = BytesPerSecond(0);
+  EXPECT_NE(collective_cost(off, Collective::kAllReduce, Bytes(s), {16, 8}).algorithm, NcclAlgorithm::kNvlsTree);
+  EXPECT_GT(collective_time(off, Collective::kAllReduce, Bytes(s), {16, 8}).value(), 1.2 * c.time.value());
 }
 
 // Point to point: one message at link bandwidth times efficiency plus one latency.

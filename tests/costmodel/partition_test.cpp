@@ -63,7 +63,9 @@ TEST(PartitionWithEnds, GivesTheEndsTheirLayersAndSpreadsTheRest) {
   for (std::size_t c = 0; c < two.size(); ++c) {
     total += two[c];
     const int stage = static_cast<int>(c % 16);
-    if (stage == 0 || stage == 15) EXPECT_EQ(two[c], 4) << c;
+    if (stage == 0 || stage == 15) {
+      EXPECT_EQ(two[c], 4) << c;
+    }
     if (two[c] == 3) ++threes;
   }
   EXPECT_EQ(total, 126);

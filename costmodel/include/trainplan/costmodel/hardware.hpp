@@ -72,7 +72,17 @@ struct LinkSpec {
   int nics_per_node = 0;           // inter-node only
   double efficiency = 0;           // bus bandwidth reached by large NCCL collectives / wire rate
   Seconds latency;                 // per message hop
+  // Inter-node only: the latency the NCCL network plugin reports (`net_plugin_latency_us`), which
+  // NCCL's tuning model adds to every network step, twice with the Simple protocol (tuning.cc
+  // interLat += graph->latencyInter, search.cc: net->latency). 0 for NCCL's own InfiniBand, RoCE
+  // and socket transports; AWS's aws-ofi-nccl reports 75 us on p4d, p4de, p5 and p5e and 35 us on
+  // p5en and later (src/platform-aws.cpp platform_data_map).
+  Seconds plugin_latency;
   std::string source;
+  // Intra-node only: the all-reduce bus bandwidth NCCL's NVLS algorithm (NVLink SHARP: the
+  // NVSwitch reduces, GPUs write and read once) reaches on these GPUs, measured with nccl-tests
+  // (`nvls_bus_gb_per_s`); 0: no NVLS (no NVSwitch multicast, NCCL_NVLS_ENABLE=0, or unmeasured).
+  BytesPerSecond nvls_bus_bandwidth;
   // Intra-node only: measured bus bandwidths by message size (`measured`); null: not measured.
   std::shared_ptr<const MeasuredCollectives> measured;
 };

@@ -25,9 +25,9 @@ struct CollectiveGroup {
   int per_node = 1;
 };
 
-enum class NcclAlgorithm { kRing, kTree, kPat, kMeasured, kAllToAll };
+enum class NcclAlgorithm { kRing, kTree, kPat, kMeasured, kAllToAll, kNvls, kNvlsTree };
 enum class NcclProtocol { kLl, kLl128, kSimple };
-[[nodiscard]] const char* nccl_algorithm_name(NcclAlgorithm a);  // "ring", "tree", "pat", "measured", "p2p"
+[[nodiscard]] const char* nccl_algorithm_name(NcclAlgorithm a);  // "ring", "tree", "pat", "measured", "p2p", "nvls", "nvls-tree"
 [[nodiscard]] const char* nccl_protocol_name(NcclProtocol p);    // "LL", "LL128", "Simple"
 
 // One collective as NCCL would run it: the (algorithm, protocol) pair of least time, that time and
