@@ -625,8 +625,20 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
     const StageState& X = st[i];
     const int Li = layers[i];
     StageTail out;
-    const CollectiveGroup dp_group{p.dp * p.cp, share.dp * share.cp};
-    const CollectiveGroup edp_group{std::max(1, p.dp / p.ep) * p.cp, std::max(1, share.dp / p.ep) * share.cp};
+    // Data parallelism is the outermost axis: a group of `size` ranks spread over `span` GPUs of
+    // contiguous pods (HardwareProfile inter_node.pod_gpus), with every group of its kind that
+    // has ranks in a pod running at once (network.hpp CollectiveGroup).
+    const int pod = hw.inter_node.pod_gpus;
+    const auto spread = [&](int size, int per_node, int span) {
+      CollectiveGroup g{size, per_node};
+      if (pod > 0 && span > pod && size > 1) {
+        g.pods = std::min(size, (span + pod - 1) / pod);
+        g.groups_per_pod = std::min(plan.gpus / size, pod);
+      }
+      return g;
+    };
+    const CollectiveGroup dp_group = spread(p.dp * p.cp, share.dp * share.cp, plan.gpus);
+    const CollectiveGroup edp_group = spread(std::max(1, p.dp / p.ep) * p.cp, std::max(1, share.dp / p.ep) * share.cp, plan.gpus);
     const double dense_trainable = lora ? X.trainable : X.dense;
     const double expert_trainable = lora ? 0.0 : X.expert;
     const double units = std::max(1, Li);
@@ -641,7 +653,7 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
       // pass are always exposed. FSDP's SHARD_GRAD_OP (ZeRO-2 in an FSDP stack) keeps the
       // gathered unit from its forward to its backward: no gather in backward.
       const bool regather = p.zero_stage == 3;
-      const CollectiveGroup shard{p.shard_size() * p.cp, std::min(p.shard_size(), share.dp) * share.cp};
+      const CollectiveGroup shard = spread(p.shard_size() * p.cp, std::min(p.shard_size(), share.dp) * share.cp, p.shard_size() * p.tp * p.cp * p.pp);
       const double gather_width = lora ? (tr.mode == TrainingMode::kQlora ? frozen_width : e) : w.weights;
       struct DpUnit {
         double gather = 0, reduce = 0, forward = 0, backward = 0;
@@ -713,7 +725,7 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
       dp_total += m * (ag_total + bwd_ag_total + rs_total);
       if (p.shard_size() < p.dp) {  // hybrid shard: all-reduce the shards across replicas
         const int replicas = p.dp / p.shard_size();
-        const CollectiveGroup rg{replicas, std::max(1, share.dp / p.shard_size())};
+        const CollectiveGroup rg = spread(replicas, std::max(1, share.dp / p.shard_size()), plan.gpus);
         const double ar = collective_time(hw, Collective::kAllReduce, Bytes((dense_trainable + expert_trainable) * reduce_bytes / p.shard_size()), rg).value();
         dp_exposed += std::max(0.0, ar - X.backward) + ar / units;
         dp_total += ar;

@@ -45,6 +45,8 @@ LinkSpec read_link(detail::ObjectReader r, bool inter, int gpus_per_node) {
     l.nics_per_node = static_cast<int>(r.integer("nics_per_node", 1, 64));
     l.bandwidth = BytesPerSecond::gbit_per_s(r.number("nic_bandwidth_gbit_per_s", kTiny, 1e5));
     l.plugin_latency = Seconds::us(r.optional_number("net_plugin_latency_us", 0, 1e5).value_or(0.0));
+    l.pod_gpus = static_cast<int>(r.optional_integer("pod_gpus", 1, 1 << 24).value_or(0));
+    l.oversubscription = r.optional_number("oversubscription", 1, 1000).value_or(1.0);
   } else {
     l.kind = r.one_of("kind", {"nvswitch", "nvlink", "pcie"});
     l.bandwidth = BytesPerSecond::gb_per_s(r.number("bandwidth_gb_per_s", kTiny, 1e5));
@@ -190,6 +192,8 @@ nlohmann::json hwprofile_to_json(const HardwareProfile& hw) {
       j["nics_per_node"] = l.nics_per_node;
       j["nic_bandwidth_gbit_per_s"] = l.bandwidth.value() * 8 / 1e9;
       if (l.plugin_latency.value() > 0) j["net_plugin_latency_us"] = l.plugin_latency.value() * 1e6;
+      if (l.pod_gpus > 0) j["pod_gpus"] = l.pod_gpus;
+      if (l.oversubscription != 1) j["oversubscription"] = l.oversubscription;
     } else {
       j["bandwidth_gb_per_s"] = l.bandwidth.in_gb_per_s();
       if (l.nvls_bus_bandwidth.value() > 0) j["nvls_bus_gb_per_s"] = l.nvls_bus_bandwidth.in_gb_per_s();

@@ -144,10 +144,12 @@ CollectiveCost collective_cost(const HardwareProfile& hw, Collective kind, Bytes
   const int log_size = std::ilogb(std::max(1.0, s / 64.0));  // floor(log2(bytes / 64))
 
   CollectiveCost best{Seconds(std::numeric_limits<double>::infinity()), NcclAlgorithm::kRing, NcclProtocol::kSimple, Seconds(0)};
+  double best_bytes_time = 0;
   const auto consider = [&](int algorithm, int protocol, double latency_us, double time_of_bytes) {
     const double t = latency_us * 1e-6 + time_of_bytes;
     if (t < best.time.value()) {
       best.time = Seconds(t);
+      best_bytes_time = time_of_bytes;
       best.algorithm = algorithm == kRing   ? NcclAlgorithm::kRing
                        : algorithm == kTree ? NcclAlgorithm::kTree
                        : algorithm == kNvls ? NcclAlgorithm::kNvls
@@ -215,6 +217,19 @@ CollectiveCost collective_cost(const HardwareProfile& hw, Collective kind, Bytes
     if (p == kSimple && kind != Collective::kAllReduce && per_node == 1 && nodes > 1) {
       const double latency = kBaseLatency[kPat][p] + log2i(nodes) * ((kNetLatency[kTree][p] + plugin) / 3.5) + n * 2.8;
       consider(kPat, p, latency, s / (0.75 * bus));
+    }
+  }
+  // Above a pod the fabric is oversubscribed (LinkSpec::oversubscription): a group spread over
+  // several pods crosses each pod boundary about once per ring (or tree edge), so a pod's uplinks
+  // carry one ring edge's bytes, bus_factor x s, for every group with ranks in it, at 1/r of its
+  // GPUs' NIC bandwidth. NCCL chooses without knowing it; the chosen algorithm waits for it.
+  const double r = hw.inter_node.oversubscription;
+  if (g.pods > 1 && r > 1.0 && hw.inter_node.pod_gpus > 0) {
+    const double uplinks = hw.inter_node.pod_gpus * nic_per_gpu / r;
+    const double pod_bound = std::max(1, g.groups_per_pod) * bus_factor(kind, n) * s / uplinks;
+    if (pod_bound > best_bytes_time) {
+      best.pod_wait = Seconds(pod_bound - best_bytes_time);
+      best.time += best.pod_wait;
     }
   }
   return best;

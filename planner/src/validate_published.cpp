@@ -433,10 +433,15 @@ Result<ValidationTable> validate_llama3_405b_h100() {
     table.quantity = "MFU, %";
     table.source = "Dubey et al. 2024, The Llama 3 Herd of Models, Table 4 (bf16 MFU on 8K and 16K H100, tp/cp/pp/dp as published; "
                    "a production run, so the sustained step, which waits for the slowest GPU, is predicted); "
-                   "predicted for the megatron-te stack on dgx-h100 with the published layout and 16M-token batches, micro-batch, "
-                   "interleaving, ZeRO stage and recompute searched; not used to build the model";
+                   "predicted for the megatron-te stack on dgx-h100 with the fabric the paper describes (Sec. 3.3.1: pods of 3,072 "
+                   "GPUs with full bisection, 1:7 oversubscription above them) and the published layout and 16M-token batches, "
+                   "micro-batch, interleaving, ZeRO stage and recompute searched; not used to build the model";
     const costmodel::ModelSpec model = checked(costmodel::find_model("llama3-405b"));
-    const costmodel::HardwareProfile h100 = checked(costmodel::find_hwprofile("dgx-h100"));
+    costmodel::HardwareProfile h100 = checked(costmodel::find_hwprofile("dgx-h100"));
+    // Meta's 24K-GPU clusters (Dubey et al. 2024, Sec. 3.3.1): 192 racks of 16 GPUs form a pod of
+    // 3,072 with full bisection bandwidth; the aggregation layer joining 8 pods is 1:7 oversubscribed.
+    h100.inter_node.pod_gpus = 3072;
+    h100.inter_node.oversubscription = 7;
     for (const CsvRow& row : t.rows) {
       const auto seq = static_cast<long long>(t.number(row, "seq_len"));
       costmodel::PlanRequest req = megatron_h100_request(t, row, model, h100, seq, static_cast<long long>(t.number(row, "global_batch_tokens")) / seq,

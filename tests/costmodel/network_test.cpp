@@ -258,6 +258,30 @@ TEST(NvlsTree, TwoP5NodesRunAtTheNvlsBusBandwidth) {
   EXPECT_GT(collective_time(off, Collective::kAllReduce, Bytes(s), {16, 8}).value(), 1.2 * c.time.value());
 }
 
+// Above a pod the fabric is oversubscribed. 16 ranks one per node across two pods of 64 GPUs,
+// with 8 such groups in each pod (the tensor-parallel ranks of a data-parallel axis): each pod's
+// uplinks carry 8 ring edges of 2 x 15/16 x 1 GiB at 64 x 45 GB/s / 4 = 720 GB/s: 22.4 ms, less
+// than the ring's own 1.875 x 2^30 / 45e9 = 44.7 ms through each rank's NIC share, so at 1:4 the
+// uplinks are not the limit; at 1:16 they are (89.5 ms).
+TEST(PodOversubscription, UplinksAbovePodLimitGroupsSpanningPods) {
+  HardwareProfile hw = testing::cluster("dgx-h100");
+  hw.inter_node.pod_gpus = 64;
+  const double s = 1073741824.0;
+  CollectiveGroup g{16, 1};
+  const CollectiveCost inside = collective_cost(hw, Collective::kAllReduce, Bytes(s), g);
+  g.pods = 2;
+  g.groups_per_pod = 8;
+  hw.inter_node.oversubscription = 4;
+  EXPECT_DOUBLE_EQ(collective_cost(hw, Collective::kAllReduce, Bytes(s), g).time.value(), inside.time.value());
+  hw.inter_node.oversubscription = 16;
+  const CollectiveCost across = collective_cost(hw, Collective::kAllReduce, Bytes(s), g);
+  const double bound = 8 * 2.0 * 15.0 / 16.0 * s / (64 * 45e9 / 16);
+  EXPECT_NEAR(bound, 89.48e-3, 1e-4);
+  EXPECT_NEAR(across.time.value(), across.latency.value() + bound, 1e-9);
+  EXPECT_GT(across.pod_wait.value(), 0.0);
+  EXPECT_EQ(across.algorithm, inside.algorithm);  // NCCL chooses without knowing the fabric
+}
+
 // Point to point: one message at link bandwidth times efficiency plus one latency.
 TEST(SendRecv, MatchesAlphaBetaFormula) {
   const HardwareProfile hw = testing::cluster("dgx-a100-80g");

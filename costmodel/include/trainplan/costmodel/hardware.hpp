@@ -78,6 +78,12 @@ struct LinkSpec {
   // and socket transports; AWS's aws-ofi-nccl reports 75 us on p4d, p4de, p5 and p5e and 35 us on
   // p5en and later (src/platform-aws.cpp platform_data_map).
   Seconds plugin_latency;
+  // Inter-node only: GPUs under one pod of full bisection bandwidth (`pod_gpus`; 0: the whole
+  // cluster is non-blocking) and the oversubscription of the tier above it, downlink : uplink
+  // (`oversubscription`, 1 = none). Llama 3's clusters: pods of 3,072 GPUs, 1:7 above them (Dubey
+  // et al. 2024, Sec. 3.3.1).
+  int pod_gpus = 0;
+  double oversubscription = 1;
   std::string source;
   // Intra-node only: the all-reduce bus bandwidth NCCL's NVLS algorithm (NVLink SHARP: the
   // NVSwitch reduces, GPUs write and read once) reaches on these GPUs, measured with nccl-tests

@@ -23,6 +23,11 @@ struct CollectiveGroup {
   // Ranks of the group inside one NVLink domain (1 <= per_node <= size): a node, or the 72 GPUs
   // of an NVL72 rack (HardwareProfile::nvlink_domain_gpus), which NCCL treats as one node (MNNVL).
   int per_node = 1;
+  // Pods (HardwareProfile inter_node.pod_gpus) the group's ranks spread over, and how many groups
+  // of the same kind have ranks in one pod and run at once (a data-parallel group spanning the
+  // job's pods: every tensor, context and pipeline rank's group). 1, 1: inside one pod.
+  int pods = 1;
+  int groups_per_pod = 1;
 };
 
 enum class NcclAlgorithm { kRing, kTree, kPat, kMeasured, kAllToAll, kNvls, kNvlsTree };
@@ -37,6 +42,7 @@ struct CollectiveCost {
   NcclAlgorithm algorithm = NcclAlgorithm::kRing;
   NcclProtocol protocol = NcclProtocol::kSimple;
   Seconds latency{0};
+  Seconds pod_wait{0};  // of `time`: waiting for the oversubscribed uplinks above a pod
 };
 [[nodiscard]] CollectiveCost collective_cost(const HardwareProfile& hw, Collective kind, Bytes bytes, CollectiveGroup group);
 
