@@ -263,6 +263,7 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
   s.attention = tr.attention;
   s.attention_mask = tr.attention_mask;
   s.loss = tr.loss;
+  s.cp_comm = p.cp_comm;
   s.stack = tr.stack;
   s.recompute = p.recompute;
   s.mode = tr.mode;

@@ -80,6 +80,7 @@ ParallelConfig ParallelConstraints::fixed() const {
   p.last_stage_layers = last_stage_layers;
   p.offload_params = offload_params; p.fsdp_wrap_min_params = fsdp_wrap_min_params;
   p.prefetch = prefetch; p.reduce_dtype = reduce_dtype; p.overlap_grad_reduce = overlap_grad_reduce;
+  p.cp_comm = cp_comm;
   return p;
 }
 
@@ -94,6 +95,7 @@ ParallelConstraints ParallelConstraints::of(const ParallelConfig& p) {
   c.last_stage_layers = p.last_stage_layers;
   c.offload_params = p.offload_params; c.fsdp_wrap_min_params = p.fsdp_wrap_min_params;
   c.prefetch = p.prefetch; c.reduce_dtype = p.reduce_dtype; c.overlap_grad_reduce = p.overlap_grad_reduce;
+  c.cp_comm = p.cp_comm;
   return c;
 }
 
@@ -180,6 +182,9 @@ ParallelConstraints parse_parallel(ObjectReader r) {
   c.overlap_grad_reduce = r.optional_boolean("overlap_grad_reduce").value_or(true);
   if (auto d = r.optional_one_of("reduce_dtype", {"fp32", "bf16", "fp16"})) {
     c.reduce_dtype = *d == "fp32" ? Dtype::kFp32 : *d == "bf16" ? Dtype::kBf16 : Dtype::kFp16;
+  }
+  if (auto t = r.optional_one_of("cp_comm_type", {"p2p", "all_gather", "stack"}); t && *t != "stack") {
+    c.cp_comm = *t == "p2p" ? ContextAttention::kRing : ContextAttention::kAllGatherKv;
   }
   r.finish();
   return c;
@@ -524,6 +529,7 @@ nlohmann::json parallel_to_json(const ParallelConfig& p) {
       {"offload_params", offload_name(p.offload_params)}, {"fsdp_wrap_min_params", p.fsdp_wrap_min_params},
       {"prefetch", p.prefetch}, {"reduce_dtype", dtype_name(p.reduce_dtype)}, {"overlap_grad_reduce", p.overlap_grad_reduce},
   };
+  if (p.cp_comm) j["cp_comm_type"] = *p.cp_comm == ContextAttention::kRing ? "p2p" : "all_gather";
   if (p.first_stage_layers > 0) j["first_stage_layers"] = p.first_stage_layers;
   if (p.last_stage_layers > 0) j["last_stage_layers"] = p.last_stage_layers;
   return j;

@@ -58,7 +58,8 @@ const char* const kFixedNumbers[][2] = {{"tp", "TP"}, {"pp", "PP"}, {"dp", "DP"}
 const Choice kFixedChoices[] = {{"schedule", "Schedule", {"auto", "1f1b", "interleaved", "gpipe"}},
                                 {"recompute", "Recompute", {"auto", "none", "selective", "full"}},
                                 {"sp", "Sequence parallel", {"auto", "on", "off"}},
-                                {"offload", "Optimizer offload", {"auto", "none", "cpu", "nvme"}}};
+                                {"offload", "Optimizer offload", {"auto", "none", "cpu", "nvme"}},
+                                {"cp_comm", "CP communication", {"auto", "p2p", "all_gather"}}};
 
 QString json_text(const nlohmann::json& v) {
   if (v.is_string()) return QString::fromStdString(v.get<std::string>());
@@ -510,6 +511,7 @@ void InputPanel::load_request(const cm::PlanRequest& request, const QString& sou
   set_choice("fix/recompute", c.recompute ? QString::fromUtf8(cm::recompute_name(*c.recompute)) : QStringLiteral("auto"));
   set_choice("fix/sp", c.sequence_parallel ? (*c.sequence_parallel ? QStringLiteral("on") : QStringLiteral("off")) : QStringLiteral("auto"));
   set_choice("fix/offload", c.offload_optimizer ? QString::fromUtf8(cm::offload_name(*c.offload_optimizer)) : QStringLiteral("auto"));
+  set_choice("fix/cp_comm", !c.cp_comm ? QStringLiteral("auto") : *c.cp_comm == cm::ContextAttention::kRing ? QStringLiteral("p2p") : QStringLiteral("all_gather"));
   update_nodes_from_gpus();
   filling_ = false;
   emit changed();

@@ -91,6 +91,12 @@ Result<bool> apply_constraint(const std::string& key, const std::string& value, 
     else return Error{"offload must be none, cpu or nvme"};
     return true;
   }
+  if (key == "cp_comm" || key == "cp_comm_type") {
+    if (value == "p2p") c.cp_comm = costmodel::ContextAttention::kRing;
+    else if (value == "all_gather") c.cp_comm = costmodel::ContextAttention::kAllGatherKv;
+    else return Error{"cp_comm must be p2p (the ring) or all_gather"};
+    return true;
+  }
   if (key == "first_stage_layers" || key == "last_stage_layers") {
     std::optional<int> layers;
     auto r = as_int(1, 100000, layers);
@@ -99,7 +105,7 @@ Result<bool> apply_constraint(const std::string& key, const std::string& value, 
     return true;
   }
   return Error{"unknown key \"" + key + "\" (tp, pp, dp, cp, ep, zero, shard_group, mb, v, sp, schedule, recompute, offload, "
-               "first_stage_layers, last_stage_layers)"};
+               "first_stage_layers, last_stage_layers, cp_comm)"};
 }
 
 std::string planner_command(const costmodel::PlanRequest& r, const std::string& objective, double memory_headroom) {
@@ -150,6 +156,9 @@ std::string planner_command(const costmodel::PlanRequest& r, const std::string& 
   if (c.schedule) s += std::string(" --fix schedule=") + costmodel::schedule_name(*c.schedule);
   if (c.recompute) s += std::string(" --fix recompute=") + costmodel::recompute_name(*c.recompute);
   if (c.offload_optimizer) s += std::string(" --fix offload=") + costmodel::offload_name(*c.offload_optimizer);
+  if (c.first_stage_layers > 0) s += " --fix first_stage_layers=" + std::to_string(c.first_stage_layers);
+  if (c.last_stage_layers > 0) s += " --fix last_stage_layers=" + std::to_string(c.last_stage_layers);
+  if (c.cp_comm) s += std::string(" --fix cp_comm=") + (*c.cp_comm == costmodel::ContextAttention::kRing ? "p2p" : "all_gather");
   return s;
 }
 

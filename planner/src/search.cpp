@@ -378,6 +378,7 @@ Result<SearchResult> search(const PlanRequest& req, const SearchOptions& options
                       p.fsdp_wrap_min_params = c.fsdp_wrap_min_params; p.prefetch = c.prefetch;
                       p.reduce_dtype = c.reduce_dtype;
                       p.overlap_grad_reduce = c.overlap_grad_reduce;
+                      p.cp_comm = c.cp_comm;
                       p.recompute_layers = rc == Recompute::kFull ? c.recompute_layers : 0;
                       p.first_stage_layers = c.first_stage_layers;
                       p.last_stage_layers = c.last_stage_layers;

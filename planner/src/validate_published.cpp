@@ -448,6 +448,9 @@ Result<ValidationTable> validate_llama3_405b_h100() {
                                                          costmodel::Precision::kBf16);
       auto& c = req.parallel;
       c.dp = t.integer(row, "dp");
+      // Llama 3's context parallelism all-gathers K/V and reduce-scatters their gradients (Dubey et
+      // al. 2024, Sec. 3.3.2), Megatron-Core's --cp-comm-type all_gather.
+      c.cp_comm = costmodel::ContextAttention::kAllGatherKv;
       const std::string label = fmt("%d GPUs, tp%d cp%d pp%d dp%d, seq %lld", req.gpus, *c.tp, *c.cp, *c.pp, *c.dp,
                                     static_cast<long long>(req.training.seq_len));
       const Found best = best_plan(req, t.file + ": " + label);

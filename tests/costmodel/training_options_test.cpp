@@ -172,5 +172,31 @@ TEST(TrainingOptions, ExportsRefuseWhatTheirStackCannotBeToldAndNoteTheScriptsPa
   EXPECT_TRUE(dtype_note);
 }
 
+// Megatron-Core's --cp-comm-type: p2p passes K/V round a ring, overlapped with the blocks'
+// attention; all_gather (Llama 3, Dubey et al. 2024, Sec. 3.3.2) gathers them first and
+// reduce-scatters their gradients after, exposed. A plan states it; the stack's is the default.
+TEST(CpCommType, APlanChoosesHowContextParallelismMovesKeysAndValues) {
+  Plan p = testing::make_plan("llama3-8b", "dgx-h100", 8, 32768, 8);
+  p.training.stack = Stack::kMegatronTe;
+  p.parallel.tp = 2;
+  p.parallel.cp = 4;
+  p.parallel.dp = 1;
+  p.parallel.sequence_parallel = true;
+  p.parallel.zero_stage = 1;
+  ASSERT_TRUE(validate_plan(p));
+  const Estimate ring = estimate(p);
+  p.parallel.cp_comm = ContextAttention::kAllGatherKv;
+  const Estimate gathered = estimate(p);
+  EXPECT_GT(gathered.time.cp_comm.value(), ring.time.cp_comm.value());
+  EXPECT_EQ(parallel_to_json(p.parallel).at("cp_comm_type"), "all_gather");
+  auto parsed = parse_plan(plan_to_json(p), "cp.json");
+  ASSERT_TRUE(parsed) << parsed.error().message;
+  EXPECT_EQ(parsed->parallel.cp_comm, ContextAttention::kAllGatherKv);
+  const auto megatron = planner::export_plan(p, planner::ExportTarget::kMegatron);
+  ASSERT_TRUE(megatron) << megatron.error().message;
+  EXPECT_NE(megatron->text.find("--cp-comm-type all_gather"), std::string::npos);
+  EXPECT_FALSE(parallel_to_json(ParallelConfig{}).contains("cp_comm_type"));  // the stack's: not written
+}
+
 }  // namespace
 }  // namespace trainplan

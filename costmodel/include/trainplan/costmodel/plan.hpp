@@ -106,6 +106,9 @@ struct ParallelConfig {
   // Gradient reduction overlaps the backward pass (DDP, FSDP, Megatron --overlap-grad-reduce);
   // false: it runs after the last backward (Megatron-LM before 2023).
   bool overlap_grad_reduce = true;
+  // How context parallelism moves K/V (stack.hpp ContextAttention: Megatron-Core's --cp-comm-type
+  // p2p, the ring, or all_gather); empty: the stack's own.
+  std::optional<ContextAttention> cp_comm;
 
   [[nodiscard]] int gpus() const { return tp * pp * dp * cp; }
   [[nodiscard]] int shard_size() const { return zero_stage == 3 && shard_group > 0 ? shard_group : dp; }
@@ -126,6 +129,7 @@ struct ParallelConstraints {
   bool prefetch = true;
   Dtype reduce_dtype = Dtype::kFp32;
   bool overlap_grad_reduce = true;
+  std::optional<ContextAttention> cp_comm;
   [[nodiscard]] bool fully_fixed() const;
   // REQUIRES: fully_fixed().
   [[nodiscard]] ParallelConfig fixed() const;
