@@ -188,7 +188,18 @@ std::optional<bool> ObjectReader::optional_boolean(const std::string& key) {
 std::string ObjectReader::string(const std::string& key) {
   const auto& v = at(key);
   if (!v.is_string()) fail(key, "must be a string");
-  return v.get<std::string>();
+  std::string s = v.get<std::string>();
+  // Names and free text travel into reports, comments and generated scripts: a line break or any
+  // other control character there could end a comment and start a command.
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c < 0x20 || c == 0x7f) {
+      char what[96];
+      std::snprintf(what, sizeof what, "must be single-line printable text (control character 0x%02x at character %zu)", c, i + 1);
+      fail(key, what);
+    }
+  }
+  return s;
 }
 
 std::optional<std::string> ObjectReader::optional_string(const std::string& key) {

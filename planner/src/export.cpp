@@ -1,5 +1,6 @@
 #include "trainplan/planner/export.hpp"
 
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <sstream>
@@ -223,7 +224,14 @@ Result<PlanExport> export_plan(const Plan& plan, ExportTarget target) {
     case ExportTarget::kDeepspeed: out = deepspeed_export(plan, *derived); break;
     case ExportTarget::kAccelerate: out = accelerate_export(plan, *derived); break;
   }
-  out.file_name = (plan.name.empty() ? std::string("plan") : plan.name) + "-" + entry(target).name + "." + entry(target).extension;
+  // A suggested file name in the current folder: the plan's name with anything but letters,
+  // digits, '.', '-' and '_' replaced (no separators, no leading dot: "../x" names no other folder).
+  std::string stem = plan.name.empty() ? std::string("plan") : plan.name;
+  for (char& ch : stem) {
+    if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '.' && ch != '-' && ch != '_') ch = '_';
+  }
+  if (stem.front() == '.') stem.front() = '_';
+  out.file_name = stem + "-" + entry(target).name + "." + entry(target).extension;
   // The prediction for the stack that runs the file, first among the notes and, where the format
   // has comments, on the file's first comment line.
   const std::string prediction = export_prediction(plan, target);

@@ -11,6 +11,7 @@
 // torchtitan/models/llama3/__init__.py (flavors 8B, 70B, 405B). v0.2.2 is the last release that
 // reads TOML: commit 9810191 (2026-02-23) replaced job configs with Python ones (--module, --config).
 
+#include <cstdio>
 #include <sstream>
 
 #include "export_writers.hpp"
@@ -21,6 +22,26 @@ namespace cm = costmodel;
 using cm::Plan;
 
 namespace {
+
+// `text` as a TOML basic string: quoted, with backslash, quote and control characters escaped
+// (TOML 1.0, "Basic strings"), so a document's name reads back as itself and nothing else.
+std::string toml_string(const std::string& text) {
+  std::string out = "\"";
+  for (const char ch : text) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (ch == '"' || ch == '\\') {
+      out += '\\';
+      out += ch;
+    } else if (c < 0x20 || c == 0x7f) {
+      char escaped[8];
+      std::snprintf(escaped, sizeof escaped, "\\u%04x", c);
+      out += escaped;
+    } else {
+      out += ch;
+    }
+  }
+  return out + "\"";
+}
 
 // The torchtitan llama3 flavor with exactly this shape, or "".
 std::string llama3_flavor(const cm::ModelSpec& m) {
@@ -132,7 +153,7 @@ PlanExport torchtitan_export(const Plan& plan, const Derived& d) {
       << " --rdzv-backend c10d\n";
     o << "#   --rdzv-endpoint \"$MASTER_ADDR:29500\" -m torchtitan.train --job.config_file THIS_FILE\n";
   }
-  o << "\n[job]\ndescription = \"trainplan plan " << plan.name << "\"\n";
+  o << "\n[job]\ndescription = " << toml_string("trainplan plan " + plan.name) << "\n";
   o << "\n[model]\nname = \"llama3\"\n";
   const std::string flavor = llama3_flavor(m);
   if (flavor.empty()) {
@@ -140,7 +161,7 @@ PlanExport torchtitan_export(const Plan& plan, const Derived& d) {
     o << "#   llama3_args[\"" << m.name << "\"] = TransformerModelArgs(dim=" << m.hidden << ", n_layers=" << m.layers << ", n_heads=" << m.heads
       << ", n_kv_heads=" << m.kv_heads << ", vocab_size=" << m.vocab << ")\n";
     o << "# and check that its MLP width (from ffn_dim_multiplier and multiple_of) comes out at " << m.ffn_hidden << ".\n";
-    o << "flavor = \"" << m.name << "\"\n";
+    o << "flavor = " << toml_string(m.name) << "\n";
   } else {
     o << "flavor = \"" << flavor << "\"\n";
   }

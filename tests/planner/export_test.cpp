@@ -406,3 +406,50 @@ TEST(PlanDocument, FirstAndLastStageLayersAreChecked) {
 
 }  // namespace
 }  // namespace trainplan
+
+namespace trainplan {
+namespace {
+
+// Issue 33, part 5: a plan's name travels into comments, TOML strings and file names. A line
+// break would end a comment and start a command (a plan named "evil\ntouch /tmp/x\n#" made the
+// SLURM script and the Megatron export run `touch /tmp/x`): documents refuse control characters
+// where they are read, naming the field.
+TEST(HostileNames, ControlCharactersAreRefusedWhereTheDocumentIsRead) {
+  nlohmann::json j = costmodel::plan_to_json(testing::make_plan("llama3-8b", "dgx-h100", 8, 4096, 64));
+  j["name"] = "evil\ntouch /tmp/x\n#";
+  const auto parsed = costmodel::parse_plan(j, "evil.json");
+  ASSERT_FALSE(parsed);
+  EXPECT_NE(parsed.error().message.find("evil.json: /name: must be single-line printable text (control character 0x0a at character 5)"),
+            std::string::npos)
+      << parsed.error().message;
+  j["name"] = "tab\there";
+  EXPECT_FALSE(costmodel::parse_plan(j, "evil.json"));
+}
+
+// What may stay in a name (quotes, backslashes, $(...), backticks, ;) is quoted for each file: a
+// TOML basic string escapes the quote and the backslash, comments hold the rest, and the suggested
+// file name keeps none of it.
+TEST(HostileNames, AreQuotedInEveryFileTheyReach) {
+  costmodel::Plan plan = testing::make_plan("llama3-8b", "dgx-h100", 8, 4096, 64);
+  plan.parallel.zero_stage = 3;
+  plan.parallel.micro_batch = 1;
+  plan.name = "a\"b\\c $(touch x) `id`; rm -rf ../..";
+  const auto titan = planner::export_plan(plan, ExportTarget::kTorchtitan);
+  ASSERT_TRUE(titan) << titan.error().message;
+  EXPECT_TRUE(contains(titan->text, "description = \"trainplan plan a\\\"b\\\\c $(touch x) `id`; rm -rf ../..\"\n")) << titan->text;
+  EXPECT_EQ(titan->file_name, "a_b_c___touch_x___id___rm_-rf_.._..-torchtitan.toml");
+  for (const ExportTarget target : planner::export_targets()) {
+    const auto exported = planner::export_plan(plan, target);
+    if (!exported) continue;
+    EXPECT_EQ(exported->file_name.find('/'), std::string::npos) << planner::export_target_name(target);
+    std::istringstream lines(exported->text);
+    for (std::string line; std::getline(lines, line);) {
+      // The name's only unquoted home is a comment (or, in TOML, the escaped string above).
+      if (!contains(line, "$(touch x)") || line.rfind("description = ", 0) == 0) continue;
+      EXPECT_EQ(line.find_first_not_of(' '), line.find('#')) << planner::export_target_name(target) << ": " << line;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace trainplan
