@@ -77,7 +77,19 @@ PlanExport megatron_export(const Plan& plan, const Derived& d) {
   } else {
     o << "# Run it from a Megatron-LM checkout.\n";
   }
-  o << "set -euo pipefail\nNODE_RANK=${NODE_RANK:-0}\nMASTER_ADDR=${MASTER_ADDR:-localhost}\n\nARGS=(\n";
+  o << "set -euo pipefail\nNODE_RANK=${NODE_RANK:-0}\nMASTER_ADDR=${MASTER_ADDR:-localhost}\n";
+  // megatron/training/arguments.py (validate_args): before Blackwell, tensor or context
+  // parallelism asserts CUDA_DEVICE_MAX_CONNECTIONS=1 (one hardware queue keeps the TP
+  // communication ahead of the GEMMs that wait for it); Megatron FSDP asserts it is not 1.
+  const int sharding = p.dp > 1 ? p.zero_stage : std::min(p.zero_stage, 1);
+  if (sharding >= 2) {
+    o << "# Megatron FSDP requires CUDA_DEVICE_MAX_CONNECTIONS unset or above 1 (megatron/training/arguments.py)\n";
+    o << "unset CUDA_DEVICE_MAX_CONNECTIONS\n";
+  } else if (p.tp > 1 || p.cp > 1) {
+    o << "# Tensor or context parallelism: one CUDA connection, as megatron/training/arguments.py requires before Blackwell\n";
+    o << "export CUDA_DEVICE_MAX_CONNECTIONS=1\n";
+  }
+  o << "\nARGS=(\n";
   const auto line = [&o](const std::string& s) { o << "  " << s << "\n"; };
   line("# Model: " + m.name + (!llama ? " (GPT: LayerNorm, GELU, learned positions, biases)"
                                      : m.features().qkv_bias ? " (Llama: RMSNorm, SwiGLU, rotary positions, biases on Q, K and V only)"
@@ -166,6 +178,8 @@ PlanExport megatron_export(const Plan& plan, const Derived& d) {
                    : "# ZeRO-3: Megatron FSDP shards optimizer states, gradients and parameters over dp");
     line("--use-megatron-fsdp");
     line(std::string("--data-parallel-sharding-strategy ") + (zero == 2 ? "optim_grads" : "optim_grads_params"));
+    line("# Megatron FSDP checkpoints only in its DTensor format (arguments.py asserts it)");
+    line("--ckpt-format fsdp_dtensor");
   }
   if (p.overlap_grad_reduce) {
     line("--overlap-grad-reduce");

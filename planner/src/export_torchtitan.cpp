@@ -11,6 +11,7 @@
 // torchtitan/models/llama3/__init__.py (flavors 8B, 70B, 405B). v0.2.2 is the last release that
 // reads TOML: commit 9810191 (2026-02-23) replaced job configs with Python ones (--module, --config).
 
+#include <cmath>
 #include <cstdio>
 #include <sstream>
 
@@ -100,6 +101,12 @@ std::vector<std::string> torchtitan_refusals(const Plan& plan) {
   if (t.optimizer != cm::OptimizerKind::kAdamW) {
     r.push_back(std::string("optimizer=") + cm::optimizer_name(t.optimizer) + ": this export writes torchtitan's default optimizer, AdamW, only");
   }
+  // torchtitan's DDP (data_parallel_replicate_degree without sharding) is 1-D only
+  // (models/llama3/infra/parallelize.py at 42b0beb4: "DDP has not supported > 1D parallelism").
+  if (p.zero_stage == 0 && p.dp > 1 && (p.tp > 1 || p.pp > 1 || p.cp > 1)) {
+    r.push_back("zero_stage=0 with tp, pp or cp: torchtitan's DDP runs alone (\"DDP has not supported > 1D parallelism\"); choose zero_stage 2 or 3 "
+                "(FSDP) or dp=1");
+  }
   if (p.zero_stage == 1 && p.dp > 1) {
     r.push_back("zero_stage=1: torchtitan has no optimizer-only sharding (data_parallel_replicate_degree shards nothing, "
                 "data_parallel_shard_degree shards gradients and parameters too); choose zero_stage 0, 2 or 3");
@@ -158,9 +165,15 @@ PlanExport torchtitan_export(const Plan& plan, const Derived& d) {
   const std::string flavor = llama3_flavor(m);
   if (flavor.empty()) {
     o << "# torchtitan has no flavor of this shape. Register it in torchtitan/models/llama3/__init__.py:\n";
+    // torchtitan's FeedForward (models/llama3/model/model.py at 42b0beb4) makes its width
+    // int(2 * 4 dim / 3), times ffn_dim_multiplier (int), rounded up to multiple_of: with
+    // multiple_of 1 and the multiplier (ffn + 0.5) / int(8 dim / 3) it comes out at the plan's.
+    const double base = std::floor(8.0 * static_cast<double>(m.hidden) / 3.0);
+    char multiplier[64];
+    std::snprintf(multiplier, sizeof multiplier, "%.12g", (static_cast<double>(m.ffn_hidden) + 0.5) / base);
     o << "#   llama3_args[\"" << m.name << "\"] = TransformerModelArgs(dim=" << m.hidden << ", n_layers=" << m.layers << ", n_heads=" << m.heads
-      << ", n_kv_heads=" << m.kv_heads << ", vocab_size=" << m.vocab << ")\n";
-    o << "# and check that its MLP width (from ffn_dim_multiplier and multiple_of) comes out at " << m.ffn_hidden << ".\n";
+      << ", n_kv_heads=" << m.kv_heads << ", vocab_size=" << m.vocab << ", multiple_of=1, ffn_dim_multiplier=" << multiplier << ")\n";
+    o << "# (its MLP width then comes out at the plan's " << m.ffn_hidden << ": int(" << multiplier << " * int(8 * " << m.hidden << " / 3))).\n";
     o << "flavor = " << toml_string(m.name) << "\n";
   } else {
     o << "flavor = \"" << flavor << "\"\n";

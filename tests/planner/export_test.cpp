@@ -453,3 +453,68 @@ TEST(HostileNames, AreQuotedInEveryFileTheyReach) {
 
 }  // namespace
 }  // namespace trainplan
+
+namespace trainplan {
+namespace {
+
+// Issue 33: what the stacks' own argument checks said of the exports.
+// Megatron-LM d98e8a64dd megatron/training/arguments.py: tensor or context parallelism asserts
+// CUDA_DEVICE_MAX_CONNECTIONS=1 before Blackwell; Megatron FSDP asserts it is not 1 and that
+// --ckpt-format is fsdp_dtensor.
+TEST(StackChecks, MegatronScriptSetsWhatValidateArgsAsserts) {
+  costmodel::Plan plan = testing::make_plan("llama3-8b", "dgx-h100", 16, 4096, 64);
+  plan.parallel.tp = 2;
+  plan.parallel.dp = 8;
+  plan.parallel.sequence_parallel = true;
+  plan.parallel.zero_stage = 1;
+  auto tp = planner::export_plan(plan, ExportTarget::kMegatron);
+  ASSERT_TRUE(tp) << tp.error().message;
+  EXPECT_TRUE(contains(tp->text, "\nexport CUDA_DEVICE_MAX_CONNECTIONS=1\n"));
+  plan.parallel.zero_stage = 3;
+  auto fsdp = planner::export_plan(plan, ExportTarget::kMegatron);
+  ASSERT_TRUE(fsdp) << fsdp.error().message;
+  EXPECT_TRUE(contains(fsdp->text, "\nunset CUDA_DEVICE_MAX_CONNECTIONS\n"));
+  EXPECT_TRUE(contains(fsdp->text, "  --ckpt-format fsdp_dtensor\n"));
+  EXPECT_FALSE(contains(fsdp->text, "export CUDA_DEVICE_MAX_CONNECTIONS"));
+}
+
+// torchtitan 42b0beb4 models/llama3/infra/parallelize.py: "DDP has not supported > 1D
+// parallelism": ZeRO-0 beside tp, pp or cp is refused, saying so.
+TEST(StackChecks, TorchtitanRefusesDdpBesideOtherParallelisms) {
+  costmodel::Plan plan = testing::make_plan("llama3-8b", "dgx-h100", 16, 4096, 64);
+  plan.parallel.tp = 2;
+  plan.parallel.dp = 8;
+  plan.parallel.sequence_parallel = true;
+  const auto refused = planner::export_plan(plan, ExportTarget::kTorchtitan);
+  ASSERT_FALSE(refused);
+  EXPECT_TRUE(contains(refused.error().message, "DDP has not supported > 1D parallelism")) << refused.error().message;
+  plan.parallel.zero_stage = 3;
+  EXPECT_TRUE(planner::export_plan(plan, ExportTarget::kTorchtitan));
+}
+
+// The flavor the torchtitan export asks to register has the plan's MLP width under torchtitan's
+// own rule (models/llama3/model/model.py FeedForward: int(2 x 4 dim / 3), times
+// ffn_dim_multiplier, rounded up to multiple_of), for widths no default multiple_of of 256 gives.
+TEST(StackChecks, TorchtitanFlavorLineGivesThePlansMlpWidth) {
+  for (const auto& [hidden, ffn] : std::vector<std::pair<int, int>>{{256, 256}, {256, 768}, {2048, 5461}, {8192, 28672}, {5120, 13824}}) {
+    costmodel::Plan plan = testing::make_plan("llama3-8b", "dgx-h100", 8, 4096, 64);
+    plan.model.name = "custom";
+    plan.model.hidden = hidden;
+    plan.model.heads = hidden / 128;
+    plan.model.kv_heads = std::min(8, hidden / 128);
+    plan.model.ffn_hidden = ffn;
+    plan.parallel.zero_stage = 3;
+    const auto exported = planner::export_plan(plan, ExportTarget::kTorchtitan);
+    ASSERT_TRUE(exported) << exported.error().message;
+    const std::string key = "ffn_dim_multiplier=";
+    const std::size_t at = exported->text.find(key);
+    ASSERT_NE(at, std::string::npos) << exported->text;
+    const double multiplier = std::stod(exported->text.substr(at + key.size()));
+    const long base = static_cast<long>(2.0 * (4.0 * hidden) / 3.0);  // Python: int(2 * hidden_dim / 3)
+    EXPECT_EQ(static_cast<long>(multiplier * static_cast<double>(base)), ffn) << hidden << " " << ffn;
+    EXPECT_TRUE(contains(exported->text, "multiple_of=1,"));
+  }
+}
+
+}  // namespace
+}  // namespace trainplan

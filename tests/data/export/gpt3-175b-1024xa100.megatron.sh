@@ -10,6 +10,8 @@
 set -euo pipefail
 NODE_RANK=${NODE_RANK:-0}
 MASTER_ADDR=${MASTER_ADDR:-localhost}
+# Tensor or context parallelism: one CUDA connection, as megatron/training/arguments.py requires before Blackwell
+export CUDA_DEVICE_MAX_CONNECTIONS=1
 
 ARGS=(
   # Model: gpt3-175b (GPT: LayerNorm, GELU, learned positions, biases)
