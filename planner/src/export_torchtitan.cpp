@@ -95,9 +95,7 @@ std::vector<std::string> torchtitan_refusals(const Plan& plan) {
     r.push_back(std::string("mode=") + cm::mode_name(t.mode) + ": torchtitan v0.2.2 has no LoRA adapters");
   }
   if (t.precision == cm::Precision::kFp16) r.push_back("precision=fp16: torchtitan trains in bfloat16 or float32");
-  if (t.precision == cm::Precision::kFp8) {
-    r.push_back("precision=fp8: torchtitan's float8 training is a model converter (quantize.linear.float8) this export does not write");
-  }
+
   if (t.optimizer != cm::OptimizerKind::kAdamW) {
     r.push_back(std::string("optimizer=") + cm::optimizer_name(t.optimizer) + ": this export writes torchtitan's default optimizer, AdamW, only");
   }
@@ -178,6 +176,11 @@ PlanExport torchtitan_export(const Plan& plan, const Derived& d) {
   } else {
     o << "flavor = \"" << flavor << "\"\n";
   }
+  if (t.precision == cm::Precision::kFp8) {
+    // v0.2.2 components/quantization/float8.py registers the converter as "quantize.linear.float8".
+    o << "# fp8: torchao's Float8Linear on the linear layers (the converter), bf16 elsewhere\n";
+    o << "converters = [\"quantize.linear.float8\"]\n";
+  }
   o << "\n[training]\n";
   if (p.pp > 1) {
     const long long local = t.global_batch / p.dp;
@@ -226,6 +229,13 @@ PlanExport torchtitan_export(const Plan& plan, const Derived& d) {
   }
   o << "expert_parallel_degree = " << p.ep << "\n";
   o << "\n[activation_checkpoint]\nmode = \"" << (p.recompute == cm::Recompute::kFull ? "full" : "none") << "\"\n";
+  if (t.precision == cm::Precision::kFp8) {
+    // job_config.py Float8Linear. Tensorwise dynamic scaling, the output layer left in bf16, as the
+    // cost model's fp8 assumes; FSDP's all-gathers stay bf16 (the prediction gathers 2 bytes per
+    // parameter), though enable_fsdp_float8_all_gather = true would halve them.
+    o << "\n[quantize.linear.float8]\nrecipe_name = \"tensorwise\"\nfilter_fqns = [\"output\"]\n";
+    o << "enable_fsdp_float8_all_gather = false\nprecompute_float8_dynamic_scale_for_fsdp = false\n";
+  }
   PlanExport e;
   e.text = o.str();
   return e;

@@ -136,7 +136,7 @@ TEST(ExportPlan, RefusesWhatAStackCannotExpressNamingTheField) {
       {d + "llama3-70b-tp8-pp2-cp2.plan.json", ExportTarget::kAccelerate,
        {"accelerate: pp=2:", "; accelerate: tp=8:", "; accelerate: zero_stage=1:", "; accelerate: recompute=selective:"}},
       {"samples/plans/gpt3-175b-1024xa100.json", ExportTarget::kTorchtitan, {"torchtitan: architecture=gpt:"}},
-      {d + "mixtral-8x7b-ep8-fp8.plan.json", ExportTarget::kTorchtitan, {"torchtitan: moe (8 experts):", "; torchtitan: precision=fp8:"}},
+      {d + "mixtral-8x7b-ep8-fp8.plan.json", ExportTarget::kTorchtitan, {"torchtitan: moe (8 experts):", "; torchtitan: zero_stage=1:"}},
       {d + "mixtral-8x7b-ep8-fp8.plan.json", ExportTarget::kDeepspeed, {"deepspeed: tp=2 with sequence_parallel=true:", "; deepspeed: ep=8:",
                                                                         "; deepspeed: precision=fp8:"}},
       {"samples/plans/llama3-8b-lora-8xh100.json", ExportTarget::kMegatron, {"megatron: mode=lora: pretrain_gpt.py trains every weight"}},
@@ -514,6 +514,18 @@ TEST(StackChecks, TorchtitanFlavorLineGivesThePlansMlpWidth) {
     EXPECT_EQ(static_cast<long>(multiplier * static_cast<double>(base)), ffn) << hidden << " " << ffn;
     EXPECT_TRUE(contains(exported->text, "multiple_of=1,"));
   }
+}
+
+// torchtitan v0.2.2's float8 training: the "quantize.linear.float8" converter with tensorwise
+// scaling, the output layer filtered out (job_config.py Float8Linear; components/quantization/float8.py).
+TEST(StackChecks, TorchtitanWritesFloat8AsItsConverter) {
+  costmodel::Plan plan = testing::make_plan("llama3-8b", "dgx-h100", 8, 4096, 64);
+  plan.parallel.zero_stage = 3;
+  plan.training.precision = costmodel::Precision::kFp8;
+  const auto exported = planner::export_plan(plan, ExportTarget::kTorchtitan);
+  ASSERT_TRUE(exported) << exported.error().message;
+  EXPECT_TRUE(contains(exported->text, "converters = [\"quantize.linear.float8\"]\n"));
+  EXPECT_TRUE(contains(exported->text, "\n[quantize.linear.float8]\nrecipe_name = \"tensorwise\"\nfilter_fqns = [\"output\"]\n"));
 }
 
 }  // namespace
