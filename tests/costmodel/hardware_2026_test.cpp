@@ -100,8 +100,7 @@ TEST(NvlinkDomain, IsAWholeNumberOfNodesAndRoundTrips) {
 // a 70B step's compute).
 TEST(SustainedClock, SlowsTensorCoreWorkInTheSustainedStepOnly) {
   HardwareProfile hw = testing::cluster("dgx-h100");
-  const Plan base = testing::make_plan("llama3-70b", "dgx-h100", 64, 8192, 128);
-  Plan plan = base;
+  Plan plan = testing::make_plan("llama3-70b", "dgx-h100", 64, 8192, 128);
   plan.parallel.tp = 8;
   plan.parallel.dp = 8;
   plan.parallel.sequence_parallel = true;
