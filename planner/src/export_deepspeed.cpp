@@ -46,7 +46,6 @@ std::vector<std::string> deepspeed_refusals(const Plan& plan) {
   if (p.offload_optimizer != cm::Offload::kNone && p.zero_stage == 0) {
     r.push_back(std::string("offload_optimizer=") + cm::offload_name(p.offload_optimizer) + " with zero_stage=0: ZeRO-Offload needs zero_stage >= 1");
   }
-  if (p.reduce_dtype != cm::Dtype::kFp32) r.push_back("reduce_dtype: this export writes fp32 gradient reduction only");
   return r;
 }
 
@@ -72,6 +71,9 @@ PlanExport deepspeed_export(const Plan& plan, const Derived& d) {
   c["gradient_clipping"] = 1.0;
   if (t.precision == cm::Precision::kBf16) c["bf16"]["enabled"] = true;
   if (t.precision == cm::Precision::kFp16) c["fp16"]["enabled"] = true;
+  // The gradients' reduction dtype, stated: left out, DeepSpeed reduces in the gradients' own
+  // (runtime/config.py get_communication_data_type: None, "determined by other parameters").
+  if (t.precision != cm::Precision::kFp32 || p.reduce_dtype != cm::Dtype::kFp32) c["communication_data_type"] = cm::dtype_name(p.reduce_dtype);
   nlohmann::ordered_json zero;
   zero["stage"] = p.zero_stage;
   if (p.zero_stage > 0) {

@@ -528,5 +528,17 @@ TEST(StackChecks, TorchtitanWritesFloat8AsItsConverter) {
   EXPECT_TRUE(contains(exported->text, "\n[quantize.linear.float8]\nrecipe_name = \"tensorwise\"\nfilter_fqns = [\"output\"]\n"));
 }
 
+// DeepSpeed reduces gradients in communication_data_type, and left out in the gradients' own dtype
+// (runtime/config.py get_communication_data_type): the export states the plan's, bf16 included
+// (the deepspeed stack's default), where it used to refuse anything but fp32.
+TEST(StackChecks, DeepspeedStatesTheReductionDtype) {
+  costmodel::Plan plan = testing::make_plan("llama3-8b", "dgx-h100", 8, 4096, 64);
+  plan.parallel.zero_stage = 3;
+  plan.parallel.reduce_dtype = costmodel::Dtype::kBf16;
+  const auto exported = planner::export_plan(plan, ExportTarget::kDeepspeed);
+  ASSERT_TRUE(exported) << exported.error().message;
+  EXPECT_EQ(nlohmann::json::parse(exported->text).at("communication_data_type"), "bf16");
+}
+
 }  // namespace
 }  // namespace trainplan
