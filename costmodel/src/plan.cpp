@@ -496,6 +496,10 @@ Result<bool> validate_plan(const Plan& plan) {
       return err("/parallel/zero_stage: the " + std::string(stack.name) + " stack runs a pipeline with ZeRO-" + n(stack.max_zero_with_pipeline) +
                  " at most (got " + n(p.zero_stage) + ")");
     }
+    if (p.tp > 1 && p.zero_stage > stack.max_zero_with_tensor_parallel) {
+      return err("/parallel/zero_stage: the " + std::string(stack.name) + " stack runs tensor parallelism with ZeRO-" +
+                 n(stack.max_zero_with_tensor_parallel) + " at most (got " + n(p.zero_stage) + ")");
+    }
   }
   if (p.first_stage_layers < 0 || p.last_stage_layers < 0) return err("/parallel/first_stage_layers: must be >= 0 (last_stage_layers too)");
   if (p.first_stage_layers > 0 || p.last_stage_layers > 0) {

@@ -356,6 +356,9 @@ constexpr StackSpec kSpecs[] = {
      // its sequence parallelism (Ulysses) is an all-to-all, not the ring attention modelled here.
      .context_parallel = false,
      .max_zero_with_pipeline = 1,
+     // AutoTP asserts ZeRO-2 at most (runtime/engine.py _configure_tensor_parallel_states:
+     // "the compatibility between 'autotp' and 'zero_stage = 3' has not been validated").
+     .max_zero_with_tensor_parallel = 2,
      .source = "microsoft/DeepSpeed 38327e07 (v0.16.5) deepspeed/runtime/zero/config.py, stage3.py, stage_1_and_2.py, "
                "partitioned_param_coordinator.py, partition_parameters.py, runtime/comm/coalesced_collectives.py, runtime/engine.py"},
 };

@@ -35,6 +35,10 @@ std::vector<std::string> deepspeed_refusals(const Plan& plan) {
                 "not ring attention");
   }
   if (p.ep > 1) r.push_back("ep=" + n(p.ep) + ": DeepSpeed's AutoEP (expert_parallel) is not exported yet");
+  if (p.tp > 1 && p.zero_stage == 3) {
+    r.push_back("tp=" + n(p.tp) + " with zero_stage=3: DeepSpeed's AutoTP runs with ZeRO-2 at most (runtime/engine.py "
+                "_configure_tensor_parallel_states asserts it)");
+  }
   if (p.zero_stage == 3 && p.shard_group > 0 && p.shard_group < p.dp) {
     r.push_back("shard_group=" + n(p.shard_group) + ": hybrid sharding is DeepSpeed's MiCS (mics_shard_size), which needs the model built "
                 "under deepspeed.zero.MiCS_Init in the training script");
@@ -65,7 +69,11 @@ PlanExport deepspeed_export(const Plan& plan, const Derived& d) {
   const auto& p = plan.parallel;
   const auto& t = plan.training;
   nlohmann::ordered_json c;
-  c["train_batch_size"] = t.global_batch;
+  // Without an mpu DeepSpeedConfig counts every rank, the tensor-parallel ones too, in its batch
+  // check (runtime/config.py: world_size = dist.get_world_size(); train_batch == micro x GA x
+  // world_size), while AutoTP's ranks of one group read the same samples: its train_batch_size is
+  // the plan's global batch times tp.
+  c["train_batch_size"] = t.global_batch * p.tp;
   c["train_micro_batch_size_per_gpu"] = p.micro_batch;
   c["gradient_accumulation_steps"] = d.micro_batches;
   c["gradient_clipping"] = 1.0;
@@ -114,7 +122,12 @@ PlanExport deepspeed_export(const Plan& plan, const Derived& d) {
   if (p.offload_optimizer == cm::Offload::kNvme || p.offload_params == cm::Offload::kNvme) {
     e.notes.push_back("deepspeed: nvme_path /local_nvme stands for your NVMe mount");
   }
-  if (p.tp > 1) e.notes.push_back("deepspeed: tensor_parallel (AutoTP) with preset_model llama expects a Hugging Face Llama model");
+  if (p.tp > 1) {
+    e.notes.push_back("deepspeed: tensor_parallel (AutoTP) with preset_model llama expects a Hugging Face Llama model");
+    e.notes.push_back("deepspeed: train_batch_size " + std::to_string(t.global_batch * p.tp) + " counts each of the " + std::to_string(p.tp) +
+                      " tensor-parallel ranks' copy of a micro-batch (DeepSpeed checks micro x GA x all ranks); the plan's " +
+                      std::to_string(t.global_batch) + " distinct sequences per step");
+  }
   return e;
 }
 

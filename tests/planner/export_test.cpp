@@ -540,5 +540,31 @@ TEST(StackChecks, DeepspeedStatesTheReductionDtype) {
   EXPECT_EQ(nlohmann::json::parse(exported->text).at("communication_data_type"), "bf16");
 }
 
+// DeepSpeed's AutoTP: without an mpu its config counts all ranks in the batch check
+// (runtime/config.py), so train_batch_size is the plan's global batch times tp; and AutoTP asserts
+// ZeRO-2 at most (runtime/engine.py), which the export refuses and the deepspeed stack never plans.
+TEST(StackChecks, DeepspeedAutoTpCountsTheTensorParallelRanksAndStopsAtZero2) {
+  costmodel::Plan plan = testing::make_plan("llama3-8b", "dgx-h100", 8, 4096, 64);
+  plan.parallel.tp = 2;
+  plan.parallel.dp = 4;
+  plan.parallel.sequence_parallel = false;
+  plan.parallel.zero_stage = 2;
+  plan.parallel.micro_batch = 2;
+  const auto exported = planner::export_plan(plan, ExportTarget::kDeepspeed);
+  ASSERT_TRUE(exported) << exported.error().message;
+  const nlohmann::json c = nlohmann::json::parse(exported->text);
+  EXPECT_EQ(c.at("train_batch_size"), 128);  // 2 x 8 micro-batches x 8 ranks, as DeepSpeed checks it
+  EXPECT_EQ(c.at("train_batch_size").get<int>(),
+            c.at("train_micro_batch_size_per_gpu").get<int>() * c.at("gradient_accumulation_steps").get<int>() * plan.gpus);
+  plan.parallel.zero_stage = 3;
+  const auto refused = planner::export_plan(plan, ExportTarget::kDeepspeed);
+  ASSERT_FALSE(refused);
+  EXPECT_TRUE(contains(refused.error().message, "AutoTP runs with ZeRO-2 at most")) << refused.error().message;
+  plan.training.stack = costmodel::Stack::kDeepspeed;
+  const auto invalid = costmodel::validate_plan(plan);
+  ASSERT_FALSE(invalid);
+  EXPECT_TRUE(contains(invalid.error().message, "runs tensor parallelism with ZeRO-2 at most")) << invalid.error().message;
+}
+
 }  // namespace
 }  // namespace trainplan

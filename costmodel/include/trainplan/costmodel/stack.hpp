@@ -202,6 +202,7 @@ struct StackSpec {
   // so the search never recommends them), and the highest ZeRO stage it runs with a pipeline.
   bool tensor_parallel = true, context_parallel = true, pipeline_parallel = true;
   int max_zero_with_pipeline = 3;
+  int max_zero_with_tensor_parallel = 3;  // likewise beside tensor parallelism
   // Runs pure 16-bit training (TrainingConfig::master_weights false): a module cast to bf16 under
   // PyTorch's own optimizers keeps no fp32 copy. Megatron's and DeepSpeed's 16-bit optimizers
   // always keep fp32 main parameters (Float16OptimizerWithFloat16Params; ZeRO's fp32 partitions),
