@@ -37,7 +37,9 @@ std::vector<std::string> megatron_refusals(const Plan& plan) {
     r.push_back("shard_group=" + n(p.shard_group) + ": hybrid sharding (Megatron FSDP with an outer replica axis) is not exported yet");
   }
   if (p.offload_params != cm::Offload::kNone) {
-    r.push_back(std::string("offload_params=") + cm::offload_name(p.offload_params) + ": Megatron-LM does not offload parameters");
+    r.push_back(std::string("offload_params=") + cm::offload_name(p.offload_params) +
+                ": Megatron-LM keeps sharded parameters on the GPU (its --cpu-offloading-weights, Transformer Engine's, moves a layer's "
+                "weights out between its forward and backward, which is not ZeRO-Infinity's parameter offload the plan states)");
   }
   if (p.offload_optimizer == cm::Offload::kNvme) r.push_back("offload_optimizer=nvme: Megatron-LM offloads the optimizer to the CPU only");
   if (p.offload_optimizer == cm::Offload::kCpu && p.zero_stage == 0) {

@@ -85,7 +85,7 @@ std::vector<std::string> torchtitan_refusals(const Plan& plan) {
     r.push_back("architecture=gpt: torchtitan has no GPT model with learned positions, LayerNorm and biases (its llama3 is RMSNorm, SwiGLU, rotary)");
   }
   if (m.moe) {
-    r.push_back("moe (" + n(m.moe->experts) + " experts): torchtitan's llama3 is dense, and its MoE models (deepseek_v3, llama4, qwen3) are other architectures");
+    r.push_back("moe (" + n(m.moe->experts) + " experts): torchtitan's llama3 is dense, and its MoE models (deepseek_v3, gpt_oss, llama4, qwen3) are other architectures");
   }
   if (m.architecture == cm::Architecture::kLlama && m.tied_embeddings) {
     r.push_back("tied_embeddings=true: torchtitan's llama3 has separate embedding and output weights");
