@@ -2,6 +2,8 @@
 // attention mask, pure 16-bit model states. Each against a value derived by hand from the source
 // cited beside the field.
 
+#include <algorithm>
+
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -11,6 +13,7 @@
 #include "trainplan/costmodel/estimate.hpp"
 #include "trainplan/costmodel/plan.hpp"
 #include "trainplan/planner/export.hpp"
+#include "trainplan/planner/launch.hpp"
 
 namespace trainplan {
 namespace {
@@ -196,6 +199,13 @@ TEST(CpCommType, APlanChoosesHowContextParallelismMovesKeysAndValues) {
   ASSERT_TRUE(megatron) << megatron.error().message;
   EXPECT_NE(megatron->text.find("--cp-comm-type all_gather"), std::string::npos);
   EXPECT_FALSE(parallel_to_json(ParallelConfig{}).contains("cp_comm_type"));  // the stack's: not written
+  // The executor all-gathers (executor/src/context_parallel.hpp): a ring is one thing it cannot run.
+  const auto said = [](const std::vector<std::string>& problems) {
+    return std::any_of(problems.begin(), problems.end(), [](const std::string& s) { return s.find("cp_comm_type p2p") != std::string::npos; });
+  };
+  EXPECT_FALSE(said(planner::executor_limitations(p)));
+  p.parallel.cp_comm = ContextAttention::kRing;
+  EXPECT_TRUE(said(planner::executor_limitations(p)));
 }
 
 }  // namespace
