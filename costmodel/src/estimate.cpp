@@ -367,6 +367,7 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
   for (int i = 0; i < stages; ++i) {
     StageState& x = st[i];
     const bool first = i == 0, last = i == stages - 1;
+    const ReuseKept kept = reuse_kept(layers[i], first, last);  // ZeRO-3 layers kept gathered to their backward
     x.dense = layers[i] * dense_layer;
     x.expert = layers[i] * expert_layer;
     if (first) x.dense += pc.embedding / t;
@@ -451,7 +452,6 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
     // and pre-divide, and its cast to the reduce dtype.
     if (sharded_dp && !lora) {
       const double gathers = p.zero_stage == 3 ? 2.0 : grad_op_units ? 1.0 : 0.0;
-      const ReuseKept kept = reuse_kept(layers[i], first, last);  // not gathered again in backward
       double bytes = (gathers * (x.dense + x.expert) - kept.layers * (dense_layer + expert_layer)) * stack.dp.gather_copy_bytes;
       if (stack.dp.reduce_copy_bytes > 0) {
         const double cast = reduce_bytes == e ? 0.0 : stack.dp.reduce_cast_fused ? reduce_bytes - e : e + reduce_bytes;
@@ -486,7 +486,6 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
         x.buffers += gathers * unit * w.weights + unit * reduce_bytes;
         // Layers kept gathered for reuse are alive together at the backward's start, the running
         // unit among them.
-        const ReuseKept kept = reuse_kept(layers[i], first, last);
         x.buffers += std::max(0.0, kept.layers * (dense_layer + expert_layer) - unit) * w.weights;
       } else {
         // The frozen base is gathered in the compute dtype and never reduced; the adapters' units
