@@ -43,6 +43,38 @@ constexpr Fp8Casting kTorchaoEager{6, 6, 6, 6, 6, 5, 3};
 constexpr Fp8Casting kTorchaoCompiled{6, 4, 4, 6, 4, 5, 3};
 constexpr Fp8Casting kTransformerEngine{4, 1, 4, 4, 4, 0, 0};
 
+// A plain PyTorch module in eager mode (bench/eager_reference.py): ATen's kernel for every
+// element-wise op, separate Q/K/V and gate/up GEMMs, the loss on an fp32 copy of the logits,
+// bf16 .grad accumulation, fused AdamW on fp32 masters. The FSDP stacks and DeepSpeed run such a
+// module too (a Hugging Face or torchtitan model in eager mode) and are derived from it below.
+constexpr StackSpec kPytorchEager = {
+    .stack = Stack::kPytorchEager,
+    .name = "pytorch-eager",
+    .summary = "PyTorch eager module: same kernels as trainplan-reference, bf16 .grad accumulation, fused AdamW on fp32 masters",
+    .fused_elementwise = false,
+    .fused_qkv = false,
+    .fused_gate_up = false,
+    .loss = LossKernel::kFp32Copy,
+    .grads = GradAccumulation::kParamDtype,
+    .fused_optimizer = true,
+    .optimizer_update_factor = 1,
+    .optimizer_overhead_bytes = 24,
+    .optimizer_kernels_per_tensor = 0.5,
+    .swiglu_saved = 4,
+    .norm_recomputed = false,
+    .gemm_sums_input_gradients = false,
+    .residual_adds_in_norms = false,
+    .host_sync_per_micro_batch = false,
+    .host_seconds_per_kernel = 9.2e-6,
+    .vocab_pad_multiple = 1,
+    .context_attention = ContextAttention::kRing,
+    .sequence_parallel_keeps_gathered_input = true,
+    .fp8 = kTorchaoEager,
+    .op_level_selective = true,
+    .pure_16bit = true,
+    .source = "bench/eager_reference.py (nn.RMSNorm, nn.Linear q/k/v, rotate-half rotary, F.silu(gate) * up, "
+              "F.cross_entropy(logits.float()), torch.optim.AdamW(fused=True), clip_grad_norm_(foreach=True))"};
+
 // PyTorch FSDP2 as torchtitan runs it (pytorch/torchtitan 42b0beb4, 2025-06;
 // torch/distributed/fsdp/_fully_shard in pytorch v2.8.0): fully_shard per TransformerBlock;
 // mixed_precision_reduce float32 by default (config_manager.py); each all-gather copies the
@@ -55,38 +87,23 @@ constexpr Fp8Casting kTransformerEngine{4, 1, 4, 4, 4, 0, 0};
 // is F.cross_entropy on .float() logits (components/loss.py); attention is SDPA under
 // sdpa_kernel([FLASH_ATTENTION, EFFICIENT_ATTENTION, MATH]) (models/attention.py): the flash
 // backend, FlashAttention-2; fused AdamW; selective recompute is torch's op-level policy.
-constexpr StackSpec kFsdp2 = {
-    .stack = Stack::kFsdp2,
-    .name = "fsdp2",
-    .summary = "PyTorch FSDP2 (torchtitan; Accelerate FSDP2): fully_shard per block, parameters copied into and out of each "
-               "all-gather, gradients copied into an fp32 reduce-scatter every micro-batch, eager modules with FlashAttention-2, "
-               "fp32 logits for the loss, fused AdamW",
-    .fused_elementwise = false,
-    .fused_qkv = false,
-    .fused_gate_up = false,
-    .loss = LossKernel::kFp32Copy,
-    .grads = GradAccumulation::kParamDtype,
-    .fused_optimizer = true,
-    .optimizer_update_factor = 1,
-    .optimizer_overhead_bytes = 12,
-    .optimizer_kernels_per_tensor = 0.5,
-    .swiglu_saved = 4,
-    .norm_recomputed = false,
-    .gemm_sums_input_gradients = false,
-    .residual_adds_in_norms = false,
-    .host_sync_per_micro_batch = false,
-    .host_seconds_per_kernel = 9.2e-6,
-    .vocab_pad_multiple = 1,
-    .context_attention = ContextAttention::kRing,
-    .sequence_parallel_keeps_gathered_input = true,
-    .fp8 = kTorchaoEager,
-    .attention_kernel = AttentionImpl::kFlash2,
-    .op_level_selective = true,
-    .dp = {.gathered_units = 3, .gather_copy_bytes = 4, .reduce_copy_bytes = 4, .reduce_cast_fused = true, .sharded_grad_bytes = 4,
-           .grad_op_units = true},
-    .pure_16bit = true,
-    .source = "pytorch/torchtitan 42b0beb4 config_manager.py, components/loss.py, models/attention.py, models/llama3/infra/parallelize.py; "
-              "pytorch/pytorch v2.8.0 (a1cb3cc0) torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py, _fsdp_param_group.py"};
+// The module runs pytorch-eager's kernels, with FlashAttention-2; the rest of its optimizer
+// step moves 12 bytes per parameter.
+constexpr StackSpec kFsdp2 = [] {
+  StackSpec s = kPytorchEager;
+  s.stack = Stack::kFsdp2;
+  s.name = "fsdp2";
+  s.summary = "PyTorch FSDP2 (torchtitan; Accelerate FSDP2): fully_shard per block, parameters copied into and out of each "
+              "all-gather, gradients copied into an fp32 reduce-scatter every micro-batch, eager modules with FlashAttention-2, "
+              "fp32 logits for the loss, fused AdamW";
+  s.optimizer_overhead_bytes = 12;
+  s.attention_kernel = AttentionImpl::kFlash2;
+  s.dp = {.gathered_units = 3, .gather_copy_bytes = 4, .reduce_copy_bytes = 4, .reduce_cast_fused = true, .sharded_grad_bytes = 4,
+          .grad_op_units = true};
+  s.source = "pytorch/torchtitan 42b0beb4 config_manager.py, components/loss.py, models/attention.py, models/llama3/infra/parallelize.py; "
+             "pytorch/pytorch v2.8.0 (a1cb3cc0) torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py, _fsdp_param_group.py";
+  return s;
+}();
 
 // FSDP2 as torchtitan runs it with training.compile (models/llama3/infra/parallelize.py
 // apply_compile: each TransformerBlock compiled on its own, before fully_shard; the loss compiled
@@ -106,6 +123,91 @@ constexpr StackSpec compiled(StackSpec s) {
   s.source = "pytorch/torchtitan 42b0beb4 models/llama3/infra/parallelize.py (apply_compile), components/loss.py; as fsdp2 for FSDP2";
   return s;
 }
+
+// PyTorch FSDP1 as Accelerate, Lightning and Composer run it on a Hugging Face module. Read
+// from pytorch v2.8.0 (git a1cb3cc0), torch/distributed/fsdp:
+// _flat_param.py (_init_param_reduce_dtypes: the reduce dtype defaults to param_dtype;
+// _full_param_padded backs the parameters as views: no copy-out), _runtime_utils.py
+// (_post_backward_hook: the unsharded gradient pre-divided in place before the
+// reduce-scatter, every micro-batch; _accumulate_sharded_grad: the shard cast to the fp32
+// sharded parameter's dtype and added into _saved_grad_shard), _limiter_utils.py
+// (limit_all_gathers, on by default: at most 2 all-gathers in flight); SHARD_GRAD_OP keeps the
+// unsharded parameters from forward to backward (api.py). The module (transformers 4.51.3):
+// the loss on an fp32 copy of the logits (loss/loss_utils.py ForCausalLMLoss: logits.float()),
+// attention through SDPA with is_causal and no mask on unpadded batches (the default
+// attn_implementation "sdpa"), whose flash backend is FlashAttention-2 (PyTorch 2.2 on; on
+// H100 cuDNN only in 2.5.0 and from 2.11, where it is opted into). The optimizer: PyTorch's
+// AdamW without fused=True runs its foreach path (one ATen op per step of the update, as
+// trainplan-reference moves); Composer's DecoupledAdamW (mosaicml/composer 64051888) the same
+// math; the gradient clipped with a foreach norm.
+// The module runs pytorch-eager's kernels, with FlashAttention-2.
+constexpr StackSpec kFsdp1 = [] {
+  StackSpec s = kPytorchEager;
+  s.stack = Stack::kFsdp1;
+  s.name = "fsdp1";
+  s.summary = "PyTorch FSDP1 (Accelerate, Lightning, Composer): one FlatParameter per block, limit_all_gathers, "
+              "gradients pre-divided and reduce-scattered every micro-batch into an fp32 shard, eager Hugging Face modules "
+              "with FlashAttention-2 and the loss on fp32 logits, foreach AdamW";
+  s.fused_optimizer = false;
+  s.optimizer_update_factor = 106.0 / 32.0;
+  s.optimizer_overhead_bytes = 12;
+  s.attention_kernel = AttentionImpl::kFlash2;
+  s.dp = {.gathered_units = 2, .reduce_copy_bytes = 4, .sharded_grad_bytes = 4, .grad_op_units = true};
+  s.reduce_dtype = Dtype::kBf16;
+  // FSDP1 shards data only: Composer, Accelerate (its parallelism_config needs FSDP2) and
+  // Lightning's FSDPStrategy have no tensor, context or pipeline parallelism with it.
+  s.tensor_parallel = false;
+  s.context_parallel = false;
+  s.pipeline_parallel = false;
+  s.source = "pytorch/pytorch v2.8.0 (a1cb3cc0) torch/distributed/fsdp/_flat_param.py, _runtime_utils.py, _limiter_utils.py, api.py; "
+             "transformers 4.51.3 loss/loss_utils.py (ForCausalLMLoss), integrations/sdpa_attention.py; "
+             "mosaicml/composer 64051888 utils/parallelism.py (FSDPConfig: limit_all_gathers)";
+  return s;
+}();
+
+// DeepSpeed ZeRO (microsoft/DeepSpeed 38327e07, v0.16.5) on an eager PyTorch module:
+// runtime/zero/config.py defaults (reduce_bucket_size 5e8, stage3_prefetch_bucket_size 5e7,
+// stage3_max_reuse_distance 1e9, overlap_comm only for stage 3); a submodule's parameters
+// are kept gathered when the trace reaches their next use within 1e9 fetched parameters
+// (partitioned_param_coordinator.py __params_to_release); stage 3 fetches each submodule's own parameters and the
+// prefetched ones in one coalesced all-gather, then copies each parameter out of the flat
+// buffer (partitioned_param_coordinator.py fetch_sub_module, partition_parameters.py
+// all_gather_coalesced), and reduce-scatters buckets of reduce_bucket_size after an interleaved
+// copy and a pre-divide (runtime/comm/coalesced_collectives.py reduce_scatter_coalesced) into
+// a gradient partition in the compute dtype (stage3.py); stages 1-2 keep ipg buckets of
+// reduce_bucket_size elements, reduce them by all-reducing whole buckets
+// (use_multi_rank_bucket_allreduce), stage 2 every micro-batch, stage 1 once per step
+// (stage_1_and_2.py), not overlapped (overlap_comm off); FusedAdam (engine.py), the step on a
+// transient fp32 copy of the gradient partition, then copied back into the bf16 partition.
+// The module runs pytorch-eager's kernels, with FlashAttention-2; selective recompute is the
+// attention core's.
+constexpr StackSpec kDeepspeed = [] {
+  StackSpec s = kPytorchEager;
+  s.stack = Stack::kDeepspeed;
+  s.name = "deepspeed";
+  s.summary = "DeepSpeed ZeRO-1/2/3: per-submodule coalesced all-gathers with a 5e7 prefetch bucket, 5e8-element gradient buckets "
+              "(all-reduced under ZeRO-1/2, every micro-batch under ZeRO-2), gradients kept in bf16, FusedAdam, eager modules "
+              "with FlashAttention-2 and fp32 logits for the loss";
+  s.optimizer_kernels_per_tensor = 0.3;
+  s.attention_kernel = AttentionImpl::kFlash2;
+  s.op_level_selective = false;
+  s.dp = {.gather_bucket_params = 5e7, .max_reuse_distance_params = 1e9, .gather_copy_bytes = 4, .reduce_copy_bytes = 8,
+          .reduce_bucket_params = 5e8, .bucket_params = 5e8, .buckets = 1, .sharded_grad_bytes = 2, .zero12_all_reduce = true,
+          .zero2_every_micro_batch = true, .zero12_overlap = false};
+  s.reduce_dtype = Dtype::kBf16;
+  // AutoTP for tensor parallelism; its pipeline engine runs with ZeRO-1 at most
+  // (runtime/pipe/engine.py: "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism");
+  // its sequence parallelism (Ulysses) is an all-to-all, not the ring attention modelled here.
+  s.context_parallel = false;
+  s.max_zero_with_pipeline = 1;
+  // AutoTP asserts ZeRO-2 at most (runtime/engine.py _configure_tensor_parallel_states:
+  // "the compatibility between 'autotp' and 'zero_stage = 3' has not been validated").
+  s.max_zero_with_tensor_parallel = 2;
+  s.pure_16bit = false;  // its 16-bit optimizers keep fp32 partitions
+  s.source = "microsoft/DeepSpeed 38327e07 (v0.16.5) deepspeed/runtime/zero/config.py, stage3.py, stage_1_and_2.py, "
+             "partitioned_param_coordinator.py, partition_parameters.py, runtime/comm/coalesced_collectives.py, runtime/engine.py";
+  return s;
+}();
 
 constexpr StackSpec kSpecs[] = {
     // The fused paths (executor --kernels fused, the default). Norms: ATen's fused rms_norm
@@ -174,32 +276,8 @@ constexpr StackSpec kSpecs[] = {
      .source = "executor/src/model.cpp (block_forward with Kernels::kReference: at::rms_norm, three at::linear for q/k/v, rotate-half "
                "rotary, at::silu(gate) * up, head_loss: logits .to(kFloat) then at::cross_entropy_loss), executor/src/engine.cpp "
                "(fp32 gradient add per micro-batch, ATen AdamW), executor/src/engine.cpp forward_chunk (loss.item() per micro-batch)"},
-    {.stack = Stack::kPytorchEager,
-     .name = "pytorch-eager",
-     .summary = "PyTorch eager module: same kernels as trainplan-reference, bf16 .grad accumulation, fused AdamW on fp32 masters",
-     .fused_elementwise = false,
-     .fused_qkv = false,
-     .fused_gate_up = false,
-     .loss = LossKernel::kFp32Copy,
-     .grads = GradAccumulation::kParamDtype,
-     .fused_optimizer = true,
-     .optimizer_update_factor = 1,
-     .optimizer_overhead_bytes = 24,
-     .optimizer_kernels_per_tensor = 0.5,
-     .swiglu_saved = 4,
-     .norm_recomputed = false,
-     .gemm_sums_input_gradients = false,
-     .residual_adds_in_norms = false,
-     .host_sync_per_micro_batch = false,
-     .host_seconds_per_kernel = 9.2e-6,
-     .vocab_pad_multiple = 1,
-     .context_attention = ContextAttention::kRing,
-     .sequence_parallel_keeps_gathered_input = true,
-     .fp8 = kTorchaoEager,
-     .op_level_selective = true,
-     .pure_16bit = true,
-     .source = "bench/eager_reference.py (nn.RMSNorm, nn.Linear q/k/v, rotate-half rotary, F.silu(gate) * up, "
-               "F.cross_entropy(logits.float()), torch.optim.AdamW(fused=True), clip_grad_norm_(foreach=True))"},
+    kPytorchEager,
+
     {.stack = Stack::kTorchCompile,
      .name = "torch-compile",
      .summary = "torch.compile (Inductor): element-wise work fused around the same GEMMs, fused cross-entropy, fused AdamW",
@@ -253,114 +331,10 @@ constexpr StackSpec kSpecs[] = {
      .source = "Megatron-LM (NVIDIA/Megatron-LM: --make-vocab-size-divisible-by 128, gradient_accumulation_fusion, "
                "distributed optimizer, vocab_parallel_cross_entropy in fp32); Transformer Engine LayerNormLinear, "
                "fused RoPE and SwiGLU; Narayanan et al. 2021, Korthikanti et al. 2022"},
-    // PyTorch FSDP1 as Accelerate, Lightning and Composer run it on a Hugging Face module. Read
-    // from pytorch v2.8.0 (git a1cb3cc0), torch/distributed/fsdp:
-    // _flat_param.py (_init_param_reduce_dtypes: the reduce dtype defaults to param_dtype;
-    // _full_param_padded backs the parameters as views: no copy-out), _runtime_utils.py
-    // (_post_backward_hook: the unsharded gradient pre-divided in place before the
-    // reduce-scatter, every micro-batch; _accumulate_sharded_grad: the shard cast to the fp32
-    // sharded parameter's dtype and added into _saved_grad_shard), _limiter_utils.py
-    // (limit_all_gathers, on by default: at most 2 all-gathers in flight); SHARD_GRAD_OP keeps the
-    // unsharded parameters from forward to backward (api.py). The module (transformers 4.51.3):
-    // the loss on an fp32 copy of the logits (loss/loss_utils.py ForCausalLMLoss: logits.float()),
-    // attention through SDPA with is_causal and no mask on unpadded batches (the default
-    // attn_implementation "sdpa"), whose flash backend is FlashAttention-2 (PyTorch 2.2 on; on
-    // H100 cuDNN only in 2.5.0 and from 2.11, where it is opted into). The optimizer: PyTorch's
-    // AdamW without fused=True runs its foreach path (one ATen op per step of the update, as
-    // trainplan-reference moves); Composer's DecoupledAdamW (mosaicml/composer 64051888) the same
-    // math; the gradient clipped with a foreach norm.
-    {.stack = Stack::kFsdp1,
-     .name = "fsdp1",
-     .summary = "PyTorch FSDP1 (Accelerate, Lightning, Composer): one FlatParameter per block, limit_all_gathers, "
-                "gradients pre-divided and reduce-scattered every micro-batch into an fp32 shard, eager Hugging Face modules "
-                "with FlashAttention-2 and the loss on fp32 logits, foreach AdamW",
-     .fused_elementwise = false,
-     .fused_qkv = false,
-     .fused_gate_up = false,
-     .loss = LossKernel::kFp32Copy,
-     .grads = GradAccumulation::kParamDtype,
-     .fused_optimizer = false,
-     .optimizer_update_factor = 106.0 / 32.0,
-     .optimizer_overhead_bytes = 12,
-     .optimizer_kernels_per_tensor = 0.5,
-     .swiglu_saved = 4,
-     .norm_recomputed = false,
-     .gemm_sums_input_gradients = false,
-     .residual_adds_in_norms = false,
-     .host_sync_per_micro_batch = false,
-     .host_seconds_per_kernel = 9.2e-6,
-     .vocab_pad_multiple = 1,
-     .context_attention = ContextAttention::kRing,
-     .sequence_parallel_keeps_gathered_input = true,
-     .fp8 = kTorchaoEager,
-     .attention_kernel = AttentionImpl::kFlash2,
-     .op_level_selective = true,
-     .dp = {.gathered_units = 2, .reduce_copy_bytes = 4, .sharded_grad_bytes = 4, .grad_op_units = true},
-     .reduce_dtype = Dtype::kBf16,
-     // FSDP1 shards data only: Composer, Accelerate (its parallelism_config needs FSDP2) and
-     // Lightning's FSDPStrategy have no tensor, context or pipeline parallelism with it.
-     .tensor_parallel = false,
-     .context_parallel = false,
-     .pipeline_parallel = false,
-     .pure_16bit = true,
-     .source = "pytorch/pytorch v2.8.0 (a1cb3cc0) torch/distributed/fsdp/_flat_param.py, _runtime_utils.py, _limiter_utils.py, api.py; "
-               "transformers 4.51.3 loss/loss_utils.py (ForCausalLMLoss), integrations/sdpa_attention.py; "
-               "mosaicml/composer 64051888 utils/parallelism.py (FSDPConfig: limit_all_gathers)"},
+    kFsdp1,
     kFsdp2,
     compiled(kFsdp2),
-    // DeepSpeed ZeRO (microsoft/DeepSpeed 38327e07, v0.16.5) on an eager PyTorch module:
-    // runtime/zero/config.py defaults (reduce_bucket_size 5e8, stage3_prefetch_bucket_size 5e7,
-    // stage3_max_reuse_distance 1e9, overlap_comm only for stage 3); a submodule's parameters
-    // are kept gathered when the trace reaches their next use within 1e9 fetched parameters
-    // (partitioned_param_coordinator.py __params_to_release); stage 3 fetches each submodule's own parameters and the
-    // prefetched ones in one coalesced all-gather, then copies each parameter out of the flat
-    // buffer (partitioned_param_coordinator.py fetch_sub_module, partition_parameters.py
-    // all_gather_coalesced), and reduce-scatters buckets of reduce_bucket_size after an interleaved
-    // copy and a pre-divide (runtime/comm/coalesced_collectives.py reduce_scatter_coalesced) into
-    // a gradient partition in the compute dtype (stage3.py); stages 1-2 keep ipg buckets of
-    // reduce_bucket_size elements, reduce them by all-reducing whole buckets
-    // (use_multi_rank_bucket_allreduce), stage 2 every micro-batch, stage 1 once per step
-    // (stage_1_and_2.py), not overlapped (overlap_comm off); FusedAdam (engine.py), the step on a
-    // transient fp32 copy of the gradient partition, then copied back into the bf16 partition.
-    {.stack = Stack::kDeepspeed,
-     .name = "deepspeed",
-     .summary = "DeepSpeed ZeRO-1/2/3: per-submodule coalesced all-gathers with a 5e7 prefetch bucket, 5e8-element gradient buckets "
-                "(all-reduced under ZeRO-1/2, every micro-batch under ZeRO-2), gradients kept in bf16, FusedAdam, eager modules "
-                "with FlashAttention-2 and fp32 logits for the loss",
-     .fused_elementwise = false,
-     .fused_qkv = false,
-     .fused_gate_up = false,
-     .loss = LossKernel::kFp32Copy,
-     .grads = GradAccumulation::kParamDtype,
-     .fused_optimizer = true,
-     .optimizer_update_factor = 1,
-     .optimizer_overhead_bytes = 24,
-     .optimizer_kernels_per_tensor = 0.3,
-     .swiglu_saved = 4,
-     .norm_recomputed = false,
-     .gemm_sums_input_gradients = false,
-     .residual_adds_in_norms = false,
-     .host_sync_per_micro_batch = false,
-     .host_seconds_per_kernel = 9.2e-6,
-     .vocab_pad_multiple = 1,
-     .context_attention = ContextAttention::kRing,
-     .sequence_parallel_keeps_gathered_input = true,
-     .fp8 = kTorchaoEager,
-     .attention_kernel = AttentionImpl::kFlash2,
-     .op_level_selective = false,
-     .dp = {.gather_bucket_params = 5e7, .max_reuse_distance_params = 1e9, .gather_copy_bytes = 4, .reduce_copy_bytes = 8, .reduce_bucket_params = 5e8, .bucket_params = 5e8,
-            .buckets = 1, .sharded_grad_bytes = 2, .zero12_all_reduce = true, .zero2_every_micro_batch = true, .zero12_overlap = false},
-     .reduce_dtype = Dtype::kBf16,
-     // AutoTP for tensor parallelism; its pipeline engine runs with ZeRO-1 at most
-     // (runtime/pipe/engine.py: "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism");
-     // its sequence parallelism (Ulysses) is an all-to-all, not the ring attention modelled here.
-     .context_parallel = false,
-     .max_zero_with_pipeline = 1,
-     // AutoTP asserts ZeRO-2 at most (runtime/engine.py _configure_tensor_parallel_states:
-     // "the compatibility between 'autotp' and 'zero_stage = 3' has not been validated").
-     .max_zero_with_tensor_parallel = 2,
-     .source = "microsoft/DeepSpeed 38327e07 (v0.16.5) deepspeed/runtime/zero/config.py, stage3.py, stage_1_and_2.py, "
-               "partitioned_param_coordinator.py, partition_parameters.py, runtime/comm/coalesced_collectives.py, runtime/engine.py"},
+    kDeepspeed,
 };
 
 }  // namespace
