@@ -99,6 +99,11 @@ ParallelConstraints ParallelConstraints::of(const ParallelConfig& p) {
   return c;
 }
 
+Dtype default_reduce_dtype(const TrainingConfig& t) {
+  if (!t.master_weights) return t.precision == Precision::kFp16 ? Dtype::kFp16 : Dtype::kBf16;
+  return stack_spec(t.stack).reduce_dtype;
+}
+
 void resolve_training_defaults(const ModelSpec& model, TrainingConfig& t) {
   if (t.seq_len == 0) t.seq_len = model.max_seq_len;
   const bool pretrain = t.mode == TrainingMode::kPretrain;
@@ -184,7 +189,7 @@ ParallelConstraints parse_parallel(ObjectReader r) {
     c.reduce_dtype = *d == "fp32" ? Dtype::kFp32 : *d == "bf16" ? Dtype::kBf16 : Dtype::kFp16;
   }
   if (auto t = r.optional_one_of("cp_comm_type", {"p2p", "all_gather", "stack"}); t && *t != "stack") {
-    c.cp_comm = *t == "p2p" ? ContextAttention::kRing : ContextAttention::kAllGatherKv;
+    c.cp_comm = cp_comm_type_from_name(*t);
   }
   r.finish();
   return c;
@@ -533,7 +538,7 @@ nlohmann::json parallel_to_json(const ParallelConfig& p) {
       {"offload_params", offload_name(p.offload_params)}, {"fsdp_wrap_min_params", p.fsdp_wrap_min_params},
       {"prefetch", p.prefetch}, {"reduce_dtype", dtype_name(p.reduce_dtype)}, {"overlap_grad_reduce", p.overlap_grad_reduce},
   };
-  if (p.cp_comm) j["cp_comm_type"] = *p.cp_comm == ContextAttention::kRing ? "p2p" : "all_gather";
+  if (p.cp_comm) j["cp_comm_type"] = cp_comm_type_name(*p.cp_comm);
   if (p.first_stage_layers > 0) j["first_stage_layers"] = p.first_stage_layers;
   if (p.last_stage_layers > 0) j["last_stage_layers"] = p.last_stage_layers;
   return j;

@@ -389,6 +389,14 @@ std::optional<LossKernel> loss_kernel_from_name(const std::string& name) {
   return std::nullopt;
 }
 
+const char* cp_comm_type_name(ContextAttention comm) { return comm == ContextAttention::kRing ? "p2p" : "all_gather"; }
+
+std::optional<ContextAttention> cp_comm_type_from_name(const std::string& name) {
+  if (name == "p2p") return ContextAttention::kRing;
+  if (name == "all_gather") return ContextAttention::kAllGatherKv;
+  return std::nullopt;
+}
+
 const char* loss_kernel_choices() { return "fp32-logits | fused | chunked-linear | vocab-parallel-fp32"; }
 
 const char* stack_choices() { return "trainplan | trainplan-reference | pytorch-eager | torch-compile | megatron-te | fsdp1 | fsdp2 | fsdp2-compile | deepspeed"; }

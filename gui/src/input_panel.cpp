@@ -511,7 +511,7 @@ void InputPanel::load_request(const cm::PlanRequest& request, const QString& sou
   set_choice("fix/recompute", c.recompute ? QString::fromUtf8(cm::recompute_name(*c.recompute)) : QStringLiteral("auto"));
   set_choice("fix/sp", c.sequence_parallel ? (*c.sequence_parallel ? QStringLiteral("on") : QStringLiteral("off")) : QStringLiteral("auto"));
   set_choice("fix/offload", c.offload_optimizer ? QString::fromUtf8(cm::offload_name(*c.offload_optimizer)) : QStringLiteral("auto"));
-  set_choice("fix/cp_comm", !c.cp_comm ? QStringLiteral("auto") : *c.cp_comm == cm::ContextAttention::kRing ? QStringLiteral("p2p") : QStringLiteral("all_gather"));
+  set_choice("fix/cp_comm", c.cp_comm ? QString::fromUtf8(cm::cp_comm_type_name(*c.cp_comm)) : QStringLiteral("auto"));
   update_nodes_from_gpus();
   filling_ = false;
   emit changed();

@@ -198,11 +198,8 @@ BuiltRequest build_request(const RequestForm& form) {
   if (enum_field("stack", form.stack,
                  {"trainplan", "trainplan-reference", "pytorch-eager", "torch-compile", "megatron-te", "fsdp1", "fsdp2", "fsdp2-compile", "deepspeed"})) {
     t.stack = *cm::stack_from_name(form.stack);
-    req.parallel.reduce_dtype = cm::stack_spec(t.stack).reduce_dtype;  // the stack's default, as `planner --stack`
   }
-  if (!t.master_weights) {  // reduced in the parameters' dtype, as `planner --pure-16bit`
-    req.parallel.reduce_dtype = t.precision == cm::Precision::kFp16 ? cm::Dtype::kFp16 : cm::Dtype::kBf16;
-  }
+  req.parallel.reduce_dtype = cm::default_reduce_dtype(t);  // as `planner --stack` and `--pure-16bit`
   if (!trim(form.memory_headroom).empty()) {
     char* end = nullptr;
     const std::string text = trim(form.memory_headroom);

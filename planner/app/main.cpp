@@ -708,14 +708,9 @@ int main(int argc, char** argv) {
       if (!kernel) return fail("--loss: \"" + loss + "\" is not one of stack | " + cm::loss_kernel_choices());
       t.loss = *kernel;
     }
-    if (stack_choice) {
-      t.stack = *stack_choice;
-      req.parallel.reduce_dtype = cm::stack_spec(*stack_choice).reduce_dtype;  // the stack's own default
-    }
-    if (pure_16bit) {  // the gradients are reduced in the parameters' dtype (FSDP without mixed precision)
-      t.master_weights = false;
-      req.parallel.reduce_dtype = t.precision == cm::Precision::kFp16 ? cm::Dtype::kFp16 : cm::Dtype::kBf16;
-    }
+    if (stack_choice) t.stack = *stack_choice;
+    t.master_weights = !pure_16bit;
+    req.parallel.reduce_dtype = cm::default_reduce_dtype(t);
     if (t.seq_len == 0) t.seq_len = req.model.max_seq_len;
     constexpr long long kMaxGlobalBatch = 1LL << 32;  // as in plan files
     if (app.count("--global-batch") > 0 && (global_batch <= 0 || global_batch > kMaxGlobalBatch)) {

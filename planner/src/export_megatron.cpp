@@ -166,7 +166,7 @@ PlanExport megatron_export(const Plan& plan, const Derived& d) {
     line("--num-layers-per-virtual-pipeline-stage " + std::to_string(m.layers / (p.pp * p.virtual_stages)));
   }
   if (p.cp > 1) line("--context-parallel-size " + std::to_string(p.cp));
-  if (p.cp > 1 && p.cp_comm) line(std::string("--cp-comm-type ") + (*p.cp_comm == cm::ContextAttention::kRing ? "p2p" : "all_gather"));
+  if (p.cp > 1 && p.cp_comm) line(std::string("--cp-comm-type ") + cm::cp_comm_type_name(*p.cp_comm));
   if (p.ep > 1) line("--expert-model-parallel-size " + std::to_string(p.ep));
   if (p.sequence_parallel && p.tp > 1) line("--sequence-parallel");
   const int zero = p.dp > 1 ? p.zero_stage : std::min(p.zero_stage, 1);

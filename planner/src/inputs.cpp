@@ -92,9 +92,8 @@ Result<bool> apply_constraint(const std::string& key, const std::string& value, 
     return true;
   }
   if (key == "cp_comm" || key == "cp_comm_type") {
-    if (value == "p2p") c.cp_comm = costmodel::ContextAttention::kRing;
-    else if (value == "all_gather") c.cp_comm = costmodel::ContextAttention::kAllGatherKv;
-    else return Error{"cp_comm must be p2p (the ring) or all_gather"};
+    c.cp_comm = costmodel::cp_comm_type_from_name(value);
+    if (!c.cp_comm) return Error{"cp_comm must be p2p (the ring) or all_gather"};
     return true;
   }
   if (key == "first_stage_layers" || key == "last_stage_layers") {
@@ -158,7 +157,7 @@ std::string planner_command(const costmodel::PlanRequest& r, const std::string& 
   if (c.offload_optimizer) s += std::string(" --fix offload=") + costmodel::offload_name(*c.offload_optimizer);
   if (c.first_stage_layers > 0) s += " --fix first_stage_layers=" + std::to_string(c.first_stage_layers);
   if (c.last_stage_layers > 0) s += " --fix last_stage_layers=" + std::to_string(c.last_stage_layers);
-  if (c.cp_comm) s += std::string(" --fix cp_comm=") + (*c.cp_comm == costmodel::ContextAttention::kRing ? "p2p" : "all_gather");
+  if (c.cp_comm) s += std::string(" --fix cp_comm=") + costmodel::cp_comm_type_name(*c.cp_comm);
   return s;
 }
 

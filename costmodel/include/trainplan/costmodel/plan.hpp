@@ -165,6 +165,11 @@ struct Plan {
 // step (global_batch x seq_len).
 void resolve_training_defaults(const ModelSpec& model, TrainingConfig& training);
 
+// The gradient reduction dtype a request starts with: the parameters' own 16-bit dtype in pure
+// 16-bit training (FSDP without mixed precision reduces in it), else the stack's default
+// (StackSpec::reduce_dtype). `planner --stack/--pure-16bit` and the GUI start from it.
+[[nodiscard]] Dtype default_reduce_dtype(const TrainingConfig& training);
+
 // Parses a plan document. Model and cluster may be preset names, paths (relative paths are
 // tried as given, then beside `file`), or inline documents.
 [[nodiscard]] Result<PlanRequest> parse_plan(const nlohmann::json& json, const std::string& file);

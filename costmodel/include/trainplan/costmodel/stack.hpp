@@ -222,6 +222,10 @@ struct StackSpec {
 [[nodiscard]] const char* loss_kernel_name(LossKernel loss);
 [[nodiscard]] std::optional<LossKernel> loss_kernel_from_name(const std::string& name);
 [[nodiscard]] const char* loss_kernel_choices();
+// Context parallelism's K/V movement by Megatron-Core's --cp-comm-type names: "p2p" (the ring),
+// "all_gather" (plan key parallel.cp_comm_type, --fix cp_comm).
+[[nodiscard]] const char* cp_comm_type_name(ContextAttention comm);
+[[nodiscard]] std::optional<ContextAttention> cp_comm_type_from_name(const std::string& name);
 // "trainplan", "trainplan-reference", "pytorch-eager", "torch-compile", "megatron-te", "fsdp1",
 // "fsdp2", "fsdp2-compile", "deepspeed".
 [[nodiscard]] std::optional<Stack> stack_from_name(const std::string& name);
