@@ -1,12 +1,15 @@
-// The pipeline bubble in the executor's recorded timeline (idle time within the step over
-// compute time, per rank, averaged) against (p-1)/m for GPipe and 1F1B and (p-1)/(v m) for
-// interleaved 1F1B (Narayanan et al., "Efficient Large-Scale Language Model Training on GPU
-// Clusters Using Megatron-LM", SC'21, §2.2), and against the cost model's simulation of the same
-// schedule. Timing tests: ctest runs this binary alone (RUN_SERIAL), since another process on
-// the same cores changes pass times.
+// The executor's pipeline runs the schedule the cost model prices: on every stage, the forward and
+// backward passes in its recorded timeline come in costmodel::pipeline_order's order (GPipe, 1F1B,
+// interleaved 1F1B; Narayanan et al., "Efficient Large-Scale Language Model Training on GPU
+// Clusters Using Megatron-LM", SC'21, §2.2), each stage holds at most the micro-batches the cost
+// model's activation memory counts, and the cost model's simulation of the plan gives the closed
+// form (p-1)/(v m). Nothing here depends on how long a pass takes: the measured bubble is a
+// benchmark (bench/pipeline_bench.sh, bench/results.md), since on 2 shared CPU cores a pass's time
+// depends on what the other stage does at that moment (this test once asserted it, within 0.15, and
+// failed clean-clone CI at random: 0.33 measured against 0.0625 interleaved).
 
+#include <algorithm>
 #include <cstdio>
-#include <thread>
 
 #include <gtest/gtest.h>
 
@@ -16,86 +19,101 @@
 namespace trainplan::testing {
 namespace {
 
-// What the executor recorded for one pipeline run.
-struct Measured {
-  double bubble = 0;          // median over steps of the measured bubble
-  double predicted = 0;       // the cost model's simulation of the plan (its own pass times)
-  double replayed = 0;        // the schedule simulated with the pass times this run measured
+namespace cm = trainplan::costmodel;
+
+struct Expect {
+  const char* schedule;
+  cm::Schedule kind;
+  int virtual_stages;
 };
 
-// A model big enough that a pass (~20 ms on one core) dwarfs a message; 8 micro-batches.
-Measured run_pipeline(const std::string& name, int pp, const std::string& schedule, int virtual_stages) {
+// Runs a pp-stage plan (8 layers, 8 micro-batches of 2) for 2 steps and checks its trace.
+void check(int pp, const Expect& e, double closed_form) {
+  const std::string name = "order" + std::to_string(pp) + "_" + e.schedule;
   PlanSpec spec;
   spec.model = "tiny-llama";
   spec.layers = 8;
+  // Layers wide enough that the head (vocab 256) leaves the stages nearly equal.
   spec.model_patch = {{"hidden", 256}, {"ffn_hidden", 768}, {"max_seq_len", 128}};
   spec.seq_len = 128;
   spec.pp = pp;
   spec.micro_batch = 2;
   spec.global_batch = 16;  // m = 8
-  spec.schedule = schedule;
-  spec.virtual_stages = virtual_stages;
+  spec.schedule = e.schedule;
+  spec.virtual_stages = e.virtual_stages;
   const std::string dir = scratch_dir(name);
   const std::string plan = write_plan(dir, name, spec);
-  const Outcome o = run_executor(pp, "--plan " + plan + " --steps 6 --threads 1 --quiet --measurement " + dir + "/m.json");
-  if (o.exit_code != 0) throw std::runtime_error(name + " failed:\n" + o.output);
+  const Outcome o = run_executor(pp, "--plan " + plan + " --steps 2 --threads 1 --quiet --measurement " + dir + "/m.json");
+  ASSERT_EQ(o.exit_code, 0) << o.output;
   const auto trace = read_json(dir + "/m.json").at("trace");
-  Measured m;
-  m.bubble = trace.at("bubble_fraction").get<double>();
-  m.predicted = trace.at("predicted_bubble_fraction").get<double>();
-  // Replay: each stage's measured forward and backward time per micro-batch, in the same schedule.
-  costmodel::PipelineTimeline t;
-  t.stages = pp;
-  t.virtual_stages = virtual_stages;
-  t.micro_batches = 8;
-  t.schedule = schedule == "gpipe" ? costmodel::Schedule::kGpipe
-               : schedule == "1f1b" ? costmodel::Schedule::kOneFOneB
-                                    : costmodel::Schedule::kInterleaved;
-  t.forward_seconds.assign(pp, 0.0);
-  t.backward_seconds.assign(pp, 0.0);
-  for (const auto& e : trace.at("events")) {
-    const std::string kind = e.at("kind");
-    const auto stage = e.at("stage").get<std::size_t>();
-    const double length = (e.at("end").get<double>() - e.at("start").get<double>()) / t.micro_batches;
-    if (kind == "forward") t.forward_seconds[stage] += length;
-    if (kind == "backward") t.backward_seconds[stage] += length;
+  constexpr int kMicroBatches = 8;
+  ASSERT_EQ(trace.at("micro_batches").get<int>(), kMicroBatches);
+
+  const auto order = cm::pipeline_order(e.kind, pp, e.virtual_stages, kMicroBatches);
+  ASSERT_TRUE(order.ok()) << order.error().message;
+
+  // Each stage's passes as its rank ran them: sorted by start on that rank's clock.
+  struct Ran {
+    double start;
+    cm::PipelinePass pass;
+  };
+  std::vector<std::vector<Ran>> ran(static_cast<std::size_t>(pp));
+  for (const auto& event : trace.at("events")) {
+    const std::string kind = event.at("kind");
+    if (kind != "forward" && kind != "backward") continue;
+    cm::PipelinePass pass;
+    pass.kind = kind == "forward" ? cm::PassKind::kForward : cm::PassKind::kBackward;
+    pass.micro_batch = event.at("micro_batch").get<int>();
+    pass.chunk = event.at("chunk").get<int>();
+    ran.at(event.at("stage").get<std::size_t>()).push_back({event.at("start").get<double>(), pass});
   }
-  const auto replay = costmodel::simulate_pipeline(t);
-  if (!replay) throw std::runtime_error(replay.error().message);
-  m.replayed = replay->bubble_fraction;
-  return m;
+  for (int stage = 0; stage < pp; ++stage) {
+    auto& mine = ran[static_cast<std::size_t>(stage)];
+    std::stable_sort(mine.begin(), mine.end(), [](const Ran& a, const Ran& b) { return a.start < b.start; });
+    const auto& want = (*order)[static_cast<std::size_t>(stage)];
+    ASSERT_EQ(mine.size(), want.size()) << e.schedule << " stage " << stage;
+    // Every (micro-batch, chunk) forward and backward once each: 2 v m passes.
+    EXPECT_EQ(want.size(), static_cast<std::size_t>(2 * e.virtual_stages * kMicroBatches));
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      const cm::PipelinePass& got = mine[i].pass;
+      EXPECT_TRUE(got == want[i]) << e.schedule << " stage " << stage << " pass " << i << ": ran " << cm::pass_kind_name(got.kind)
+                                  << " of micro-batch " << got.micro_batch << " chunk " << got.chunk << ", the schedule has "
+                                  << cm::pass_kind_name(want[i].kind) << " of micro-batch " << want[i].micro_batch << " chunk "
+                                  << want[i].chunk;
+    }
+  }
+
+  // Micro-batches held at the peak: what the runner counted is what the cost model's activation
+  // memory charges (GPipe m, 1F1B p - s, interleaved Megatron's warm-up over v).
+  const auto held = trace.at("peak_in_flight").get<std::vector<double>>();
+  const auto charged = trace.at("predicted_in_flight").get<std::vector<double>>();
+  ASSERT_EQ(held.size(), static_cast<std::size_t>(pp));
+  for (int stage = 0; stage < pp; ++stage) EXPECT_DOUBLE_EQ(held[stage], charged[stage]) << e.schedule << " stage " << stage;
+
+  // The cost model's own simulation of the plan: on two stages they are nearly equal (the head
+  // makes the last one slightly longer), so it gives the closed form within 0.03.
+  if (pp == 2) EXPECT_NEAR(trace.at("predicted_bubble_fraction").get<double>(), closed_form, 0.03) << e.schedule;
+  std::printf("pp=%d %-11s order as scheduled; held %s; bubble measured %.3f (not asserted: bench/pipeline_bench.sh) | cost model %.3f | "
+              "closed form %.3f\n",
+              pp, e.schedule, nlohmann::json(held).dump().c_str(), trace.at("bubble_fraction").get<double>(),
+              trace.at("predicted_bubble_fraction").get<double>(), closed_form);
 }
 
-// Printed: the measured bubble, the schedule replayed with the mean pass times this run measured,
-// the cost model's prediction and the closed form. Asserted: the cost model's schedule gives the
-// closed form within 0.03 (its stages are nearly equal), and the measured bubble is within 0.15
-// of it. The closed form needs equal, steady passes; on 2 shared CPU cores a pass's time depends
-// on what the other stage does at that moment (the last stage's forwards run 10-40% longer while
-// the first stage computes), so "within a few percent" is not reachable here: measured 0.16 to
-// 0.23 against 0.125 (GPipe, 1F1B) and 0.11 against 0.0625 (interleaved) on the development VM,
-// where the same one-rank run varies by up to 35% from run to run (bench/results.md).
-// Before the MPI progress thread the same test measured 1.03 and 0.49, which this bound catches.
-void check(int pp, double closed_gpipe, double closed_interleaved) {
-  struct Expect { const char* schedule; int v; double bubble; };
-  for (const Expect& e : {Expect{"gpipe", 1, closed_gpipe}, Expect{"1f1b", 1, closed_gpipe}, Expect{"interleaved", 2, closed_interleaved}}) {
-    const Measured m = run_pipeline("bubble" + std::to_string(pp) + "_" + e.schedule, pp, e.schedule, e.v);
-    std::printf("pp=%d %-11s bubble measured %.3f | replayed with measured pass times %.3f | cost model %.3f | closed form %.3f\n", pp,
-                e.schedule, m.bubble, m.replayed, m.predicted, e.bubble);
-    EXPECT_NEAR(m.predicted, e.bubble, 0.03) << e.schedule;
-    EXPECT_NEAR(m.bubble, e.bubble, 0.15) << e.schedule;
-  }
-}
-
-TEST(PipelineBubble, MatchesTheScheduleOnTwoStages) {
+TEST(PipelineSchedule, TwoStagesRunEachScheduleInItsOrder) {
   // p = 2, m = 8: (p-1)/m = 0.125 for GPipe and 1F1B, (p-1)/(v m) = 0.0625 interleaved (v = 2).
-  check(2, 0.125, 0.0625);
+  check(2, {"gpipe", cm::Schedule::kGpipe, 1}, 0.125);
+  check(2, {"1f1b", cm::Schedule::kOneFOneB, 1}, 0.125);
+  check(2, {"interleaved", cm::Schedule::kInterleaved, 2}, 0.0625);
 }
 
-TEST(PipelineBubble, MatchesTheScheduleOnFourStages) {
-  // Four ranks need four cores: on fewer, stages share cores and a pass's time depends on how
-  // many other stages compute at that moment.
-  if (std::thread::hardware_concurrency() < 4) GTEST_SKIP() << "needs 4 cores, this machine has " << std::thread::hardware_concurrency();
-  check(4, 0.375, 0.1875);
+TEST(PipelineSchedule, FourStagesRunEachScheduleInItsOrder) {
+  // p = 4, m = 8: 3/8 = 0.375 for GPipe and 1F1B, 3/16 = 0.1875 interleaved (v = 2), printed
+  // beside the cost model's simulation, which is not asserted to match: with two layers a stage,
+  // the embedding and the head make the end stages longer and the simulated bubble larger (0.42
+  // and 0.24). The order does not depend on cores, so four ranks on two cores check it.
+  check(4, {"gpipe", cm::Schedule::kGpipe, 1}, 0.375);
+  check(4, {"1f1b", cm::Schedule::kOneFOneB, 1}, 0.375);
+  check(4, {"interleaved", cm::Schedule::kInterleaved, 2}, 0.1875);
 }
 
 }  // namespace

@@ -2,8 +2,8 @@
 // every layout must give the per-step losses of the 1-rank run with the same global batch over
 // 10 steps, and its exported (consolidated) weights must equal the 1-rank run's, to 1e-4
 // relative. Also checked here: the micro-batches each pipeline stage holds (activation memory)
-// and the bytes context parallelism sends per step, against the cost model. The measured bubble
-// is in bubble_test.cpp.
+// and the bytes context parallelism sends per step, against the cost model. The order each
+// stage runs its passes in is checked in bubble_test.cpp, the measured bubble by bench/pipeline_bench.sh.
 
 #include <cmath>
 #include <filesystem>
