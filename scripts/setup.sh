@@ -64,6 +64,17 @@ install_torch() {
   "$venv/bin/python" -c "import transformers" 2>/dev/null || "$venv/bin/pip" install -q "transformers==4.57.1"
 }
 
+# The stacks whose own parsers check the planner's exports (ctest -L export), pinned.
+install_stacks() {
+  local want="$here/tests/export/requirements.txt"
+  local stamp="$venv/.trainplan-stacks"
+  if ! cmp -s "$want" "$stamp" 2>/dev/null; then
+    echo "setup: installing the export checks' stacks into $venv (tests/export/requirements.txt)"
+    DS_BUILD_OPS=0 "$venv/bin/pip" install -q --progress-bar off -r "$want"
+    cp "$want" "$stamp"
+  fi
+}
+
 build() {
   cmake -S "$here" -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release "$@"
   cmake --build "$build_dir" -j "$jobs"
@@ -87,6 +98,7 @@ case "$action" in
   test)
     install_missing "${packages[@]}" "${executor_packages[@]}"
     install_torch
+    install_stacks
     # shellcheck disable=SC2046
     build $(executor_options)
     ctest --test-dir "$build_dir" --output-on-failure -j "$jobs"

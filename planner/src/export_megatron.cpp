@@ -107,7 +107,10 @@ PlanExport megatron_export(const Plan& plan, const Derived& d) {
   if (m.head_size > 0 && m.head_size * m.heads != m.hidden) line("--kv-channels " + std::to_string(m.head_size));
   line("--ffn-hidden-size " + std::to_string(m.ffn_hidden));
   line("--seq-length " + std::to_string(t.seq_len));
-  line("--max-position-embeddings " + std::to_string(m.max_seq_len));
+  // validate_args asserts max_position_embeddings >= seq_length. With rotary positions it only
+  // sizes the rotary table, so a plan that trains past the model's context (a long-context
+  // extension) writes its own length; learned positions never get here (the plan refuses them).
+  line("--max-position-embeddings " + std::to_string(std::max<long long>(m.max_seq_len, t.seq_len)));
   if (llama) {
     line("--swiglu");
     line("--normalization RMSNorm");
