@@ -31,6 +31,7 @@ QString stack_label(pl::ExportTarget target) {
     case pl::ExportTarget::kTorchtitan: return QStringLiteral("torchtitan");
     case pl::ExportTarget::kDeepspeed: return QStringLiteral("DeepSpeed");
     case pl::ExportTarget::kAccelerate: return QStringLiteral("Accelerate");
+    case pl::ExportTarget::kLitgpt: return QStringLiteral("LitGPT");
   }
   return QString::fromUtf8(pl::export_target_name(target));
 }

@@ -31,6 +31,7 @@
 #include "trainplan/costmodel/presets.hpp"
 #include "trainplan/planner/calibrate.hpp"
 #include "trainplan/planner/compare.hpp"
+#include "trainplan/planner/stack_logs.hpp"
 #include "trainplan/planner/export.hpp"
 #include "trainplan/planner/inputs.hpp"
 #include "trainplan/planner/launch.hpp"
@@ -168,8 +169,24 @@ int list_hardware() {
   return 0;
 }
 
-// Prints the comparison of an estimate (or fixed plan) file with a measurement file.
+// Prints the comparison of an estimate (or fixed plan) file with a measurement file, or with a
+// torchtitan or Megatron-LM training log (stack_logs.hpp).
 int compare_files(const std::string& estimate_file, const std::string& measurement_file, pl::Format format) {
+  auto text = cm::read_text_file(measurement_file);
+  if (!text) return fail(text.error().message);
+  const auto first = text->find_first_not_of(" \t\r\n");
+  if (first != std::string::npos && (*text)[first] != '{') {
+    const auto log = pl::detect_stack_log(*text);
+    if (!log) {
+      return fail(measurement_file + ": neither a trainplan/measurement/v1 document (JSON) nor a torchtitan or Megatron-LM training log "
+                  "(no torchtitan step lines, \"step: N  loss: ...  tps: ...\", nor Megatron-LM iteration lines, \"iteration N/ M | ... | "
+                  "elapsed time per iteration (ms): ...\")");
+    }
+    auto sides = pl::load_log_comparison(estimate_file, measurement_file, *text, *log);
+    if (!sides) return fail(sides.error().message);
+    std::cout << pl::render_comparison(pl::compare(std::move(sides->first), std::move(sides->second)), format);
+    return 0;
+  }
   auto predicted = pl::load_prediction_file(estimate_file);
   if (!predicted) return fail(predicted.error().message);
   auto measured = pl::load_measurement_file(measurement_file);
@@ -484,7 +501,8 @@ int main(int argc, char** argv) {
   CLI::App* compare_cmd = app.add_subcommand("compare", "Compare an estimate with a measurement the executor wrote");
   std::string estimate_file, measurement_file;
   compare_cmd->add_option("estimate", estimate_file, "trainplan/estimate/v1 file (planner evaluate --format json) or a fixed plan file")->required();
-  compare_cmd->add_option("measurement", measurement_file, "trainplan/measurement/v1 file")->required();
+  compare_cmd->add_option("measurement", measurement_file,
+                          "trainplan/measurement/v1 file, or a torchtitan or Megatron-LM training log (its console output)")->required();
   compare_cmd->add_option("--format", format, "text | md | html | json")->check(CLI::IsMember({"text", "md", "html", "json"}));
   CLI::App* launch_cmd = app.add_subcommand("launch", "Print the SLURM script (--slurm) or torchrun command that runs a fixed plan");
   pl::LaunchOptions launch;
@@ -509,10 +527,10 @@ int main(int argc, char** argv) {
                          "quote is an error), and each word reaches the executor as one argument")
       ->allow_extra_args(false);
 
-  CLI::App* export_cmd = app.add_subcommand("export", "Write what Megatron-LM, torchtitan, DeepSpeed or Accelerate needs to run a fixed plan");
+  CLI::App* export_cmd = app.add_subcommand("export", "Write what Megatron-LM, torchtitan, DeepSpeed, Accelerate or LitGPT needs to run a fixed plan");
   std::string export_target, export_out;
   export_cmd->add_option("plan", plan_file, "Fixed plan file (planner --save-plan writes one)")->required();
-  export_cmd->add_option("--to", export_target, "megatron (a torchrun script), torchtitan (TOML), deepspeed (JSON) or accelerate (YAML)")->required();
+  export_cmd->add_option("--to", export_target, "megatron (a torchrun script), torchtitan (TOML), deepspeed (JSON), accelerate (YAML) or litgpt (YAML)")->required();
   export_cmd->add_option("--out", export_out, "Write the file here instead of to stdout");
 
   CLI::App* run_cmd = app.add_subcommand("run", "Run a fixed plan on this machine's CPUs under MPI with the executor, then compare");

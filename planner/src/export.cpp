@@ -30,6 +30,7 @@ constexpr TargetName kTargets[] = {
     {ExportTarget::kTorchtitan, "torchtitan", "toml"},
     {ExportTarget::kDeepspeed, "deepspeed", "json"},
     {ExportTarget::kAccelerate, "accelerate", "yaml"},
+    {ExportTarget::kLitgpt, "litgpt", "yaml"},
 };
 
 const TargetName& entry(ExportTarget target) {
@@ -44,7 +45,7 @@ const TargetName& entry(ExportTarget target) {
 
 const std::vector<ExportTarget>& export_targets() {
   static const std::vector<ExportTarget> targets = {ExportTarget::kMegatron, ExportTarget::kTorchtitan, ExportTarget::kDeepspeed,
-                                                    ExportTarget::kAccelerate};
+                                                    ExportTarget::kAccelerate, ExportTarget::kLitgpt};
   return targets;
 }
 
@@ -145,6 +146,10 @@ costmodel::Stack export_stack(const Plan& plan, ExportTarget target) {
     case ExportTarget::kDeepspeed: return costmodel::Stack::kDeepspeed;
     case ExportTarget::kAccelerate:  // FSDP (written as fsdp_version 2) where the plan shards, else DDP on an eager module
       return plan.parallel.dp > 1 && plan.parallel.zero_stage >= 2 ? costmodel::Stack::kFsdp2 : costmodel::Stack::kPytorchEager;
+    case ExportTarget::kLitgpt:  // Lightning Fabric's FSDPStrategy (FSDP1) or, for LoRA, ModelParallelStrategy (FSDP2)
+      if (plan.gpus == 1) return costmodel::Stack::kPytorchEager;
+      return plan.training.mode == costmodel::TrainingMode::kLora || plan.training.mode == costmodel::TrainingMode::kQlora ? costmodel::Stack::kFsdp2
+                                                                                                                          : costmodel::Stack::kFsdp1;
   }
   return costmodel::Stack::kPytorchEager;
 }
@@ -160,8 +165,9 @@ std::vector<std::string> stack_setting_refusals(const Plan& plan, ExportTarget t
   std::vector<std::string> r;
   const bool own_script = target == ExportTarget::kAccelerate || target == ExportTarget::kDeepspeed;
   const costmodel::StackSpec& runs = costmodel::stack_spec(export_stack(plan, target));
-  if (!t.master_weights && target != ExportTarget::kAccelerate) {
-    r.push_back(std::string("master_weights=false: ") + entry(target).name + " keeps fp32 master weights (pure 16-bit training runs under --to accelerate)");
+  if (!t.master_weights && target != ExportTarget::kAccelerate && target != ExportTarget::kLitgpt) {
+    r.push_back(std::string("master_weights=false: ") + entry(target).name +
+                " keeps fp32 master weights (pure 16-bit training runs under --to accelerate or --to litgpt)");
   }
   if (!own_script && t.attention_mask == costmodel::AttentionMask::kExplicit) {
     r.push_back("attention_mask=explicit: " + std::string(entry(target).name) + " builds its own causal mask");
@@ -215,6 +221,7 @@ Result<PlanExport> export_plan(const Plan& plan, ExportTarget target) {
     case ExportTarget::kTorchtitan: reasons = torchtitan_refusals(plan); break;
     case ExportTarget::kDeepspeed: reasons = deepspeed_refusals(plan); break;
     case ExportTarget::kAccelerate: reasons = accelerate_refusals(plan); break;
+    case ExportTarget::kLitgpt: reasons = litgpt_refusals(plan); break;
   }
   for (std::string& reason : stack_setting_refusals(plan, target)) reasons.push_back(std::move(reason));
   if (!reasons.empty()) return Error{refusal_error(target, reasons)};
@@ -223,6 +230,7 @@ Result<PlanExport> export_plan(const Plan& plan, ExportTarget target) {
     case ExportTarget::kTorchtitan: out = torchtitan_export(plan, *derived); break;
     case ExportTarget::kDeepspeed: out = deepspeed_export(plan, *derived); break;
     case ExportTarget::kAccelerate: out = accelerate_export(plan, *derived); break;
+    case ExportTarget::kLitgpt: out = litgpt_export(plan, *derived); break;
   }
   // A suggested file name in the current folder: the plan's name with anything but letters,
   // digits, '.', '-' and '_' replaced (no separators, no leading dot: "../x" names no other folder).

@@ -34,7 +34,6 @@ std::vector<std::string> deepspeed_refusals(const Plan& plan) {
     r.push_back("cp=" + n(p.cp) + ": DeepSpeed's sequence parallelism (Ulysses) is all-to-all over heads, set up in the training script, "
                 "not ring attention");
   }
-  if (p.ep > 1) r.push_back("ep=" + n(p.ep) + ": DeepSpeed's AutoEP (expert_parallel) is not exported yet");
   if (p.tp > 1 && p.zero_stage == 3) {
     r.push_back("tp=" + n(p.tp) + " with zero_stage=3: DeepSpeed's AutoTP runs with ZeRO-2 at most (runtime/engine.py "
                 "_configure_tensor_parallel_states asserts it)");
@@ -104,6 +103,14 @@ PlanExport deepspeed_export(const Plan& plan, const Derived& d) {
     c["tensor_parallel"]["autotp_size"] = p.tp;
     c["tensor_parallel"]["preset_model"] = "llama";
   }
+  if (p.ep > 1) {
+    // AutoEP (deepspeed/module_inject/auto_ep_config.py parse_autoep_config): the experts of each
+    // MoE layer split over autoep_size ranks, the expert-data-parallel groups over the rest; with
+    // no preset_model it tries its presets against the Hugging Face model (auto_ep.py
+    // _resolve_presets). Expert tensor parallelism stays 1 (validate_folding_global reserves it).
+    c["expert_parallel"]["enabled"] = true;
+    c["expert_parallel"]["autoep_size"] = p.ep;
+  }
   c["optimizer"]["type"] = "AdamW";
   c["optimizer"]["params"] = nlohmann::ordered_json{{"lr", 0.0003}, {"betas", {0.9, 0.95}}, {"eps", 1e-8}, {"weight_decay", 0.1}};
   PlanExport e;
@@ -121,6 +128,10 @@ PlanExport deepspeed_export(const Plan& plan, const Derived& d) {
   if (t.mode == cm::TrainingMode::kLora || t.mode == cm::TrainingMode::kQlora) e.notes.push_back("deepspeed: " + lora_note(plan));
   if (p.offload_optimizer == cm::Offload::kNvme || p.offload_params == cm::Offload::kNvme) {
     e.notes.push_back("deepspeed: nvme_path /local_nvme stands for your NVMe mount");
+  }
+  if (p.ep > 1) {
+    e.notes.push_back("deepspeed: expert_parallel (AutoEP) finds the MoE layers of a Hugging Face model by its model type "
+                      "(presets mixtral, qwen3_moe, deepseek_v2, deepseek_v3; they need transformers >= 5.0)");
   }
   if (p.tp > 1) {
     e.notes.push_back("deepspeed: tensor_parallel (AutoTP) with preset_model llama expects a Hugging Face Llama model");

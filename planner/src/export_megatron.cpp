@@ -33,9 +33,6 @@ std::vector<std::string> megatron_refusals(const Plan& plan) {
     r.push_back(std::string("mode=") + cm::mode_name(t.mode) + ": pretrain_gpt.py trains every weight; it has no LoRA or QLoRA adapters");
   }
   if (p.pp > 1 && p.schedule == cm::Schedule::kGpipe) r.push_back("schedule=gpipe: Megatron-LM runs 1F1B and interleaved 1F1B pipelines only");
-  if (p.zero_stage == 3 && p.shard_group > 0 && p.shard_group < p.dp) {
-    r.push_back("shard_group=" + n(p.shard_group) + ": hybrid sharding (Megatron FSDP with an outer replica axis) is not exported yet");
-  }
   if (p.offload_params != cm::Offload::kNone) {
     r.push_back(std::string("offload_params=") + cm::offload_name(p.offload_params) +
                 ": Megatron-LM keeps sharded parameters on the GPU (its --cpu-offloading-weights, Transformer Engine's, moves a layer's "
@@ -183,6 +180,16 @@ PlanExport megatron_export(const Plan& plan, const Derived& d) {
                    : "# ZeRO-3: Megatron FSDP shards optimizer states, gradients and parameters over dp");
     line("--use-megatron-fsdp");
     line(std::string("--data-parallel-sharding-strategy ") + (zero == 2 ? "optim_grads" : "optim_grads_params"));
+    if (zero == 3 && p.shard_size() < p.dp) {
+      // Hybrid FSDP: mcore_fsdp_adapter.py _init_dist_index enables it when
+      // num_distributed_optimizer_instances > 1, sharding within each "intra partial" data-parallel
+      // group of dp x cp / instances consecutive ranks (parallel_state.py) and replicating across
+      // them (--outer-dp-sharding-strategy no_shard, the default): the plan's shard_group x cp.
+      const int replicas = p.dp / p.shard_size();
+      line("# Hybrid sharding (HSDP): " + std::to_string(replicas) + " replicas of " + std::to_string(p.shard_size()) +
+           "-way shards, the gradients all-reduced across replicas");
+      line("--num-distributed-optimizer-instances " + std::to_string(replicas));
+    }
     line("# Megatron FSDP checkpoints only in its DTensor format (arguments.py asserts it)");
     line("--ckpt-format fsdp_dtensor");
   }

@@ -169,7 +169,9 @@ PlanExport torchtitan_export(const Plan& plan, const Derived& d) {
     const double base = std::floor(8.0 * static_cast<double>(m.hidden) / 3.0);
     char multiplier[64];
     std::snprintf(multiplier, sizeof multiplier, "%.12g", (static_cast<double>(m.ffn_hidden) + 0.5) / base);
-    o << "#   llama3_args[\"" << m.name << "\"] = TransformerModelArgs(dim=" << m.hidden << ", n_layers=" << m.layers << ", n_heads=" << m.heads
+    // The name as a TOML basic string, which (escaping only \" \\ and \uXXXX) is also a Python
+    // string literal of the same text: the line pastes into Python as the name and nothing else.
+    o << "#   llama3_args[" << toml_string(m.name) << "] = TransformerModelArgs(dim=" << m.hidden << ", n_layers=" << m.layers << ", n_heads=" << m.heads
       << ", n_kv_heads=" << m.kv_heads << ", vocab_size=" << m.vocab << ", multiple_of=1, ffn_dim_multiplier=" << multiplier << ")\n";
     o << "# (its MLP width then comes out at the plan's " << m.ffn_hidden << ": int(" << multiplier << " * int(8 * " << m.hidden << " / 3))).\n";
     o << "flavor = " << toml_string(m.name) << "\n";

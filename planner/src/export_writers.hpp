@@ -39,5 +39,7 @@ struct Derived {
 [[nodiscard]] PlanExport deepspeed_export(const costmodel::Plan& plan, const Derived& d);
 [[nodiscard]] std::vector<std::string> accelerate_refusals(const costmodel::Plan& plan);
 [[nodiscard]] PlanExport accelerate_export(const costmodel::Plan& plan, const Derived& d);
+[[nodiscard]] std::vector<std::string> litgpt_refusals(const costmodel::Plan& plan);
+[[nodiscard]] PlanExport litgpt_export(const costmodel::Plan& plan, const Derived& d);
 
 }  // namespace trainplan::planner::export_detail

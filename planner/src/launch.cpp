@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstring>
 #include <filesystem>
 #include <sstream>
 #include <utility>
@@ -92,10 +93,16 @@ std::string executor_line(const std::string& plan_path, const LaunchOptions& opt
   return line;
 }
 
+// A value written into an #SBATCH line. sbatch reads those lines as its own arguments, splitting
+// on white space and taking quotes and backslashes as quoting (slurm src/sbatch/opt.c), and a
+// '#' after a blank starts a comment: a value holding any of them would reach SLURM as something
+// else. Partition and account names are identifiers; a job name is kept to the same plain set.
 Result<bool> check_sbatch_value(const char* flag, const std::string& value) {
-  for (char c : value) {
-    if (std::isspace(static_cast<unsigned char>(c)) || std::iscntrl(static_cast<unsigned char>(c))) {
-      return Error{std::string(flag) + ": \"" + value + "\" must not contain white space"};
+  for (const char c : value) {
+    const auto u = static_cast<unsigned char>(c);
+    if (!(std::isalnum(u) || std::strchr("._-+=:,@%/", c) != nullptr)) {
+      return Error{std::string(flag) + ": \"" + value + "\" may hold only letters, digits and . _ - + = : , @ % / (sbatch reads its " +
+                   "#SBATCH lines as arguments: white space, quotes, backslashes and # would change them)"};
     }
   }
   return true;

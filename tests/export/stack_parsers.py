@@ -3,7 +3,7 @@
 
 For each plan of the matrix (Llama 3 8B and 70B, Mixtral 8x7B; tp 1/2/8, pp 1/4 with 1F1B, GPipe
 and interleaving, ZeRO 0-3, cp 2, hybrid shard, every recompute mode, fp8, and the sample plans)
-and each stack (torchtitan, DeepSpeed, Accelerate, Megatron), the planner writes the export or
+and each stack (torchtitan, DeepSpeed, Accelerate, LitGPT, Megatron), the planner writes the export or
 refuses it. A written export must be accepted by the stack's parser on CPU and give back the
 plan's degrees, batch sizes, schedule, recompute and precision; a refusal must name the stack and
 say what it cannot express.
@@ -13,10 +13,14 @@ say what it cannot express.
                FSDP2, activation checkpointing) or split into pipeline stages with its schedule,
                exactly as torchtitan/train.py's Trainer does before it touches a GPU.
   deepspeed    DeepSpeedConfig (what deepspeed.initialize builds) under a fake process group of
-               the plan's world size: batch arithmetic, ZeRO stage, precision, AutoTP.
+               the plan's world size: batch arithmetic, ZeRO stage, precision, AutoTP, and
+               AutoEP's own config and folding checks (engine.py _configure_expert_parallel).
   accelerate   `accelerate launch --config_file`'s own parser and validation, the environment it
                hands the script, then FullyShardedDataParallelPlugin and ParallelismConfig built
                from that environment, as the Accelerator does.
+  litgpt       the recipe's own jsonargparse parser (as litgpt/__main__.py's CLI builds it from
+               setup()): config read, classes instantiated, TrainArgs' accumulation arithmetic,
+               litgpt.Config for the model, and the layout the recipe's code builds.
   megatron     the script run with a stand-in torchrun that records its arguments (nothing else
                runs); megatron-core's TransformerConfig built from them (its __post_init__ is
                Megatron's validation of the model and parallel settings), and Megatron-LM's own
@@ -41,8 +45,8 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 
-STACKS = {"torchtitan": "toml", "deepspeed": "json", "accelerate": "yaml", "megatron": "sh"}
-MODULES = {"torchtitan": "torchtitan", "deepspeed": "deepspeed", "accelerate": "accelerate", "megatron": "megatron.core"}
+STACKS = {"torchtitan": "toml", "deepspeed": "json", "accelerate": "yaml", "litgpt": "yaml", "megatron": "sh"}
+MODULES = {"torchtitan": "torchtitan", "deepspeed": "deepspeed", "accelerate": "accelerate", "litgpt": "litgpt", "megatron": "megatron.core"}
 
 # The plan matrix: name -> planner arguments. Every setting that an export writes is fixed, so
 # the plan is the one named (the search picks what is left, the micro-batch, within it).
@@ -66,6 +70,13 @@ MATRIX = {
     "70b-fsdp64": "--model 70b --gpus 64 --fix tp=1 --fix pp=1 --fix zero=3 --fix recompute=full --seq-len 4096",
     "mixtral-ep8": "--model mixtral --gpus 64 --fix tp=1 --fix pp=1 --fix ep=8 --fix zero=1 --fix recompute=full --seq-len 4096",
     "mixtral-tp2-ep4-pp2": "--model mixtral --gpus 64 --fix tp=2 --fix pp=2 --fix ep=4 --fix zero=1 --fix schedule=1f1b --fix recompute=full --seq-len 4096",
+    # The layouts LitGPT's recipes fix in code: pretrain HYBRID_SHARD within a node without
+    # recompute, finetune_full FULL_SHARD and finetune_lora fully_shard with every block recomputed,
+    # QLoRA on one GPU.
+    "8b-pretrain-hybrid": "--model 8b --gpus 16 --fix tp=1 --fix pp=1 --fix zero=3 --fix shard_group=8 --fix recompute=none --seq-len 2048",
+    "8b-full-fsdp16": "--model 8b --gpus 16 --mode full --fix tp=1 --fix pp=1 --fix zero=3 --fix shard_group=16 --fix recompute=full --seq-len 4096",
+    "8b-lora-fsdp8": "--model 8b --gpus 8 --mode lora --fix tp=1 --fix pp=1 --fix zero=3 --fix shard_group=8 --fix recompute=full --seq-len 4096",
+    "8b-qlora-1gpu": "--model 8b --gpus 1 --mode qlora --fix recompute=none --seq-len 2048",
 }
 # Plans as users keep them: the samples and the export tests' plans.
 PLAN_FILES = [os.path.join(ROOT, "samples", "plans", f) for f in sorted(os.listdir(os.path.join(ROOT, "samples", "plans")))] + [
@@ -82,6 +93,8 @@ def plan_values(plan):
         "global_batch": t["global_batch"], "seq_len": t["seq_len"], "precision": t.get("precision", "bf16"),
         "schedule": p.get("schedule", "1f1b"), "virtual_stages": p.get("virtual_stages", 1), "recompute": p.get("recompute", "none"),
         "sequence_parallel": p.get("sequence_parallel", p.get("tp", 1) > 1), "mode": t.get("mode", "pretrain"),
+        "master_weights": t.get("master_weights", True), "lora_rank": t.get("lora", {}).get("rank", 16),
+        "per_node": None,
     }
     pv["arch"] = cluster_arch(plan.get("cluster", ""))
     pv["accumulation"] = pv["global_batch"] // (pv["micro_batch"] * pv["dp"])
@@ -185,6 +198,20 @@ def check_deepspeed(path, pv):
         expect(errors, "fp16.enabled", bool(cfg.float16_config.enabled), pv["precision"] == "fp16")
         autotp = getattr(getattr(cfg, "tensor_parallel_config", None), "autotp_size", 0) or 1
         expect(errors, "tensor_parallel.autotp_size", autotp, pv["tp"])
+        autoep = cfg.expert_parallel_config
+        expect(errors, "expert_parallel.autoep_size", autoep.autoep_size if autoep.enabled else 1, pv["ep"])
+        if autoep.enabled:  # the checks engine.py _configure_expert_parallel runs before it touches the model
+            from deepspeed.module_inject.auto_ep_config import validate_autoep_config
+            from deepspeed.module_inject.auto_ep_folding import build_folding_spec, validate_folding_global
+
+            validate_autoep_config(autoep, pv["gpus"], 1, autotp, 1)
+            spec = build_folding_spec(world_size=pv["gpus"], pp_size=1, tp_size=autotp, ep_size=autoep.autoep_size,
+                                      etp_size=autoep.expert_tensor_parallel_size, mp_mode="tp" if autotp > 1 else "sp")
+            validate_folding_global(spec, zero_stage=cfg.zero_optimization_stage, sp_size=1, deepcompile_enabled=False,
+                                    use_data_before_expert_parallel=cfg.use_data_before_expert_parallel_, mpu=None, autoep_enabled=True,
+                                    tp_preset=getattr(cfg.tensor_parallel_config, "preset_model", None), ep_preset=autoep.preset_model,
+                                    zero_offload_optimizer=cfg.zero_config.offload_optimizer is not None,
+                                    zero_offload_param=cfg.zero_config.offload_param is not None)
     finally:
         dist.destroy_process_group()
     return errors
@@ -234,6 +261,52 @@ def check_accelerate(path, pv):
     finally:
         os.environ.clear()
         os.environ.update(saved)
+    return errors
+
+
+# ----------------------------------------------------------------------------------------------
+# LitGPT
+def check_litgpt(path, pv):
+    import jsonargparse
+
+    text = open(path).read()
+    command = re.search(r"litgpt (pretrain|finetune_full|finetune_lora) --config", text).group(1)
+    module = {"pretrain": "litgpt.pretrain", "finetune_full": "litgpt.finetune.full", "finetune_lora": "litgpt.finetune.lora"}[command]
+    setup = importlib.import_module(module).setup
+    # litgpt/__main__.py hands its recipes to jsonargparse.CLI, which builds each subcommand's
+    # parser from the function's signature: the same parser, config read and classes instantiated.
+    parser = jsonargparse.ArgumentParser(exit_on_error=False)
+    parser.add_argument("--config", action=jsonargparse.ActionConfigFile)
+    parser.add_function_arguments(setup)
+    init = parser.instantiate_classes(parser.parse_args(["--config", path]))
+    errors = []
+    devices, nodes = int(init.devices), int(init.num_nodes)
+    world = devices * nodes
+    expect(errors, "devices x num_nodes", world, pv["gpus"])
+    train = init.train
+    expect(errors, "train.micro_batch_size", train.micro_batch_size, pv["micro_batch"])
+    expect(errors, "train.global_batch_size", train.global_batch_size, pv["global_batch"])
+    expect(errors, "gradient_accumulation_iters", train.gradient_accumulation_iters(devices, nodes), pv["accumulation"])
+    expect(errors, "train.max_seq_length", train.max_seq_length, pv["seq_len"])
+    precision = "bf16-true" if not pv["master_weights"] else {"bf16": "bf16-mixed", "fp32": "32-true"}.get(pv["precision"])
+    expect(errors, "precision", init.precision, precision)
+    want_mode = {"pretrain": "pretrain", "finetune_full": "full", "finetune_lora": "lora"}[command]
+    expect(errors, "recipe", want_mode, "lora" if pv["mode"] == "qlora" else pv["mode"])
+    # The layout each recipe's setup() builds on world > 1 GPUs (see planner/src/export_litgpt.cpp).
+    if world > 1:
+        expect(errors, "zero stage (FSDP)", pv["zero"], 3)
+        shard = pv["shard_group"] or pv["dp"]
+        expect(errors, "FSDP shard group", shard, devices if command == "pretrain" else world)
+    expect(errors, "recompute", pv["recompute"], "full" if world > 1 and command != "pretrain" else "none")
+    if command == "pretrain":
+        from litgpt import Config
+
+        config = init.model_config if isinstance(init.model_config, Config) else Config(**init.model_config)
+        expect(errors, "model_config.block_size >= seq", config.block_size >= pv["seq_len"], True)
+    else:
+        expect(errors, "lora_r", init.lora_r if command == "finetune_lora" else pv["lora_rank"], pv["lora_rank"])
+        if command == "finetune_lora":
+            expect(errors, "quantize", init.quantize, "bnb.nf4" if pv["mode"] == "qlora" else None)
     return errors
 
 
@@ -379,7 +452,8 @@ def megatron_lm_validate(checkout, args, script_env, pv):
     return errors
 
 
-CHECKS = {"torchtitan": check_torchtitan, "deepspeed": check_deepspeed, "accelerate": check_accelerate, "megatron": check_megatron}
+CHECKS = {"torchtitan": check_torchtitan, "deepspeed": check_deepspeed, "accelerate": check_accelerate, "litgpt": check_litgpt,
+          "megatron": check_megatron}
 
 
 def check_one_stack(stack, jobs, megatron_lm):

@@ -382,7 +382,7 @@ TEST_F(MainWindowTest, TheLaunchTabListsTheExecutorThenEveryStack) {
   QStringList labels;
   for (int i = 0; i < tab.chooser->count(); ++i) labels << tab.chooser->itemText(i);
   EXPECT_EQ(labels, (QStringList{QStringLiteral("trainplan executor (torchrun)"), QStringLiteral("trainplan executor (SLURM)"), QStringLiteral("Megatron-LM"),
-                                 QStringLiteral("torchtitan"), QStringLiteral("DeepSpeed"), QStringLiteral("Accelerate")}));
+                                 QStringLiteral("torchtitan"), QStringLiteral("DeepSpeed"), QStringLiteral("Accelerate"), QStringLiteral("LitGPT")}));
   EXPECT_EQ(tab.chooser->currentIndex(), 0) << "torchrun first, as before";
 }
 

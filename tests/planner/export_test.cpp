@@ -38,12 +38,7 @@ namespace fs = std::filesystem;
 using planner::ExportTarget;
 using testing::quote;
 
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using testing::read_text;
 
 costmodel::Plan load(const std::string& path) {
   auto plan = planner::load_fixed_plan(path);
@@ -72,6 +67,8 @@ const Golden kGoldens[] = {
     {"tests/data/export/llama3-8b-fsdp8.plan.json", ExportTarget::kAccelerate, "llama3-8b-fsdp8.accelerate.yaml"},
     {"tests/data/export/llama3-8b-hsdp16-offload.plan.json", ExportTarget::kAccelerate, "llama3-8b-hsdp16-offload.accelerate.yaml"},
     {"tests/data/export/llama3.2-1b-zero2-cp2.plan.json", ExportTarget::kAccelerate, "llama3.2-1b-zero2-cp2.accelerate.yaml"},
+    {"tests/data/export/llama3-8b-pretrain-hybrid16.plan.json", ExportTarget::kLitgpt, "llama3-8b-pretrain-hybrid16.litgpt.yaml"},
+    {"tests/data/export/llama3-8b-lora-fsdp8.plan.json", ExportTarget::kLitgpt, "llama3-8b-lora-fsdp8.litgpt.yaml"},
 };
 
 TEST(ExportPlan, EachTargetWritesTheHandWrittenFileForThreePlans) {
@@ -118,6 +115,17 @@ TEST(ExportPlan, NotesSayWhatTheFileLeavesToTheTrainingScript) {
   EXPECT_TRUE(contains(notes, "deepspeed: mode=lora: add the rank-16 adapters (q, k, v, o) in the training script")) << notes;
   EXPECT_TRUE(contains(notes, "deepspeed: recompute=selective:")) << notes;
   EXPECT_TRUE(contains(notes, "deepspeed --num_nodes 1 --num_gpus 8")) << notes;
+  // Expert parallelism is AutoEP: autoep_size ranks share each MoE layer's experts, the model type
+  // picks the preset (docs: deepspeed/module_inject/auto_ep_config.py).
+  costmodel::Plan moe = load(testing::data_path("export/mixtral-8x7b-ep8-fp8.plan.json"));
+  moe.parallel.tp = 1;
+  moe.parallel.sequence_parallel = false;
+  moe.parallel.dp = 64;
+  moe.training.precision = costmodel::Precision::kBf16;
+  auto ep = planner::export_plan(moe, ExportTarget::kDeepspeed);
+  ASSERT_TRUE(ep.ok()) << ep.error().message;
+  EXPECT_TRUE(contains(ep->text, "  \"expert_parallel\": {\n    \"enabled\": true,\n    \"autoep_size\": 8\n  },\n")) << ep->text;
+  EXPECT_TRUE(contains(ep->notes.back(), "deepspeed: expert_parallel (AutoEP) finds the MoE layers")) << ep->notes.back();
 }
 
 struct Refusal {
@@ -137,15 +145,21 @@ TEST(ExportPlan, RefusesWhatAStackCannotExpressNamingTheField) {
        {"accelerate: pp=2:", "; accelerate: tp=8:", "; accelerate: zero_stage=1:", "; accelerate: recompute=selective:"}},
       {"samples/plans/gpt3-175b-1024xa100.json", ExportTarget::kTorchtitan, {"torchtitan: architecture=gpt:"}},
       {d + "mixtral-8x7b-ep8-fp8.plan.json", ExportTarget::kTorchtitan, {"torchtitan: moe (8 experts):", "; torchtitan: zero_stage=1:"}},
-      {d + "mixtral-8x7b-ep8-fp8.plan.json", ExportTarget::kDeepspeed, {"deepspeed: tp=2 with sequence_parallel=true:", "; deepspeed: ep=8:",
-                                                                        "; deepspeed: precision=fp8:"}},
+      {d + "mixtral-8x7b-ep8-fp8.plan.json", ExportTarget::kDeepspeed, {"deepspeed: tp=2 with sequence_parallel=true:", "; deepspeed: precision=fp8:"}},
       {"samples/plans/llama3-8b-lora-8xh100.json", ExportTarget::kMegatron, {"megatron: mode=lora: pretrain_gpt.py trains every weight"}},
       {"samples/plans/llama3-8b-lora-8xh100.json", ExportTarget::kTorchtitan, {"torchtitan: mode=lora:", "; torchtitan: recompute=selective:"}},
-      {d + "llama3-8b-hsdp16-offload.plan.json", ExportTarget::kMegatron, {"megatron: shard_group=8:", "; megatron: offload_params=cpu:"}},
+      {d + "llama3-8b-hsdp16-offload.plan.json", ExportTarget::kMegatron, {"megatron: offload_params=cpu:"}},
       {d + "llama3-8b-hsdp16-offload.plan.json", ExportTarget::kDeepspeed, {"deepspeed: shard_group=8: hybrid sharding is DeepSpeed's MiCS"}},
       {d + "llama3-8b-zero2-offload.plan.json", ExportTarget::kAccelerate, {"accelerate: offload_optimizer=cpu, offload_params=none:"}},
       {d + "llama3-8b-zero2-offload.plan.json", ExportTarget::kTorchtitan, {"torchtitan: offload_optimizer=cpu, offload_params=none:"}},
       {d + "llama3.2-1b-zero2-cp2.plan.json", ExportTarget::kTorchtitan, {"torchtitan: tied_embeddings=true:", "; torchtitan: precision=fp16:"}},
+      // LitGPT's recipes fix their layout in code (pretrain.py, finetune/full.py, finetune/lora.py).
+      {d + "llama3-8b-fsdp8.plan.json", ExportTarget::kLitgpt, {"litgpt: recompute=full: litgpt pretrain on 8 GPUs runs recompute=none (no activation checkpointing)"}},
+      {"samples/plans/llama3-8b-lora-8xh100.json", ExportTarget::kLitgpt,
+       {"litgpt: zero_stage=0: litgpt finetune_lora shards parameters, gradients and optimizer states over all 8 GPUs (ZeRO-3, FSDP fully_shard)",
+        "; litgpt: recompute=selective:"}},
+      {d + "llama3-70b-tp8-pp2-cp2.plan.json", ExportTarget::kLitgpt, {"litgpt: tp=8:", "; litgpt: pp=2:", "; litgpt: cp=2:", "; litgpt: zero_stage=1"}},
+      {"samples/plans/gpt3-175b-1024xa100.json", ExportTarget::kLitgpt, {"litgpt: architecture=gpt: LitGPT's models use rotary positions"}},
   };
   for (const Refusal& r : refusals) {
     SCOPED_TRACE(r.plan + " --to " + planner::export_target_name(r.target));
@@ -176,6 +190,14 @@ TEST(ExportPlan, ScheduleAndLayoutChoicesFollowThePlan) {
   auto m3 = planner::export_plan(fsdp, ExportTarget::kMegatron);
   ASSERT_TRUE(m3.ok()) << m3.error().message;
   EXPECT_TRUE(contains(m3->text, "  --use-megatron-fsdp\n  --data-parallel-sharding-strategy optim_grads_params\n")) << m3->text;
+  EXPECT_FALSE(contains(m3->text, "--num-distributed-optimizer-instances")) << m3->text;
+  // Hybrid sharding is Megatron FSDP over num_distributed_optimizer_instances replicas: 16-way dp
+  // in shards of 8 is 2 instances (mcore_fsdp_adapter.py enables HSDP when it is above 1).
+  auto hsdp = planner::export_plan(load(testing::data_path("export/llama3-70b-hsdp-tp8.plan.json")), ExportTarget::kMegatron);
+  ASSERT_TRUE(hsdp.ok()) << hsdp.error().message;
+  EXPECT_TRUE(contains(hsdp->text, "  --data-parallel-sharding-strategy optim_grads_params\n"
+                                   "  # Hybrid sharding (HSDP): 2 replicas of 8-way shards, the gradients all-reduced across replicas\n"
+                                   "  --num-distributed-optimizer-instances 2\n")) << hsdp->text;
   fsdp.parallel.zero_stage = 2;
   auto t2 = planner::export_plan(fsdp, ExportTarget::kTorchtitan);
   ASSERT_TRUE(t2.ok()) << t2.error().message;
@@ -261,7 +283,7 @@ TEST(ExportPlan, MoreStepsThanA64BitCountHoldsAreAnError) {
   EXPECT_TRUE(written.ok()) << written.error().message;
 }
 
-TEST(ExportTargetName, ParsesTheFourNamesAndListsThemOtherwise) {
+TEST(ExportTargetName, ParsesTheFiveNamesAndListsThemOtherwise) {
   for (ExportTarget t : planner::export_targets()) {
     auto parsed = planner::parse_export_target(planner::export_target_name(t));
     ASSERT_TRUE(parsed.ok());
@@ -269,7 +291,7 @@ TEST(ExportTargetName, ParsesTheFourNamesAndListsThemOtherwise) {
   }
   auto bad = planner::parse_export_target("nemo");
   ASSERT_FALSE(bad.ok());
-  EXPECT_EQ(bad.error().message, "--to: unknown stack \"nemo\" (one of: megatron, torchtitan, deepspeed, accelerate)");
+  EXPECT_EQ(bad.error().message, "--to: unknown stack \"nemo\" (one of: megatron, torchtitan, deepspeed, accelerate, litgpt)");
 }
 
 class ExportCli : public testing::PlannerCliTest {};
@@ -298,7 +320,7 @@ TEST_F(ExportCli, BadInputAndPlansAStackCannotExpressExitTwoWritingNothing) {
   const std::string request = testing::source_path("samples/plans/llama3-70b-64xh100-auto.json");
   const fs::path out = dir_ / "never.json";
   expect_bad_inputs({
-      {"unknown stack", "export " + quote(tiny) + " --to nemo", "--to: unknown stack \"nemo\" (one of: megatron, torchtitan, deepspeed, accelerate)"},
+      {"unknown stack", "export " + quote(tiny) + " --to nemo", "--to: unknown stack \"nemo\" (one of: megatron, torchtitan, deepspeed, accelerate, litgpt)"},
       {"a plan request", "export " + quote(request) + " --to megatron", request + ": /parallel: tp, pp, dp"},
       {"missing plan", "export " + quote((dir_ / "nope.json").string()) + " --to megatron", "cannot open file"},
       {"a pipeline for DeepSpeed", "export " + quote(tiny) + " --to deepspeed --out " + quote(out.string()),

@@ -362,7 +362,10 @@ TEST_F(LaunchCli, BadInputExitsTwoNamingThePlan) {
       {"missing plan", "launch " + quote((dir_ / "nope.json").string()) + " --nodes 8", (dir_ / "nope.json").string() + ": cannot open file"},
       {"malformed plan", "launch " + quote(malformed.string()) + " --nodes 8", malformed.string() + ": line 1"},
       {"white space in --account", "launch " + quote(plan.string()) + " --nodes 8 --slurm --account 'a b'",
-       plan.string() + ": --account: \"a b\" must not contain white space"},
+       plan.string() + ": --account: \"a b\" may hold only letters, digits and . _ - + = : , @ % /"},
+      // sbatch takes quotes in #SBATCH lines as quoting: the job name would reach SLURM changed.
+      {"a quote in --job-name", "launch " + quote(plan.string()) + " --nodes 8 --slurm --job-name 'it\"s'",
+       plan.string() + ": --job-name: \"it\"s\" may hold only"},
       {"zero GPUs per node", "launch " + quote(plan.string()) + " --nodes 8 --gpus-per-node 0", plan.string() + ": --gpus-per-node: must be >= 1 (got 0)"},
       {"GPUs per node that do not divide the plan's", "launch " + quote(plan.string()) + " --nodes 9 --gpus-per-node 7",
        "(--gpus-per-node 7 does not divide 64)"},

@@ -18,6 +18,15 @@ namespace trainplan::testing {
 inline std::string data_path(const std::string& name) { return std::string(TRAINPLAN_TEST_DATA_DIR) + "/" + name; }
 inline std::string source_path(const std::string& name) { return std::string(TRAINPLAN_SOURCE_DIR) + "/" + name; }
 
+// A file's bytes as they are.
+inline std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error("cannot open " + path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
 // Rows of a CSV file as maps from header to cell; lines starting with '#' are comments.
 // Quoted cells are not needed by our data and not supported.
 inline std::vector<std::map<std::string, std::string>> read_csv(const std::string& path) {

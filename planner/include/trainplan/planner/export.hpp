@@ -1,6 +1,6 @@
 #pragma once
-// Exporting a fixed plan to another training stack: the files Megatron-LM, torchtitan, DeepSpeed
-// and Hugging Face Accelerate read to run it (`planner export PLAN --to TARGET`), or the reasons a
+// Exporting a fixed plan to another training stack: the files Megatron-LM, torchtitan, DeepSpeed,
+// Hugging Face Accelerate and LitGPT read to run it (`planner export PLAN --to TARGET`), or the reasons a
 // stack cannot express the plan. The texts are returned, not written.
 
 #include <string>
@@ -11,11 +11,11 @@
 
 namespace trainplan::planner {
 
-enum class ExportTarget { kMegatron, kTorchtitan, kDeepspeed, kAccelerate };
+enum class ExportTarget { kMegatron, kTorchtitan, kDeepspeed, kAccelerate, kLitgpt };
 
 // Every target, in the order the CLI and the GUI list them.
 [[nodiscard]] const std::vector<ExportTarget>& export_targets();
-// "megatron", "torchtitan", "deepspeed", "accelerate": the names `--to` takes.
+// "megatron", "torchtitan", "deepspeed", "accelerate", "litgpt": the names `--to` takes.
 [[nodiscard]] const char* export_target_name(ExportTarget target);
 // The target a name stands for; the error lists the names.
 [[nodiscard]] costmodel::Result<ExportTarget> parse_export_target(const std::string& name);
@@ -30,7 +30,8 @@ struct PlanExport {
 
 // The software stack that runs the target's file (megatron: megatron-te, torchtitan: fsdp2,
 // deepspeed: deepspeed, accelerate: fsdp2 where the plan shards (fsdp_version 2), else
-// pytorch-eager), whose prediction the export states.
+// pytorch-eager; litgpt: fsdp1 for pretrain and finetune_full, fsdp2 for finetune_lora, on one
+// GPU pytorch-eager), whose prediction the export states.
 [[nodiscard]] costmodel::Stack export_stack(const costmodel::Plan& plan, ExportTarget target);
 
 // The target's file for `plan`, its first note (and first comment line, where the format has
