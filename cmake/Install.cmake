@@ -32,6 +32,7 @@ install(DIRECTORY "${PROJECT_SOURCE_DIR}/hwprofiles/" DESTINATION "${CMAKE_INSTA
         COMPONENT planner FILES_MATCHING PATTERN "*.json")
 install(DIRECTORY "${PROJECT_SOURCE_DIR}/samples/" DESTINATION "${CMAKE_INSTALL_DATADIR}/trainplan/samples" COMPONENT planner)
 install(FILES "${PROJECT_SOURCE_DIR}/README.md" DESTINATION "${CMAKE_INSTALL_DOCDIR}" COMPONENT planner)
+install(DIRECTORY "${PROJECT_SOURCE_DIR}/docs" DESTINATION "${CMAKE_INSTALL_DOCDIR}" COMPONENT planner)  # the pages README.md links to
 
 # The Debian package: planner and the GUI with the presets, samples and man pages. The executor
 # is not in it: it links LibTorch from PyPI's torch wheel, which no Debian package provides;

@@ -1,9 +1,9 @@
 # cmake -DPLANNER=<planner binary> -DSOURCE_DIR=<repository root> -P cmake/ValidationDocs.cmake
 # The validation record: writes docs/validation.md and docs/validation.json with `planner validate`
-# and puts the Markdown summary table into README.md between the two marker comments
-# ("<!-- begin validation summary" ... "<!-- end validation summary -->"), and each table marked
+# and puts the Markdown summary table between the two marker comments ("<!-- begin validation
+# summary" ... "<!-- end validation summary -->") of README.md, and each table marked
 # "<!-- begin validation table ID" ... "<!-- end validation table ID -->" (ID: a table id of
-# `planner validate`) between its markers. Run by the `validation_docs` target
+# `planner validate`) between its markers, in README.md or any page of docs/. Run by the `validation_docs` target
 # (planner/CMakeLists.txt).
 foreach(required PLANNER SOURCE_DIR)
   if(NOT DEFINED ${required})
@@ -55,47 +55,70 @@ endif()
 math(EXPR at "${at} + 12")  # past "## Summary\n\n"
 string(SUBSTRING "${markdown}" ${at} -1 summary)
 
-set(readme_file "${SOURCE_DIR}/README.md")
-file(READ "${readme_file}" readme)
+# The marked blocks live in README.md (the summary and the sample recommendation) and in the
+# topic pages under docs/ (the tables by id); every marked block of every page is rewritten, and
+# the summary and the recommendation must be marked somewhere.
+file(GLOB pages "${SOURCE_DIR}/docs/*.md")
+list(REMOVE_ITEM pages "${SOURCE_DIR}/docs/validation.md")
+list(PREPEND pages "${SOURCE_DIR}/README.md")
 
-# Replaces what lies between "<!-- begin NAME...-->\n" and "<!-- end NAME -->" in `readme`.
+# Replaces what lies between "<!-- begin NAME...-->\n" and "<!-- end NAME -->" in `page`, where
+# the page has those markers; sets `replaced` when it did.
 function(replace_block name content)
-  string(FIND "${readme}" "<!-- begin ${name}" begin)
-  string(FIND "${readme}" "<!-- end ${name} -->" end)
-  if(begin EQUAL -1 OR end EQUAL -1 OR end LESS begin)
-    message(FATAL_ERROR "README.md: the markers of \"${name}\" are missing")
+  string(FIND "${page}" "<!-- begin ${name}" begin)
+  string(FIND "${page}" "<!-- end ${name} -->" end)
+  if(begin EQUAL -1 AND end EQUAL -1)
+    return()
   endif()
-  string(SUBSTRING "${readme}" ${begin} -1 from_begin)
+  if(begin EQUAL -1 OR end EQUAL -1 OR end LESS begin)
+    message(FATAL_ERROR "${page_file}: the markers of \"${name}\" are unbalanced")
+  endif()
+  string(SUBSTRING "${page}" ${begin} -1 from_begin)
   string(FIND "${from_begin}" "-->\n" marker_end)
   math(EXPR head_length "${begin} + ${marker_end} + 4")
-  string(SUBSTRING "${readme}" 0 ${head_length} head)
-  string(SUBSTRING "${readme}" ${end} -1 tail)
-  set(readme "${head}${content}${tail}" PARENT_SCOPE)
+  string(SUBSTRING "${page}" 0 ${head_length} head)
+  string(SUBSTRING "${page}" ${end} -1 tail)
+  set(page "${head}${content}${tail}" PARENT_SCOPE)
+  set(replaced TRUE PARENT_SCOPE)
 endfunction()
 
-replace_block("validation summary" "${summary}")
-replace_block("sample recommendation" "${recommendation}")
-
-# Tables by id: the block after "Table id `ID`.\n\n" up to the next section.
-string(REGEX MATCHALL "<!-- begin validation table [a-z0-9_]+" marked "${readme}")
-foreach(marker IN LISTS marked)
-  string(REPLACE "<!-- begin validation table " "" id "${marker}")
-  string(FIND "${markdown}" "Table id `${id}`.\n\n" at)
-  if(at EQUAL -1)
-    message(FATAL_ERROR "docs/validation.md has no table with id ${id}")
+set(summary_written FALSE)
+set(recommendation_written FALSE)
+foreach(page_file IN LISTS pages)
+  file(READ "${page_file}" page)
+  set(replaced FALSE)
+  replace_block("validation summary" "${summary}")
+  if(replaced)
+    set(summary_written TRUE)
   endif()
-  string(LENGTH "Table id `${id}`.\n\n" skip)
-  math(EXPR at "${at} + ${skip}")
-  string(SUBSTRING "${markdown}" ${at} -1 rest)
-  string(FIND "${rest}" "\n## " next)
-  if(NOT next EQUAL -1)
-    math(EXPR next "${next} + 1")
-    string(SUBSTRING "${rest}" 0 ${next} rest)
+  set(replaced FALSE)
+  replace_block("sample recommendation" "${recommendation}")
+  if(replaced)
+    set(recommendation_written TRUE)
   endif()
-  replace_block("validation table ${id}" "${rest}")
+  # Tables by id: the block after "Table id `ID`.\n\n" up to the next section.
+  string(REGEX MATCHALL "<!-- begin validation table [a-z0-9_]+" marked "${page}")
+  foreach(marker IN LISTS marked)
+    string(REPLACE "<!-- begin validation table " "" id "${marker}")
+    string(FIND "${markdown}" "Table id `${id}`.\n\n" at)
+    if(at EQUAL -1)
+      message(FATAL_ERROR "docs/validation.md has no table with id ${id} (marked in ${page_file})")
+    endif()
+    string(LENGTH "Table id `${id}`.\n\n" skip)
+    math(EXPR at "${at} + ${skip}")
+    string(SUBSTRING "${markdown}" ${at} -1 rest)
+    string(FIND "${rest}" "\n## " next)
+    if(NOT next EQUAL -1)
+      math(EXPR next "${next} + 1")
+      string(SUBSTRING "${rest}" 0 ${next} rest)
+    endif()
+    replace_block("validation table ${id}" "${rest}")
+  endforeach()
+  file(WRITE "${page_file}.tmp" "${page}")
+  file(COPY_FILE "${page_file}.tmp" "${page_file}" ONLY_IF_DIFFERENT)
+  file(REMOVE "${page_file}.tmp")
 endforeach()
-
-file(WRITE "${readme_file}.tmp" "${readme}")
-file(COPY_FILE "${readme_file}.tmp" "${readme_file}" ONLY_IF_DIFFERENT)
-file(REMOVE "${readme_file}.tmp")
-message(STATUS "wrote docs/validation.md, docs/validation.json and the marked tables in README.md")
+if(NOT summary_written OR NOT recommendation_written)
+  message(FATAL_ERROR "the validation summary and the sample recommendation must each be marked in README.md or a page of docs/")
+endif()
+message(STATUS "wrote docs/validation.md, docs/validation.json and the marked blocks of README.md and docs/*.md")

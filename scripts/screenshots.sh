@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Renders the README's screenshots of the planning app (trainplan-gui) to PNG on Qt's offscreen
+# Renders the screenshots of README.md and docs/gui.md of the planning app (trainplan-gui) to PNG on Qt's offscreen
 # platform (no display needed; `xvfb-run scripts/screenshots.sh` works as well):
 #   docs/gui-main.png      the main window, llama3-70b on 64 GPUs (dgx-h100)
 #   docs/gui-pipeline.png  the pipeline schedule of the best tp=8 pp=8 1F1B plan for llama3-70b on 64 GPUs

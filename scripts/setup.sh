@@ -18,7 +18,7 @@ build_dir="${BUILD_DIR:-$here/build}"
 jobs="${JOBS:-$(nproc)}"
 action="${1:-demo}"
 
-# Debian packages the costmodel, planner and tests need (see README.md, "Dependencies"); dpkg-dev
+# Debian packages the costmodel, planner and tests need (see docs/installing.md, "Dependencies"); dpkg-dev
 # gives dpkg-shlibdeps, which the Debian package (cpack -G DEB) takes its dependencies from.
 packages=(g++ cmake ninja-build dpkg-dev libcli11-dev nlohmann-json3-dev libeigen3-dev libgtest-dev libgmock-dev)
 # ... and the Qt planning app (gui/, trainplan-gui; its tests run on Qt's offscreen platform):

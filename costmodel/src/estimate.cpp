@@ -517,7 +517,7 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
 
     // Activations: the allocated bytes at each peak of the step, and the allocator's slack
     // there (PyTorch's caching allocator keeps freed blocks for reuse; a request larger than
-    // every cached block gets a new segment). See README, "Memory as the allocator sees it".
+    // every cached block gets a new segment). See docs/cost-model.md, "Memory as the allocator sees it".
     x.in_flight = micro_batches_in_flight(p, i, m);
     const double saved = x.in_flight * layers[i] * lc.activation_bytes + (first ? x.in_flight * ec.embedding_activation_bytes : 0.0);
     const double layer_cache = lc.forward_transient_bytes;  // one layer's forward temporaries, cached

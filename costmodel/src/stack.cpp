@@ -100,6 +100,7 @@ constexpr StackSpec kFsdp2 = [] {
   s.attention_kernel = AttentionImpl::kFlash2;
   s.dp = {.gathered_units = 3, .gather_copy_bytes = 4, .reduce_copy_bytes = 4, .reduce_cast_fused = true, .sharded_grad_bytes = 4,
           .grad_op_units = true};
+  s.optimizer_only_sharding = false;  // fully_shard: ZeRO-2 (reshard_after_forward=False) or ZeRO-3
   s.source = "pytorch/torchtitan 42b0beb4 config_manager.py, components/loss.py, models/attention.py, models/llama3/infra/parallelize.py; "
              "pytorch/pytorch v2.8.0 (a1cb3cc0) torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py, _fsdp_param_group.py";
   return s;
@@ -159,6 +160,7 @@ constexpr StackSpec kFsdp1 = [] {
   s.tensor_parallel = false;
   s.context_parallel = false;
   s.pipeline_parallel = false;
+  s.optimizer_only_sharding = false;  // ShardingStrategy: NO_SHARD (DDP), SHARD_GRAD_OP, FULL_SHARD, HYBRID_*
   s.source = "pytorch/pytorch v2.8.0 (a1cb3cc0) torch/distributed/fsdp/_flat_param.py, _runtime_utils.py, _limiter_utils.py, api.py; "
              "transformers 4.51.3 loss/loss_utils.py (ForCausalLMLoss), integrations/sdpa_attention.py; "
              "mosaicml/composer 64051888 utils/parallelism.py (FSDPConfig: limit_all_gathers)";

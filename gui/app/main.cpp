@@ -5,6 +5,7 @@
 // in time or a file could not be written.
 
 #include <cstdio>
+#include <iostream>
 #include <map>
 #include <string>
 #include <vector>
@@ -57,9 +58,9 @@ bool wait_for_results(gui::MainWindow& window, int timeout_ms) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  QApplication app(argc, argv);
-  QApplication::setApplicationName(QStringLiteral("trainplan-gui"));
-
+  // The options are defined before Qt starts: --help needs no display (QApplication exits where
+  // none can be opened). Qt's own arguments (-platform ...) are taken out by QApplication before
+  // the options are parsed.
   CLI::App cli{"trainplan-gui: plan distributed LLM training interactively (Qt)"};
   std::map<std::string, std::string> fields;
   const auto field_option = [&](const std::string& name, const std::string& field, const std::string& help) {
@@ -75,6 +76,12 @@ int main(int argc, char** argv) {
   field_option("--optimizer", "optimizer", "adamw | sgd | adafactor | adam8bit");
   field_option("--mode", "mode", "pretrain | full | lora | qlora");
   field_option("--objective", "objective", "throughput | time | cost");
+  field_option("--stack", "stack",
+               "Software stack to predict for: trainplan | trainplan-reference | pytorch-eager | torch-compile | megatron-te | fsdp1 | fsdp2 | "
+               "fsdp2-compile | deepspeed");
+  field_option("--memory-headroom", "memory_headroom", "Percent of HBM kept free: plans needing more are \"tight\", ranked after the others");
+  field_option("--loss", "loss", "Loss kernel: stack | fp32-logits | fused | chunked-linear | vocab-parallel-fp32");
+  field_option("--attention-mask", "attention_mask", "causal | explicit");
   std::string batch_tokens, plan_file, model_file, measurement_file, tab = "breakdown", screenshot, export_plan, export_launch,
               export_slurm, export_report, size = "1600x1000";
   std::vector<std::string> fixes, charts;
@@ -94,6 +101,15 @@ int main(int argc, char** argv) {
   cli.add_option("--export-slurm", export_slurm, "Write the SLURM script of the selected plan and exit");
   cli.add_option("--export-report", export_report, "Write the report (.md Markdown or .html) and exit");
   cli.add_option("--timeout-ms", timeout_ms, "Longest wait for the search in batch mode")->capture_default_str();
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "-h" || a == "--help") {
+      std::cout << cli.help();
+      return 0;
+    }
+  }
+  QApplication app(argc, argv);
+  QApplication::setApplicationName(QStringLiteral("trainplan-gui"));
   try {
     cli.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

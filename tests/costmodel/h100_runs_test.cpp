@@ -4,7 +4,7 @@
 // step time and peak reserved memory within 5% on every run, and micro-batch 16 with full
 // recompute (which ran out of memory) not fitting. Nothing here is fitted to these rows: the
 // profile's kernel tables come from the microbenchmarks beside them, and the memory from the
-// tensors the executor's autograd keeps (README, "The cost model against real GPUs").
+// tensors the executor's autograd keeps (docs/cost-model.md, "The cost model against real GPUs").
 // These runs were measured before the executor's fused paths, with the plain path that
 // `--kernels reference` still runs: their plans (and stacks_mb4.csv) name the stack
 // trainplan-reference. The fused executor (stack trainplan) is checked against its own H100 run

@@ -158,7 +158,7 @@ TEST(InstructionData, EveryLayoutComputesTheOneRankLosses) {
   }
 }
 
-// The README's CPU walkthrough: a base model trained briefly and exported in the Hugging Face
+// The CPU walkthrough of docs/executor.md: a base model trained briefly and exported in the Hugging Face
 // layout, then LoRA on the sample instructions from that export on 2 ranks; the response loss falls.
 TEST(InstructionData, TheReadmeWalkthroughRuns) {
   const std::string dir = scratch_dir("walkthrough");

@@ -155,7 +155,7 @@ TEST(FsdpRunsA100, MfuWithin15Percent) {
 }
 
 // torchtitan's A100 runs (64 x A100-80GB, FSDP): printed for the record, not bounded yet (see
-// the README's validation record for how far off they are).
+// docs/accuracy.md, the validation record, for how far off they are).
 TEST(TorchtitanA100, EveryRunIsPredicted) {
   const auto table = checked(planner::validate_torchtitan_a100());
   print(table);

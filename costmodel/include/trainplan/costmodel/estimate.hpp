@@ -154,7 +154,7 @@ struct Estimate {
 
 // The headroom a plan keeps below HBM capacity unless told otherwise: twice the largest error
 // of the predicted peak reserved memory against the measured H100 runs (tests/data/
-// h100-llama3.2-1b, README "Accuracy"), rounded up to a whole percent. A plan that needs more
+// h100-llama3.2-1b, docs/cost-model.md "The cost model against real GPUs"), rounded up to a whole percent. A plan that needs more
 // than (1 - headroom) x capacity is "tight".
 inline constexpr double kDefaultMemoryHeadroom = 0.02;
 

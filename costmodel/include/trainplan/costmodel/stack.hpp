@@ -203,6 +203,12 @@ struct StackSpec {
   bool tensor_parallel = true, context_parallel = true, pipeline_parallel = true;
   int max_zero_with_pipeline = 3;
   int max_zero_with_tensor_parallel = 3;  // likewise beside tensor parallelism
+  // Runs ZeRO-1, optimizer states sharded with gradients and parameters whole: Megatron's
+  // distributed optimizer, DeepSpeed's stage 1, PyTorch DDP with ZeroRedundancyOptimizer, the
+  // executor. FSDP has no such mode: FSDP1's ShardingStrategy is NO_SHARD, SHARD_GRAD_OP,
+  // FULL_SHARD or a hybrid of them (torch/distributed/fsdp/api.py), FSDP2's fully_shard shards
+  // parameters, gradients and optimizer states together, resharding after forward or not.
+  bool optimizer_only_sharding = true;
   // Runs pure 16-bit training (TrainingConfig::master_weights false): a module cast to bf16 under
   // PyTorch's own optimizers keeps no fp32 copy. Megatron's and DeepSpeed's 16-bit optimizers
   // always keep fp32 main parameters (Float16OptimizerWithFloat16Params; ZeRO's fp32 partitions),
