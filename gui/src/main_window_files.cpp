@@ -1,0 +1,220 @@
+// MainWindow's files: opening plans, models and measurements, and writing the plan, the launch
+// texts, the stacks' exports, the report and the charts (the File menu and the batch options of
+// trainplan-gui). The window itself is main_window.cpp.
+#include "trainplan/gui/main_window.hpp"
+
+#include <QCoreApplication>
+#include <QFileDialog>
+#include <QFileInfo>
+#include <QMessageBox>
+#include <QStatusBar>
+
+#include <nlohmann/json.hpp>
+
+#include "trainplan/costmodel/hf_config.hpp"
+#include "trainplan/costmodel/presets.hpp"
+#include "trainplan/gui/export.hpp"
+#include "trainplan/gui/launch_panel.hpp"
+#include "trainplan/planner/launch.hpp"
+
+namespace trainplan::gui {
+
+namespace cm = trainplan::costmodel;
+namespace pl = trainplan::planner;
+
+bool MainWindow::open_plan(const QString& path) {
+  auto request = cm::load_plan_file(path.toStdString());
+  if (!request) {
+    show_error(tr("Cannot open the plan: %1").arg(QString::fromStdString(request.error().message)));
+    return false;
+  }
+  pending_plan_.reset();
+  if (cm::unset_layout_fields(request->parallel).empty()) {
+    if (auto plan = cm::plan_with_defaults(*request)) pending_plan_ = *plan;
+  }
+  input_->load_request(*request, path);
+  return true;
+}
+
+bool MainWindow::load_model_file(const QString& path) {
+  auto text = cm::read_text_file(path.toStdString());
+  if (!text) {
+    show_error(tr("Cannot load the model: %1").arg(QString::fromStdString(text.error().message)));
+    return false;
+  }
+  auto model = cm::parse_model_or_hf_config_text(*text, path.toStdString());  // trainplan/model/v1 or HF config.json
+  if (!model) {
+    show_error(tr("Cannot load the model: %1").arg(QString::fromStdString(model.error().message)));
+    return false;
+  }
+  input_->set_loaded_model(path, cm::model_to_json(*model));
+  return true;
+}
+
+bool MainWindow::load_measurement(const QString& path) {
+  auto loaded = session_->load_measurement(path.toStdString());
+  if (!loaded) {
+    show_error(tr("Cannot load the measurement: %1").arg(QString::fromStdString(loaded.error().message)));
+    return false;
+  }
+  return true;
+}
+
+bool MainWindow::export_plan_json(const QString& path) {
+  if (!session_->selected()) {
+    show_error(tr("No plan selected to export"));
+    return false;
+  }
+  QString error;
+  const std::string text = cm::plan_to_json(session_->selected()->plan).dump(2) + "\n";
+  if (!save_text_file(path, QString::fromStdString(text), &error)) {
+    show_error(error);
+    return false;
+  }
+  plan_path_ = path;
+  on_selection();  // the launch texts name the exported file
+  return true;
+}
+
+QString MainWindow::launch_text(bool slurm, QString* error) const {
+  if (!session_->selected()) {
+    if (error) *error = tr("no plan selected");
+    return {};
+  }
+  const cm::Plan& plan = session_->selected()->plan;
+  pl::LaunchOptions options;
+  const int per_node = plan.cluster.gpus_per_node;
+  if (plan.gpus < per_node) {
+    options.nodes = 1;
+    options.gpus_per_node = plan.gpus;
+  } else {
+    options.nodes = plan.gpus / per_node;
+  }
+  auto text = slurm ? pl::slurm_script(plan, plan_path_.toStdString(), options) : pl::torchrun_commands(plan, plan_path_.toStdString(), options);
+  if (!text) {
+    if (error) *error = QString::fromStdString(text.error().message);
+    return {};
+  }
+  return QString::fromStdString(*text);
+}
+
+bool MainWindow::export_launch(const QString& path, bool slurm) {
+  QString error;
+  const QString text = launch_text(slurm, &error);
+  if (text.isEmpty()) {
+    show_error(tr("No launch command: %1").arg(error));
+    return false;
+  }
+  if (!save_text_file(path, text, &error)) {
+    show_error(error);
+    return false;
+  }
+  return true;
+}
+
+bool MainWindow::export_stack(pl::ExportTarget target, const QString& path) {
+  if (!session_->selected()) {
+    show_error(tr("No plan selected to export"));
+    return false;
+  }
+  auto exported = pl::export_plan(session_->selected()->plan, target);
+  if (!exported) {
+    show_error(refusal_text(target, exported.error().message));
+    return false;
+  }
+  QString error;
+  if (!save_text_file(path, QString::fromStdString(exported->text), &error)) {
+    show_error(error);
+    return false;
+  }
+  return true;
+}
+
+bool MainWindow::export_report(const QString& path, pl::Format format) {
+  const QString text = report_text(format);
+  if (text.isEmpty()) {
+    show_error(tr("No search result to report yet"));
+    return false;
+  }
+  QString error;
+  if (!save_text_file(path, text, &error)) {
+    show_error(error);
+    return false;
+  }
+  return true;
+}
+
+bool MainWindow::export_chart(ChartKind kind, const QString& path) {
+  QWidget* widget = this;
+  switch (kind) {
+    case ChartKind::kMemory: show_tab(kBreakdownTab); widget = memory_chart_; break;
+    case ChartKind::kTime: show_tab(kBreakdownTab); widget = time_chart_; break;
+    case ChartKind::kPipeline: show_tab(kPipelineTab); widget = schedule_view_; break;
+    case ChartKind::kMeasuredPipeline: show_tab(kPipelineTab); widget = measured_view_; break;
+    case ChartKind::kScaling: show_tab(kScalingTab); widget = scaling_chart_; break;
+    case ChartKind::kComparison: show_tab(kCompareTab); widget = compare_page_; break;
+    case ChartKind::kWindow: widget = this; break;
+  }
+  if (kind == ChartKind::kMeasuredPipeline && measured_view_->isHidden()) {
+    show_error(tr("No measured pipeline to export: load a measurement with a trace first"));
+    return false;
+  }
+  QCoreApplication::processEvents();  // lay out the tab just shown
+  QString error;
+  if (!save_widget_image(widget, path, &error)) {
+    show_error(error);
+    return false;
+  }
+  return true;
+}
+
+void MainWindow::choose_and_open_plan() {
+  const QString path = QFileDialog::getOpenFileName(this, tr("Open plan"), QString(), tr("Plan (*.json);;All files (*)"));
+  if (!path.isEmpty()) open_plan(path);
+}
+
+void MainWindow::choose_and_load_model() {
+  const QString path = QFileDialog::getOpenFileName(this, tr("Load model (trainplan JSON or Hugging Face config.json)"), QString(),
+                                                    tr("Model or Hugging Face config (*.json);;All files (*)"));
+  if (!path.isEmpty()) load_model_file(path);
+}
+
+void MainWindow::choose_and_load_measurement() {
+  const QString path = QFileDialog::getOpenFileName(this, tr("Load measurement"), QString(), tr("Measurement (*.json);;All files (*)"));
+  if (!path.isEmpty()) load_measurement(path);
+}
+
+void MainWindow::choose_and_export_stack(pl::ExportTarget target) {
+  if (!session_->selected()) {
+    show_error(tr("No plan selected to export"));
+    return;
+  }
+  auto exported = pl::export_plan(session_->selected()->plan, target);
+  if (!exported) {  // before the dialog: there is nothing to save
+    show_error(refusal_text(target, exported.error().message));
+    return;
+  }
+  const QString name = QString::fromStdString(exported->file_name);
+  const QString suffix = QFileInfo(name).suffix();
+  choose_and_export(tr("Export for %1").arg(stack_label(target)), tr("%1 file (*.%2);;All files (*)").arg(stack_label(target), suffix),
+                    [this, target](const QString& p) { return export_stack(target, p); }, name);
+}
+
+void MainWindow::choose_and_save_launch_choice() {
+  const LaunchChoice& choice = launch_panel_->choice();
+  if (choice.stack) {
+    choose_and_export_stack(*choice.stack);
+    return;
+  }
+  const bool slurm = choice.slurm;
+  choose_and_export(slurm ? tr("Export SLURM script") : tr("Export launch command"), launch_panel_->file_filter(),
+                    [this, slurm](const QString& p) { return export_launch(p, slurm); }, launch_panel_->suggested_file_name());
+}
+
+void MainWindow::choose_and_export(const QString& title, const QString& filter, const std::function<bool(const QString&)>& action,
+                                   const QString& suggested_name) {
+  const QString path = QFileDialog::getSaveFileName(this, title, suggested_name, filter);
+  if (!path.isEmpty() && action(path)) statusBar()->showMessage(tr("Wrote %1").arg(path), 8000);
+}
+
+}  // namespace trainplan::gui
