@@ -292,7 +292,7 @@ def check_litgpt(path, pv):
     expect(errors, "precision", init.precision, precision)
     want_mode = {"pretrain": "pretrain", "finetune_full": "full", "finetune_lora": "lora"}[command]
     expect(errors, "recipe", want_mode, "lora" if pv["mode"] == "qlora" else pv["mode"])
-    # The layout each recipe's setup() builds on world > 1 GPUs (see planner/src/export_litgpt.cpp).
+    # The layout each recipe's setup() builds on world > 1 GPUs (see planner/src/export/export_litgpt.cpp).
     if world > 1:
         expect(errors, "zero stage (FSDP)", pv["zero"], 3)
         shard = pv["shard_group"] or pv["dp"]
