@@ -11,6 +11,7 @@
 
 #include "trainplan/costmodel/presets.hpp"
 #include "trainplan/planner/search.hpp"
+#include "statistics.hpp"
 
 namespace trainplan::planner {
 
@@ -38,12 +39,6 @@ double number(const std::string& text) {
 
 const std::regex kTitanStep(R"(step:\s*(\d+)\s+loss:\s*(\S+).*?memory:\s*([0-9.]+)GiB.*?(?:tps|wps):\s*([0-9,]+))");
 const std::regex kMegatronIteration(R"(iteration\s+(\d+)/\s*\d+\s*\|.*elapsed time per iteration \(ms\):\s*([0-9.]+))");
-
-double median(std::vector<double> xs) {
-  std::sort(xs.begin(), xs.end());
-  const std::size_t n = xs.size();
-  return n % 2 ? xs[n / 2] : (xs[n / 2 - 1] + xs[n / 2]) / 2;
-}
 
 // The steps the measurement stands for: every logged step after the first (compilation, warm-up
 // and the allocator's first growth land there), or the one step a log has.

@@ -8,6 +8,8 @@
 #include <sstream>
 #include <tuple>
 
+#include "statistics.hpp"
+
 namespace trainplan::planner {
 
 using namespace trainplan::costmodel;
@@ -63,13 +65,6 @@ Result<double> positive(const Table& t, int line, const std::vector<std::string>
   } catch (const std::exception&) {
     return Error{where + ": must be a finite number > 0 (got \"" + cells[static_cast<std::size_t>(c)] + "\")"};
   }
-}
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 // "4096x1024x2048": the numbers of a shape, whole ones without a fraction.

@@ -4,6 +4,8 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "statistics.hpp"
+
 namespace trainplan::planner {
 
 namespace fs = std::filesystem;
@@ -11,13 +13,6 @@ using costmodel::Error;
 using costmodel::Result;
 
 namespace {
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 // printf into a std::string.
 template <typename... Args>
