@@ -100,6 +100,24 @@ Result<Derived> derive(const Plan& plan) {
   return d;
 }
 
+std::string double_quoted(const std::string& text) {
+  std::string out = "\"";
+  for (const char ch : text) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (ch == '"' || ch == '\\') {
+      out += '\\';
+      out += ch;
+    } else if (c < 0x20 || c == 0x7f) {
+      char escaped[8];
+      std::snprintf(escaped, sizeof escaped, "\\u%04x", c);
+      out += escaped;
+    } else {
+      out += ch;
+    }
+  }
+  return out + "\"";
+}
+
 std::string refusal_error(ExportTarget target, const std::vector<std::string>& reasons) {
   std::string message;
   for (const auto& r : reasons) message += (message.empty() ? "" : "; ") + std::string(export_target_name(target)) + ": " + r;

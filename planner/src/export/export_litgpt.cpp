@@ -51,16 +51,6 @@ bool has_target(const Plan& plan, const char* target) {
   return std::find(t.begin(), t.end(), target) != t.end();
 }
 
-// The value as a YAML double-quoted scalar (YAML 1.2 §7.3.1: backslash and quote escaped).
-std::string yaml_string(const std::string& text) {
-  std::string out = "\"";
-  for (const char ch : text) {
-    if (ch == '"' || ch == '\\') out += '\\';
-    out += ch;
-  }
-  return out + "\"";
-}
-
 }  // namespace
 
 std::vector<std::string> litgpt_refusals(const Plan& plan) {
@@ -130,7 +120,7 @@ PlanExport litgpt_export(const Plan& plan, const Derived& d) {
                                                  : "finetuning reads Alpaca unless the config names a dataset (data: class_path litgpt.data.JSON ...)"));
   if (recipe != Recipe::kPretrain) e.notes.push_back("litgpt: checkpoint_dir: the model's shape comes from its checkpoint (litgpt download), not this file");
   std::ostringstream o;
-  o << "# LitGPT config for the trainplan plan " << yaml_string(plan.name) << ":\n";
+  o << "# LitGPT config for the trainplan plan " << double_quoted(plan.name) << ":\n";
   o << "#   " << m.name << " on " << plan.cluster.name << ", " << d.nodes_text << "; dp " << p.dp
     << (plan.gpus == 1 ? "" : recipe == Recipe::kPretrain && d.nodes > 1 ? " (FSDP HYBRID_SHARD: ZeRO-3 within each node, replicas across nodes)"
                                 : recipe == Recipe::kLora                 ? " (FSDP2 fully_shard: ZeRO-3)"
@@ -147,9 +137,9 @@ PlanExport litgpt_export(const Plan& plan, const Derived& d) {
     o << "#   litgpt " << command_of(recipe) << " --config THIS_FILE\n";
   }
   if (recipe == Recipe::kPretrain) {
-    o << "model_name: " << yaml_string(m.name) << "\n";
+    o << "model_name: " << double_quoted(m.name) << "\n";
     o << "model_config:\n";
-    o << "  name: " << yaml_string(m.name) << "\n";
+    o << "  name: " << double_quoted(m.name) << "\n";
     o << "  block_size: " << std::max<long long>(m.max_seq_len, t.seq_len) << "\n";
     o << "  vocab_size: " << m.vocab << "\n  padded_vocab_size: " << m.vocab << "\n";
     o << "  n_layer: " << m.layers << "\n  n_head: " << m.heads << "\n  n_embd: " << m.hidden << "\n";
@@ -166,7 +156,7 @@ PlanExport litgpt_export(const Plan& plan, const Derived& d) {
     }
   } else {
     o << "# The base model's LitGPT checkpoint (litgpt download <repo>): replace with yours\n";
-    o << "checkpoint_dir: " << yaml_string("checkpoints/" + m.name) << "\n";
+    o << "checkpoint_dir: " << double_quoted("checkpoints/" + m.name) << "\n";
   }
   o << "precision: " << (!t.master_weights ? "bf16-true" : t.precision == cm::Precision::kBf16 ? "bf16-mixed" : "32-true") << "\n";
   if (t.mode == cm::TrainingMode::kQlora) o << "quantize: bnb.nf4\n";

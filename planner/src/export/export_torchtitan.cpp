@@ -24,26 +24,6 @@ using cm::Plan;
 
 namespace {
 
-// `text` as a TOML basic string: quoted, with backslash, quote and control characters escaped
-// (TOML 1.0, "Basic strings"), so a document's name reads back as itself and nothing else.
-std::string toml_string(const std::string& text) {
-  std::string out = "\"";
-  for (const char ch : text) {
-    const auto c = static_cast<unsigned char>(ch);
-    if (ch == '"' || ch == '\\') {
-      out += '\\';
-      out += ch;
-    } else if (c < 0x20 || c == 0x7f) {
-      char escaped[8];
-      std::snprintf(escaped, sizeof escaped, "\\u%04x", c);
-      out += escaped;
-    } else {
-      out += ch;
-    }
-  }
-  return out + "\"";
-}
-
 // The torchtitan llama3 flavor with exactly this shape, or "".
 std::string llama3_flavor(const cm::ModelSpec& m) {
   struct Flavor {
@@ -158,7 +138,7 @@ PlanExport torchtitan_export(const Plan& plan, const Derived& d) {
       << " --rdzv-backend c10d\n";
     o << "#   --rdzv-endpoint \"$MASTER_ADDR:29500\" -m torchtitan.train --job.config_file THIS_FILE\n";
   }
-  o << "\n[job]\ndescription = " << toml_string("trainplan plan " + plan.name) << "\n";
+  o << "\n[job]\ndescription = " << double_quoted("trainplan plan " + plan.name) << "\n";
   o << "\n[model]\nname = \"llama3\"\n";
   const std::string flavor = llama3_flavor(m);
   if (flavor.empty()) {
@@ -169,12 +149,12 @@ PlanExport torchtitan_export(const Plan& plan, const Derived& d) {
     const double base = std::floor(8.0 * static_cast<double>(m.hidden) / 3.0);
     char multiplier[64];
     std::snprintf(multiplier, sizeof multiplier, "%.12g", (static_cast<double>(m.ffn_hidden) + 0.5) / base);
-    // The name as a TOML basic string, which (escaping only \" \\ and \uXXXX) is also a Python
-    // string literal of the same text: the line pastes into Python as the name and nothing else.
-    o << "#   llama3_args[" << toml_string(m.name) << "] = TransformerModelArgs(dim=" << m.hidden << ", n_layers=" << m.layers << ", n_heads=" << m.heads
+    // The name double-quoted, a Python string literal of the same text: the line pastes into
+    // Python as the name and nothing else.
+    o << "#   llama3_args[" << double_quoted(m.name) << "] = TransformerModelArgs(dim=" << m.hidden << ", n_layers=" << m.layers << ", n_heads=" << m.heads
       << ", n_kv_heads=" << m.kv_heads << ", vocab_size=" << m.vocab << ", multiple_of=1, ffn_dim_multiplier=" << multiplier << ")\n";
     o << "# (its MLP width then comes out at the plan's " << m.ffn_hidden << ": int(" << multiplier << " * int(8 * " << m.hidden << " / 3))).\n";
-    o << "flavor = " << toml_string(m.name) << "\n";
+    o << "flavor = " << double_quoted(m.name) << "\n";
   } else {
     o << "flavor = \"" << flavor << "\"\n";
   }

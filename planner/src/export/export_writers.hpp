@@ -24,6 +24,11 @@ struct Derived {
 [[nodiscard]] std::string lora_note(const costmodel::Plan& plan);
 [[nodiscard]] std::string refusal_error(ExportTarget target, const std::vector<std::string>& reasons);
 
+// `text` double-quoted with backslash and quote escaped and control characters as \uXXXX: a
+// TOML basic string (TOML 1.0), a YAML double-quoted scalar (YAML 1.2 §7.3.1) and a Python
+// string literal alike, each reading back as `text` and nothing else.
+[[nodiscard]] std::string double_quoted(const std::string& text);
+
 // The model features beyond its architecture's GPT or Llama block that a stack writing the model's
 // shape does not express, one reason each ("model: mla: ..."). `head_size`, `qkv_bias`: whether
 // the stack has an option for an explicit head size and for biases on Q, K and V alone.
