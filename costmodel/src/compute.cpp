@@ -19,10 +19,6 @@ namespace {
 
 constexpr double kMiB = 1048576.0;
 
-bool has_target(const LoraConfig& lora, const char* name) {
-  return std::find(lora.targets.begin(), lora.targets.end(), name) != lora.targets.end();
-}
-
 Dtype activation_dtype(Precision p) {
   return p == Precision::kFp32 ? Dtype::kFp32 : (p == Precision::kFp16 ? Dtype::kFp16 : Dtype::kBf16);
 }
@@ -219,8 +215,8 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
   // LoRA's frozen GEMMs keep no input: a group's input (Q/K/V, gate/up) is kept by its adapters'
   // A matrices alone, and with LoRA dropout not even by them (each keeps its dropped copy).
   const bool kept_by_adapters = !lora || s.lora.dropout <= 0;
-  const bool attention_input_kept = !lora || mla || (kept_by_adapters && (has_target(s.lora, "q") || has_target(s.lora, "k") || has_target(s.lora, "v")));
-  const bool mlp_input_kept = !lora || mla || (kept_by_adapters && (has_target(s.lora, "gate") || has_target(s.lora, "up")));
+  const bool attention_input_kept = !lora || mla || (kept_by_adapters && (s.lora.targets_include("q") || s.lora.targets_include("k") || s.lora.targets_include("v")));
+  const bool mlp_input_kept = !lora || mla || (kept_by_adapters && (s.lora.targets_include("gate") || s.lora.targets_include("up")));
   const double scores = s.micro_batch * a_local * s_q * s_k;  // attention score elements
   // Context parallelism with K/V all-gathered (stack.hpp): the rank's two query chunks each attend
   // the keys up to their own end through a masked kernel, (2cp + 1) / 4cp of the s_q x s_k
@@ -286,12 +282,12 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
   if (feat.qkv_bias) p.backward += rates.stream(e * T * (q_local + (k_local + v_local)));  // bias gradients (a reduction over tokens)
   if (lora && mla) {
     for (const LinearShape& l : attention_linears(mdl)) {
-      if (std::string(l.name) != "o" && has_target(s.lora, lora_target_of(l.name))) p.adapter(T, local_in(l, t), local_out(l, t), r);
+      if (std::string(l.name) != "o" && s.lora.targets_include(lora_target_of(l.name))) p.adapter(T, local_in(l, t), local_out(l, t), r);
     }
   } else if (lora) {
-    if (has_target(s.lora, "q")) p.adapter(T, h, q_local, r);
-    if (has_target(s.lora, "k")) p.adapter(T, h, kv_local, r);
-    if (has_target(s.lora, "v")) p.adapter(T, h, kv_local, r);
+    if (s.lora.targets_include("q")) p.adapter(T, h, q_local, r);
+    if (s.lora.targets_include("k")) p.adapter(T, h, kv_local, r);
+    if (s.lora.targets_include("v")) p.adapter(T, h, kv_local, r);
   }
   double rotary_forward = 0;  // for op-level selective recompute
   if (mla) {
@@ -336,7 +332,7 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
   p.backward += core_backward;
 
   p.linear(T, h, o_in_local, frozen);  // output projection
-  if (lora && has_target(s.lora, "o")) p.adapter(T, o_in_local, h, r);
+  if (lora && s.lora.targets_include("o")) p.adapter(T, o_in_local, h, r);
   if (s.dropout) p.elementwise(ElementwiseOp::kDropout, Tn * h, 0, 2 * e + 1);
   if (adds_in_mlp_norm) p.forward += rates.stream((2 * e + (s.dropout ? 1.0 : 0.0)) * Tn * h);  // norm 2 reads the branch, writes the sum
   else p.elementwise(ElementwiseOp::kResidualAdd, Tn * h, 3 * e + (s.dropout ? 1.0 : 0.0), 0, false);  // (bias,) dropout, residual add
@@ -385,9 +381,9 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
   }
   if (feat.mlp_bias) p.backward += rates.stream(e * T * (ffn_local + h));  // bias gradients
   if (lora) {
-    if (feat.gated_mlp && has_target(s.lora, "gate")) p.adapter(tokens_mlp, h, ffn_local, r);
-    if (has_target(s.lora, "up")) p.adapter(tokens_mlp, h, ffn_local, r);
-    if (has_target(s.lora, "down")) p.adapter(tokens_mlp, ffn_local, h, r);
+    if (feat.gated_mlp && s.lora.targets_include("gate")) p.adapter(tokens_mlp, h, ffn_local, r);
+    if (s.lora.targets_include("up")) p.adapter(tokens_mlp, h, ffn_local, r);
+    if (s.lora.targets_include("down")) p.adapter(tokens_mlp, ffn_local, h, r);
   }
   const double mlp_width_elements = tokens_mlp * ffn_local + T * shared_local;  // activation-function elements
   recompute_pointwise += timed([&] {
@@ -482,14 +478,14 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
   // so one more copy of the attention output stays (executor/src/model.cpp attention).
   // (Under LoRA only the o adapter's A keeps that copy, and with LoRA dropout its dropped one.)
   // `joined_kept`: the output projection's input is kept for its own sake (its weight's gradient).
-  const bool joined_kept = !lora || mla || (kept_by_adapters && has_target(s.lora, "o"));
+  const bool joined_kept = !lora || mla || (kept_by_adapters && s.lora.targets_include("o"));
   const double proj_input = T * o_in_local * lin_in + (gathered_kv && s.recompute == Recompute::kNone && joined_kept ? T * o_in_local * e : 0.0);
   const double masks = s.dropout ? 2.0 * Tn * h : 0.0;
   // GELU: fc1 output and the GELU output (fc2's input). SwiGLU: the stack's count (stack.hpp),
   // one of which is the down projection's input.
   // A LoRA adapter on the down projection keeps its input, the product (its A's weight gradient
   // needs it), which a fused SwiGLU would otherwise recompute (executor/src/fused_ops.hpp swiglu).
-  const bool down_adapter = lora && has_target(s.lora, "down");
+  const bool down_adapter = lora && s.lora.targets_include("down");
   const double mlp_width_saved = feat.gated_mlp ? (down_adapter ? std::max(3.0, stack.swiglu_saved) : stack.swiglu_saved) : 2.0;
   const double mlp_saved = mlp_width_elements * (mlp_width_saved - 1.0) * e;
   const double mlp_act_out = mlp_width_elements * lin_in;  // input of fc2 / down

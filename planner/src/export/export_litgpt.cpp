@@ -46,11 +46,6 @@ const char* command_of(Recipe r) { return r == Recipe::kPretrain ? "pretrain" : 
 // The recompute a recipe runs with on `gpus` GPUs.
 cm::Recompute recipe_recompute(Recipe r, int gpus) { return gpus > 1 && r != Recipe::kPretrain ? cm::Recompute::kFull : cm::Recompute::kNone; }
 
-bool has_target(const Plan& plan, const char* target) {
-  const auto& t = plan.training.lora.targets;
-  return std::find(t.begin(), t.end(), target) != t.end();
-}
-
 }  // namespace
 
 std::vector<std::string> litgpt_refusals(const Plan& plan) {
@@ -101,8 +96,9 @@ std::vector<std::string> litgpt_refusals(const Plan& plan) {
     r.push_back("base_format: this export writes LitGPT's bnb.nf4 quantization only");
   }
   if (recipe == Recipe::kLora) {
-    const bool mlp = has_target(plan, "gate") || has_target(plan, "up") || has_target(plan, "down");
-    if (mlp && !(has_target(plan, "gate") && has_target(plan, "up") && has_target(plan, "down"))) {
+    const auto& lora = t.lora;
+    const bool mlp = lora.targets_include("gate") || lora.targets_include("up") || lora.targets_include("down");
+    if (mlp && !(lora.targets_include("gate") && lora.targets_include("up") && lora.targets_include("down"))) {
       r.push_back("lora targets: LitGPT's lora_mlp puts adapters on gate, up and down together");
     }
   }
@@ -167,11 +163,11 @@ PlanExport litgpt_export(const Plan& plan, const Derived& d) {
     o << "lora_alpha: " << alpha << "\n";
     std::snprintf(alpha, sizeof alpha, "%g", t.lora.dropout);
     o << "lora_dropout: " << alpha << "\n";
-    o << "lora_query: " << (has_target(plan, "q") ? "true" : "false") << "\n";
-    o << "lora_key: " << (has_target(plan, "k") ? "true" : "false") << "\n";
-    o << "lora_value: " << (has_target(plan, "v") ? "true" : "false") << "\n";
-    o << "lora_projection: " << (has_target(plan, "o") ? "true" : "false") << "\n";
-    o << "lora_mlp: " << (has_target(plan, "gate") ? "true" : "false") << "\n";
+    o << "lora_query: " << (t.lora.targets_include("q") ? "true" : "false") << "\n";
+    o << "lora_key: " << (t.lora.targets_include("k") ? "true" : "false") << "\n";
+    o << "lora_value: " << (t.lora.targets_include("v") ? "true" : "false") << "\n";
+    o << "lora_projection: " << (t.lora.targets_include("o") ? "true" : "false") << "\n";
+    o << "lora_mlp: " << (t.lora.targets_include("gate") ? "true" : "false") << "\n";
     o << "lora_head: false\n";
   }
   o << "devices: " << d.per_node << "\nnum_nodes: " << d.nodes << "\n";

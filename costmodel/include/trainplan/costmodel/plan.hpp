@@ -48,6 +48,13 @@ struct LoraConfig {
   double alpha = 16.0;
   double dropout = 0.0;
   [[nodiscard]] double scale() const { return alpha / rank; }
+  // Whether the adapters include this projection ("q", "gate", ...).
+  [[nodiscard]] bool targets_include(const std::string& name) const {
+    for (const std::string& t : targets) {
+      if (t == name) return true;
+    }
+    return false;
+  }
 };
 
 // The most tokens a plan may train: a guard against absurd input, above the default (20 per
