@@ -28,8 +28,8 @@ HOSTILE = "a\"b\\c 'q' $(touch PWNED) `touch PWNED` ; touch PWNED # ] = [x] : {y
 
 
 def stand_ins(directory, record):
-    """torchrun, srun and mpirun that record their arguments and do nothing else; scontrol names one node."""
-    for name in ("torchrun", "srun", "mpirun"):
+    """torchrun and srun that record their arguments and do nothing else; scontrol names one node."""
+    for name in ("torchrun", "srun"):
         path = os.path.join(directory, name)
         with open(path, "w") as f:
             f.write(f"#!{sys.executable}\nimport json, os, sys\n"

@@ -94,7 +94,6 @@ def plan_values(plan):
         "schedule": p.get("schedule", "1f1b"), "virtual_stages": p.get("virtual_stages", 1), "recompute": p.get("recompute", "none"),
         "sequence_parallel": p.get("sequence_parallel", p.get("tp", 1) > 1), "mode": t.get("mode", "pretrain"),
         "master_weights": t.get("master_weights", True), "lora_rank": t.get("lora", {}).get("rank", 16),
-        "per_node": None,
     }
     pv["arch"] = cluster_arch(plan.get("cluster", ""))
     pv["accumulation"] = pv["global_batch"] // (pv["micro_batch"] * pv["dp"])
@@ -303,10 +302,9 @@ def check_litgpt(path, pv):
 
         config = init.model_config if isinstance(init.model_config, Config) else Config(**init.model_config)
         expect(errors, "model_config.block_size >= seq", config.block_size >= pv["seq_len"], True)
-    else:
-        expect(errors, "lora_r", init.lora_r if command == "finetune_lora" else pv["lora_rank"], pv["lora_rank"])
-        if command == "finetune_lora":
-            expect(errors, "quantize", init.quantize, "bnb.nf4" if pv["mode"] == "qlora" else None)
+    elif command == "finetune_lora":
+        expect(errors, "lora_r", init.lora_r, pv["lora_rank"])
+        expect(errors, "quantize", init.quantize, "bnb.nf4" if pv["mode"] == "qlora" else None)
     return errors
 
 
