@@ -10,10 +10,12 @@
 #   bench/eager_bench.sh [BUILD_DIR] [DEVICE] [MODEL] [SEQ] [MICRO] [GLOBAL] [STEPS] [OUT_JSON]
 #   defaults: build cpu (a 6.4 M-parameter Llama-style model) 256 4 8 6 (no JSON)
 #   GPU (issue 12's plan, an H100): CLUSTER=dgx-h100 bench/eager_bench.sh build cuda samples/models/llama3.2-1b.json 2048 4 32 12 bench/gpu/llama3.2-1b-h100.json
-# Environment: PRECISION (bf16 or fp32, default bf16), CLUSTER (default dgx-h200: the peak used
+# Environment: PRECISION (bf16, fp32 or fp8, default bf16: fp8 trains the executor's plan in fp8
+# and the peers in bf16, so name a float8 peer), CLUSTER (default dgx-h200: the peak used
 # for MFU), THREADS (CPU threads for all, default the cores), PYTHON (default .venv/bin/python),
-# PEERS (comma-separated, default eager,compile,hf,hf-compile; none: the executor and the cost
-# model only).
+# PEERS (comma-separated, default eager,compile,hf,hf-compile; also compile-float8 and
+# eager-float8: the model under torchao's float8 training, the tensorwise recipe, which needs
+# torchao; none: the executor and the cost model only).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${1:-$here/build}"
@@ -53,21 +55,29 @@ echo "eager_bench: executor ..."
 "$exe" --plan "$work/plan.json" --device "$device" --steps "$steps" --threads "$threads" --measurement "$work/executor.json" | tail -3
 ran=()
 [ "$peers" = none ] && peers=""
+peer_precision="$precision"
+[ "$precision" = fp8 ] && peer_precision=bf16  # the peers' fp8 is torchao's float8 peers
 for peer in ${peers//,/ }; do
   case "$peer" in
     eager) flags=() ;;
     compile) flags=(--compile) ;;
     hf) flags=(--impl hf) ;;
     hf-compile) flags=(--impl hf --compile) ;;
-    *) echo "eager_bench: PEERS: unknown peer \"$peer\" (eager, compile, hf, hf-compile)" >&2; exit 2 ;;
+    eager-float8) flags=(--float8) ;;
+    compile-float8) flags=(--compile --float8) ;;
+    *) echo "eager_bench: PEERS: unknown peer \"$peer\" (eager, compile, hf, hf-compile, eager-float8, compile-float8)" >&2; exit 2 ;;
   esac
+  if [[ "$peer" == *float8 ]] && ! "$python" -c "import torchao.float8" 2>/dev/null; then
+    echo "eager_bench: $peer skipped: $python cannot import torchao.float8 (pip install torchao)"
+    continue
+  fi
   if [[ "$peer" == hf* ]] && ! "$python" -c "import transformers" 2>/dev/null; then
     echo "eager_bench: $peer skipped: $python cannot import transformers (pip install transformers)"
     continue
   fi
   echo "eager_bench: $peer ..."
   if "$python" "$here/bench/eager_reference.py" --model "$model" --seq-len "$seq" --micro-batch "$micro" --global-batch "$global" \
-       --precision "$precision" --steps "$steps" --device "$device" --threads "$threads" --out "$work/$peer.json" "${flags[@]}" \
+       --precision "$peer_precision" --steps "$steps" --device "$device" --threads "$threads" --out "$work/$peer.json" "${flags[@]}" \
        > "$work/$peer.log" 2>&1; then
     tail -1 "$work/$peer.log"
     ran+=("$peer")
@@ -82,7 +92,8 @@ import json, os, platform, subprocess, sys
 work, out, args, ran = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
 est = json.load(open(f"{work}/estimate.json")); ex = json.load(open(f"{work}/executor.json"))
 peers = {name: json.load(open(f"{work}/{name}.json")) for name in ran}
-labels = {"eager": "pytorch eager", "compile": "pytorch compiled", "hf": "hf transformers eager", "hf-compile": "hf transformers compiled"}
+labels = {"eager": "pytorch eager", "compile": "pytorch compiled", "hf": "hf transformers eager", "hf-compile": "hf transformers compiled",
+          "eager-float8": "torchao float8 eager", "compile-float8": "torchao float8 compiled"}
 gib = lambda b: "-" if not b else f"{b / 2**30:.2f}"
 pct = lambda x: "-" if x is None else f"{100 * x:.1f}%"
 ex_tps = ex["throughput"]["tokens_per_second"]

@@ -144,6 +144,9 @@ def main():
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--out", required=True)
     p.add_argument("--compile", action="store_true", help="torch.compile the model (Inductor)")
+    p.add_argument("--float8", action="store_true",
+                   help="torchao's float8 training (convert_to_float8_training, the tensorwise recipe) on the blocks' linear "
+                        "layers, the output layer left in bf16 as torchtitan filters it; needs torchao and --precision bf16")
     p.add_argument("--impl", choices=["trainplan", "hf"], default="trainplan",
                    help="trainplan: the model below; hf: transformers' LlamaForCausalLM of the same shape")
     a = p.parse_args()
@@ -151,6 +154,8 @@ def main():
         sys.exit("eager_reference: --global-batch must be a multiple of --micro-batch and --steps at least 2")
     with open(a.model) as f:
         m = json.load(f)
+    if a.float8 and a.precision != "bf16":
+        sys.exit("eager_reference: --float8 trains bf16 modules with fp8 GEMMs: give --precision bf16")
     if a.impl == "hf" and m["architecture"] != "llama":
         sys.exit("eager_reference: --impl hf builds LlamaForCausalLM; the model is " + m["architecture"])
     if a.threads > 0:
@@ -164,6 +169,12 @@ def main():
             nn.init.normal_(w, std=0.02)
     masters = [w.detach().clone().float() for w in model.parameters()]
     model = model.to(dtype)
+    if a.float8:
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training  # ImportError: the caller skips this peer
+
+        # Float8Linear keeps each nn.Linear's weight Parameter, so the masters still pair with them.
+        convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name("tensorwise"),
+                                   module_filter_fn=lambda mod, fqn: not fqn.endswith(("head", "lm_head")))
     params = list(model.parameters())
     fused = device.type == "cuda"
     optimizer = torch.optim.AdamW(masters if dtype != torch.float32 else params, lr=a.lr, weight_decay=0.1, fused=fused)
@@ -209,9 +220,13 @@ def main():
               flush=True)
     step_seconds = statistics.median(times[1:])
     kind = ("transformers LlamaForCausalLM" if a.impl == "hf" else "the executor's model") + (", torch.compile" if a.compile else ", eager")
+    if a.float8:
+        import torchao
+
+        kind += f", torchao {torchao.__version__} float8 tensorwise"
     out = {
         "source": f"bench/eager_reference.py ({kind}; PyTorch {torch.__version__})",
-        "impl": a.impl, "compile": a.compile,
+        "impl": a.impl, "compile": a.compile, "float8": a.float8,
         "device": a.device, "precision": a.precision, "parameters": sum(w.numel() for w in params),
         "step_seconds": step_seconds, "tokens_per_second": a.global_batch * a.seq_len / step_seconds,
         "peak_memory_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,

@@ -26,8 +26,9 @@ Dtype activation_dtype(Precision p) {
 // What produced a linear layer's input, or its output's gradient, which fp8 training casts
 // (stack.hpp Fp8Casting): a norm or the activation function (its backward for the gradient) may
 // write the fp8 copy itself or take the amax pass into its own; otherwise the cast is a kernel of
-// its own.
-enum class Fp8Cast { kOwn, kFromNorm, kFromActivation };
+// its own; kShared: an input the previous linear of its group (Q/K/V, gate/up) already cast, when
+// the stack casts a shared input once (Fp8Casting::shared_input_cast_once), else the norm's.
+enum class Fp8Cast { kOwn, kFromNorm, kFromActivation, kShared };
 
 // The kernels of one layer (or of the ends) for one micro-batch: forward and backward time and
 // the number of launches.
@@ -55,15 +56,20 @@ struct Pass {
     const double input_cast = cast(forward, tokens * in * input_bytes(input));
     if (input != Fp8Cast::kOwn) pointwise_input_casts += input_cast;
     cast(forward, out * in * stack.fp8.weight_forward);
+    const Fp8Casting& c = stack.fp8;
     if (input_grad || !frozen) {
-      const Fp8Casting& c = stack.fp8;
       cast(backward, tokens * out * (grad_output == Fp8Cast::kFromActivation ? c.grad_output_from_activation : c.grad_output));
       cast(backward, out * in * c.weight_backward);
+    }
+    if (!frozen && c.weight_gradient_add > 0) {  // an element-wise add at the stream rate
+      backward += rates.stream(out * in * c.weight_gradient_add);
+      kernels += 1;
     }
   }
   // Bytes per element of casting an input that `from` produced to fp8 (stack.fp8).
   double input_bytes(Fp8Cast from) const {
     const Fp8Casting& c = stack.fp8;
+    if (from == Fp8Cast::kShared) return c.shared_input_cast_once ? 0.0 : c.input_from_norm;
     return from == Fp8Cast::kFromNorm ? c.input_from_norm : from == Fp8Cast::kFromActivation ? c.input_from_activation : c.input;
   }
   // A linear layer that stays in the activation dtype when the others train in fp8 (the output
@@ -84,10 +90,10 @@ struct Pass {
       kernels += 1;
     }
   }
-  // Adds a cast kernel moving `bytes` to `time`; returns its time.
+  // Adds a cast kernel moving `bytes` to `time` at the stack's cast rate; returns its time.
   double cast(double& time, double bytes) {
     if (bytes <= 0) return 0.0;
-    const double t = rates.stream(bytes);
+    const double t = rates.stream(bytes) / stack.fp8.rate;
     time += t;
     kernels += 1;
     return t;
@@ -190,7 +196,10 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
 
   const double t = s.tp;
   const double e = dtype_bytes(act_dtype);  // bytes per activation element
-  const double lin_in = fp8 ? 1.0 : e;      // bytes per stored linear-layer input
+  const double lin_in = fp8 ? 1.0 : e;      // bytes per element of a linear layer's GEMM operands
+  // Bytes per kept linear-layer input: fp8 where the stack keeps the cast (Transformer Engine),
+  // else the activation dtype (torchao's and the executor's linears keep the high-precision input).
+  const double kept_lin_in = fp8 && stack.fp8.keeps_fp8_inputs ? 1.0 : e;
   const double s_q = s.seq_len / s.cp;      // local query length
   const double s_k = mdl.attended_keys(s.seq_len);  // keys attended to (ring attention visits all chunks; a sliding window caps them)
   const double T = s.micro_batch * s_q;     // local tokens
@@ -274,8 +283,8 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
     p.linear(T, q_local + 2.0 * kv_local, h, frozen, true, Fp8Cast::kFromNorm);  // the norm's output
   } else {
     p.linear(T, q_local, h, frozen, true, Fp8Cast::kFromNorm);
-    p.linear(T, kv_local, h, frozen, true, Fp8Cast::kFromNorm);
-    p.linear(T, kv_local, h, frozen, true, Fp8Cast::kFromNorm);
+    p.linear(T, kv_local, h, frozen, true, Fp8Cast::kShared);
+    p.linear(T, kv_local, h, frozen, true, Fp8Cast::kShared);
     if (gemm_sums) p.backward += rates.stream(2.0 * e * T * h);  // K's and V's GEMMs read the running sum
     else p.gradient_sum(2.0 * T * h);  // three input gradients summed
   }
@@ -368,7 +377,7 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
       p.linear(tokens, feat.gated_mlp ? 2.0 * width : width, h, frozen, true, input, act);
     } else {
       p.linear(tokens, width, h, frozen, true, input, act);  // gate
-      p.linear(tokens, width, h, frozen, true, input, act);  // up
+      p.linear(tokens, width, h, frozen, true, input == Fp8Cast::kFromNorm ? Fp8Cast::kShared : input, act);  // up
       if (gemm_sums) p.backward += rates.stream(e * tokens * h);  // up's GEMM reads the running sum
       else p.gradient_sum(tokens * h);
     }
@@ -468,7 +477,7 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
   // which the stack keeps gathered or as the shard (stack.hpp).
   const double gemm_input_tokens = s.sequence_parallel && stack.sequence_parallel_keeps_gathered_input ? T : Tn;
   const double norm_outputs =
-      norm_recomputed ? 0.0 : ((attention_input_kept ? 1.0 : 0.0) + (mlp_input_kept ? 1.0 : 0.0)) * gemm_input_tokens * h * (lora ? e : lin_in);
+      norm_recomputed ? 0.0 : ((attention_input_kept ? 1.0 : 0.0) + (mlp_input_kept ? 1.0 : 0.0)) * gemm_input_tokens * h * (lora ? e : kept_lin_in);
   // Q, K and V (all-gathered K/V: every rank's, s.cp times the local ones). MLA: latents and their norms' inputs.
   const double qkv = T * (q_local + (gathered_kv ? s.cp : 1.0) * (k_local + v_local)) * e + 2.0 * T * mla_latents * e;
   const double score_bytes = s.attention == AttentionKernel::kStandard ? scores * (e + (s.dropout ? 1.0 + e : 0.0))
@@ -479,7 +488,7 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
   // (Under LoRA only the o adapter's A keeps that copy, and with LoRA dropout its dropped one.)
   // `joined_kept`: the output projection's input is kept for its own sake (its weight's gradient).
   const bool joined_kept = !lora || mla || (kept_by_adapters && s.lora.targets_include("o"));
-  const double proj_input = T * o_in_local * lin_in + (gathered_kv && s.recompute == Recompute::kNone && joined_kept ? T * o_in_local * e : 0.0);
+  const double proj_input = T * o_in_local * kept_lin_in + (gathered_kv && s.recompute == Recompute::kNone && joined_kept ? T * o_in_local * e : 0.0);
   const double masks = s.dropout ? 2.0 * Tn * h : 0.0;
   // GELU: fc1 output and the GELU output (fc2's input). SwiGLU: the stack's count (stack.hpp),
   // one of which is the down projection's input.
@@ -488,8 +497,8 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
   const bool down_adapter = lora && s.lora.targets_include("down");
   const double mlp_width_saved = feat.gated_mlp ? (down_adapter ? std::max(3.0, stack.swiglu_saved) : stack.swiglu_saved) : 2.0;
   const double mlp_saved = mlp_width_elements * (mlp_width_saved - 1.0) * e;
-  const double mlp_act_out = mlp_width_elements * lin_in;  // input of fc2 / down
-  const double routed_input = mdl.moe ? tokens_mlp * h * lin_in : 0.0;
+  const double mlp_act_out = mlp_width_elements * kept_lin_in;  // input of fc2 / down
+  const double routed_input = mdl.moe ? tokens_mlp * h * kept_lin_in : 0.0;
   // Mixture of experts, kept besides the experts' inputs: the MLP norm's output, which the router
   // and the token permutation take (no norm fused into a linear before a router), the router's
   // float32 probabilities, the experts' outputs, kept to weight them by the routing
@@ -539,7 +548,7 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
         // attention its output is still kept as the output projection's input, so only the
         // softmax statistics are saved and the core runs twice. Under LoRA the frozen output
         // projection keeps no input: the output stays only for an undropped o adapter.
-        c.activation_bytes = c.full_activation_bytes - score_bytes - (joined_kept ? 0.0 : T * o_in_local * lin_in);
+        c.activation_bytes = c.full_activation_bytes - score_bytes - (joined_kept ? 0.0 : T * o_in_local * kept_lin_in);
         c.recompute = core_forward;
       } else if (torchtitan_policy) {
         // PyTorch's op-level selective checkpointing (torchtitan's policy, torch.utils.checkpoint

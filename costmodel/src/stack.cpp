@@ -37,9 +37,32 @@ namespace {
 //    The activation function is Megatron's own (bias_swiglu_impl, bias_gelu_impl) and writes bf16,
 //    so fc2's input and fc1's output gradient are cast by fc2's and fc1's modules (4). The fp8
 //    weights are cast on the first micro-batch and kept for the step (0 per micro-batch).
-//  The executor does not train in fp8 (trainer.cpp): trainplan and trainplan-reference take
-//    torchao's unfused casts.
-constexpr Fp8Casting kTorchaoEager{6, 6, 6, 6, 6, 5, 3};
+//  The executor (executor/src/fp8.hpp: torchao's tensorwise recipe, its own kernels): an input
+//    takes an amax pass (reads 2) and a cast (reads 2, writes 1) in forward, and in backward is
+//    cast again with that amax straight into the transposed layout (reads 2, writes 1): 8; the
+//    norm's and the activation's outputs likewise (no kernel of theirs takes the amax); a shared
+//    input (Q/K/V, gate/up under --kernels fused) once. An output gradient: amax (2) and one
+//    cast writing both layouts (reads 2, writes 2): 6. A weight: amax and cast (5) forward, the
+//    transposing cast (3) backward. The weight gradient's GEMM writes float32 that a separate add
+//    puts into the float32 sum (12 bytes per element). The inputs kept are the bf16 tensors.
+//    Rate: on the H200 of 2026-11-27 (bench/gpu/fp8-llama3.2-3b-h200-kernels.csv, one step of
+//    Llama 3.2 3B, seq 4096, mb 1, 4 micro-batches) the casts moved 229 GB in 147 ms, 0.41 of the
+//    3.8 TB/s copy rate the same machine's profile measured: the amax reductions ran at 1.9 TB/s,
+//    the 32 x 32-tile cast-transposes at 1.1-1.2 TB/s, the plain casts at 3.3 TB/s.
+//  What a linear layer keeps for backward: torchao's autograd function keeps the high-precision
+//    input (torchao 0.17.0 float8/float8_linear.py, matmul_with_hp_or_float8_args:
+//    ctx.save_for_backward(input_hp, weight_hp_t)); under Inductor the partitioner may keep the
+//    fp8 cast instead (not measured: counted as fp8); Transformer Engine keeps the fp8 input.
+constexpr Fp8Casting kTorchaoEager{.input = 6, .input_from_norm = 6, .input_from_activation = 6, .grad_output = 6,
+                                   .grad_output_from_activation = 6, .weight_forward = 5, .weight_backward = 3, .keeps_fp8_inputs = false};
+constexpr Fp8Casting kTrainplanFp8{.input = 8, .input_from_norm = 8, .input_from_activation = 8, .grad_output = 6,
+                                   .grad_output_from_activation = 6, .weight_forward = 5, .weight_backward = 3, .keeps_fp8_inputs = false,
+                                   .shared_input_cast_once = true, .weight_gradient_add = 12, .rate = 0.41};
+constexpr Fp8Casting kTrainplanReferenceFp8 = [] {
+  Fp8Casting c = kTrainplanFp8;
+  c.shared_input_cast_once = false;  // each at::linear replaced by linear_into casts its own input
+  return c;
+}();
 constexpr Fp8Casting kTorchaoCompiled{6, 4, 4, 6, 4, 5, 3};
 constexpr Fp8Casting kTransformerEngine{4, 1, 4, 4, 4, 0, 0};
 
@@ -245,7 +268,7 @@ constexpr StackSpec kSpecs[] = {
      .vocab_pad_multiple = 1,
      .context_attention = ContextAttention::kAllGatherKv,
      .sequence_parallel_keeps_gathered_input = false,
-     .fp8 = kTorchaoEager,
+     .fp8 = kTrainplanFp8,
      .source = "executor/src/model.cpp (block_forward with Kernels::kFused: norm_linears, rotary_embedding, swiglu_down; head_loss: "
                "linear_cross_entropy), executor/src/fused_ops.cpp (NormLinearsFn, RotaryFn, SwigluDownFn, LinearCrossEntropyFn), "
                "executor/src/cuda_kernels.cu, executor/src/engine.cpp (grad_sums / fused_accumulation, else an fp32 gradient add per micro-batch; fused_optimizer_step: "
@@ -274,7 +297,7 @@ constexpr StackSpec kSpecs[] = {
      .vocab_pad_multiple = 1,
      .context_attention = ContextAttention::kAllGatherKv,
      .sequence_parallel_keeps_gathered_input = false,
-     .fp8 = kTorchaoEager,
+     .fp8 = kTrainplanReferenceFp8,
      .source = "executor/src/model.cpp (block_forward with Kernels::kReference: at::rms_norm, three at::linear for q/k/v, rotate-half "
                "rotary, at::silu(gate) * up, head_loss: logits .to(kFloat) then at::cross_entropy_loss), executor/src/engine.cpp "
                "(fp32 gradient add per micro-batch, ATen AdamW), executor/src/engine.cpp forward_chunk (loss.item() per micro-batch)"},

@@ -51,6 +51,24 @@ void add_rms_norm(const void* x, const void* branch, const void* weight, void* s
 void cross_entropy_backward_in_place(void* logits, const int64_t* targets, float* row_loss, int64_t rows, int64_t vocab,
                                      float scale, void* stream);
 
+// fp8 training's cast (fp8.hpp; torchao's tensorwise dynamic scaling): n bf16 values of `in`
+// times scale = max / max(*amax, 1e-12) (float32; `amax` a device float), saturated to ±max and
+// rounded to nearest even into fp8, e4m3fn, or e5m2 where `e5m2` (one byte each, into `out`).
+// Writes *inverse_scale = 1 / scale (device float) for the scaled GEMM. One pass: reads 2 bytes,
+// writes 1 per value.
+void fp8_cast(const void* in, uint8_t* out, const float* amax, float max, bool e5m2, float* inverse_scale, int64_t n, void* stream);
+// The same per-thread work on the host (`amax` a host value; `wide`: the 8-value path where the
+// addresses allow), for tests on machines without a GPU.
+void fp8_cast_on_host(const void* in, uint8_t* out, float amax, float max, bool e5m2, int64_t n, bool wide);
+// fp8_cast of a [rows, cols] bf16 matrix into its row-major layout (`out`, [rows, cols]) and/or
+// its transpose (`out_t`, [cols, rows], contiguous), either may be null, in one pass through
+// shared-memory tiles of 32 x 32 (Transformer Engine's cast-transpose): the operand layouts the
+// weight-gradient and input-gradient GEMMs take.
+void fp8_cast_transpose(const void* in, uint8_t* out, uint8_t* out_t, const float* amax, float max, bool e5m2, float* inverse_scale,
+                        int64_t rows, int64_t cols, void* stream);
+// The same values on the host (`amax` a host value), element by element, for tests.
+void fp8_cast_transpose_on_host(const void* in, uint8_t* out, uint8_t* out_t, float amax, float max, bool e5m2, int64_t rows, int64_t cols);
+
 // QLoRA's NF4 matrices (quantize.hpp) into bf16: `codes` holds two level indices a byte, the high
 // nibble first; value v lies in block v / 64, whose maximum is
 // ((block_codes[block] - 128) / 127) * group_scales[block / 256] + offset, all in float32; writes

@@ -113,7 +113,7 @@ struct RecomputedBlockFn : torch::autograd::Function<RecomputedBlockFn> {
       torch::autograd::AutoGradMode no_grad(false);
       // No graph: no sums, no load-balancing gradient; MoE layers count here, not in the recompute.
       out = block_forward(e->model(), e->tp(), e->cp(), views, x, e->rotary(), AttentionRecompute::kNone, e->config().kernels, {},
-                          e->moe_run(0, &e->moe_tally()), e->config().lora, drop);
+                          e->moe_run(0, &e->moe_tally()), e->config().lora, drop, e->config().fp8);
     }
     e->release(u);
     if (experts >= 0) e->release(static_cast<std::size_t>(experts));
@@ -134,7 +134,7 @@ struct RecomputedBlockFn : torch::autograd::Function<RecomputedBlockFn> {
       const BlockParams params = block_params(e, u);
       const at::Tensor out = block_forward(e->model(), e->tp(), e->cp(), params.views, x, e->rotary(), AttentionRecompute::kNone,
                                            e->config().kernels, params.sums, e->moe_run(ctx->saved_data["aux_scale"].toDouble(), nullptr),
-                                           e->config().lora, drop);
+                                           e->config().lora, drop, e->config().fp8);
       torch::autograd::backward({out}, {grads[0]});
     }
     // A trained unit is released by its gradients' callback; a frozen one (LoRA's base) here.
@@ -519,7 +519,7 @@ at::Tensor DataParallelEngine::run_unit_forward(std::size_t unit, const at::Tens
   const BlockParams params = block_params(this, unit);
   const auto attention = config_.recompute == cm::Recompute::kSelective ? AttentionRecompute::kSelective : AttentionRecompute::kNone;
   at::Tensor y = block_forward(model_, groups_.tp, groups_.cp, params.views, x, rotary_, attention, config_.kernels, params.sums,
-                               moe_run(aux_scale_, &moe_tally_), config_.lora, dropout_run(layer));
+                               moe_run(aux_scale_, &moe_tally_), config_.lora, dropout_run(layer), config_.fp8);
   if (gathered_on_use(unit)) {
     y = BeforeBackwardFn::apply(y, id, index);
     if (experts >= 0) y = BeforeBackwardFn::apply(y, id, experts);  // runs first: the experts' backward comes first

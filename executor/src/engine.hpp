@@ -61,6 +61,7 @@ struct EngineConfig {
   int recompute_layers = 0;       // with kFull: the first n blocks of this pipeline stage are recomputed; 0 = all
   at::ScalarType compute_dtype = at::kFloat;
   Kernels kernels = Kernels::kFused;  // fused_ops.hpp's paths and LibTorch's fused AdamW, or the plain ones
+  bool fp8 = false;                   // the blocks' linear layers train in fp8 (fp8.hpp; compute_dtype bf16)
   at::Device device = at::kCPU;
   uint64_t seed = 1234;
   // False when the base weights will be imported (--init-from overwrites every unit but LoRA's

@@ -14,6 +14,8 @@
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
+#include "fp8.hpp"
+
 #ifdef TRAINPLAN_HAVE_CUDA_KERNELS
 #include <c10/cuda/CUDAStream.h>
 
@@ -112,6 +114,28 @@ at::Tensor weight_gradient(std::optional<at::Tensor>& sum, const at::Tensor& g, 
   return {};
 }
 
+// fp8 (fp8.hpp): a weight's gradient g^T x from the output gradient's cast transposed (g_t) and
+// the input's (x_t, [k, rows]): into its sum (a float32 GEMM output added) or returned in `dtype`.
+at::Tensor fp8_weight_gradient(std::optional<at::Tensor>& sum, const at::Tensor& g_t, const at::Tensor& g_inverse_scale,
+                               const at::Tensor& x_t, const at::Tensor& x_inverse_scale, at::ScalarType dtype) {
+  if (!sum.has_value()) return fp8::weight_gradient(g_t, g_inverse_scale, x_t, x_inverse_scale, dtype);
+  sum->add_(fp8::weight_gradient(g_t, g_inverse_scale, x_t, x_inverse_scale, at::kFloat));
+  return {};
+}
+
+// linear(x, w) on fp8 operands (fp8.hpp), x's and w's amax kept in the context ("x_amax",
+// "w_amax") for backward's casts of the same tensors.
+at::Tensor fp8_linear(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w) {
+  const fp8::Cast xc = fp8::cast(rows(x), fp8::kForwardType);
+  at::Tensor w_amax;
+  const at::Tensor y = fp8::forward(xc, w, w_amax);
+  ctx->saved_data["x_amax"] = xc.amax;
+  ctx->saved_data["w_amax"] = w_amax;
+  std::vector<int64_t> shape = x.sizes().vec();
+  shape.back() = w.size(0);
+  return y.view(shape);
+}
+
 // A sum argument checked and detached; absent, std::nullopt (an optional without a value is no
 // variable to autograd, where an undefined tensor would be one).
 std::optional<at::Tensor> checked_sum(const at::Tensor& sum, const at::Tensor& weight, const char* what) {
@@ -147,8 +171,9 @@ struct NormLinearsFn : torch::autograd::Function<NormLinearsFn> {
   // Arguments: x (0), branch (1), norm_weight (2), eps, weights (4 on), sums, norm_sum, residual.
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x, std::optional<at::Tensor> branch, const at::Tensor& norm_weight,
                                double eps, at::TensorList weights, std::vector<std::optional<at::Tensor>> sums,
-                               std::optional<at::Tensor> norm_sum, bool residual) {
+                               std::optional<at::Tensor> norm_sum, bool residual, int64_t fp8_weights) {
     ctx->saved_data["eps"] = eps;
+    ctx->saved_data["fp8"] = fp8_weights;
     ctx->saved_data["count"] = static_cast<int64_t>(weights.size());
     for (std::size_t i = 0; i < sums.size(); ++i) keep_sum(ctx, "sum" + std::to_string(i), sums[i]);
     for (std::size_t i = 0; i < weights.size(); ++i) note_frozen(ctx, "frozen" + std::to_string(i), weights[i]);
@@ -174,7 +199,25 @@ struct NormLinearsFn : torch::autograd::Function<NormLinearsFn> {
     saved.insert(saved.end(), weights.begin(), weights.end());
     ctx->save_for_backward(saved);
     variable_list out;
-    for (const at::Tensor& w : weights) out.push_back(at::linear(normed, w));
+    // fp8: the normalised input cast once for the first fp8_weights weights (its amax kept for
+    // backward's recast of the recomputed norm), each weight cast on its own.
+    fp8::Cast input_fp8;
+    if (fp8_weights > 0) {
+      input_fp8 = fp8::cast(rows(normed), fp8::kForwardType);
+      ctx->saved_data["input_amax"] = input_fp8.amax;
+    }
+    for (std::size_t i = 0; i < weights.size(); ++i) {
+      if (static_cast<int64_t>(i) >= fp8_weights) {
+        out.push_back(at::linear(normed, weights[i]));
+        continue;
+      }
+      at::Tensor w_amax;
+      at::Tensor y = fp8::forward(input_fp8, weights[i], w_amax);
+      ctx->saved_data["w_amax" + std::to_string(i)] = w_amax;
+      std::vector<int64_t> shape = normed.sizes().vec();
+      shape.back() = weights[i].size(0);
+      out.push_back(y.view(shape));
+    }
     // The stream: the sum, or x itself (autograd makes it a view of x whose gradient comes back here).
     if (residual) out.push_back(input);
     return out;
@@ -206,6 +249,14 @@ struct NormLinearsFn : torch::autograd::Function<NormLinearsFn> {
       normed = trainplan::executor::rms_norm(x, nw, eps);
     }
     const at::Tensor input = rows(normed.detach());
+    const int64_t fp8_weights = ctx->saved_data["fp8"].toInt();
+    // fp8: the recomputed input cast as in forward (its amax), transposed for the weight gradients.
+    fp8::Cast input_fp8;
+    at::Tensor input_t;
+    if (fp8_weights > 0) {
+      input_fp8 = fp8::cast(input, fp8::kForwardType, ctx->saved_data["input_amax"].toTensor(), fp8::Layout::kTransposed);
+      input_t = input_fp8.transposed;
+    }
     at::Tensor grad_normed;
     variable_list weight_grads(count);
     for (std::size_t i = 0; i < count; ++i) {
@@ -213,11 +264,20 @@ struct NormLinearsFn : torch::autograd::Function<NormLinearsFn> {
       const at::Tensor& w = saved[2 + i];
       const at::Tensor g = rows(grads[i]);
       std::optional<at::Tensor> sum = kept_sum(ctx, "sum" + std::to_string(i));
-      if (!frozen(ctx, "frozen" + std::to_string(i))) weight_grads[i] = weight_gradient(sum, g, input);
+      const bool trained = !frozen(ctx, "frozen" + std::to_string(i));
+      if (static_cast<int64_t>(i) < fp8_weights) {
+        const fp8::Cast gc = fp8::cast(g, fp8::kGradientType, {}, trained ? fp8::Layout::kBoth : fp8::Layout::kRows);
+        if (trained) weight_grads[i] = fp8_weight_gradient(sum, gc.transposed, gc.inverse_scale, input_t, input_fp8.inverse_scale, w.scalar_type());
+        const at::Tensor gi = fp8::input_gradient(gc, w, ctx->saved_data["w_amax" + std::to_string(i)].toTensor());
+        if (grad_normed.defined()) grad_normed.add_(gi);
+        else grad_normed = gi;
+        continue;
+      }
+      if (trained) weight_grads[i] = weight_gradient(sum, g, input);
       if (grad_normed.defined()) grad_normed.addmm_(g, w);  // the GEMM adds into the running sum (beta = 1)
       else grad_normed = g.mm(w);
     }
-    variable_list out(7 + count);
+    variable_list out(8 + count);
     std::optional<at::Tensor> norm_sum = kept_sum(ctx, "norm_sum");
     if (grad_normed.defined()) {
       at::Tensor grad_nw;
@@ -248,20 +308,34 @@ struct NormLinearsFn : torch::autograd::Function<NormLinearsFn> {
 };
 
 // linear(x, w) whose weight gradient goes into a float32 sum.
+// fp8: the three GEMMs on fp8 operands (fp8.hpp). x is kept as it is (torchao keeps the
+// high-precision input: the attention output, which attention keeps anyway, for the output
+// projection) and cast again, transposed, in backward with its forward amax.
 struct LinearIntoFn : torch::autograd::Function<LinearIntoFn> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w, std::optional<at::Tensor> sum) {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w, std::optional<at::Tensor> sum, bool fp8) {
     keep_sum(ctx, "sum", sum);
     note_frozen(ctx, "frozen", w);
     ctx->save_for_backward({x, w});
-    return at::linear(x, w);
+    return fp8 ? fp8_linear(ctx, x, w) : at::linear(x, w);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const variable_list saved = ctx->get_saved_variables();
     const at::Tensor &x = saved[0], &w = saved[1];
     const at::Tensor g = rows(grads[0]);
     std::optional<at::Tensor> sum = kept_sum(ctx, "sum");
-    const at::Tensor grad_w = frozen(ctx, "frozen") ? at::Tensor() : weight_gradient(sum, g, rows(x));
-    return {g.mm(w).view(x.sizes()), grad_w, at::Tensor()};
+    const bool trained = !frozen(ctx, "frozen");
+    if (ctx->saved_data.count("x_amax") != 0) {  // fp8
+      const fp8::Cast gc = fp8::cast(g, fp8::kGradientType, {}, trained ? fp8::Layout::kBoth : fp8::Layout::kRows);
+      at::Tensor grad_w;
+      if (trained) {
+        const fp8::Cast xc = fp8::cast(rows(x), fp8::kForwardType, ctx->saved_data["x_amax"].toTensor(), fp8::Layout::kTransposed);
+        grad_w = fp8_weight_gradient(sum, gc.transposed, gc.inverse_scale, xc.transposed, xc.inverse_scale, w.scalar_type());
+      }
+      const at::Tensor grad_x = fp8::input_gradient(gc, w, ctx->saved_data["w_amax"].toTensor());
+      return {grad_x.view(x.sizes()), grad_w, at::Tensor(), at::Tensor()};
+    }
+    const at::Tensor grad_w = trained ? weight_gradient(sum, g, rows(x)) : at::Tensor();
+    return {g.mm(w).view(x.sizes()), grad_w, at::Tensor(), at::Tensor()};
   }
 };
 
@@ -348,20 +422,34 @@ struct SwigluFn : torch::autograd::Function<SwigluFn> {
 
 struct SwigluDownFn : torch::autograd::Function<SwigluDownFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate, const at::Tensor& up, const at::Tensor& down,
-                            std::optional<at::Tensor> down_sum) {
+                            std::optional<at::Tensor> down_sum, bool fp8) {
     keep_sum(ctx, "sum", down_sum);
     note_frozen(ctx, "frozen", down);
     ctx->save_for_backward({gate, up, down});
-    return at::linear(swiglu_product(gate, up), down);
+    const at::Tensor product = swiglu_product(gate, up);
+    // fp8: the product's amax kept for backward's recast of the recomputed product.
+    return fp8 ? fp8_linear(ctx, product, down) : at::linear(product, down);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const variable_list saved = ctx->get_saved_variables();
     const at::Tensor &gate = saved[0], &up = saved[1], &down = saved[2];
     const at::Tensor g = rows(grads[0]);
-    const SwigluGradients s = swiglu_gradients(g.mm(down).view(gate.sizes()), gate, up, /*owned=*/true);
     std::optional<at::Tensor> sum = kept_sum(ctx, "sum");
-    const at::Tensor grad_down = frozen(ctx, "frozen") ? at::Tensor() : weight_gradient(sum, g, rows(s.product));
-    return {s.gate, s.up, grad_down, at::Tensor()};
+    const bool trained = !frozen(ctx, "frozen");
+    if (ctx->saved_data.count("x_amax") != 0) {  // fp8
+      const fp8::Cast gc = fp8::cast(g, fp8::kGradientType, {}, trained ? fp8::Layout::kBoth : fp8::Layout::kRows);
+      const at::Tensor grad_product = fp8::input_gradient(gc, down, ctx->saved_data["w_amax"].toTensor());
+      const SwigluGradients s = swiglu_gradients(grad_product.view(gate.sizes()), gate, up, /*owned=*/true);
+      at::Tensor grad_down;
+      if (trained) {
+        const fp8::Cast pc = fp8::cast(rows(s.product), fp8::kForwardType, ctx->saved_data["x_amax"].toTensor(), fp8::Layout::kTransposed);
+        grad_down = fp8_weight_gradient(sum, gc.transposed, gc.inverse_scale, pc.transposed, pc.inverse_scale, down.scalar_type());
+      }
+      return {s.gate, s.up, grad_down, at::Tensor(), at::Tensor()};
+    }
+    const SwigluGradients s = swiglu_gradients(g.mm(down).view(gate.sizes()), gate, up, /*owned=*/true);
+    const at::Tensor grad_down = trained ? weight_gradient(sum, g, rows(s.product)) : at::Tensor();
+    return {s.gate, s.up, grad_down, at::Tensor(), at::Tensor()};
   }
 };
 
@@ -528,7 +616,7 @@ at::Tensor rotate_half(const at::Tensor& t) {
 
 std::vector<at::Tensor> norm_linears(const at::Tensor& x, const at::Tensor& norm_weight, double eps,
                                      const std::vector<at::Tensor>& weights, const std::vector<at::Tensor>& grad_sums,
-                                     const at::Tensor& norm_grad_sum, bool residual, const at::Tensor& branch) {
+                                     const at::Tensor& norm_grad_sum, bool residual, const at::Tensor& branch, std::size_t fp8_weights) {
   if (branch.defined() && (branch.sizes() != x.sizes() || branch.device() != x.device())) {
     throw std::invalid_argument("norm_linears: the branch must have x's shape and device");
   }
@@ -539,14 +627,16 @@ std::vector<at::Tensor> norm_linears(const at::Tensor& x, const at::Tensor& norm
     throw std::invalid_argument("norm_linears: grad_sums must be empty or one per weight");
   }
   std::vector<std::optional<at::Tensor>> sums;
+  if (fp8_weights > weights.size()) throw std::invalid_argument("norm_linears: more fp8 weights than weights");
   for (std::size_t i = 0; i < grad_sums.size(); ++i) sums.push_back(checked_sum(grad_sums[i], weights[i], "norm_linears"));
   return NormLinearsFn::apply(x, branch.defined() ? std::optional<at::Tensor>(branch) : std::nullopt, norm_weight, eps,
-                              at::TensorList(weights), sums, checked_sum(norm_grad_sum, norm_weight, "norm_linears"), residual);
+                              at::TensorList(weights), sums, checked_sum(norm_grad_sum, norm_weight, "norm_linears"), residual,
+                              static_cast<int64_t>(fp8_weights));
 }
 
-at::Tensor linear_into(const at::Tensor& x, const at::Tensor& w, const at::Tensor& grad_sum) {
-  if (!grad_sum.defined()) return at::linear(x, w);
-  return LinearIntoFn::apply(x, w, checked_sum(grad_sum, w, "linear_into"));
+at::Tensor linear_into(const at::Tensor& x, const at::Tensor& w, const at::Tensor& grad_sum, bool fp8) {
+  if (!grad_sum.defined() && !fp8) return at::linear(x, w);
+  return LinearIntoFn::apply(x, w, checked_sum(grad_sum, w, "linear_into"), fp8);
 }
 
 at::Tensor embedding_into(const at::Tensor& table, const at::Tensor& tokens, const at::Tensor& grad_sum) {
@@ -560,8 +650,8 @@ at::Tensor rotary_embedding(const at::Tensor& x, const at::Tensor& cos, const at
 
 at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up) { return SwigluFn::apply(gate, up); }
 
-at::Tensor swiglu_down(const at::Tensor& gate, const at::Tensor& up, const at::Tensor& down, const at::Tensor& down_grad_sum) {
-  return SwigluDownFn::apply(gate, up, down, checked_sum(down_grad_sum, down, "swiglu_down"));
+at::Tensor swiglu_down(const at::Tensor& gate, const at::Tensor& up, const at::Tensor& down, const at::Tensor& down_grad_sum, bool fp8) {
+  return SwigluDownFn::apply(gate, up, down, checked_sum(down_grad_sum, down, "swiglu_down"), fp8);
 }
 
 at::Tensor linear_cross_entropy(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& targets, int64_t chunk_tokens,

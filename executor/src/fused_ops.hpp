@@ -48,14 +48,18 @@ enum class Kernels { kReference, kFused };
 // kernel's pass, on a GPU), where autograd would otherwise add the two branches' gradients of x
 // in a pass of its own. `branch` (x's shape): the norm's input is x + branch, the residual add
 // before it (for bf16 on a GPU in the norm's kernel, and the stream returned is that sum).
+// `fp8_weights`: the first that many weights train in fp8 (fp8.hpp; the normalised input cast
+// once for them, recomputed and cast again in backward), the rest (LoRA's A matrices) in x's dtype.
 [[nodiscard]] std::vector<at::Tensor> norm_linears(const at::Tensor& x, const at::Tensor& norm_weight, double eps,
                                                    const std::vector<at::Tensor>& weights,
                                                    const std::vector<at::Tensor>& grad_sums = {},
                                                    const at::Tensor& norm_grad_sum = {}, bool residual = false,
-                                                   const at::Tensor& branch = {});
+                                                   const at::Tensor& branch = {}, std::size_t fp8_weights = 0);
 
-// linear(x, w) (no bias) with the weight's gradient added into `grad_sum` (see above).
-[[nodiscard]] at::Tensor linear_into(const at::Tensor& x, const at::Tensor& w, const at::Tensor& grad_sum);
+// linear(x, w) (no bias) with the weight's gradient added into `grad_sum` (see above; without one,
+// returned by backward). `fp8`: the three GEMMs on fp8 operands (fp8.hpp), keeping x's fp8 copy
+// for backward instead of x.
+[[nodiscard]] at::Tensor linear_into(const at::Tensor& x, const at::Tensor& w, const at::Tensor& grad_sum, bool fp8 = false);
 
 // embedding(table, tokens) with the table's gradient added into `grad_sum` (float32, the table's
 // shape) by one accumulating scatter of the rows used (no dense 16-bit [vocab x h] gradient).
@@ -74,9 +78,10 @@ enum class Kernels { kReference, kFused };
 
 // linear(silu(gate) * up, down), keeping gate and up but not their product (recomputed in
 // backward: one element-wise pass instead of [tokens x ffn] bytes held per layer).
-// `down_grad_sum`: see gradient-accumulation fusion above.
+// `down_grad_sum`: see gradient-accumulation fusion above. `fp8`: the down projection's GEMMs on
+// fp8 operands (fp8.hpp), the product recomputed and cast again in backward.
 [[nodiscard]] at::Tensor swiglu_down(const at::Tensor& gate, const at::Tensor& up, const at::Tensor& down,
-                                     const at::Tensor& down_grad_sum = {});
+                                     const at::Tensor& down_grad_sum = {}, bool fp8 = false);
 
 // Mean cross-entropy of linear(x, weight) against `targets`, in float32, taken `chunk_tokens`
 // rows at a time: the gradients of x and weight are computed in forward (the loss is the end of

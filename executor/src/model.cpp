@@ -382,12 +382,13 @@ bool is_moe_layer(const cm::ModelSpec& m, int layer) { return m.moe.has_value() 
 
 at::Tensor block_forward(const cm::ModelSpec& m, const TensorParallel& tp, const ContextParallel& cp, const std::vector<at::Tensor>& p, const at::Tensor& x,
                          const Rotary& rotary, AttentionRecompute recompute, Kernels kernels, const std::vector<at::Tensor>& grad_sums,
-                         const MoeRun& moe, const LoraSpec& lora, const DropoutRun& drop) {
+                         const MoeRun& moe, const LoraSpec& lora, const DropoutRun& drop, bool fp8) {
   const bool gpt = m.architecture == cm::Architecture::kGpt;
   const int64_t hd = m.head_dim();
   const int64_t heads = m.heads / tp.size();                                    // this rank's query heads
   const int64_t kv_heads = tp.size() <= m.kv_heads ? m.kv_heads / tp.size() : 1;  // and key/value heads
   const bool fused = kernels == Kernels::kFused && !gpt;
+  if (fp8 && gpt) throw std::logic_error("block_forward: fp8 linear layers are for Llama-style blocks (trainer.cpp refuses GPT)");
   const bool lora_dropout = lora.active() && drop.active() && drop.lora > 0;
   const bool fused_norm = fused && !tp.active() && !lora_dropout;  // the TP region begins at the norm's output
   // The float32 gradient sums of the fused path's weights (model.hpp), by parameter index.
@@ -442,8 +443,9 @@ at::Tensor block_forward(const cm::ModelSpec& m, const TensorParallel& tp, const
     return dropout(y, drop, drop.hidden, dropout_site(drop.layer, static_cast<uint64_t>(site)), rows, 0);
   };
   // linear(input, w) plus its adapter where `t` has one.
+  // fp8: the base weight's GEMMs on fp8 operands, the adapter's in bf16.
   const auto projection = [&](const std::string& t, const at::Tensor& input, const at::Tensor& w, const at::Tensor& bias, std::size_t w_index) {
-    at::Tensor y = into_sums && !bias.defined() ? linear_into(input, w, sum(w_index)) : at::linear(input, w, bias);
+    at::Tensor y = (into_sums || fp8) && !bias.defined() ? linear_into(input, w, sum(w_index), fp8) : at::linear(input, w, bias);
     if (adapted(t)) y = y + adapter_up(t, adapter_a(t, input));
     return y;
   };
@@ -480,7 +482,8 @@ at::Tensor block_forward(const cm::ModelSpec& m, const TensorParallel& tp, const
         weights.push_back(p[k]);
         if (into_sums) sums.push_back(grad_sums[k]);
       }
-      std::vector<at::Tensor> out = norm_linears(input, p[norm_index], m.norm_eps, weights, sums, sum(norm_index), /*residual=*/true, branch);
+      std::vector<at::Tensor> out = norm_linears(input, p[norm_index], m.norm_eps, weights, sums, sum(norm_index), /*residual=*/true, branch,
+                                                 fp8 ? targets.size() : 0);
       stream = out.back();
       out.pop_back();
       return out;
@@ -490,7 +493,8 @@ at::Tensor block_forward(const cm::ModelSpec& m, const TensorParallel& tp, const
   // and keeps only the sequence shard (tensor_parallel.hpp gathered_linears); with LoRA dropout
   // each A takes a dropped copy of the gathered input, so that case gathers through
   // enter_tp_region. The targets' biases (GPT) are added after the GEMMs.
-  const bool regather = tp.sharded_sequence() && !lora_dropout;
+  // fp8: through enter_tp_region (the gathered input kept), as gathered_linears has no fp8 GEMMs.
+  const bool regather = tp.sharded_sequence() && !lora_dropout && !fp8;
   const auto gathered_projections = [&](const at::Tensor& shard, const Targets& targets, const std::vector<at::Tensor>& biases) {
     return shared_input_projections(targets, [&](const std::vector<std::size_t>& indices) {
       std::vector<at::Tensor> weights;
@@ -555,6 +559,7 @@ at::Tensor block_forward(const cm::ModelSpec& m, const TensorParallel& tp, const
   if (bo.defined()) projected = projected + bo;
   const at::Tensor attention_branch = drop_branch(projected, DropoutSite::kAttention);
   const bool moe_layer = m.moe && block_params - i == 1 + 3 * static_cast<std::size_t>(m.moe->experts / (moe.ep == nullptr ? 1 : moe.ep->size()));
+  if (fp8 && moe_layer) throw std::logic_error("block_forward: fp8 experts are not built (trainer.cpp refuses MoE models in fp8)");
   // x + the attention branch: h1, or, when the MLP's norm is fused, taken in that norm's pass
   // and handed on by it (mlp_residual).
   const bool add_in_norm = fused_norm && !gpt && !moe_layer;
@@ -587,7 +592,7 @@ at::Tensor block_forward(const cm::ModelSpec& m, const TensorParallel& tp, const
     }
     // The fused SwiGLU keeps gate and up, not their product; an adapted down projection needs
     // the product as its adapter's input, which its A matrix keeps.
-    if (fused && !adapted("down")) mlp = swiglu_down(g, u, down, sum(i + 2));
+    if (fused && !adapted("down")) mlp = swiglu_down(g, u, down, sum(i + 2), fp8);
     else mlp = projection("down", fused ? swiglu(g, u) : at::silu(g) * u, down, at::Tensor(), i + 2);
     mlp = leave_tp_region(tp, mlp);
   }

@@ -155,12 +155,14 @@ enum class AttentionRecompute { kNone, kSelective };
 // row-parallel adapters (o, down) add their partial sums before the TP reduction, as the base does.
 // `dropout` (dropout.hpp) drops the attention and MLP outputs before their residual adds and the
 // adapters' inputs; with adapter dropout the norms are not fused into the linears (the adapters
-// need the normalised input itself).
+// need the normalised input itself). `fp8` (dense Llama-style blocks): the linear layers' GEMMs on
+// fp8 operands (fp8.hpp), LoRA's adapters in the compute dtype; under sequence parallelism the
+// column-parallel linears then take the gathered norm output through enter_tp_region.
 [[nodiscard]] at::Tensor block_forward(const costmodel::ModelSpec& model, const TensorParallel& tp, const ContextParallel& cp,
                                        const std::vector<at::Tensor>& params, const at::Tensor& x, const Rotary& rotary,
                                        AttentionRecompute recompute, Kernels kernels,
                                        const std::vector<at::Tensor>& grad_sums = {}, const MoeRun& moe = {}, const LoraSpec& lora = {},
-                                       const DropoutRun& dropout = {});
+                                       const DropoutRun& dropout = {}, bool fp8 = false);
 
 // Final norm, output projection (`output_weight`: this rank's [vocab/tp, h] rows) and mean
 // cross-entropy over every token in float32 (vocabulary-parallel under TP). Returns the scalar loss.

@@ -291,11 +291,14 @@ TEST(Recompute, FullRecomputeIsSlowerAndSmallerThanNone) {
   EXPECT_GT(full.throughput.hfu, full.throughput.mfu);
 }
 
-// H100 SXM datasheet: fp8 dense 1979 TFLOP/s, twice bf16's 989.
+// H100 SXM datasheet: fp8 dense 1979 TFLOP/s, twice bf16's 989. Megatron-LM with Transformer
+// Engine, the stack that trains a 70B in fp8 on 64 GPUs (its casts fused into the norms, fp8
+// weights cast once per step); the executor's own casts are slower (the next tests, stack.cpp).
 TEST(Precision, Fp8OnH100IsFasterThanBf16) {
   Plan plan = make_plan("llama3-70b", "dgx-h100", 64, 8192, 512);
   plan.parallel.tp = 8; plan.parallel.pp = 4; plan.parallel.dp = 2; plan.parallel.sequence_parallel = true; plan.parallel.zero_stage = 1;
   plan.parallel.recompute = Recompute::kSelective;
+  plan.training.stack = Stack::kMegatronTe;
   const Estimate bf16 = checked_estimate(plan);
   plan.training.precision = Precision::kFp8;
   const Estimate fp8 = checked_estimate(plan);
@@ -377,6 +380,35 @@ TEST(Precision, Fp8UnderTorchaoCastsWeightsEveryMicroBatch) {
   }
   EXPECT_NEAR(fp8.forward - bf16.forward, forward, 1e-3 * forward);
   EXPECT_NEAR(fp8.backward - bf16.backward, backward, 1e-3 * backward);
+}
+
+// The executor's fp8 (executor/src/fp8.hpp; costmodel/src/stack.cpp kTrainplanFp8), by hand for
+// the same layer: every input 8 bytes per element (amax 2, cast 3, backward's transposed recast
+// 3), the norm's output once for Q/K/V and once for gate/up; every output gradient 6 (amax 2, one
+// cast into both layouts 4); every weight 5 forward and 3 backward; all at 0.41 of the stream rate
+// (the executor's cast kernels as measured on the H200); and per trained weight element a float32
+// add of 12 bytes at the stream rate. The kept inputs are the bf16 tensors: the layer keeps what
+// it keeps in bf16.
+TEST(Precision, TheExecutorsFp8CastsAtTheRateItsKernelsReach) {
+  const HardwareProfile hw = h100_with_fp8_at_bf16_peak();
+  const ModelSpec m = testing::model("llama3-8b");
+  LayerSetting s = one_sequence_of_8192(Stack::kTrainplan);
+  const LayerCost bf16 = transformer_layer_cost(m, hw, s);
+  s.precision = Precision::kFp8;
+  const LayerCost fp8 = transformer_layer_cost(m, hw, s);
+  const KernelRates r(hw.gpu, Dtype::kBf16);
+  const auto cast = [&](double bytes) { return r.stream(bytes) / 0.41; };
+  const double T = 8192, h = 4096, kv = 1024, ffn = 14336;
+  const double weights[] = {h * h, h * kv, h * kv, h * h, h * ffn, h * ffn, ffn * h};  // q k v o gate up down
+  double forward = cast(8 * T * h) + cast(8 * T * h) + cast(8 * T * h) + cast(8 * T * ffn);  // q/k/v, o, gate/up, down inputs
+  double backward = cast(6 * T * h) + 2 * cast(6 * T * kv) + cast(6 * T * h) + 2 * cast(6 * T * ffn) + cast(6 * T * h);
+  for (double w : weights) {
+    forward += cast(5 * w);
+    backward += cast(3 * w) + r.stream(12 * w);
+  }
+  EXPECT_NEAR(fp8.forward - bf16.forward, forward, 1e-3 * forward);
+  EXPECT_NEAR(fp8.backward - bf16.backward, backward, 1e-3 * backward);
+  EXPECT_EQ(fp8.activation_bytes, bf16.activation_bytes);
 }
 
 // Transformer Engine keeps each linear layer's fp8 weight and its transpose for the step (cast on

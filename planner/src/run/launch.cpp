@@ -219,7 +219,21 @@ std::vector<std::string> executor_limitations(const Plan& plan) {
     if (m.architecture != cm::Architecture::kLlama) problems.push_back("LoRA: the executor's adapters are on Llama-style blocks");
     if (m.moe) problems.push_back("LoRA on a mixture-of-experts model is not in the executor");
   }
-  if (t.precision == cm::Precision::kFp8) problems.push_back("fp8 training is not supported by the executor (use bf16)");
+  if (t.precision == cm::Precision::kFp8) {  // executor/src/fp8.hpp: the dense blocks' linear layers
+    if (m.architecture != cm::Architecture::kLlama) problems.push_back("fp8: the executor's fp8 linear layers are in Llama-style blocks (use bf16)");
+    if (m.moe) problems.push_back("fp8 with experts is not in the executor (its experts' GEMMs are bf16; use bf16)");
+    // cuBLASLt's fp8 GEMM takes dimensions that are multiples of 16 (at::_scaled_mm refuses others).
+    const int tp = std::max(1, p.tp);
+    const int64_t kv_local = tp <= m.kv_heads ? static_cast<int64_t>(m.kv_heads) * m.head_dim() / tp : m.head_dim();
+    const std::pair<const char*, int64_t> dims[] = {{"hidden", m.hidden},
+                                                    {"heads x head_dim / tp", static_cast<int64_t>(m.q_dim()) / tp},
+                                                    {"kv_heads x head_dim / tp", kv_local},
+                                                    {"ffn_hidden / tp", static_cast<int64_t>(m.ffn_hidden) / tp},
+                                                    {"micro_batch x seq_len / cp", static_cast<int64_t>(p.micro_batch) * t.seq_len / std::max(1, p.cp)}};
+    for (const auto& [name, value] : dims) {
+      if (value % 16 != 0) problems.push_back(std::string("fp8: ") + name + " is " + std::to_string(value) + ", not a multiple of 16 (cuBLASLt's fp8 GEMM)");
+    }
+  }
   if (t.optimizer != cm::OptimizerKind::kAdamW) problems.push_back(std::string("optimizer ") + cm::optimizer_name(t.optimizer) + " is not supported (adamw only)");
   if (p.offload_optimizer == cm::Offload::kNvme) problems.push_back("optimizer offload to NVMe is not in the executor (offload_optimizer cpu is)");
   if (p.offload_params != cm::Offload::kNone) problems.push_back("parameter offload (offload_params) is not in the executor (offload_optimizer cpu is)");

@@ -81,6 +81,18 @@ struct Fp8Casting {
   double input = 0, input_from_norm = 0, input_from_activation = 0;
   double grad_output = 0, grad_output_from_activation = 0;
   double weight_forward = 0, weight_backward = 0;
+  // A linear layer's kept input (for its weight gradient) is its fp8 cast (Transformer Engine), not
+  // the high-precision tensor (torchao's matmul_with_hp_or_float8_args, the executor).
+  bool keeps_fp8_inputs = true;
+  // Linears that share an input (separate Q/K/V or gate/up GEMMs) cast it once for all of them.
+  bool shared_input_cast_once = false;
+  // Bytes per trained weight element per micro-batch beyond the casts: the weight gradient's fp8
+  // GEMM writes a float32 product that a separate pass adds into the float32 sum (read 4, read 4,
+  // write 4), where the bf16 GEMM accumulates into the sum itself (beta = 1).
+  double weight_gradient_add = 0;
+  // The fraction of the stream rate (KernelRates::stream) the stack's cast kernels reach: amax
+  // reductions, casts and transposing casts together; 1 where no measurement says otherwise.
+  double rate = 1;
 };
 
 // How a stack's data parallelism moves parameters and gradients under ZeRO / FSDP, beyond the
