@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The executor's model and training step written in plain PyTorch eager Python, for speed.
 
-The same decoder as executor/src/model.cpp (Llama: RMSNorm, rotary "rotate half", SwiGLU, grouped
+The same decoder as executor/src/model/model.cpp (Llama: RMSNorm, rotary "rotate half", SwiGLU, grouped
 query attention through scaled_dot_product_attention; GPT: LayerNorm, learned positions, GELU),
 built from the same trainplan/model/v1 document, trained the same way: micro-batches accumulated
 into one optimizer step, the loss in float32, the gradient clipped by its global norm, AdamW with
@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-ROPE_THETA = 10000.0  # executor/src/model.cpp kRopeTheta
+ROPE_THETA = 10000.0  # executor/src/model/model.cpp kRopeTheta
 NORM_EPS = 1e-5
 
 
@@ -108,7 +108,7 @@ class Decoder(nn.Module):
 
 def hf_llama(m, seq_len):
     """transformers' LlamaForCausalLM with the document's shape and the executor's rotary base and
-    norm epsilon; no biases, as executor/src/model.cpp."""
+    norm epsilon; no biases, as executor/src/model/model.cpp."""
     from transformers import LlamaConfig, LlamaForCausalLM  # ImportError: the caller skips this peer
 
     config = LlamaConfig(vocab_size=m["vocab"], hidden_size=m["hidden"], intermediate_size=m["ffn_hidden"],

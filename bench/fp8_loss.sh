@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # fp8 training against bf16 (issue 31): the executor trains the same one-device plan twice, in bf16
-# and in fp8 (executor/src/fp8.hpp), from the same initial weights (--seed) on the same data
+# and in fp8 (executor/src/model/fp8.hpp), from the same initial weights (--seed) on the same data
 # (synthetic, seeded), and sets the two loss curves side by side: the relative gap per step, its
 # largest value over the run and over the second half, and each curve's mean over its last 20
 # steps. The acceptance bound is 1% (the fp8 curve within 1% of the bf16 curve).

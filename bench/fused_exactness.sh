@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Exactness of the executor's fused paths (issue 12, item 5): trains one plan twice from the same
-# initialisation and data, with --kernels reference (plain ATen, executor/src/model.cpp) and with
-# --kernels fused (executor/src/fused_ops.hpp and LibTorch's fused AdamW), and compares the losses
+# initialisation and data, with --kernels reference (plain ATen, executor/src/model/model.cpp) and with
+# --kernels fused (executor/src/model/fused_ops.hpp and LibTorch's fused AdamW), and compares the losses
 # step by step, and the first step's gradient norm (AdamW's update hardly changes when every
 # gradient is scaled alike, so a gradient counted twice or scaled wrongly would not show in the
 # losses; at step 1 both paths hold the same parameters, so their norms differ by rounding only).

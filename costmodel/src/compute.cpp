@@ -451,7 +451,7 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
     }
   }
   // Mixture of experts under CP: the load-balancing loss's counts per expert (float32) summed over
-  // the CP group, an all-reduce per layer and forward (executor/src/moe.cpp).
+  // the CP group, an all-reduce per layer and forward (executor/src/parallel/moe.cpp).
   const double moe_counts_bytes = mdl.moe && s.cp > 1 ? 2.0 * (s.cp - 1) / s.cp * 4.0 * mdl.moe->experts : 0.0;
   c.cp_bytes += moe_counts_bytes;
   double ep_forward = 0, ep_forward_bytes = 0;
@@ -460,7 +460,7 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
     ep_forward = 2.0 * collective_time(hw, Collective::kAllToAll, routed, s.ep_group).value();  // dispatch + combine
     c.ep_comm = 2.0 * ep_forward;  // forward and backward
     // Token copies out and back, and first each rank's count of them per expert of every other
-    // rank (int64; executor/src/moe.cpp, Megatron-Core's all-to-all dispatcher likewise).
+    // rank (int64; executor/src/parallel/moe.cpp, Megatron-Core's all-to-all dispatcher likewise).
     const double counts = 8.0 * mdl.moe->experts * (s.ep - 1) / s.ep;
     const double tokens = 2.0 * routed.value() * (s.ep - 1) / s.ep;
     ep_forward_bytes = counts + tokens;
@@ -470,7 +470,7 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
   // --- activations kept for backward (bytes) ---
   const double norm_inputs = 2.0 * Tn * h * e;
   // The norms' float32 statistics, a token each, kept where a norm's output is not recomputed:
-  // 1/RMS, and LayerNorm's mean too (executor/src/fused_ops.hpp rms_norm, ATen's layer_norm);
+  // 1/RMS, and LayerNorm's mean too (executor/src/model/fused_ops.hpp rms_norm, ATen's layer_norm);
   // before a router the MLP norm is a plain one even where the others are recomputed.
   const double norm_stats = (norm_recomputed ? (mdl.moe ? 1.0 : 0.0) : 2.0) * Tn * 4.0 * (feat.layer_norm ? 2.0 : 1.0);
   // The QKV and MLP inputs: the norms' outputs, under sequence parallelism all-gathered first,
@@ -484,7 +484,7 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
                                                                         : 4.0 * s.micro_batch * a_local * s_q;  // softmax stats
   // The output projection's input. All-gathered K/V without recompute: the two query chunks'
   // attention outputs are kept by their kernels and joined into a new tensor for the projection,
-  // so one more copy of the attention output stays (executor/src/model.cpp attention).
+  // so one more copy of the attention output stays (executor/src/model/model.cpp attention).
   // (Under LoRA only the o adapter's A keeps that copy, and with LoRA dropout its dropped one.)
   // `joined_kept`: the output projection's input is kept for its own sake (its weight's gradient).
   const bool joined_kept = !lora || mla || (kept_by_adapters && s.lora.targets_include("o"));
@@ -493,7 +493,7 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
   // GELU: fc1 output and the GELU output (fc2's input). SwiGLU: the stack's count (stack.hpp),
   // one of which is the down projection's input.
   // A LoRA adapter on the down projection keeps its input, the product (its A's weight gradient
-  // needs it), which a fused SwiGLU would otherwise recompute (executor/src/fused_ops.hpp swiglu).
+  // needs it), which a fused SwiGLU would otherwise recompute (executor/src/model/fused_ops.hpp swiglu).
   const bool down_adapter = lora && s.lora.targets_include("down");
   const double mlp_width_saved = feat.gated_mlp ? (down_adapter ? std::max(3.0, stack.swiglu_saved) : stack.swiglu_saved) : 2.0;
   const double mlp_saved = mlp_width_elements * (mlp_width_saved - 1.0) * e;
@@ -502,7 +502,7 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
   // Mixture of experts, kept besides the experts' inputs: the MLP norm's output, which the router
   // and the token permutation take (no norm fused into a linear before a router), the router's
   // float32 probabilities, the experts' outputs, kept to weight them by the routing
-  // probabilities (Megatron-Core's unpermute with probs; executor/src/moe.cpp), and per routed
+  // probabilities (Megatron-Core's unpermute with probs; executor/src/parallel/moe.cpp), and per routed
   // copy the routing's small tensors: its top-k index (int64) and probability (float32), its
   // token's index (int64) and its float32 weight, and under expert parallelism the two int64
   // indices that order the received copies by expert and back.
@@ -513,7 +513,7 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
   if (lora) adapters = static_cast<double>(s.lora.targets.size()) * T * r * e;
   if (lora && s.lora.dropout > 0 && !mla) {
     // PEFT's lora_dropout: each adapter's A keeps its own dropped copy of the input, and the mask
-    // (a byte an element, executor/src/dropout.hpp); column-parallel targets take the whole
+    // (a byte an element, executor/src/model/dropout.hpp); column-parallel targets take the whole
     // input, row-parallel ones this rank's features. The down projection's dropped product
     // stands in for the product counted above, which nothing else keeps.
     for (const std::string& target : s.lora.targets) {
@@ -747,7 +747,7 @@ EndsCost ends_cost(const ModelSpec& mdl, const HardwareProfile& hw, const LayerS
       c.largest_head_block_bytes = e * logits;
       break;
     case LossKernel::kChunkedFused: {
-      // executor/src/fused_ops.cpp LinearCrossEntropyFn: chunks of rows sized to 1 GiB of logits
+      // executor/src/model/fused_ops.cpp LinearCrossEntropyFn: chunks of rows sized to 1 GiB of logits
       // in the compute dtype (cross_entropy_chunk_tokens), a multiple of 64. Per chunk, all in
       // the forward: the logits GEMM, one kernel reading the logits twice (online softmax) and
       // overwriting them with their 16-bit gradient, the

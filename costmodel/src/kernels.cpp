@@ -60,6 +60,13 @@ bool aligned_dim(double dim, double operand_bytes) {
 }  // namespace
 
 const std::array<ElementwiseOpInfo, kElementwiseOpCount>& elementwise_ops() { return kOps; }
+
+const ElementwiseOpInfo* elementwise_op_named(const std::string& name) {
+  for (const auto& info : kOps) {
+    if (name == info.name) return &info;
+  }
+  return nullptr;
+}
 const ElementwiseOpInfo& elementwise_op_info(ElementwiseOp op) { return kOps[static_cast<std::size_t>(op)]; }
 bool gemm_aligned(double dim, double operand_bytes) { return aligned_dim(dim, operand_bytes); }
 

@@ -37,7 +37,7 @@ namespace {
 //    The activation function is Megatron's own (bias_swiglu_impl, bias_gelu_impl) and writes bf16,
 //    so fc2's input and fc1's output gradient are cast by fc2's and fc1's modules (4). The fp8
 //    weights are cast on the first micro-batch and kept for the step (0 per micro-batch).
-//  The executor (executor/src/fp8.hpp: torchao's tensorwise recipe, its own kernels): an input
+//  The executor (executor/src/model/fp8.hpp: torchao's tensorwise recipe, its own kernels): an input
 //    takes an amax pass (reads 2) and a cast (reads 2, writes 1) in forward, and in backward is
 //    cast again with that amax straight into the transposed layout (reads 2, writes 1): 8; the
 //    norm's and the activation's outputs likewise (no kernel of theirs takes the amax); a shared
@@ -269,9 +269,9 @@ constexpr StackSpec kSpecs[] = {
      .context_attention = ContextAttention::kAllGatherKv,
      .sequence_parallel_keeps_gathered_input = false,
      .fp8 = kTrainplanFp8,
-     .source = "executor/src/model.cpp (block_forward with Kernels::kFused: norm_linears, rotary_embedding, swiglu_down; head_loss: "
-               "linear_cross_entropy), executor/src/fused_ops.cpp (NormLinearsFn, RotaryFn, SwigluDownFn, LinearCrossEntropyFn), "
-               "executor/src/cuda_kernels.cu, executor/src/engine.cpp (grad_sums / fused_accumulation, else an fp32 gradient add per micro-batch; fused_optimizer_step: "
+     .source = "executor/src/model/model.cpp (block_forward with Kernels::kFused: norm_linears, rotary_embedding, swiglu_down; head_loss: "
+               "linear_cross_entropy), executor/src/model/fused_ops.cpp (NormLinearsFn, RotaryFn, SwigluDownFn, LinearCrossEntropyFn), "
+               "executor/src/model/cuda_kernels.cu, executor/src/train/engine.cpp (grad_sums / fused_accumulation, else an fp32 gradient add per micro-batch; fused_optimizer_step: "
                "at::_fused_adamw_, gradient_norm: _foreach_norm, one .item() per step)"},
     // The plain path (executor --kernels reference): the executor as it was before its fused
     // paths, and the stack of the H100 runs in tests/data/h100-llama3.2-1b.
@@ -298,9 +298,9 @@ constexpr StackSpec kSpecs[] = {
      .context_attention = ContextAttention::kAllGatherKv,
      .sequence_parallel_keeps_gathered_input = false,
      .fp8 = kTrainplanReferenceFp8,
-     .source = "executor/src/model.cpp (block_forward with Kernels::kReference: at::rms_norm, three at::linear for q/k/v, rotate-half "
-               "rotary, at::silu(gate) * up, head_loss: logits .to(kFloat) then at::cross_entropy_loss), executor/src/engine.cpp "
-               "(fp32 gradient add per micro-batch, ATen AdamW), executor/src/engine.cpp forward_chunk (loss.item() per micro-batch)"},
+     .source = "executor/src/model/model.cpp (block_forward with Kernels::kReference: at::rms_norm, three at::linear for q/k/v, rotate-half "
+               "rotary, at::silu(gate) * up, head_loss: logits .to(kFloat) then at::cross_entropy_loss), executor/src/train/engine.cpp "
+               "(fp32 gradient add per micro-batch, ATen AdamW), executor/src/train/engine.cpp forward_chunk (loss.item() per micro-batch)"},
     kPytorchEager,
 
     {.stack = Stack::kTorchCompile,

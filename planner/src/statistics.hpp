@@ -1,18 +1,11 @@
 #pragma once
-// Internal to the planner library: summary statistics its readers of measurements share.
+// Internal to the planner library: summary statistics its readers of measurements share
+// (costmodel/statistics.hpp).
 
-#include <algorithm>
-#include <cstddef>
-#include <vector>
+#include "trainplan/costmodel/statistics.hpp"
 
 namespace trainplan::planner {
 
-// The median of `values` (the mean of the middle two for an even count); 0 for none.
-inline double median(std::vector<double> values) {
-  if (values.empty()) return 0;
-  std::sort(values.begin(), values.end());
-  const std::size_t n = values.size();
-  return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
-}
+using costmodel::median;
 
 }  // namespace trainplan::planner

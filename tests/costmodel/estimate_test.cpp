@@ -152,7 +152,7 @@ TEST(ContextParallel, RingTrafficIsHiddenInsideANodeAndExposedAcrossNodes) {
   EXPECT_GT(checked_estimate(across).time.cp_comm.value(), 0.0);
 }
 
-// The executor's context parallelism (stack trainplan, executor/src/context_parallel.hpp)
+// The executor's context parallelism (stack trainplan, executor/src/parallel/context_parallel.hpp)
 // all-gathers K/V before attention and reduce-scatters their gradients after it, unoverlapped.
 // Bytes one rank sends per step, by hand: Llama 3 8B (32 layers, kv_dim 1024), seq 8192, cp 4,
 // micro-batch 1: T = 2048 tokens, K + V = 2 * 2048 * 1024 * 2 B = 8 MiB; forward all-gather and
@@ -183,7 +183,7 @@ TEST(ContextParallel, AllGatheredKvSendsTwoPassesPerLayerAndIsExposed) {
 }
 
 // A capacity factor caps the tokens each expert multiplies at ceil(cf x T x top_k / experts)
-// (executor/src/moe.hpp): at or above 1 the balanced share fits, so the estimate is the dropless
+// (executor/src/parallel/moe.hpp): at or above 1 the balanced share fits, so the estimate is the dropless
 // one; below 1 the experts do cf of the work. The document keeps both keys.
 TEST(MixtureOfExperts, ACapacityFactorBelowOneCutsTheExpertsWorkAndTheDocumentKeepsIt) {
   Plan plan = make_plan("mixtral-8x7b", "dgx-h100", 64, 4096, 256);
@@ -212,7 +212,7 @@ TEST(MixtureOfExperts, ACapacityFactorBelowOneCutsTheExpertsWorkAndTheDocumentKe
   EXPECT_NE(refused.error().message.find("/moe/capacity_factor"), std::string::npos) << refused.error().message;
 }
 
-// Expert parallelism's all-to-all bytes per step, by hand (executor/src/moe.cpp moves the same):
+// Expert parallelism's all-to-all bytes per step, by hand (executor/src/parallel/moe.cpp moves the same):
 // Mixtral 8x7B (32 MoE layers, hidden 4096, 8 experts, top-2), seq 4096, micro-batch 1, bf16,
 // ep 4: each layer and micro-batch routes 4096 x 2 token copies of 4096 x 2 B = 64 MiB, of which
 // 3/4 go to other ranks with balanced routing, out (dispatch) and back (combine), forward and
@@ -382,7 +382,7 @@ TEST(Precision, Fp8UnderTorchaoCastsWeightsEveryMicroBatch) {
   EXPECT_NEAR(fp8.backward - bf16.backward, backward, 1e-3 * backward);
 }
 
-// The executor's fp8 (executor/src/fp8.hpp; costmodel/src/stack.cpp kTrainplanFp8), by hand for
+// The executor's fp8 (executor/src/model/fp8.hpp; costmodel/src/stack.cpp kTrainplanFp8), by hand for
 // the same layer: every input 8 bytes per element (amax 2, cast 3, backward's transposed recast
 // 3), the norm's output once for Q/K/V and once for gate/up; every output gradient 6 (amax 2, one
 // cast into both layouts 4); every weight 5 forward and 3 backward; all at 0.41 of the stream rate

@@ -199,7 +199,7 @@ TEST(CpCommType, APlanChoosesHowContextParallelismMovesKeysAndValues) {
   ASSERT_TRUE(megatron) << megatron.error().message;
   EXPECT_NE(megatron->text.find("--cp-comm-type all_gather"), std::string::npos);
   EXPECT_FALSE(parallel_to_json(ParallelConfig{}).contains("cp_comm_type"));  // the stack's: not written
-  // The executor all-gathers (executor/src/context_parallel.hpp): a ring is one thing it cannot run.
+  // The executor all-gathers (executor/src/parallel/context_parallel.hpp): a ring is one thing it cannot run.
   const auto said = [](const std::vector<std::string>& problems) {
     return std::any_of(problems.begin(), problems.end(), [](const std::string& s) { return s.find("cp_comm_type p2p") != std::string::npos; });
   };

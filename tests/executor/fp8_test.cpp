@@ -1,4 +1,4 @@
-// fp8 training's casts and GEMMs (executor/src/fp8.hpp) and the fused paths that take them
+// fp8 training's casts and GEMMs (executor/src/model/fp8.hpp) and the fused paths that take them
 // (fused_ops.hpp linear_into, norm_linears, swiglu_down with fp8), on CPU (LibTorch's _scaled_mm
 // runs there) and, where a CUDA device is visible, on it (cuBLASLt's fp8 GEMM and
 // cuda_kernels.cu's fp8_cast). Two references for each GEMM:

@@ -1,5 +1,5 @@
-// The executor's fused paths (executor/src/fused_ops.hpp) against the plain ATen composition they
-// replace (executor/src/model.cpp's reference path), on CPU: forward values and the gradients of
+// The executor's fused paths (executor/src/model/fused_ops.hpp) against the plain ATen composition they
+// replace (executor/src/model/model.cpp's reference path), on CPU: forward values and the gradients of
 // every input. In float64 the two must agree to rounding (1e-12 relative: the same arithmetic in
 // another order); in bfloat16 to a few units of bf16's rounding (2^-8 relative per operation).
 // The same comparisons run in bf16 on a GPU, where the fused paths take executor/src/

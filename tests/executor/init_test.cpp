@@ -1,4 +1,4 @@
-// The executor's initial weights (executor/src/model.hpp init_unit): drawn in chunks of 2^20
+// The executor's initial weights (executor/src/model/model.hpp init_unit): drawn in chunks of 2^20
 // values, each chunk from its own seeded generator, on however many threads ATen has; the same
 // values on 1 thread as on 2, the distributions the model's document asks for, and chunks that
 // are not copies of one another.

@@ -1,4 +1,4 @@
-// executor --kernel-profile's table (executor/src/kernel_profile.hpp): kernels summed by name and
+// executor --kernel-profile's table (executor/src/measure/kernel_profile.hpp): kernels summed by name and
 // ranked by device time, written as CSV with their share of the kernels' time and of the step and
 // the device's idle time before them.
 

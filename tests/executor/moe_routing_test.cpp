@@ -1,4 +1,4 @@
-// The router of the executor's mixture of experts (executor/src/moe.hpp) on hand-made logits:
+// The router of the executor's mixture of experts (executor/src/parallel/moe.hpp) on hand-made logits:
 // top-k choice and its renormalised weights, capacity filled first choices first (GShard), the
 // load-balancing loss (Switch Transformer, Fedus et al. 2021 eq. 4 generalised to top-k as in
 // Megatron-Core), and its gradient reaching the router through the block's output.

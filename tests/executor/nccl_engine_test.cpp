@@ -1,4 +1,4 @@
-// The NCCL engine (executor/src/comm_nccl.cpp) on one rank of one GPU: the only NCCL run one GPU
+// The NCCL engine (executor/src/comm/comm_nccl.cpp) on one rank of one GPU: the only NCCL run one GPU
 // allows (NCCL refuses two ranks on the same device), and the first check of the engine's own
 // code: collectives on the communicator's side stream after the work queued on the compute
 // stream, their values, the compute stream ordered after them by wait(), a Work dropped unwaited,

@@ -82,7 +82,7 @@ TEST(ExecutorLimitations, HuggingFaceModelsTheExecutorCannotBuildAreRefused) {
 }
 
 // Expert parallelism runs (issue 13 item 2), with context parallelism too; under hybrid shard
-// only where shard_group and ep divide one another (executor/src/engine.cpp shards experts within
+// only where shard_group and ep divide one another (executor/src/train/engine.cpp shards experts within
 // a shard group), and experts under tensor parallelism are still refused.
 TEST(ExecutorLimitations, ExpertParallelPlansRunAndTheirRemainingLimitsAreNamed) {
   costmodel::Plan plan = testing::make_plan("mixtral-8x7b", "dgx-h100", 64, 4096, 256);

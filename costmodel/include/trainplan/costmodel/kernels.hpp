@@ -65,6 +65,8 @@ struct ElementwiseOpInfo {
 };
 [[nodiscard]] const ElementwiseOpInfo& elementwise_op_info(ElementwiseOp op);
 [[nodiscard]] const std::array<ElementwiseOpInfo, kElementwiseOpCount>& elementwise_ops();
+// The op of that name (ElementwiseOpInfo::name), or null.
+[[nodiscard]] const ElementwiseOpInfo* elementwise_op_named(const std::string& name);
 
 // A GEMM dimension that is a whole multiple of 16 bytes of `operand_bytes`-byte elements (what
 // cuBLAS's tensor-core kernels need of a leading dimension).

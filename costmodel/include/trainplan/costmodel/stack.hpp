@@ -63,7 +63,7 @@ enum class ContextAttention {
   // gradients round again. A causal kernel on each block, load-balanced chunks.
   kRing,
   // All-gather of K/V (Llama 3, Dubey et al. 2024 Sec. 3.3.2; Megatron-Core's "all_gather"), the
-  // executor's (executor/src/context_parallel.hpp): K/V all-gathered before attention and their
+  // executor's (executor/src/parallel/context_parallel.hpp): K/V all-gathered before attention and their
   // gradients reduce-scattered after it, neither overlapped; the gathered K/V kept for backward.
   // Each of a rank's two query chunks attends the keys up to its own end through a masked
   // kernel: (2cp + 1) / 4cp of the seq/cp x seq rectangle, against 1/2 for a causal kernel.

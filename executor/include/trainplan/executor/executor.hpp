@@ -44,7 +44,7 @@ struct RunOptions {
   std::string inject_oom;
   int inject_oom_rank = -1;
   bool quiet = false;                  // no per-step lines
-  // "fused": the fused paths (executor/src/fused_ops.hpp) and LibTorch's fused AdamW; "reference":
+  // "fused": the fused paths (executor/src/model/fused_ops.hpp) and LibTorch's fused AdamW; "reference":
   // the plain ATen composition they are checked against.
   std::string kernels = "fused";
   // A CSV of the GPU kernels of step `trace_step`, ranked by total device time (Kineto, CUDA only).

@@ -8,6 +8,7 @@
 #include "trainplan/costmodel/estimate.hpp"
 #include "trainplan/costmodel/plan.hpp"
 #include "trainplan/costmodel/result.hpp"
+#include "trainplan/executor/capabilities.hpp"
 
 namespace trainplan::planner {
 
@@ -27,12 +28,7 @@ namespace trainplan::planner {
 [[nodiscard]] costmodel::Result<bool> apply_constraint(const std::string& key, const std::string& value,
                                                        costmodel::ParallelConstraints& constraints);
 
-// The planner command line that searches the same request with the same objective, e.g.
-// "planner --model llama3-70b --gpus 64 --cluster dgx-h100 --seq-len 8192 --global-batch 512
-// --train-tokens 1.4e+12 --precision bf16 --optimizer adamw --mode pretrain --objective throughput
-// --fix tp=8". A model or cluster that is no preset is given as MODEL.json / CLUSTER.json (export
-// it from the plan JSON).
-[[nodiscard]] std::string planner_command(const costmodel::PlanRequest& request, const std::string& objective,
-                                          double memory_headroom = costmodel::kDefaultMemoryHeadroom);
+// The planner command line that plans a request again (capabilities.hpp, which the executor shares).
+using executor::planner_command;
 
 }  // namespace trainplan::planner

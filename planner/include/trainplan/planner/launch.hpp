@@ -9,6 +9,7 @@
 
 #include "trainplan/costmodel/plan.hpp"
 #include "trainplan/costmodel/result.hpp"
+#include "trainplan/executor/capabilities.hpp"
 
 namespace trainplan::planner {
 
@@ -36,11 +37,8 @@ struct LaunchOptions {
   int master_port = kDefaultMasterPort;
 };
 
-// What keeps the executor from running `plan`, one reason each (empty: it runs it): parallelisms,
-// models, modes and options it does not have yet, and shapes its tensor and context parallelism
-// need; the same on CPU and GPU ranks. The executor refuses such plans with these reasons; launch
-// texts and reports print them.
-[[nodiscard]] std::vector<std::string> executor_limitations(const costmodel::Plan& plan);
+// What keeps the executor from running a plan (the executor's own list, capabilities.hpp).
+using executor::executor_limitations;
 
 // Checks the options against the plan; the error says what the plan needs:
 // "plan needs 64 GPUs = 8 nodes x 8 GPUs; --nodes 4 gives 32".

@@ -82,7 +82,7 @@ struct OutOfMemoryReport {
   std::optional<int> rank;
 };
 
-// A measurement's `moe` object (executor/src/trainer.cpp moe_json): what the experts did in the
+// A measurement's `moe` object (executor/src/train/trainer.cpp moe_json): what the experts did in the
 // run's last step, over every rank and layer.
 struct MoeReport {
   int experts = 0, top_k = 0;

@@ -20,7 +20,7 @@
 
 #include "comm.hpp"
 #include "trainplan/costmodel/collectives.hpp"
-#include "trainplan/planner/profile.hpp"
+#include "trainplan/costmodel/kernel_import.hpp"
 
 namespace trainplan::executor {
 
@@ -58,7 +58,7 @@ struct BenchmarkTask {
 
 // What the kernel tasks record.
 struct KernelMeasurements {
-  planner::KernelSamples samples;
+  costmodel::KernelSamples samples;
   std::vector<double> gemm_fp32_flops_per_second;
   double tiny_kernel_seconds = 0;  // x.add_(1) on one element: the fallback kernel latency
   std::string adamw_implementation; // which AdamW ran ("at::_fused_adamw_", or the ATen ops of unfused AdamW)

@@ -10,7 +10,7 @@
 #include <c10/util/Exception.h>
 
 #include "trainplan/costmodel/estimate.hpp"
-#include "trainplan/planner/inputs.hpp"
+#include "trainplan/executor/capabilities.hpp"
 
 namespace trainplan::executor {
 
@@ -24,7 +24,7 @@ nlohmann::json optional(const std::optional<double>& x) { return x ? nlohmann::j
 std::string planner_command(const cm::Plan& plan) {
   const cm::PlanRequest request{plan.name, plan.model_ref, plan.cluster_ref, plan.model, plan.cluster, plan.gpus, plan.training,
                                 cm::ParallelConstraints::of(plan.parallel)};
-  return planner::planner_command(request, "throughput");
+  return executor::planner_command(request, "throughput");
 }
 
 // Bytes for people: GiB up to 1 TiB, then TiB, PiB, EiB.

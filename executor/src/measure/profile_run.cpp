@@ -22,7 +22,7 @@
 #include "profile.hpp"
 #include "trainplan/costmodel/presets.hpp"
 #include "trainplan/executor/executor.hpp"
-#include "trainplan/planner/profile.hpp"
+#include "trainplan/costmodel/kernel_import.hpp"
 #include "rank_output.hpp"
 #include "world.hpp"
 
@@ -192,9 +192,9 @@ cm::HardwareProfile build_profile(const ProfileOptions& o, const cm::HardwarePro
   const std::string date = today();
   const ProfileSweep sweep = profile_sweep(cuda, o.quick);
   const double latency_fallback = std::clamp(m.kernels.tiny_kernel_seconds, 0.5e-6, 20e-6);
-  auto built = planner::build_kernel_tables(m.kernels.samples, latency_fallback);
+  auto built = costmodel::build_kernel_tables(m.kernels.samples, latency_fallback);
   if (!built) throw std::runtime_error("the measured samples do not make kernel tables: " + built.error().message);
-  planner::KernelImport tables = std::move(built).value();
+  costmodel::KernelImport tables = std::move(built).value();
   std::string versions = std::string("LibTorch ") + TORCH_VERSION;
   if (cuda) versions += ", " + cuda_versions();
   tables.tables.source = device + "; " + versions + "; " + date + "; `" + command + "`; " + std::to_string(sweep.repeats) + " calls after " +
@@ -209,7 +209,7 @@ cm::HardwareProfile build_profile(const ProfileOptions& o, const cm::HardwarePro
   p.gpu.name = device;
   p.gpu.sm_count = cuda ? cuda_sm_count() : m.threads;
   p.gpu.hbm_capacity = cm::Bytes(cuda ? cuda_total_memory_bytes() : physical_memory_bytes());
-  p = planner::with_kernel_tables(std::move(p), tables, o.name.empty() ? slug(device) : o.name);
+  p = costmodel::with_kernel_tables(std::move(p), tables, o.name.empty() ? slug(device) : o.name);
   const cm::KernelTables& k = *p.gpu.kernels;
   double best_gemm = 0, best_attention = 0;
   for (const auto& g : k.gemm) best_gemm = std::max(best_gemm, 2.0 * g.m * g.n * g.k / g.seconds);

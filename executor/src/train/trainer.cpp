@@ -37,8 +37,7 @@
 #include "trainplan/costmodel/estimate.hpp"
 #include "trainplan/costmodel/presets.hpp"
 #include "trainplan/executor/executor.hpp"
-#include "trainplan/planner/launch.hpp"
-#include "trainplan/planner/report.hpp"
+#include "trainplan/executor/capabilities.hpp"
 
 namespace trainplan::executor {
 
@@ -171,7 +170,7 @@ void check_options(const RunOptions& o) {
 // What this build of the executor runs (planner::executor_limitations); everything else in a
 // plan is refused with the reasons.
 void check_supported(const cm::Plan& plan) {
-  const std::vector<std::string> problems = trainplan::planner::executor_limitations(plan);
+  const std::vector<std::string> problems = executor_limitations(plan);
   if (problems.empty()) return;
   std::string text = plan.name + ": the executor cannot run this plan:";
   for (const auto& s : problems) text += "\n  - " + s;
@@ -200,6 +199,15 @@ at::ScalarType torch_dtype(cm::Precision p) {
     case cm::Precision::kFp8: return at::kBFloat16;  // the linear layers' GEMMs in fp8 (fp8.hpp), the rest in bf16
   }
   throw std::logic_error("torch_dtype: unknown precision");
+}
+
+// A parameter count for the start-up line, to 3 significant digits: "1.24 billion", "6.4 million".
+std::string parameter_count_text(double n) {
+  char text[64];
+  if (n >= 1e9) std::snprintf(text, sizeof text, "%.3g billion", n / 1e9);
+  else if (n >= 1e6) std::snprintf(text, sizeof text, "%.3g million", n / 1e6);
+  else std::snprintf(text, sizeof text, "%.0f", n);
+  return text;
 }
 
 double lr_at(const RunOptions& o, int64_t step) {
@@ -546,7 +554,7 @@ int train(const RunOptions& o, const std::string& command_line, World& w, const 
   // line before and after, since for billions of parameters it takes a while.
   const auto t_build = std::chrono::steady_clock::now();
   if (talk && !o.quiet) {
-    std::cout << "executor: building the model (" << trainplan::planner::si(cm::count_parameters(plan.model).total(plan.model.layers))
+    std::cout << "executor: building the model (" << parameter_count_text(cm::count_parameters(plan.model).total(plan.model.layers))
               << " parameters): "
               << (config.draw_base_weights ? "drawing the initial weights on " + std::to_string(at::get_num_threads()) + " host thread(s)"
                                            : "the weights come from " + o.init_from)

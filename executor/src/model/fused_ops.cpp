@@ -15,6 +15,7 @@
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include "fp8.hpp"
+#include "fused_ops_internal.hpp"
 
 #ifdef TRAINPLAN_HAVE_CUDA_KERNELS
 #include <c10/cuda/CUDAStream.h>
@@ -43,9 +44,8 @@ bool have_cuda_kernels() {
 #endif
 }
 
-namespace {
+namespace fused {
 
-// cuda_kernels.hpp's kernels take bf16 tensors on a GPU; everything else takes ATen operators.
 bool kernel_for(const at::Tensor& t) {
 #ifdef TRAINPLAN_HAVE_CUDA_KERNELS
   return t.is_cuda() && t.scalar_type() == at::kBFloat16;
@@ -57,9 +57,37 @@ bool kernel_for(const at::Tensor& t) {
 
 #ifdef TRAINPLAN_HAVE_CUDA_KERNELS
 void* stream_of(const at::Tensor& t) { return c10::cuda::getCurrentCUDAStream(t.device().index()).stream(); }
-// The norm kernels load and store 16 bytes at a time.
 bool aligned16(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
 #endif
+
+at::Tensor rows(const at::Tensor& t) { return t.reshape({-1, t.size(-1)}); }
+
+void add_weight_gradient(at::Tensor& sum, const at::Tensor& g, const at::Tensor& input) {
+  if (input.scalar_type() == sum.scalar_type()) {
+    sum.addmm_(g.t(), input);
+  } else if (input.is_cuda() && input.element_size() == 2) {
+    at::addmm_out(sum, sum, g.t(), input, at::kFloat, 1, 1);
+  } else {
+    sum.add_(g.t().mm(input));
+  }
+}
+
+std::optional<at::Tensor> checked_sum(const at::Tensor& sum, const at::Tensor& weight, const char* what) {
+  if (!sum.defined()) return std::nullopt;
+  if (sum.scalar_type() != at::kFloat && sum.scalar_type() != at::kDouble) {
+    throw std::invalid_argument(std::string(what) + ": a gradient sum must be float32 (or float64 with float64 weights)");
+  }
+  if (sum.sizes() != weight.sizes() || !sum.is_contiguous() || sum.device() != weight.device()) {
+    throw std::invalid_argument(std::string(what) + ": a gradient sum must be contiguous, of the weight's shape and on its device");
+  }
+  return sum.detach();
+}
+
+}  // namespace fused
+
+namespace {
+
+using namespace fused;
 
 // silu(gate) * up.
 at::Tensor swiglu_product(const at::Tensor& gate, const at::Tensor& up) {
@@ -91,21 +119,6 @@ at::Tensor rotary_kernel(const at::Tensor& x, const at::Tensor& cos, const at::T
   return {};
 }
 
-// [..., n] -> [rows, n] (a view where the layout allows).
-at::Tensor rows(const at::Tensor& t) { return t.reshape({-1, t.size(-1)}); }
-
-// sum += g^T input (g: [rows, out], input: [rows, in], sum: [out, in], float32 or the inputs'
-// dtype). 16-bit inputs on a GPU: one cuBLAS GEMM with a float32 output and beta = 1 (no 16-bit
-// product, no add pass); on CPU the 16-bit product is rounded, then widened as it is added.
-void add_weight_gradient(at::Tensor& sum, const at::Tensor& g, const at::Tensor& input) {
-  if (input.scalar_type() == sum.scalar_type()) {
-    sum.addmm_(g.t(), input);
-  } else if (input.is_cuda() && input.element_size() == 2) {
-    at::addmm_out(sum, sum, g.t(), input, at::kFloat, 1, 1);
-  } else {
-    sum.add_(g.t().mm(input));
-  }
-}
 
 // A weight's gradient g^T input: into its sum when one is given (and none returned), else returned.
 at::Tensor weight_gradient(std::optional<at::Tensor>& sum, const at::Tensor& g, const at::Tensor& input) {
@@ -136,18 +149,6 @@ at::Tensor fp8_linear(AutogradContext* ctx, const at::Tensor& x, const at::Tenso
   return y.view(shape);
 }
 
-// A sum argument checked and detached; absent, std::nullopt (an optional without a value is no
-// variable to autograd, where an undefined tensor would be one).
-std::optional<at::Tensor> checked_sum(const at::Tensor& sum, const at::Tensor& weight, const char* what) {
-  if (!sum.defined()) return std::nullopt;
-  if (sum.scalar_type() != at::kFloat && sum.scalar_type() != at::kDouble) {
-    throw std::invalid_argument(std::string(what) + ": a gradient sum must be float32 (or float64 with float64 weights)");
-  }
-  if (sum.sizes() != weight.sizes() || !sum.is_contiguous() || sum.device() != weight.device()) {
-    throw std::invalid_argument(std::string(what) + ": a gradient sum must be contiguous, of the weight's shape and on its device");
-  }
-  return sum.detach();
-}
 
 // Sums kept between forward and backward, by name, in the context's saved data (not saved
 // variables: they are written in place, by design, between the two).
@@ -453,122 +454,6 @@ struct SwigluDownFn : torch::autograd::Function<SwigluDownFn> {
   }
 };
 
-// Rows of 16-bit logits the ATen path takes through float32 at once (LinearCrossEntropyFn): bf16
-// reaches it only on CPU ranks, where it stands in for the CUDA kernel (no float32 copy of its
-// own), so 16 rows; fp16 has no kernel on any device: blocks of up to 256 MiB of float32, which
-// the cost model counts (compute.cpp ends_cost).
-int64_t cross_entropy_row_block(const at::Tensor& logits) {
-  if (logits.scalar_type() == at::kBFloat16) return 16;
-  return std::max<int64_t>(16, (int64_t{256} << 20) / (4 * std::max<int64_t>(logits.size(1), 1)));
-}
-
-// float32 `logits` [rows, vocab] become (softmax - one_hot(targets)) x scale in place; returns the
-// 0-dim sum of the rows' losses, log(sum exp) - target logit, both shifted by the row maximum.
-// `valid` ([rows, 1] bool, or undefined for all rows): the rows that take a loss and a gradient.
-at::Tensor cross_entropy_in_place(at::Tensor& logits, const at::Tensor& targets, const at::Tensor& valid, double scale) {
-  logits.sub_(at::amax(logits, 1, /*keepdim=*/true));
-  const at::Tensor target_logit = logits.gather(1, targets);
-  const at::Tensor sum = logits.exp_().sum(1, /*keepdim=*/true);
-  at::Tensor row_loss = sum.log().sub_(target_logit);
-  logits.div_(sum).scatter_add_(1, targets, at::full({logits.size(0), 1}, -1.0, logits.options())).mul_(scale);
-  if (valid.defined()) {
-    row_loss.mul_(valid);
-    logits.mul_(valid);
-  }
-  return row_loss.sum();
-}
-
-struct LinearCrossEntropyFn : torch::autograd::Function<LinearCrossEntropyFn> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight, const at::Tensor& targets,
-                            int64_t chunk, std::optional<at::Tensor> weight_grad_sum_in, double multiplier, double denominator) {
-    const int64_t n = x.size(0);
-    const bool masked = denominator > 0;  // negative targets take no loss (linear_cross_entropy)
-    const auto f32 = x.options().dtype(at::kFloat);
-    at::Tensor grad_x = at::empty_like(x);
-    // Every gradient is computed times `multiplier` (the factor the caller applies to the loss:
-    // 1/accumulation, times the loss scale with fp16), in float32 before the logits' gradient is
-    // rounded to the compute dtype, as the reference path's backward does: fp16's loss scale
-    // keeps the small probabilities representable. The weight's gradient goes straight into the
-    // caller's float32 sum, or into a float32 buffer of its own returned by backward.
-    const bool into_sum = weight_grad_sum_in.has_value();
-    const bool weight_frozen = !weight.requires_grad();  // LoRA's frozen output layer: no [vocab x h] gradient
-    at::Tensor grad_weight = into_sum ? *weight_grad_sum_in : weight_frozen ? at::Tensor() : at::zeros(weight.sizes(), f32);
-    at::Tensor loss = at::zeros({}, f32);
-    const double inverse = 1.0 / (masked ? denominator : static_cast<double>(n));
-    const double gradient_scale = inverse * multiplier;
-    for (int64_t start = 0; start < n; start += chunk) {
-      const int64_t rows_here = std::min(chunk, n - start);
-      const at::Tensor xc = x.narrow(0, start, rows_here);
-      at::Tensor tc = targets.narrow(0, start, rows_here).unsqueeze(1);
-      at::Tensor valid;  // [rows, 1]: the rows that take a loss (masked only)
-      if (masked) {
-        valid = tc.ge(0);
-        tc = tc.clamp_min(0);
-      }
-      // As the reference path: logits in the compute dtype, log-softmax in float32; the gradient
-      // d loss / d logits = (softmax - one_hot(target)) / n, rounded to the compute dtype once.
-      at::Tensor logits = at::mm(xc, weight.t());
-      at::Tensor g;
-#ifdef TRAINPLAN_HAVE_CUDA_KERNELS
-      if (kernel_for(logits) && logits.is_contiguous()) {
-        const at::Tensor row_targets = tc.reshape({-1}).contiguous();
-        at::Tensor row_loss = at::empty({rows_here}, f32);
-        cuda_kernels::cross_entropy_backward_in_place(logits.data_ptr(), row_targets.data_ptr<int64_t>(), row_loss.data_ptr<float>(),
-                                                      rows_here, logits.size(1), static_cast<float>(gradient_scale), stream_of(logits));
-        if (masked) {
-          row_loss.mul_(valid.squeeze(1));
-          logits.mul_(valid);
-        }
-        loss.add_(row_loss.sum());
-        g = logits;
-      }
-#endif
-      if (!g.defined()) {
-        // The ATen path, in place as the CUDA kernel, so one chunk of logits is all the loss holds:
-        // float32 logits whole, 16-bit ones a few rows at a time through a float32 copy (the
-        // kernel's per-row float32 math), the gradient written back over the logits.
-        if (logits.scalar_type() == at::kFloat) {
-          loss.add_(cross_entropy_in_place(logits, tc, valid, gradient_scale));
-        } else {
-          const int64_t block_rows = cross_entropy_row_block(logits);
-          for (int64_t r = 0; r < rows_here; r += block_rows) {
-            const int64_t b = std::min(block_rows, rows_here - r);
-            at::Tensor block = logits.narrow(0, r, b);
-            at::Tensor up = block.to(at::kFloat);
-            loss.add_(cross_entropy_in_place(up, tc.narrow(0, r, b), masked ? valid.narrow(0, r, b) : valid, gradient_scale));
-            block.copy_(up);
-          }
-        }
-        g = logits;
-      }
-      at::Tensor gx = grad_x.narrow(0, start, rows_here);
-      at::mm_out(gx, g, weight);
-      if (grad_weight.defined()) add_weight_gradient(grad_weight, g, xc);
-    }
-    ctx->saved_data["grad_x"] = grad_x;
-    ctx->saved_data["multiplier"] = multiplier;
-    if (!into_sum && grad_weight.defined()) ctx->saved_data["grad_weight"] = grad_weight;
-    return loss.mul_(inverse);
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    at::Tensor grad_x = ctx->saved_data["grad_x"].toTensor();
-    const auto found = ctx->saved_data.find("grad_weight");
-    at::Tensor grad_weight = found != ctx->saved_data.end() ? found->second.toTensor() : at::Tensor();
-    // d(final) / d(loss) over the multiplier already applied: 1 (to float32 rounding) when the
-    // caller multiplied the loss by `multiplier` as promised; a float32 0-dim tensor, so that
-    // multiplying the 16-bit gradients by it rounds once and cannot overflow a 16-bit scale.
-    const double multiplier = ctx->saved_data["multiplier"].toDouble();
-    const at::Tensor scale = grads[0].to(at::kFloat) / multiplier;
-    ctx->saved_data.clear();
-    at::Tensor weight_out;
-    if (grad_weight.defined()) {  // scaled and rounded to the weight's dtype in one pass
-      weight_out = at::empty(grad_weight.sizes(), grad_x.options());
-      at::mul_out(weight_out, grad_weight, scale);
-    }
-    return {grad_x.mul_(scale), weight_out, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
-  }
-};
-
 // at::rms_norm's composite (upcast, rsqrt of the mean square plus eps, multiply, cast back, times
 // the weight) keeping only the input and the reciprocal RMS; the backward is the composite's
 // autograd backward, op for op in the same precision.
@@ -652,21 +537,6 @@ at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up) { return SwigluF
 
 at::Tensor swiglu_down(const at::Tensor& gate, const at::Tensor& up, const at::Tensor& down, const at::Tensor& down_grad_sum, bool fp8) {
   return SwigluDownFn::apply(gate, up, down, checked_sum(down_grad_sum, down, "swiglu_down"), fp8);
-}
-
-at::Tensor linear_cross_entropy(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& targets, int64_t chunk_tokens,
-                                const at::Tensor& weight_grad_sum, double multiplier, double denominator) {
-  if (chunk_tokens < 0) throw std::invalid_argument("linear_cross_entropy: chunk_tokens must not be negative");
-  // Both paths turn the logits, in the compute dtype, into their gradient in place.
-  const int64_t chunk = chunk_tokens > 0 ? chunk_tokens : cross_entropy_chunk_tokens(weight.size(0), x.element_size());
-  return LinearCrossEntropyFn::apply(x, weight, targets, chunk, checked_sum(weight_grad_sum, weight, "linear_cross_entropy"), multiplier,
-                                     denominator);
-}
-
-int64_t cross_entropy_chunk_tokens(int64_t vocab, int64_t bytes_per_logit) {
-  constexpr int64_t kBudgetBytes = int64_t{1} << 30;
-  const int64_t rows = kBudgetBytes / (std::max<int64_t>(vocab, 1) * std::max<int64_t>(bytes_per_logit, 1));
-  return std::max<int64_t>(64, rows / 64 * 64);
 }
 
 }  // namespace trainplan::executor
