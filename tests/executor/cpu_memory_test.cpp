@@ -1,4 +1,4 @@
-// The CPU allocator counter (executor/src/train/cpu_memory.hpp): a tensor's bytes count while it lives
+// The CPU allocator counter (executor/src/measure/cpu_memory.hpp): a tensor's bytes count while it lives
 // and the peak keeps the most live at once, as CUDA's caching allocator reports allocated bytes.
 
 #include <gtest/gtest.h>
