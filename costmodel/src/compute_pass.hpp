@@ -1,0 +1,143 @@
+#pragma once
+// Internal to the cost model's compute.cpp and ends_cost.cpp: the kernels of one micro-batch as
+// they are added up (Pass), and the predicates both ask of a stack.
+
+#include <algorithm>
+#include <cmath>
+
+#include "trainplan/costmodel/compute.hpp"
+
+namespace trainplan::costmodel::compute_detail {
+
+inline constexpr double kMiB = 1048576.0;
+
+inline Dtype activation_dtype(Precision p) {
+  return p == Precision::kFp32 ? Dtype::kFp32 : (p == Precision::kFp16 ? Dtype::kFp16 : Dtype::kBf16);
+}
+
+// What produced a linear layer's input, or its output's gradient, which fp8 training casts
+// (stack.hpp Fp8Casting): a norm or the activation function (its backward for the gradient) may
+// write the fp8 copy itself or take the amax pass into its own; otherwise the cast is a kernel of
+// its own; kShared: an input the previous linear of its group (Q/K/V, gate/up) already cast, when
+// the stack casts a shared input once (Fp8Casting::shared_input_cast_once), else the norm's.
+enum class Fp8Cast { kOwn, kFromNorm, kFromActivation, kShared };
+
+// The kernels of one layer (or of the ends) for one micro-batch: forward and backward time and
+// the number of launches.
+struct Pass {
+  const KernelRates& gemm_rates;  // linear layers (fp8 GEMMs when training in fp8)
+  const KernelRates& rates;       // everything else, in the activation dtype
+  const StackSpec& stack;
+  double operand_bytes;           // bytes per element of a linear layer's operands
+  double e;                       // bytes per activation element
+  bool fp8 = false;               // linear layers quantise their operands (precision fp8)
+  double forward = 0, backward = 0, kernels = 0;
+  // fp8: the forward time of casting inputs a norm or the activation function produced, which a
+  // recompute of those ops runs again.
+  double pointwise_input_casts = 0;
+
+  // y[T, out] = x[T, in] W[out, in]^T. Backward: dX (unless the input needs no gradient) and,
+  // unless the weight is frozen, dW = dY^T X (PyTorch's orientation: out x in, contracting T).
+  // The operands' leading dimensions are the features (in and out), never the tokens, so only
+  // they decide whether the GEMMs run at the aligned rate (a 50257-row output layer does not).
+  // In fp8 the input, the output's gradient and the weight are cast first (stack.fp8).
+  void linear(double tokens, double out, double in, bool frozen, bool input_grad = true, Fp8Cast input = Fp8Cast::kOwn,
+              Fp8Cast grad_output = Fp8Cast::kOwn) {
+    gemms(gemm_rates, operand_bytes, tokens, out, in, frozen, input_grad);
+    if (!fp8) return;
+    const double input_cast = cast(forward, tokens * in * input_bytes(input));
+    if (input != Fp8Cast::kOwn) pointwise_input_casts += input_cast;
+    cast(forward, out * in * stack.fp8.weight_forward);
+    const Fp8Casting& c = stack.fp8;
+    if (input_grad || !frozen) {
+      cast(backward, tokens * out * (grad_output == Fp8Cast::kFromActivation ? c.grad_output_from_activation : c.grad_output));
+      cast(backward, out * in * c.weight_backward);
+    }
+    if (!frozen && c.weight_gradient_add > 0) {  // an element-wise add at the stream rate
+      backward += rates.stream(out * in * c.weight_gradient_add);
+      kernels += 1;
+    }
+  }
+  // Bytes per element of casting an input that `from` produced to fp8 (stack.fp8).
+  double input_bytes(Fp8Cast from) const {
+    const Fp8Casting& c = stack.fp8;
+    if (from == Fp8Cast::kShared) return c.shared_input_cast_once ? 0.0 : c.input_from_norm;
+    return from == Fp8Cast::kFromNorm ? c.input_from_norm : from == Fp8Cast::kFromActivation ? c.input_from_activation : c.input;
+  }
+  // A linear layer that stays in the activation dtype when the others train in fp8 (the output
+  // layer, a router, LoRA adapters): no casts.
+  void linear_unquantised(double tokens, double out, double in, bool frozen, bool input_grad = true) {
+    gemms(rates, e, tokens, out, in, frozen, input_grad);
+  }
+  void gemms(const KernelRates& r, double bytes, double tokens, double out, double in, bool frozen, bool input_grad) {
+    const bool aligned = gemm_aligned(out, bytes) && gemm_aligned(in, bytes);
+    forward += r.gemm(tokens, out, in, 1, bytes, aligned);
+    kernels += 1;
+    if (input_grad) {
+      backward += r.gemm(tokens, in, out, 1, bytes, aligned);
+      kernels += 1;
+    }
+    if (!frozen) {
+      backward += r.gemm(out, in, tokens, 1, bytes, aligned);
+      kernels += 1;
+    }
+  }
+  // Adds a cast kernel moving `bytes` to `time` at the stack's cast rate; returns its time.
+  double cast(double& time, double bytes) {
+    if (bytes <= 0) return 0.0;
+    const double t = rates.stream(bytes) / stack.fp8.rate;
+    time += t;
+    kernels += 1;
+    return t;
+  }
+  // An element-wise op over `elements` elements: PyTorch's eager kernels at their measured rates,
+  // or, in a fusing stack, one kernel each way moving `fused_forward` / `fused_backward` bytes per
+  // element (multiples of the element size; 0: no kernel).
+  void elementwise(ElementwiseOp op, double elements, double fused_forward, double fused_backward, bool with_backward = true) {
+    if (elements <= 0) return;
+    if (stack.fused_elementwise) {
+      if (fused_forward > 0) {
+        forward += rates.stream(elements * fused_forward);
+        kernels += 1;
+      }
+      if (with_backward && fused_backward > 0) {
+        backward += rates.stream(elements * fused_backward);
+        kernels += 1;
+      }
+      return;
+    }
+    const ElementwiseOpInfo& info = elementwise_op_info(op);
+    forward += rates.op(op, elements, false, e);
+    kernels += info.forward_kernels;
+    if (with_backward) {
+      backward += rates.op(op, elements, true, e);
+      kernels += info.backward_kernels;
+    }
+  }
+  // Autograd's sum of two gradients reaching one tensor (a residual junction, an input shared
+  // by two GEMMs): one add in backward.
+  void gradient_sum(double elements) {
+    if (elements <= 0) return;
+    backward += stack.fused_elementwise ? rates.stream(3.0 * e * elements) : rates.op(ElementwiseOp::kResidualAdd, elements, false, e);
+    kernels += 1;
+  }
+  // LoRA adapter x A B on a linear from `in` to `out` features, rank r (A, B trainable).
+  void adapter(double tokens, double in, double out, double r) {
+    linear_unquantised(tokens, r, in, false);
+    linear_unquantised(tokens, out, r, false);
+    gradient_sum(tokens * in);
+  }
+};
+
+// The trainplan executor (any path) runs its own code, whichever kernels it uses.
+inline bool is_trainplan(Stack stack) { return stack == Stack::kTrainplan || stack == Stack::kTrainplanReference; }
+
+// Gradients added into the fp32 gradient by the kernels that compute them (stack.hpp,
+// kFusedInGemmUnsharded): the executor's fused path under ZeRO-0/1 without TP, weights trained
+// (with or without context parallelism: engine.cpp fused_accumulation).
+inline bool gradients_in_gemm(const StackSpec& stack, const LayerSetting& s) {
+  const bool lora = s.mode == TrainingMode::kLora || s.mode == TrainingMode::kQlora;
+  return stack.grads == GradAccumulation::kFusedInGemmUnsharded && s.zero_stage <= 1 && s.tp == 1 && !lora;
+}
+
+}  // namespace trainplan::costmodel::compute_detail
