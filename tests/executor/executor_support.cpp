@@ -27,7 +27,7 @@ namespace fs = std::filesystem;
 
 // A new directory each call (mkdtemp), so nothing is ever removed: std::filesystem::remove_all
 // binds to LibTorch's exported copy in the binaries that link it and crashes on a directory that
-// exists (executor/src/train/checkpoint.cpp, remove_tree).
+// exists (executor/src/io/checkpoint.cpp, remove_tree).
 std::string scratch_dir(const std::string& name) {
   std::string pattern = (fs::temp_directory_path() / ("trainplan-executor-" + std::to_string(::getpid()) + "-" + name + "-XXXXXX")).string();
   if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp " + pattern + ": " + std::strerror(errno));

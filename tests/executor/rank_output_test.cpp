@@ -1,4 +1,4 @@
-// Messages a rank prints: every line carries its rank (executor/src/train/rank_output.hpp).
+// Messages a rank prints: every line carries its rank (executor/src/io/rank_output.hpp).
 
 #include <string>
 #include <utility>
