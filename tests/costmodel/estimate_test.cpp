@@ -382,7 +382,7 @@ TEST(Precision, Fp8UnderTorchaoCastsWeightsEveryMicroBatch) {
   EXPECT_NEAR(fp8.backward - bf16.backward, backward, 1e-3 * backward);
 }
 
-// The executor's fp8 (executor/src/model/fp8.hpp; costmodel/src/stack.cpp kTrainplanFp8), by hand for
+// The executor's fp8 (executor/src/model/fp8.hpp; costmodel/src/compute/stack.cpp kTrainplanFp8), by hand for
 // the same layer: every input 8 bytes per element (amax 2, cast 3, backward's transposed recast
 // 3), the norm's output once for Q/K/V and once for gate/up; every output gradient 6 (amax 2, one
 // cast into both layouts 4); every weight 5 forward and 3 backward; all at 0.41 of the stream rate

@@ -1,0 +1,78 @@
+#pragma once
+// Internal to the cost model's estimate (estimate.cpp runs it): the state of one pipeline stage,
+// the data-parallel traffic and optimizer step each stage adds (estimate_stage.cpp), and the
+// helpers both use (estimate_support.cpp).
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "trainplan/costmodel/compute.hpp"
+#include "trainplan/costmodel/estimate.hpp"
+#include "trainplan/costmodel/kernels.hpp"
+#include "trainplan/costmodel/stack.hpp"
+
+namespace trainplan::costmodel::estimate_detail {
+
+// Ranks of each axis that share one node, with the layout TP (innermost), CP, PP, DP.
+struct NodeShare {
+  int tp = 1, cp = 1, pp = 1, dp = 1;
+};
+
+[[nodiscard]] NodeShare node_share(const ParallelConfig& p, int gpus_per_node);
+
+// Adapter parameters of one layer on one TP rank of `tp` (estimate_support.cpp).
+[[nodiscard]] double lora_params_per_layer(const ModelSpec& m, const LoraConfig& lora, int tp = 1);
+
+// "%.1f GiB" without printf (the search formats a reason for each plan that does not fit).
+[[nodiscard]] std::string gib_text(double bytes);
+
+// ZeRO-3 under a stack that keeps parameters gathered for reuse: the layers (and ends) of a stage
+// kept gathered from their forward to their backward.
+struct ReuseKept {
+  int layers = 0;
+  bool head = false, embedding = false;
+};
+
+// One pipeline stage's parameters, times and memory.
+struct StageState {
+  double dense = 0, expert = 0, trainable = 0, frozen_linear = 0;
+  double forward = 0, backward = 0, grad_pass = 0, host_wait = 0, dp_copies = 0;
+  double weights = 0, gradients = 0, optimizer = 0, activations = 0, buffers = 0, overhead = 0;
+  double total = 0, reserved = 0, required = 0;
+  double in_flight = 0;
+  double host = 0;
+};
+
+// What a stage adds to its compute: data-parallel traffic (exposed and total) and the optimizer
+// step, with any offload.
+struct StageTail {
+  double dp_exposed = 0, dp_total = 0, optimizer = 0, offload = 0;
+};
+
+// What stage_tail_of reads of the estimate in progress.
+struct StageTailInputs {
+  const Plan& plan;
+  const ParallelConfig& p;
+  const TrainingConfig& tr;
+  const ModelSpec& mdl;
+  const HardwareProfile& hw;
+  const StackSpec& stack;
+  const std::vector<StageState>& st;
+  const std::vector<int>& layers;
+  const NodeShare& share;
+  const ParameterCounts& pc;
+  const LayerCost& lc;
+  const EndsCost& ec;
+  const StateWidths& w;
+  const KernelRates& rates;
+  std::function<ReuseKept(int, bool, bool)> reuse_kept;
+  bool lora, grad_op_units;
+  double frozen_width, e, reduce_bytes, dense_layer, expert_layer, lora_layer, largest_linear, t, grad_width;
+  int stages, dense_shard, gpn, m;
+};
+
+// Stage i's data-parallel traffic and optimizer step (estimate_stage.cpp).
+[[nodiscard]] StageTail stage_tail_of(const StageTailInputs& in, int i);
+
+}  // namespace trainplan::costmodel::estimate_detail

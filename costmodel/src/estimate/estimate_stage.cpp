@@ -1,0 +1,204 @@
+// One pipeline stage's data-parallel traffic (what overlaps and what is exposed) and its
+// optimizer step (estimate_parts.hpp stage_tail_of), as estimate() charges them.
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "estimate_parts.hpp"
+#include "trainplan/costmodel/compute.hpp"
+#include "trainplan/costmodel/estimate.hpp"
+#include "trainplan/costmodel/kernels.hpp"
+#include "trainplan/costmodel/network.hpp"
+#include "trainplan/costmodel/schedule.hpp"
+#include "trainplan/costmodel/stack.hpp"
+
+namespace trainplan::costmodel::estimate_detail {
+
+StageTail stage_tail_of(const StageTailInputs& in, int i) {
+  const Plan& plan = in.plan;
+  const ParallelConfig& p = in.p;
+  const TrainingConfig& tr = in.tr;
+  const ModelSpec& mdl = in.mdl;
+  const HardwareProfile& hw = in.hw;
+  const StackSpec& stack = in.stack;
+  const std::vector<StageState>& st = in.st;
+  const std::vector<int>& layers = in.layers;
+  const NodeShare& share = in.share;
+  const ParameterCounts& pc = in.pc;
+  const LayerCost& lc = in.lc;
+  const EndsCost& ec = in.ec;
+  const StateWidths& w = in.w;
+  const KernelRates& rates = in.rates;
+  const auto& reuse_kept = in.reuse_kept;
+  const bool lora = in.lora, grad_op_units = in.grad_op_units;
+  const double frozen_width = in.frozen_width, e = in.e, reduce_bytes = in.reduce_bytes, dense_layer = in.dense_layer,
+               expert_layer = in.expert_layer, lora_layer = in.lora_layer, largest_linear = in.largest_linear, t = in.t,
+               grad_width = in.grad_width;
+  const int stages = in.stages, dense_shard = in.dense_shard, gpn = in.gpn, m = in.m;
+  const StageState& X = st[i];
+  const int Li = layers[i];
+  StageTail out;
+  // Data parallelism is the outermost axis: a group of `size` ranks spread over `span` GPUs of
+  // contiguous pods (HardwareProfile inter_node.pod_gpus), with every group of its kind that
+  // has ranks in a pod running at once (network.hpp CollectiveGroup).
+  const int pod = hw.inter_node.pod_gpus;
+  const auto spread = [&](int size, int per_node, int span) {
+    CollectiveGroup g{size, per_node};
+    if (pod > 0 && span > pod && size > 1) {
+      g.pods = std::min(size, (span + pod - 1) / pod);
+      g.groups_per_pod = std::min(plan.gpus / size, pod);
+    }
+    return g;
+  };
+  const CollectiveGroup dp_group = spread(p.dp * p.cp, share.dp * share.cp, plan.gpus);
+  const CollectiveGroup edp_group = spread(std::max(1, p.dp / p.ep) * p.cp, std::max(1, share.dp / p.ep) * share.cp, plan.gpus);
+  const double dense_trainable = lora ? X.trainable : X.dense;
+  const double expert_trainable = lora ? 0.0 : X.expert;
+  const double units = std::max(1, Li);
+  double dp_exposed = 0, dp_total = 0;
+  if (p.zero_stage == 3 || grad_op_units) {
+    // ZeRO-3 / FSDP full shard, unit by unit in the order the schedule runs them: a unit's
+    // parameters are gathered before its forward and again before its backward, its gradients
+    // reduce-scattered after its backward. With prefetch (depth 1) the next unit's gather runs
+    // during this unit's compute, and in backward also the previous unit's reduce-scatter; what
+    // does not fit in that compute is exposed, unit by unit (no slack carries over: a gather
+    // cannot start more than one unit ahead). The first gather and the last reduce-scatter of a
+    // pass are always exposed. FSDP's SHARD_GRAD_OP (ZeRO-2 in an FSDP stack) keeps the
+    // gathered unit from its forward to its backward: no gather in backward.
+    const bool regather = p.zero_stage == 3;
+    const CollectiveGroup shard = spread(p.shard_size() * p.cp, std::min(p.shard_size(), share.dp) * share.cp, p.shard_size() * p.tp * p.cp * p.pp);
+    const double gather_width = lora ? (tr.mode == TrainingMode::kQlora ? frozen_width : e) : w.weights;
+    struct DpUnit {
+      double gather = 0, reduce = 0, forward = 0, backward = 0;
+    };
+    std::vector<DpUnit> dp_units;
+    // Gradients leave in reduce buckets where the stack fills them (DeepSpeed): a unit pays its
+    // share of a bucket's reduce-scatter, whose latency is paid once per bucket.
+    const double bucket = stack.dp.reduce_bucket_params > 0 ? std::min(stack.dp.reduce_bucket_params, X.trainable) : 0.0;
+    const double bucket_reduce = bucket > 0 ? collective_time(hw, Collective::kReduceScatter, Bytes(bucket * reduce_bytes), shard).value() : 0.0;
+    const auto add_unit = [&](double params, double trainable, double forward, double backward) {
+      const double reduce = bucket > trainable ? bucket_reduce * trainable / bucket
+                                               : collective_time(hw, Collective::kReduceScatter, Bytes(trainable * reduce_bytes), shard).value();
+      dp_units.push_back({collective_time(hw, Collective::kAllGather, Bytes(params * gather_width), shard).value(), reduce, forward, backward});
+    };
+    const double layer_params = dense_layer + expert_layer;
+    const double layer_trainable = lora ? lora_layer : layer_params;
+    // FSDP units of at least fsdp_wrap_min_params: whole layers grouped. DeepSpeed gathers a
+    // layer submodule by submodule, coalesced with its prefetch bucket: chunks of at least the
+    // largest linear layer, at most the bucket.
+    const int per_unit = std::max(1, static_cast<int>(std::ceil(static_cast<double>(p.fsdp_wrap_min_params) / std::max(1.0, layer_params))));
+    const int chunks = stack.dp.gather_bucket_params > 0
+                           ? std::max(1, static_cast<int>(std::ceil(layer_params / std::max(largest_linear, std::min(stack.dp.gather_bucket_params, layer_params)))))
+                           : 1;
+    if (i == 0) add_unit(pc.embedding / t, lora ? 0.0 : pc.embedding / t, ec.embedding_forward, ec.embedding_backward);
+    for (int done = 0; done < Li; done += per_unit) {
+      const int n = std::min(per_unit, Li - done);
+      // Units of as many layers cost alike: their collectives are timed once.
+      if (n == per_unit && done > 0) {
+        for (int c = 0; c < chunks; ++c) dp_units.push_back(dp_units[dp_units.size() - static_cast<std::size_t>(chunks)]);
+        continue;
+      }
+      for (int c = 0; c < chunks; ++c) {
+        add_unit(n * layer_params / chunks, n * layer_trainable / chunks, n * lc.forward_total() / chunks, n * lc.backward_total() / chunks);
+      }
+    }
+    if (i == stages - 1) {
+      // With tied embeddings on one stage the output layer is the embedding unit's table, still
+      // gathered; on a later stage it is that stage's own copy.
+      const double head = pc.final_norm + (mdl.tied_embeddings ? (stages > 1 ? pc.embedding / t : 0.0) : pc.output / t);
+      add_unit(head, lora ? 0.0 : head, ec.head_forward, ec.head_backward);
+    }
+    double fwd = 0, bwd = 0, ag_total = 0, bwd_ag_total = 0, rs_total = 0;
+    const std::size_t n = dp_units.size();
+    // Units kept gathered for reuse (the last ones of the forward) are not gathered in backward.
+    const ReuseKept kept = reuse_kept(Li, i == 0, i == stages - 1);
+    const std::size_t kept_units = std::min(n, static_cast<std::size_t>(kept.layers) * static_cast<std::size_t>(chunks) + (kept.head ? 1 : 0) +
+                                                   (kept.embedding ? 1 : 0));
+    const auto backward_gather = [&](std::size_t u) { return regather && u + kept_units < n ? dp_units[u].gather : 0.0; };
+    for (std::size_t u = 0; u < n; ++u) {
+      ag_total += dp_units[u].gather;
+      bwd_ag_total += backward_gather(u);
+      rs_total += dp_units[u].reduce;
+      if (!p.prefetch) continue;
+      // Forward in order: unit u computes while unit u + 1 is gathered.
+      if (u + 1 < n) fwd += std::max(0.0, dp_units[u + 1].gather - dp_units[u].forward);
+      // Backward in reverse: unit u computes while unit u - 1 is gathered and unit u + 1's
+      // gradients are reduce-scattered.
+      const double during = (u > 0 ? backward_gather(u - 1) : 0.0) + (u + 1 < n ? dp_units[u + 1].reduce : 0.0);
+      bwd += std::max(0.0, during - dp_units[u].backward);
+    }
+    if (p.prefetch) {
+      fwd += dp_units.front().gather;
+      bwd += backward_gather(n - 1) + dp_units.front().reduce;
+    } else {
+      fwd = ag_total;
+      bwd = bwd_ag_total + rs_total;
+    }
+    dp_exposed += m * (fwd + bwd);
+    dp_total += m * (ag_total + bwd_ag_total + rs_total);
+    if (p.shard_size() < p.dp) {  // hybrid shard: all-reduce the shards across replicas
+      const int replicas = p.dp / p.shard_size();
+      const CollectiveGroup rg = spread(replicas, std::max(1, share.dp / p.shard_size()), plan.gpus);
+      const double ar = collective_time(hw, Collective::kAllReduce, Bytes((dense_trainable + expert_trainable) * reduce_bytes / p.shard_size()), rg).value();
+      dp_exposed += std::max(0.0, ar - X.backward) + ar / units;
+      dp_total += ar;
+    }
+  } else if (p.dp * p.cp > 1) {
+    const Collective reduce = p.zero_stage == 0 || stack.dp.zero12_all_reduce ? Collective::kAllReduce : Collective::kReduceScatter;
+    // In the stack's buckets where it has them (DeepSpeed): whole buckets, then the rest.
+    const auto reduced = [&](double params, const CollectiveGroup& g) {
+      const double b = stack.dp.bucket_params;
+      if (b <= 0 || params <= b) return collective_time(hw, reduce, Bytes(params * reduce_bytes), g).value();
+      const double full = std::floor(params / b);
+      return full * collective_time(hw, reduce, Bytes(b * reduce_bytes), g).value() +
+             collective_time(hw, reduce, Bytes((params - full * b) * reduce_bytes), g).value();
+    };
+    // DeepSpeed's ZeRO-2 reduces every micro-batch, the others once per step.
+    const double times = p.zero_stage == 2 && stack.dp.zero2_every_micro_batch ? m : 1.0;
+    const double red = reduced(dense_trainable, dp_group) + reduced(expert_trainable, edp_group);
+    // Overlaps the last micro-batch's backward, except the last bucket (where the stack overlaps).
+    dp_exposed += times * (p.overlap_grad_reduce && stack.dp.zero12_overlap ? std::max(0.0, red - X.backward) + red / units : red);
+    dp_total += times * red;
+    if (p.zero_stage >= 1) {  // gather updated parameters after the sharded step
+      const double ag = collective_time(hw, Collective::kAllGather, Bytes(dense_trainable * w.weights), dp_group).value() +
+                        collective_time(hw, Collective::kAllGather, Bytes(expert_trainable * w.weights), edp_group).value();
+      // Overlaps the next step's first forward; DeepSpeed gathers in its step (all_gather_dp_groups).
+      dp_exposed += stack.dp.zero12_overlap ? std::max(0.0, ag - X.forward) + ag / units : ag;
+      dp_total += ag;
+    }
+  }
+  out.dp_exposed = dp_exposed;
+  out.dp_total = dp_total;
+
+  // Optimizer step (memory-bound), possibly on the host.
+  const double opt_shard = p.zero_stage >= 1 ? static_cast<double>(dense_shard) : 1.0;
+  const double local = (dense_trainable + expert_trainable) / opt_shard;
+  const double touched = 2.0 * w.optimizer + grad_width + 2.0 * w.weights;  // read+write states, read grad, write weights
+  if (p.offload_optimizer == Offload::kNone) {
+    // The stack's update (fused kernel or ATen ops) and the rest of its step (stack.hpp).
+    const double tensors = Li * (mdl.architecture == Architecture::kGpt ? 16.0 : 9.0) + 3.0;
+    const int launches = static_cast<int>(std::lround(tensors * stack.optimizer_kernels_per_tensor));
+    const double update = stack.fused_optimizer ? rates.adamw_fused(local * touched / 32.0, 0)
+                                                : rates.stream(local * touched * stack.optimizer_update_factor, 0);
+    out.optimizer = update + rates.stream(local * stack.optimizer_overhead_bytes, launches);
+  } else {
+    const double host_bw = 0.5 * hw.cpu_memory_bandwidth.value() / gpn;  // a GPU's share, at 50% efficiency
+    out.optimizer = local * touched / host_bw;
+    double offload = std::max(local * grad_width, local * w.weights) / hw.pcie_bandwidth.value();
+    if (p.offload_optimizer == Offload::kNvme) offload += 2.0 * local * w.optimizer / (hw.nvme_bandwidth.value() / gpn);
+    out.offload = offload;
+  }
+  if (p.offload_params != Offload::kNone) {
+    const double shard_bytes = (X.dense + X.expert) * w.weights / p.shard_size();
+    const double bw = p.offload_params == Offload::kNvme ? hw.nvme_bandwidth.value() / gpn : hw.pcie_bandwidth.value();
+    out.offload += m * 2.0 * shard_bytes / bw;
+  }
+
+  return out;
+}
+
+}  // namespace trainplan::costmodel::estimate_detail

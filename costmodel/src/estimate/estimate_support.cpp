@@ -1,0 +1,235 @@
+// The estimate's supporting functions: model-state widths, ZeRO's state per device, layers kept
+// gathered for reuse, the expected largest of N normals, pipeline partitions and a run's cost
+// (estimate.hpp), and the helpers estimate.cpp and estimate_stage.cpp share (estimate_parts.hpp).
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "estimate_parts.hpp"
+#include "trainplan/costmodel/compute.hpp"
+#include "trainplan/costmodel/estimate.hpp"
+#include "trainplan/costmodel/kernels.hpp"
+#include "trainplan/costmodel/network.hpp"
+#include "trainplan/costmodel/schedule.hpp"
+#include "trainplan/costmodel/stack.hpp"
+
+namespace trainplan::costmodel {
+
+StateWidths state_widths(Precision precision, OptimizerKind optimizer, bool master_weights) {
+  const bool fp32 = precision == Precision::kFp32;
+  StateWidths w;
+  w.weights = fp32 ? 4 : 2;
+  w.gradients = fp32 ? 4 : 2;
+  w.master = !fp32 && master_weights;
+  // Optimizer states per parameter; mixed precision adds a 4-byte fp32 master copy. Without one
+  // the parameters are the 16-bit tensors themselves and PyTorch's optimizers create their states
+  // in the parameter's dtype (torch/optim/adamw.py, sgd.py at v2.8.0: torch.zeros_like(p)), so the
+  // fp32 moments become 16-bit ones; bitsandbytes' 8-bit states stay 8-bit.
+  const double width = fp32 || w.master ? 1.0 : 0.5;
+  double states = 0;
+  switch (optimizer) {
+    case OptimizerKind::kAdamW: states = 8 * width; break;        // momentum + variance
+    case OptimizerKind::kSgdMomentum: states = 4 * width; break;  // momentum
+    case OptimizerKind::kAdafactor: states = 0; break;            // factored second moment: O(rows + cols)
+    case OptimizerKind::kAdam8bit: states = 2; break;             // block-wise 8-bit momentum + variance
+  }
+  w.optimizer = states + (w.master ? 4 : 0);
+  return w;
+}
+
+ModelStateBytes zero_model_states(double params, Precision precision, OptimizerKind optimizer, int zero_stage, int dp) {
+  const StateWidths w = state_widths(precision, optimizer);
+  ModelStateBytes b;
+  b.weights = params * w.weights / (zero_stage >= 3 ? dp : 1);
+  b.gradients = params * w.gradients / (zero_stage >= 2 ? dp : 1);
+  b.optimizer = params * w.optimizer / (zero_stage >= 1 ? dp : 1);
+  return b;
+}
+
+int layers_kept_for_reuse(double max_reuse_distance, double layer_params, double head_params, int stage_layers) {
+  const double room = max_reuse_distance / 2.0 - head_params;
+  if (max_reuse_distance <= 0 || room <= 0 || layer_params <= 0) return 0;
+  return std::min(stage_layers, static_cast<int>(std::ceil(room / layer_params)));
+}
+
+namespace estimate_detail {
+
+
+
+NodeShare node_share(const ParallelConfig& p, int gpus_per_node) {
+  NodeShare n;
+  int remaining = gpus_per_node;
+  const auto take = [&](int size) {
+    const int in_node = std::max(1, std::min(size, remaining));
+    remaining = std::max(1, remaining / size);
+    return in_node;
+  };
+  n.tp = take(p.tp);
+  n.cp = take(p.cp);
+  n.pp = take(p.pp);
+  n.dp = take(p.dp);
+  return n;
+}
+
+// Adapter parameters of one layer on one TP rank of `tp`: an adapter (B A, A [rank x in], B
+// [out x rank]) is split as its projection is, and only where the projection splits: a
+// column-parallel projection's B by output rows (A whole on every rank), a row-parallel one's
+// (o, down) A by input columns (B whole); key/value outputs over min(tp, kv_heads) ranks (Megatron
+// replicates a key/value head over tp / kv_heads ranks). tp = 1: the layer's whole count.
+double lora_params_per_layer(const ModelSpec& m, const LoraConfig& lora, int tp) {
+  const double t = tp;
+  const double h = static_cast<double>(m.hidden);
+  const double f = m.moe ? static_cast<double>(m.moe->expert_ffn_hidden) : static_cast<double>(m.ffn_hidden);
+  const double copies = m.moe ? m.moe->experts : 1.0;
+  const double kv_split = std::min(t, static_cast<double>(m.kv_heads));
+  const std::vector<LinearShape> attention = attention_linears(m);
+  double total = 0;
+  for (const auto& target : lora.targets) {
+    if (target == "q" || target == "k" || target == "v" || target == "o") {
+      for (const LinearShape& l : attention) {
+        if (target != lora_target_of(l.name)) continue;
+        const bool kv = !m.mla && (target == "k" || target == "v");
+        if (l.split == TpSplit::kRow) total += lora.rank * (l.in / t + l.out);
+        else if (l.split == TpSplit::kColumn) total += lora.rank * (l.in + l.out / (kv ? kv_split : t));
+        else total += lora.rank * (l.in + l.out);
+      }
+    } else if (target == "gate" && m.features().gated_mlp) total += copies * lora.rank * (h + f / t);
+    else if (target == "up") total += copies * lora.rank * (h + f / t);
+    else if (target == "down") total += copies * lora.rank * (f / t + h);
+  }
+  return total;
+}
+
+// "%.1f GiB" without printf: the search formats a reason for each of thousands of plans that do
+// not fit, and snprintf of doubles was a tenth of its time.
+std::string gib_text(double bytes) {
+  const double gib = bytes / 1073741824.0;
+  if (!std::isfinite(gib) || std::fabs(gib) >= 1e15) {
+    char buf[48];
+    std::snprintf(buf, sizeof buf, "%.1f GiB", gib);
+    return buf;
+  }
+  const long long tenths = std::llround(std::fabs(gib) * 10.0);
+  return std::string(gib < 0 && tenths > 0 ? "-" : "") + std::to_string(tenths / 10) + "." + std::to_string(tenths % 10) + " GiB";
+}
+
+// Daly 2006: optimal checkpoint interval for a checkpoint cost delta and mean time between failures M.
+double daly_interval(double delta, double mtbf) {
+  if (delta >= 2 * mtbf) return mtbf;
+  const double x = std::sqrt(delta / (2 * mtbf));
+  return std::sqrt(2 * delta * mtbf) * (1 + x / 3 + x * x / 9) - delta;
+}
+
+}  // namespace estimate_detail
+
+double expected_max_of_normals(double n) {
+  if (n <= 1) return 0.0;
+  // Acklam's rational approximation of the standard normal quantile (relative error < 1.2e-9).
+  const double p = (n - 0.375) / (n + 0.25);
+  constexpr double a[] = {-3.969683028665376e+01, 2.209460984245205e+02, -2.759285104469687e+02, 1.383577518672690e+02, -3.066479806614716e+01, 2.506628277459239e+00};
+  constexpr double b[] = {-5.447609879822406e+01, 1.615858368580409e+02, -1.556989798598866e+02, 6.680131188771972e+01, -1.328068155288572e+01};
+  constexpr double c[] = {-7.784894002430293e-03, -3.223964580411365e-01, -2.400758277161838e+00, -2.549732539343734e+00, 4.374664141464968e+00, 2.938163982698783e+00};
+  constexpr double d[] = {7.784695709041462e-03, 3.224671290700398e-01, 2.445134137142996e+00, 3.754408661907416e+00};
+  if (p > 0.97575) {
+    const double q = std::sqrt(-2 * std::log(1 - p));
+    return -(((((c[0] * q + c[1]) * q + c[2]) * q + c[3]) * q + c[4]) * q + c[5]) / ((((d[0] * q + d[1]) * q + d[2]) * q + d[3]) * q + 1);
+  }
+  const double q = p - 0.5, r = q * q;
+  return (((((a[0] * r + a[1]) * r + a[2]) * r + a[3]) * r + a[4]) * r + a[5]) * q / (((((b[0] * r + b[1]) * r + b[2]) * r + b[3]) * r + b[4]) * r + 1);
+}
+
+std::vector<int> partition_with_ends(int layers, int stages, int virtual_stages, int first_stage_layers, int last_stage_layers) {
+  const int chunks = stages * virtual_stages;
+  std::vector<int> n(static_cast<std::size_t>(chunks), 0);
+  std::vector<int> free;
+  int rest = layers;
+  for (int c = 0; c < chunks; ++c) {
+    const int stage = c % stages;
+    if (stage == 0 && first_stage_layers > 0) {
+      n[static_cast<std::size_t>(c)] = first_stage_layers / virtual_stages;
+    } else if (stage == stages - 1 && last_stage_layers > 0) {
+      n[static_cast<std::size_t>(c)] = last_stage_layers / virtual_stages;
+    } else {
+      free.push_back(c);
+      continue;
+    }
+    rest -= n[static_cast<std::size_t>(c)];
+  }
+  // The rest as evenly as it goes, the earlier chunks one layer more.
+  for (std::size_t i = 0; i < free.size(); ++i) {
+    n[static_cast<std::size_t>(free[i])] = rest / static_cast<int>(free.size()) + (static_cast<int>(i) < rest % static_cast<int>(free.size()) ? 1 : 0);
+  }
+  return n;
+}
+
+std::vector<int> partition_layers(int layers, int chunks, double layer_seconds, double first_seconds, double last_seconds) {
+  std::vector<int> n(static_cast<std::size_t>(chunks), 1);
+  const auto cost = [&](int c, int count) {
+    return count * layer_seconds + (c == 0 ? first_seconds : 0.0) + (c == chunks - 1 ? last_seconds : 0.0);
+  };
+  // Water-filling: each further layer goes where the slowest chunk stays fastest.
+  if (chunks < 3 || !(layer_seconds > 0) || !std::isfinite(layer_seconds)) {
+    for (int placed = chunks; placed < layers; ++placed) {
+      int best = 0;
+      for (int c = 1; c < chunks; ++c) {
+        if (cost(c, n[c] + 1) < cost(best, n[best] + 1) - 1e-15 * layer_seconds) best = c;
+      }
+      ++n[best];
+    }
+    return n;
+  }
+  // The same filling in O(layers) (this runs once per estimate, and the search makes thousands):
+  // the middle chunks cost alike, so they stay level, the earlier ones one layer ahead: the first
+  // `ahead` of them hold level + 1 layers, the others `level`. Of them only the first at `level`
+  // can win a layer, and it wins every comparison the scan above would give to another middle chunk.
+  const int middle = chunks - 2;
+  int level = 1, ahead = 0;
+  for (int placed = chunks; placed < layers; ++placed) {
+    const double eps = 1e-15 * layer_seconds;
+    int best = 0;
+    double best_cost = cost(0, n[0] + 1);
+    const double middle_cost = cost(1 + ahead, level + 1);
+    if (middle_cost < best_cost - eps) {
+      best = 1 + ahead;
+      best_cost = middle_cost;
+    }
+    if (cost(chunks - 1, n[static_cast<std::size_t>(chunks - 1)] + 1) < best_cost - eps) best = chunks - 1;
+    if (best == 0 || best == chunks - 1) {
+      ++n[static_cast<std::size_t>(best)];
+    } else if (++ahead == middle) {
+      ++level;
+      ahead = 0;
+    }
+  }
+  for (int c = 1; c <= middle; ++c) n[static_cast<std::size_t>(c)] = c <= ahead ? level + 1 : level;
+  return n;
+}
+
+RunCost run_cost(const Plan& plan, Seconds step, double checkpoint_bytes) {
+  RunCost r;
+  const HardwareProfile& hw = plan.cluster;
+  const double tokens_per_step = static_cast<double>(plan.training.global_batch) * plan.training.seq_len;
+  r.train_tokens = plan.training.train_tokens;
+  r.compute_time = Seconds(r.train_tokens / tokens_per_step * step.value());
+  r.checkpoint_bytes = Bytes(checkpoint_bytes);
+  r.checkpoint_write_time = Bytes(checkpoint_bytes) / hw.checkpoint_write_bandwidth;
+  r.job_mtbf = Seconds::hours(hw.gpu_mtbf_hours / plan.gpus);
+  const double delta = r.checkpoint_write_time.value();
+  const double mtbf = r.job_mtbf.value();
+  const double tau = std::max(estimate_detail::daly_interval(delta, mtbf), step.value());
+  r.checkpoint_interval = Seconds(tau);
+  // Daly 2006, eq. 20: expected wall time for exponential failures with restart time R.
+  const double restart = hw.restart_time.value();
+  const double wall = mtbf * std::exp(restart / mtbf) * std::expm1((tau + delta) / mtbf) * r.compute_time.value() / tau;
+  r.wall_time = Seconds(std::isfinite(wall) ? wall : r.compute_time.value() * 1e6);
+  r.goodput = r.compute_time.value() / r.wall_time.value();
+  r.gpu_hours = r.wall_time.in_hours() * plan.gpus;
+  r.cost_usd = r.gpu_hours * hw.price_per_gpu_hour_usd;
+  return r;
+}
+
+}  // namespace trainplan::costmodel
