@@ -13,6 +13,7 @@
 #include <torch/csrc/autograd/autograd.h>
 
 #include "gpu.hpp"
+#include "trainplan/costmodel/statistics.hpp"
 
 namespace trainplan::executor {
 
@@ -22,11 +23,7 @@ constexpr int64_t kKiB = 1024;
 constexpr int64_t kMiB = 1024 * kKiB;
 constexpr int64_t kGiB = 1024 * kMiB;
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
+using costmodel::median;  // costmodel/statistics.hpp
 
 std::string size_text(int64_t bytes) {
   char text[32];

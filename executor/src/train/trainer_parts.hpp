@@ -23,6 +23,7 @@
 #include "pipeline.hpp"
 #include "world.hpp"
 #include "trainplan/costmodel/plan.hpp"
+#include "trainplan/costmodel/statistics.hpp"
 #include "trainplan/executor/executor.hpp"
 
 namespace trainplan::executor::trainer_parts {
@@ -86,7 +87,7 @@ struct RankMemory {
   [[nodiscard]] double total() const { return peak_bytes > 0 ? peak_bytes : states.weights + states.gradients + states.optimizer; }
 };
 
-[[nodiscard]] double median(std::vector<double> v);
+using costmodel::median;  // costmodel/statistics.hpp
 
 [[nodiscard]] std::string gib(double bytes);
 

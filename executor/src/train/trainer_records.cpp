@@ -28,13 +28,6 @@
 
 namespace trainplan::executor::trainer_parts {
 
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 std::string gib(double bytes) {
   char s[32];
   std::snprintf(s, sizeof(s), "%.2f GiB", bytes / 1073741824.0);
