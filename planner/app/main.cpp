@@ -87,7 +87,9 @@ int main(int argc, char** argv) {
   app.add_option("--memory-headroom", memory_headroom_percent, headroom_help);
   app.add_option("--fix", fixes, "Fix a parallel setting, e.g. --fix tp=8 --fix pp=4 --fix recompute=full");
   app.add_option("--objective", objective, "throughput | time | cost")->check(CLI::IsMember({"throughput", "time", "cost"}))->capture_default_str();
-  app.add_option("--top", top, "Plans to list")->check(CLI::Range(1, 1000))->capture_default_str();
+  app.add_option("--top", top, "Layouts to list (each at its best micro-batch, virtual stages and schedule)")->check(CLI::Range(1, 1000))->capture_default_str();
+  bool all_variants = false;
+  app.add_flag("--all-variants", all_variants, "Rank every variant of a layout (micro-batch, virtual stages, schedule) on its own instead of folding them under its best");
   app.add_option("--format", format, "text | json | csv | md | html")->check(CLI::IsMember({"text", "json", "csv", "md", "html"}))->capture_default_str();
   app.add_option("--save-plan", save_plan, "Write the recommended plan (trainplan/plan/v1) to this file");
   app.add_flag("--quiet", quiet, "No progress on stderr");
@@ -102,7 +104,8 @@ int main(int argc, char** argv) {
   search_cmd->add_option("plan", plan_file, "Plan JSON file")->required();
   search_cmd->add_option("--format", format, "text | json | csv | md | html")->check(CLI::IsMember({"text", "json", "csv", "md", "html"}));
   search_cmd->add_option("--save-plan", save_plan, "Write the recommended plan to this file");
-  search_cmd->add_option("--top", top, "Plans to list")->check(CLI::Range(1, 1000));
+  search_cmd->add_option("--top", top, "Layouts to list")->check(CLI::Range(1, 1000));
+  search_cmd->add_flag("--all-variants", all_variants, "Rank every variant of a layout on its own");
   search_cmd->add_option("--stack", stack, stack_help + "; overrides the plan's training.stack");
   search_cmd->add_option("--memory-headroom", memory_headroom_percent, headroom_help);
   CLI::App* compare_cmd = app.add_subcommand("compare", "Compare an estimate with a measurement the executor wrote");
@@ -382,6 +385,7 @@ int main(int argc, char** argv) {
 
   pl::SearchOptions options;
   options.top = top;
+  options.distinct_layouts = !all_variants;
   options.memory_headroom = ctx.memory_headroom;
   options.objective = objective == "cost" ? pl::Objective::kCost : objective == "time" ? pl::Objective::kTime : pl::Objective::kThroughput;
   const bool show_progress = !quiet && fmt == pl::Format::kText && isatty(fileno(stderr));

@@ -18,6 +18,7 @@ using namespace trainplan::costmodel;
 using detail::fmt;
 using detail::Row;
 using detail::table;
+using detail::wrap_text;
 
 namespace {
 
@@ -115,21 +116,26 @@ std::string stack_line(const TrainingConfig& t) {
   return s;
 }
 
-Row ranked_row(int rank, const Candidate& c) {
+// One row of the ranked table; `variants`: how many variants of its layout fit (0: not folded).
+Row ranked_row(const std::string& rank, const Candidate& c, std::int64_t variants) {
   const auto& p = c.plan.parallel;
   const auto& e = c.estimate;
-  return Row{{std::to_string(rank), std::to_string(p.tp), std::to_string(p.pp), std::to_string(p.dp), std::to_string(p.cp),
+  return Row{{rank, std::to_string(p.tp), std::to_string(p.pp), std::to_string(p.dp), std::to_string(p.cp),
               std::to_string(p.ep), std::to_string(p.zero_stage) + (p.shard_group ? fmt("/h%d", p.shard_group) : ""),
               std::to_string(p.micro_batch), std::to_string(e.micro_batches), recompute_name(p.recompute),
               p.pp == 1 ? "-" : (p.virtual_stages > 1 ? fmt("int.v%d", p.virtual_stages) : schedule_name(p.schedule)),
               bounded_number(gib(e.memory.required), 1) + " / " + bounded_number(gib(e.memory.capacity), 0) + (e.tight ? " tight" : ""),
               bounded_number(e.time.step.value(), 2), si(e.throughput.tokens_per_second), fmt("%.1f%%", 100 * e.throughput.mfu),
-              bounded_number(e.run.wall_time.in_days(), 1), si(e.run.gpu_hours)}};
+              bounded_number(e.run.wall_time.in_days(), 1), si(e.run.gpu_hours), variants > 1 ? std::to_string(variants - 1) : ""}};
 }
 
 const std::vector<std::string> kRankedHeader = {"#", "TP", "PP", "DP", "CP", "EP", "ZeRO", "MB", "GA", "recompute", "schedule",
-                                                "GiB/GPU (of)", "step s", "tokens/s", "MFU", "days", "GPU-h"};
-const std::vector<bool> kRankedRight = {true, true, true, true, true, true, true, true, true, false, false, true, true, true, true, true, true};
+                                                "GiB/GPU (of)", "step s", "tokens/s", "MFU", "days", "GPU-h", "+variants"};
+const std::vector<bool> kRankedRight = {true, true, true, true, true, true, true, true, true, false, false, true, true, true, true, true, true, true};
+
+std::int64_t variant_count(const SearchResult& result, std::size_t i) {
+  return i < result.variants.size() ? result.variants[i].count : 0;
+}
 
 std::string memory_table(const Estimate& e, const TrainingConfig& t, bool md) {
   const auto& m = e.memory;
@@ -326,8 +332,27 @@ std::string render_search(const PlanRequest& req, const SearchResult& result, co
         {"search_seconds", result.seconds},
         {"recommended", best ? estimate_to_json(best->plan, best->estimate) : nlohmann::json(nullptr)},
     };
+    // A ranked plan's estimate, and with distinct layouts its layout's other variants (micro-batch,
+    // virtual stages, schedule), best first.
+    const auto ranked_entry = [&](std::size_t i) {
+      const auto& c = result.ranked[i];
+      nlohmann::json entry = estimate_to_json(c.plan, c.estimate);
+      if (i < result.variants.size() && result.variants[i].count > 0) {
+        entry["layout"] = layout_text(c.plan.parallel);
+        entry["variants_fitting"] = result.variants[i].count;
+        entry["variants"] = nlohmann::json::array();
+        for (const auto& v : result.variants[i].best) {
+          entry["variants"].push_back({{"parallel", parallel_to_json(v.plan.parallel)}, {"step_seconds", v.estimate.time.step.value()},
+                                       {"tokens_per_second", v.estimate.throughput.tokens_per_second},
+                                       {"memory_required_bytes", v.estimate.memory.required.value()}, {"tight", v.estimate.tight}});
+        }
+      }
+      return entry;
+    };
+    j["distinct_layouts"] = std::any_of(result.variants.begin(), result.variants.end(), [](const FoldedVariants& v) { return v.count > 0; });
+    if (best) j["recommended"] = ranked_entry(0);
     j["ranked"] = nlohmann::json::array();
-    for (const auto& c : result.ranked) j["ranked"].push_back(estimate_to_json(c.plan, c.estimate));
+    for (std::size_t i = 0; i < result.ranked.size(); ++i) j["ranked"].push_back(ranked_entry(i));
     j["alternatives"] = nlohmann::json::array();
     for (const auto& a : result.alternatives) {
       j["alternatives"].push_back({{"shape", a.shape}, {"fits", a.candidate.estimate.fits}, {"tight", a.candidate.estimate.tight}, {"reason", a.reason},
@@ -338,9 +363,10 @@ std::string render_search(const PlanRequest& req, const SearchResult& result, co
   }
   if (format == Format::kCsv) {
     std::ostringstream out;
-    out << "rank,stack,tight,tp,pp,dp,cp,ep,zero_stage,shard_group,micro_batch,micro_batches,recompute,schedule,virtual_stages,memory_total_bytes,memory_reserved_bytes,memory_required_bytes,capacity_bytes,step_seconds,tokens_per_second,tokens_per_second_per_gpu,mfu,hfu,wall_days,gpu_hours,cost_usd\n";
+    out << "rank,stack,tight,tp,pp,dp,cp,ep,zero_stage,shard_group,micro_batch,micro_batches,recompute,schedule,virtual_stages,memory_total_bytes,memory_reserved_bytes,memory_required_bytes,capacity_bytes,step_seconds,tokens_per_second,tokens_per_second_per_gpu,mfu,hfu,wall_days,gpu_hours,cost_usd,variants_fitting\n";
     int rank = 1;
     for (const auto& c : result.ranked) {
+      const std::int64_t variants = variant_count(result, static_cast<std::size_t>(rank - 1));
       const auto& p = c.plan.parallel;
       const auto& e = c.estimate;
       out << rank++ << "," << stack_name(c.plan.training.stack) << "," << (e.tight ? "true" : "false") << "," << p.tp << "," << p.pp << "," << p.dp << "," << p.cp << "," << p.ep << "," << p.zero_stage << "," << p.shard_group
@@ -351,7 +377,7 @@ std::string render_search(const PlanRequest& req, const SearchResult& result, co
                        e.run.wall_time.in_days(), e.run.gpu_hours, e.run.cost_usd}) {
         out << "," << full_precision(x);
       }
-      out << "\n";
+      out << "," << variants << "\n";
     }
     return out.str();
   }
@@ -385,12 +411,27 @@ std::string render_search(const PlanRequest& req, const SearchResult& result, co
 
   out << h2 << "Top plans\n" << (md ? "\n" : "");
   std::vector<Row> rows;
-  int rank = 1;
-  for (const auto& c : result.ranked) rows.push_back(ranked_row(rank++, c));
-  out << table(kRankedHeader, rows, md, kRankedRight) << "\n";
-  out << fmt("  GA = micro-batches per step (gradient accumulation); ZeRO 3/hN = hybrid shard over N; GiB/GPU = memory required (allocator reserve + CUDA "
+  bool folded = false;
+  for (std::size_t i = 0; i < result.ranked.size(); ++i) {
+    const std::int64_t variants = variant_count(result, i);
+    folded = folded || variants > 0;
+    rows.push_back(ranked_row(std::to_string(i + 1), result.ranked[i], variants));
+  }
+  std::vector<std::string> header = kRankedHeader;
+  std::vector<bool> right = kRankedRight;
+  if (!folded) {  // every variant ranked on its own (--all-variants): no column to fill
+    header.pop_back();
+    right.pop_back();
+    for (Row& r : rows) r.cells.pop_back();
+  }
+  out << table(header, rows, md, right) << "\n";
+  out << wrap_text(fmt("%sGA = micro-batches per step (gradient accumulation); ZeRO 3/hN = hybrid shard over N; GiB/GPU = memory required (allocator reserve + CUDA "
              "context), \"tight\" = within the %.0f%% memory headroom (--memory-headroom), ranked after plans with room; days and GPU-hours include "
-             "checkpoints and failures.\n\n", 100 * ctx.memory_headroom);
+             "checkpoints and failures.\n",
+             folded ? "Each row is a distinct layout (tp, pp, dp, cp, ep, ZeRO, recompute) at its best variant; +variants = its other fitting "
+                      "variants (micro-batch, virtual stages, schedule), folded (--all-variants lists every variant, --format json has the best of them); "
+                    : "",
+             100 * ctx.memory_headroom), md ? 0 : 100, "  ");
 
   out << h2 << "Where the memory and time go (recommended plan)\n\n" << (md ? "```\n" : "");
   out << memory_table(best->estimate, best->plan.training, false) << "\n" << time_table(best->estimate, false) << (md ? "```\n" : "") << "\n";

@@ -94,6 +94,12 @@ auto layout_key(const ParallelConfig& p) {
                          p.micro_batch);
 }
 
+// What same_layout compares, as one ordered key (a search folds variants by it).
+auto fold_key(const ParallelConfig& p) {
+  return std::make_tuple(p.tp, p.pp, p.dp, p.cp, p.ep, p.sequence_parallel, p.zero_stage, p.shard_group, static_cast<int>(p.recompute),
+                         p.recompute_layers, static_cast<int>(p.offload_optimizer), static_cast<int>(p.offload_params));
+}
+
 // The ranking: plans with memory to spare before tight ones, then the objective's score, ties
 // broken by the layout, so that the ranking is one total order and does not depend on how the
 // search was split over threads.
@@ -254,10 +260,18 @@ Result<SearchResult> search(const PlanRequest& req, const SearchOptions& options
 
   // What one thread found; merged in the end. The best plan of each shape (tp, pp, cp) is kept per
   // shape, which one thread searches at a time, so it does not depend on the threads.
+  // Fitting plans are kept by layout (fold_key), the best `keep` variants of each, so that
+  // neither mode loses a plan it would rank.
+  using FoldKey = decltype(fold_key(ParallelConfig{}));
+  struct Folded {
+    std::vector<Candidate> best;  // ranked order
+    std::int64_t count = 0;
+  };
   struct Partial {
-    std::vector<Candidate> fitting;
+    std::map<FoldKey, Folded> layouts;
     std::int64_t evaluated = 0, fitting_count = 0;
   };
+  const std::size_t keep = static_cast<std::size_t>(options.distinct_layouts ? kFoldedVariantsKept : std::max(1, options.top));
   using Shapes = std::map<std::string, Candidate>;
   EstimateOptions estimate_options;
   estimate_options.memory_headroom = options.memory_headroom;
@@ -278,11 +292,12 @@ Result<SearchResult> search(const PlanRequest& req, const SearchOptions& options
     else if (better(e, it->second.estimate)) it->second = Candidate{plan, e};
     if (e.fits) {
       ++part.fitting_count;
-      part.fitting.push_back(Candidate{plan, std::move(e)});
-      // Keep memory bounded: trim to the best few hundred now and then.
-      if (part.fitting.size() > 4096) {
-        std::nth_element(part.fitting.begin(), part.fitting.begin() + 512, part.fitting.end(), ranks_before);
-        part.fitting.resize(512);
+      Folded& f = part.layouts[fold_key(plan.parallel)];
+      ++f.count;
+      Candidate cand{plan, std::move(e)};
+      if (f.best.size() < keep || ranks_before(cand, f.best.back())) {
+        f.best.insert(std::upper_bound(f.best.begin(), f.best.end(), cand, ranks_before), std::move(cand));
+        if (f.best.size() > keep) f.best.pop_back();
       }
     }
   };
@@ -419,12 +434,20 @@ Result<SearchResult> search(const PlanRequest& req, const SearchOptions& options
   }
   if (stopped) return Error{kSearchStopped};
   if (options.progress) options.progress(1.0);
-  std::vector<Candidate> fitting;
+  std::map<FoldKey, Folded> layouts;
   std::map<std::string, Candidate> best_by_shape;
   for (auto& part : parts) {
     result.evaluated += part.evaluated;
     result.fitting += part.fitting_count;
-    std::move(part.fitting.begin(), part.fitting.end(), std::back_inserter(fitting));
+    for (auto& [key, f] : part.layouts) {
+      Folded& all = layouts[key];
+      all.count += f.count;
+      std::move(f.best.begin(), f.best.end(), std::back_inserter(all.best));
+    }
+  }
+  for (auto& [key, f] : layouts) {
+    std::sort(f.best.begin(), f.best.end(), ranks_before);
+    if (f.best.size() > keep) f.best.resize(keep);
   }
   for (auto& shapes : shapes_by_unit) best_by_shape.merge(shapes);
   if (result.evaluated == 0) {
@@ -433,9 +456,27 @@ Result<SearchResult> search(const PlanRequest& req, const SearchOptions& options
                  std::to_string(gb) + " sequences)"};
   }
 
-  std::sort(fitting.begin(), fitting.end(), ranks_before);
-  if (static_cast<int>(fitting.size()) > options.top) fitting.resize(options.top);
-  result.ranked = std::move(fitting);
+  if (options.distinct_layouts) {
+    // Layouts ranked by their best variant; the others fold under it.
+    std::vector<Folded*> order;
+    for (auto& [key, f] : layouts) order.push_back(&f);
+    std::sort(order.begin(), order.end(), [&](const Folded* a, const Folded* b) { return ranks_before(a->best.front(), b->best.front()); });
+    if (static_cast<int>(order.size()) > options.top) order.resize(static_cast<std::size_t>(options.top));
+    for (Folded* f : order) {
+      result.ranked.push_back(std::move(f->best.front()));
+      FoldedVariants v;
+      v.count = f->count;
+      std::move(f->best.begin() + 1, f->best.end(), std::back_inserter(v.best));
+      result.variants.push_back(std::move(v));
+    }
+  } else {
+    std::vector<Candidate> fitting;
+    for (auto& [key, f] : layouts) std::move(f.best.begin(), f.best.end(), std::back_inserter(fitting));
+    std::sort(fitting.begin(), fitting.end(), ranks_before);
+    if (static_cast<int>(fitting.size()) > options.top) fitting.resize(static_cast<std::size_t>(options.top));
+    result.ranked = std::move(fitting);
+    result.variants.resize(result.ranked.size());
+  }
 
   // Alternatives: the best of every other shape, and why it loses.
   const Candidate* best = result.ranked.empty() ? nullptr : &result.ranked.front();
@@ -454,6 +495,19 @@ Result<SearchResult> search(const PlanRequest& req, const SearchOptions& options
   });
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   return result;
+}
+
+bool same_layout(const ParallelConfig& a, const ParallelConfig& b) { return fold_key(a) == fold_key(b); }
+
+std::string layout_text(const ParallelConfig& p) {
+  std::string s = "tp=" + std::to_string(p.tp) + " pp=" + std::to_string(p.pp) + " dp=" + std::to_string(p.dp) + " cp=" + std::to_string(p.cp);
+  if (p.ep > 1) s += " ep=" + std::to_string(p.ep);
+  s += " zero=" + std::to_string(p.zero_stage);
+  if (p.shard_group > 0) s += "/h" + std::to_string(p.shard_group);
+  s += std::string(" recompute=") + recompute_name(p.recompute);
+  if (p.offload_optimizer != Offload::kNone) s += std::string(" offload=") + offload_name(p.offload_optimizer);
+  if (p.offload_params != Offload::kNone) s += std::string(" param_offload=") + offload_name(p.offload_params);
+  return s;
 }
 
 }  // namespace trainplan::planner

@@ -7,13 +7,36 @@
 
 namespace trainplan::planner::detail {
 
+std::string wrap_text(const std::string& text, std::size_t width, const std::string& indent) {
+  if (width == 0) return indent + text + "\n";
+  std::string out, line;
+  std::size_t start = 0;
+  while (start < text.size()) {
+    std::size_t end = text.find(' ', start);
+    if (end == std::string::npos) end = text.size();
+    const std::string word = text.substr(start, end - start);
+    if (!line.empty() && indent.size() + line.size() + 1 + word.size() > width) {
+      out += indent + line + "\n";
+      line.clear();
+    }
+    line += (line.empty() ? "" : " ") + word;
+    start = end + 1;
+  }
+  if (!line.empty()) out += indent + line + "\n";
+  return out;
+}
+
 std::string fmt(const char* format, ...) {
-  char buf[512];
-  va_list args;
+  va_list args, again;
   va_start(args, format);
-  std::vsnprintf(buf, sizeof buf, format, args);
+  va_copy(again, args);
+  const int n = std::vsnprintf(nullptr, 0, format, args);
   va_end(args);
-  return buf;
+  std::string out(static_cast<std::size_t>(std::max(n, 0)) + 1, '\0');
+  std::vsnprintf(out.data(), out.size(), format, again);
+  va_end(again);
+  out.resize(static_cast<std::size_t>(std::max(n, 0)));
+  return out;
 }
 
 std::string table(const std::vector<std::string>& header, const std::vector<Row>& rows, bool markdown,

@@ -10,6 +10,10 @@ namespace trainplan::planner::detail {
 // printf into a std::string (at most 511 characters).
 [[nodiscard]] std::string fmt(const char* format, ...) __attribute__((format(printf, 1, 2)));
 
+// `text` broken at spaces into lines of at most `width` characters (a longer word stays whole),
+// each line led by `indent` and ended by a newline; width 0: one line.
+[[nodiscard]] std::string wrap_text(const std::string& text, std::size_t width, const std::string& indent);
+
 struct Row {
   std::vector<std::string> cells;
 };

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <iterator>
 #include <sstream>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -80,6 +81,53 @@ TEST_F(PlannerCli, JsonOutputIsASearchDocument) {
   EXPECT_EQ(j.at("recommended").at("fits"), true);
   ASSERT_FALSE(j.at("ranked").empty());
   EXPECT_EQ(j.at("ranked").at(0), j.at("recommended"));
+  // Distinct layouts (issue 30): no two ranked plans share tp, pp, dp, cp, ep, ZeRO and recompute;
+  // each names its layout and how many of its variants fit, the best of them listed.
+  EXPECT_EQ(j.at("distinct_layouts"), true);
+  std::set<std::string> layouts;
+  for (const auto& entry : j.at("ranked")) {
+    EXPECT_TRUE(layouts.insert(entry.at("layout").get<std::string>()).second) << entry.at("layout");
+    const auto count = entry.at("variants_fitting").get<long long>();
+    EXPECT_GE(count, 1);
+    EXPECT_EQ(entry.at("variants").size(), static_cast<std::size_t>(std::min<long long>(count - 1, 7)));
+    for (const auto& v : entry.at("variants")) {
+      // Plans within the memory headroom rank after those with room, however fast.
+      if (v.at("tight") == entry.at("tight")) EXPECT_LE(v.at("tokens_per_second").get<double>(), entry.at("throughput").at("tokens_per_second").get<double>());
+      else EXPECT_EQ(v.at("tight"), true);
+      for (const char* key : {"tp", "pp", "dp", "cp", "zero_stage", "recompute"}) EXPECT_EQ(v.at("parallel").at(key), entry.at("parallel").at(key)) << key;
+    }
+  }
+}
+
+TEST_F(PlannerCli, TopCountsLayoutsAndAllVariantsUnfoldsThem) {
+  // issue 30: the top ten of 70B on 128 GPUs were seven interleaving variants of tp4 pp2 dp16
+  // before the first other layout. Folded, ten rows are ten layouts; --all-variants ranks every
+  // variant, so its first rows repeat the best layout.
+  const Outcome folded = run("--model 70b --gpus 128 --format json --top 10");
+  const Outcome all = run("--model 70b --gpus 128 --format json --top 10 --all-variants");
+  ASSERT_EQ(folded.exit_code, 0) << folded.all();
+  ASSERT_EQ(all.exit_code, 0) << all.all();
+  const auto f = nlohmann::json::parse(folded.out), a = nlohmann::json::parse(all.out);
+  ASSERT_EQ(f.at("ranked").size(), 10u);
+  ASSERT_EQ(a.at("ranked").size(), 10u);
+  EXPECT_EQ(a.at("distinct_layouts"), false);
+  const auto layout = [](const nlohmann::json& e) {
+    const auto& p = e.at("parallel");
+    return p.at("tp").dump() + p.at("pp").dump() + p.at("dp").dump() + p.at("cp").dump() + p.at("zero_stage").dump() + p.at("recompute").dump();
+  };
+  std::set<std::string> in_all;
+  for (const auto& e : a.at("ranked")) in_all.insert(layout(e));
+  EXPECT_LT(in_all.size(), 10u) << "the unfolded top ten repeats a layout";
+  // The best plan is the same either way.
+  EXPECT_EQ(f.at("ranked").at(0).at("parallel"), a.at("ranked").at(0).at("parallel"));
+  // The second folded layout is the best plan of any other layout: no unfolded plan of another
+  // layout ranks before it.
+  const std::string second = layout(f.at("ranked").at(1));
+  for (const auto& e : a.at("ranked")) {
+    if (layout(e) == layout(f.at("ranked").at(0))) continue;
+    EXPECT_EQ(layout(e), second);
+    break;
+  }
 }
 
 TEST_F(PlannerCli, ModelsListsThePresets) {

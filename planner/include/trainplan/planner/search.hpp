@@ -38,7 +38,14 @@ struct SearchOptions {
   // Plans needing more than (1 - memory_headroom) x HBM capacity are "tight": they fit, but are
   // ranked after every plan with room (costmodel::EstimateOptions).
   double memory_headroom = costmodel::kDefaultMemoryHeadroom;
+  // Rank distinct layouts (same_layout: tp, pp, dp, cp, ep, ZeRO stage and shard group, recompute,
+  // offload): each layout's variants (micro-batch, virtual stages, schedule) fold under its best,
+  // and `top` counts layouts. false: every variant is ranked on its own (`planner --all-variants`).
+  bool distinct_layouts = true;
 };
+
+// Variants of one layout kept under its best (SearchResult::variants).
+inline constexpr int kFoldedVariantsKept = 8;
 
 // The message of the error a search stopped by SearchOptions::should_stop returns.
 inline constexpr const char* kSearchStopped = "search stopped";
@@ -55,14 +62,30 @@ struct Alternative {
   std::string reason;  // "stage 0 needs 91.3 GiB > 80.0 GiB ..." or "12% slower: bubble +0.41 s"
 };
 
+// The other fitting variants of a ranked plan's layout (micro-batch, virtual stages, schedule).
+struct FoldedVariants {
+  std::vector<Candidate> best;  // best first, at most kFoldedVariantsKept - 1
+  std::int64_t count = 0;       // how many fit, `best` included
+};
+
 struct SearchResult {
   std::vector<Candidate> ranked;          // fitting plans, best first, tight ones after the others (at most options.top)
+  // variants[i]: ranked[i]'s layout's other variants (empty without distinct_layouts).
+  std::vector<FoldedVariants> variants;
   std::vector<Alternative> alternatives;  // other shapes, best first
   std::int64_t evaluated = 0;             // plans estimated
   std::int64_t fitting = 0;               // plans that fit
   double seconds = 0;                     // wall time of the search
   bool offload_considered = false;        // offload was searched because nothing fit without it
 };
+
+// Whether two plans have one layout: tp, pp, dp, cp, ep, sequence parallelism, ZeRO stage and
+// shard group, recompute (and its layer count), optimizer and parameter offload. Micro-batch,
+// virtual stages and schedule are variants of a layout.
+[[nodiscard]] bool same_layout(const costmodel::ParallelConfig& a, const costmodel::ParallelConfig& b);
+// The layout as words: "tp=1 pp=2 dp=4 cp=1 zero=1 recompute=none" (ep, a shard group, offload
+// only when they are used).
+[[nodiscard]] std::string layout_text(const costmodel::ParallelConfig& p);
 
 // Fails only on requests no plan can satisfy structurally (an error naming the rule);
 // a search whose plans all run out of memory returns an empty `ranked` and the alternatives.
