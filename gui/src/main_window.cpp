@@ -150,6 +150,11 @@ MainWindow::MainWindow(QWidget* parent) : QMainWindow(parent) {
     if (!session_->select_plan(what_if_->edited_plan())) what_if_->show_invalid(session_->selection_error());
   });
   connect(table_->selectionModel(), &QItemSelectionModel::currentRowChanged, this, &MainWindow::on_table_selection);
+  // A ranked layout's folded variants (micro-batch, virtual stages, schedule) open under it.
+  connect(table_, &QTableView::doubleClicked, this, [this](const QModelIndex& index) {
+    const QModelIndex source = proxy_->mapToSource(index);
+    if (source.isValid()) plan_model_->toggle_variants(source.row());
+  });
   connect(fits_only_, &QCheckBox::toggled, this, [this](bool on) {
     proxy_->set_fits_only(on);
     select_table_row_of_selection();

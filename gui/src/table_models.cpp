@@ -1,5 +1,6 @@
 #include "trainplan/gui/table_models.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 #include <QBrush>
@@ -50,8 +51,16 @@ PlanTableModel::PlanTableModel(QObject* parent) : QAbstractTableModel(parent) {}
 void PlanTableModel::set_result(const pl::SearchResult& result) {
   beginResetModel();
   rows_.clear();
+  folded_.clear();
+  expanded_.clear();
   int rank = 1;
-  for (const auto& c : result.ranked) rows_.push_back(PlanRow{c, rank++, ""});
+  for (std::size_t i = 0; i < result.ranked.size(); ++i) {
+    const bool has = i < result.variants.size() && result.variants[i].count > 1;
+    PlanRow row{result.ranked[i], rank++, ""};
+    row.variants = has ? static_cast<int>(result.variants[i].count - 1) : 0;
+    rows_.push_back(std::move(row));
+    folded_.push_back(has ? result.variants[i].best : std::vector<pl::Candidate>{});
+  }
   for (const auto& a : result.alternatives) rows_.push_back(PlanRow{a.candidate, 0, a.reason});
   endResetModel();
 }
@@ -59,7 +68,41 @@ void PlanTableModel::set_result(const pl::SearchResult& result) {
 void PlanTableModel::clear() {
   beginResetModel();
   rows_.clear();
+  folded_.clear();
+  expanded_.clear();
   endResetModel();
+}
+
+bool PlanTableModel::expanded(int rank) const { return std::find(expanded_.begin(), expanded_.end(), rank) != expanded_.end(); }
+
+bool PlanTableModel::toggle_variants(int row) {
+  if (row < 0 || row >= static_cast<int>(rows_.size())) return false;
+  const PlanRow& parent = rows_[static_cast<std::size_t>(row)];
+  if (parent.rank <= 0 || parent.variants == 0 || folded_[static_cast<std::size_t>(parent.rank - 1)].empty()) return false;
+  const int rank = parent.rank;
+  const auto& variants = folded_[static_cast<std::size_t>(rank - 1)];
+  const int n = static_cast<int>(variants.size());
+  if (expanded(rank)) {
+    beginRemoveRows(QModelIndex(), row + 1, row + n);
+    rows_.erase(rows_.begin() + row + 1, rows_.begin() + row + 1 + n);
+    expanded_.erase(std::find(expanded_.begin(), expanded_.end(), rank));
+    endRemoveRows();
+  } else {
+    beginInsertRows(QModelIndex(), row + 1, row + n);
+    std::vector<PlanRow> added;
+    for (int i = 0; i < n; ++i) {
+      PlanRow v{variants[static_cast<std::size_t>(i)], 0, ""};
+      v.variant_of = rank;
+      v.variant = i + 1;
+      added.push_back(std::move(v));
+    }
+    rows_.insert(rows_.begin() + row + 1, added.begin(), added.end());
+    expanded_.push_back(rank);
+    endInsertRows();
+  }
+  const QModelIndex cell = index(row, kVariants);
+  emit dataChanged(cell, cell);
+  return true;
 }
 
 int PlanTableModel::rowCount(const QModelIndex& parent) const { return parent.isValid() ? 0 : static_cast<int>(rows_.size()); }
@@ -72,7 +115,7 @@ QVariant PlanTableModel::data(const QModelIndex& index, int role) const {
   const cm::Estimate& e = row.candidate.estimate;
   const int column = index.column();
   if (role == Qt::TextAlignmentRole) {
-    return column == kRecompute || column == kSchedule || column == kNote || column == kFits ? QVariant() : right_aligned();
+    return column == kRecompute || column == kSchedule || column == kNote || column == kFits || column == kVariants ? QVariant() : right_aligned();
   }
   if (role == Qt::BackgroundRole) {
     if (!e.fits) return QVariant(QBrush(QColor(255, 228, 225)));    // red: does not fit
@@ -83,11 +126,20 @@ QVariant PlanTableModel::data(const QModelIndex& index, int role) const {
     QString tip = layout_text(p);
     if ((!e.fits || e.tight) && !e.reasons.empty()) tip += QStringLiteral("\n") + QString::fromStdString(e.reasons.front());
     if (!row.note.empty()) tip += QStringLiteral("\n") + QString::fromStdString(row.note);
+    if (row.variants > 0) {
+      tip += QStringLiteral("\n%1 other variant(s) of this layout fit (micro-batch, virtual stages, schedule); double-click to %2 the best of them")
+                 .arg(row.variants)
+                 .arg(expanded(row.rank) ? QStringLiteral("fold") : QStringLiteral("show"));
+    }
+    if (row.variant_of > 0) tip += QStringLiteral("\nvariant %1 of layout #%2").arg(row.variant).arg(row.variant_of);
     return tip;
   }
   if (role == kValueRole) {
     switch (column) {
-      case kRank: return row.rank > 0 ? row.rank : 100000 + index.row();  // alternatives after the ranked plans
+      // Variants right under their layout, alternatives after the ranked plans.
+      case kRank: return row.rank > 0 ? static_cast<double>(row.rank)
+                       : row.variant_of > 0 ? row.variant_of + row.variant / 1000.0 : 100000.0 + index.row();
+      case kVariants: return row.variants;
       case kTp: return p.tp;
       case kPp: return p.pp;
       case kDp: return p.dp;
@@ -113,7 +165,10 @@ QVariant PlanTableModel::data(const QModelIndex& index, int role) const {
   }
   if (role != Qt::DisplayRole) return {};
   switch (column) {
-    case kRank: return row.rank > 0 ? QString::number(row.rank) : QStringLiteral("-");
+    case kRank: return row.rank > 0 ? QString::number(row.rank) : row.variant_of > 0 ? QStringLiteral("  \u21B3") : QStringLiteral("-");
+    case kVariants:
+      if (row.variants == 0) return QString();
+      return expanded(row.rank) ? QStringLiteral("\u25BE +%1").arg(row.variants) : QStringLiteral("\u25B8 +%1").arg(row.variants);
     case kTp: return p.tp;
     case kPp: return p.pp;
     case kDp: return p.dp;
@@ -148,6 +203,7 @@ QVariant PlanTableModel::headerData(int section, Qt::Orientation orientation, in
       case kMicroBatches: return QStringLiteral("Micro-batches per optimizer step (gradient accumulation)");
       case kMemory: return QStringLiteral("Memory per GPU on the worst pipeline stage, GiB (2^30 bytes)");
       case kDays: return QStringLiteral("Wall-clock days for the requested tokens, with checkpoints and failures");
+      case kVariants: return QStringLiteral("Other fitting variants of the layout (micro-batch, virtual stages, schedule), folded under its best: double-click the row");
       default: return {};
     }
   }
@@ -155,7 +211,7 @@ QVariant PlanTableModel::headerData(int section, Qt::Orientation orientation, in
   static const char* const kHeaders[kColumnCount] = {
       "#", "TP", "PP", "DP", "CP", "EP", "ZeRO", "Micro-batch (seq)", "Micro-batches / step", "Recompute", "Schedule",
       "Memory / GPU (GiB)", "Capacity (GiB)", "Fits", "Step time (s)", "Throughput (tokens/s)", "MFU (%)",
-      "Training time (days)", "GPU-hours (h)", "Cost (USD)", "Note"};
+      "Training time (days)", "GPU-hours (h)", "Cost (USD)", "Variants", "Note"};
   return QString::fromUtf8(kHeaders[section]);
 }
 

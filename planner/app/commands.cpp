@@ -425,4 +425,31 @@ std::string environment(const char* name) {
   return value ? value : "";
 }
 
+int tune_plans(const cm::PlanRequest& request, pl::TuneOptions options, const pl::ExecutorSearch& search) {
+  if (options.launcher == pl::Launcher::kSlurm) {
+    options.executor = pl::executor_for_launch(search);
+  } else {
+    auto found = pl::find_executor(search);
+    if (!found) return fail(found.error().message);
+    options.executor = *found;
+  }
+  options.allow_run_as_root = ::geteuid() == 0;
+  options.progress = [](const std::string& line) {
+    std::printf("%s\n", line.c_str());
+    std::fflush(stdout);
+  };
+  if (isatty(fileno(stderr)) && isatty(fileno(stdout))) {
+    options.status_line = [](const std::string& line) {
+      std::fprintf(stderr, "\r%-78.78s%s", line.c_str(), line.empty() ? "\r" : "");
+      std::fflush(stderr);
+    };
+  }
+  auto result = pl::tune(request, options);
+  if (!result) return fail(result.error().message);
+  std::printf("%s", pl::render_tune(*result).c_str());
+  if (result->interrupted) return 130;
+  if (result->dry_run) return 0;
+  return result->chosen > 0 ? 0 : kExitRunFailed;
+}
+
 }  // namespace trainplan::planner_app

@@ -12,6 +12,7 @@
 #include "trainplan/planner/local_run.hpp"
 #include "trainplan/planner/profile_run.hpp"
 #include "trainplan/planner/report.hpp"
+#include "trainplan/planner/tune.hpp"
 
 namespace trainplan::planner_app {
 
@@ -43,5 +44,8 @@ int validate(const std::vector<std::string>& measurement_files, pl::Format forma
 int calibrate_profile(const std::vector<std::string>& files, const std::string& base_name, const std::string& out, pl::Format format);
 int measure_profile(pl::ProfileRunOptions options, const pl::ExecutorSearch& search);
 std::string environment(const char* name);
+// `planner tune`: exit 0 with a choice, 3 when no candidate measured, 130 when interrupted
+// (--resume goes on), 2 for bad input.
+int tune_plans(const cm::PlanRequest& request, pl::TuneOptions options, const pl::ExecutorSearch& search);
 
 }  // namespace trainplan::planner_app

@@ -2,7 +2,8 @@
 // `evaluate` estimates one fixed plan; `compare` sets an estimate beside a measurement; `launch`
 // prints the SLURM script or torchrun command that runs a plan; `export` writes what Megatron-LM,
 // torchtitan, DeepSpeed, Accelerate or LitGPT needs to run it; `run` runs it here on CPU ranks;
-// `validate` predicts every published table and given measurement, row by row; `calibrate` fits a
+// `validate` predicts every published table and given measurement, row by row; `tune` measures the
+// top distinct layouts with the executor, calibrates the profile to them and re-ranks; `calibrate` fits a
 // profile's efficiencies to measurements; `profile` measures this machine's device with the
 // executor (or imports measured CSVs) into a hardware profile; `models` and `hardware` list the
 // presets. The subcommands themselves are in app/commands.cpp.
@@ -40,6 +41,7 @@
 #include "trainplan/planner/profile_run.hpp"
 #include "trainplan/planner/report.hpp"
 #include "trainplan/planner/search.hpp"
+#include "trainplan/planner/tune.hpp"
 #include "trainplan/planner/validate.hpp"
 
 
@@ -185,6 +187,37 @@ int main(int argc, char** argv) {
   std::vector<std::string> validate_files;
   validate_cmd->add_option("measurements", validate_files, "trainplan/measurement/v1 files (0 or more)");
   validate_cmd->add_option("--format", format, "text | json | md")->check(CLI::IsMember({"text", "json", "md"}));
+  CLI::App* tune_cmd = app.add_subcommand("tune", "Measure the top distinct plans for real with the executor (mpirun on CPU ranks, torchrun on this "
+                                                   "node's GPUs, or SLURM jobs), calibrate the profile to them, re-rank, and choose");
+  tune_cmd->fallthrough();  // --model, --gpus, --cluster, --seq-len, --global-batch, --fix, --stack... as for a search
+  pl::TuneOptions tune_options;
+  std::string tune_launcher = "mpirun";
+  std::vector<std::string> tune_extra;
+  tune_cmd->add_option("--launcher", tune_launcher, "mpirun (this machine's CPU ranks) | torchrun (this node's GPUs) | slurm (a job per candidate)")
+      ->check(CLI::IsMember({"mpirun", "torchrun", "slurm"}))->capture_default_str();
+  tune_cmd->add_option("--top", tune_options.top, "Distinct layouts to measure before calibrating")->check(CLI::Range(1, 100))->capture_default_str();
+  tune_cmd->add_option("--steps", tune_options.steps, "Steps each candidate runs after one warm-up step")->check(CLI::Range(1, 100000))->capture_default_str();
+  tune_cmd->add_option("--rounds", tune_options.rounds, "Re-rank rounds: a layout not measured that ranks first after calibration is measured too")
+      ->check(CLI::Range(0, 20))->capture_default_str();
+  tune_cmd->add_option("--deadline", tune_options.deadline_seconds, "Seconds one candidate may run (queue time included for SLURM) before it is ended as hung")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  tune_cmd->add_option("--out", tune_options.out_dir, "Folder for the tune: tune.json, candidates/NN/, profile.json, plan.json")->required();
+  tune_cmd->add_flag("--resume", tune_options.resume, "Go on with the tune in --out; nothing that ended there runs again");
+  tune_cmd->add_flag("--dry-run", tune_options.dry_run, "Print the job scripts and commands of the top layouts; run nothing");
+  tune_cmd->add_option("--executor", executor, "The executor (default: $TRAINPLAN_EXECUTOR, the one built beside planner, executor on PATH; for SLURM as the nodes see it)");
+  tune_cmd->add_option("--mpirun", tune_options.mpirun, "The mpirun to use")->capture_default_str();
+  tune_cmd->add_option("--torchrun", tune_options.torchrun, "The torchrun to use")->capture_default_str();
+  tune_cmd->add_option("--sbatch", tune_options.sbatch, "SLURM's sbatch")->capture_default_str();
+  tune_cmd->add_option("--squeue", tune_options.squeue, "SLURM's squeue")->capture_default_str();
+  tune_cmd->add_option("--sacct", tune_options.sacct, "SLURM's sacct")->capture_default_str();
+  tune_cmd->add_option("--scancel", tune_options.scancel, "SLURM's scancel")->capture_default_str();
+  tune_cmd->add_option("--poll", tune_options.poll_seconds, "SLURM: seconds between squeue calls")->check(CLI::Range(0.05, 600.0))->capture_default_str();
+  tune_cmd->add_option("--partition", tune_options.slurm.partition, "SLURM partition");
+  tune_cmd->add_option("--account", tune_options.slurm.account, "SLURM account");
+  tune_cmd->add_option("--time", tune_options.slurm.time_limit, "SLURM time limit per job (HH:MM:SS)");
+  tune_cmd->add_option("--extra", tune_extra, "More executor arguments for every candidate, split as the shell would (see launch --extra); repeatable");
+  tune_cmd->add_option("--inject-failure", tune_options.inject_failure, "Fault injection: candidate N's rank 0 is killed at step 2")->group("");
+
   app.add_subcommand("models", "List model presets");
   app.add_subcommand("hardware", "List cluster presets");
 
@@ -381,6 +414,19 @@ int main(int argc, char** argv) {
     }
     auto valid = cm::validate_request(req);
     if (!valid) return fail(valid.error().message);
+  }
+
+  if (app.got_subcommand("tune")) {
+    auto chosen = pl::launcher_from_name(tune_launcher);
+    tune_options.launcher = *chosen;
+    for (const std::string& text : tune_extra) {
+      auto words = pl::split_shell_words(text);
+      if (!words) return fail("--extra " + words.error().message);
+      tune_options.extra_args.insert(tune_options.extra_args.end(), words->begin(), words->end());
+    }
+    // mpirun runs on this machine's CPUs: without a profile of them, the tune measures one first.
+    tune_options.measure_profile = tune_options.launcher == pl::Launcher::kMpirun && cluster.empty();
+    return tune_plans(req, tune_options, executor_search);
   }
 
   pl::SearchOptions options;

@@ -65,6 +65,42 @@ TEST(ItemModels, PassQAbstractItemModelTester) {
   EXPECT_EQ(plans.rowCount(), static_cast<int>(result.ranked.size() + result.alternatives.size()));
 }
 
+// issue 30: each ranked row is a distinct layout; its other micro-batch, virtual-stage and
+// schedule variants fold under it and open (and fold again) on request, right under their layout
+// when sorted by rank, checked by QAbstractItemModelTester through the proxy.
+TEST(PlanTableModel, FoldsALayoutsVariantsUnderItAndOpensThem) {
+  testing::QtWarnings warnings;
+  const auto result = search_for("llama3-70b", "128");
+  PlanTableModel plans;
+  PlanFilterProxy proxy;
+  proxy.setSourceModel(&plans);
+  QAbstractItemModelTester tester(&proxy, QAbstractItemModelTester::FailureReportingMode::Warning);
+  plans.set_result(result);
+  proxy.sort(PlanTableModel::kRank, Qt::AscendingOrder);
+  const int rows = plans.rowCount();
+  ASSERT_GT(result.variants.at(0).count, 1);
+  const int shown = static_cast<int>(result.variants.at(0).best.size());
+  EXPECT_EQ(plans.data(plans.index(0, PlanTableModel::kVariants), kValueRole).toInt(), result.variants.at(0).count - 1);
+  EXPECT_TRUE(plans.data(plans.index(0, PlanTableModel::kVariants)).toString().contains(QStringLiteral("+")));
+  for (int r = 0; r + 1 < static_cast<int>(result.ranked.size()); ++r) {
+    EXPECT_FALSE(planner::same_layout(plans.row_at(r).candidate.plan.parallel, plans.row_at(r + 1).candidate.plan.parallel)) << r;
+  }
+
+  ASSERT_TRUE(plans.toggle_variants(0));
+  EXPECT_EQ(plans.rowCount(), rows + shown);
+  for (int i = 1; i <= shown; ++i) {
+    const gui::PlanRow& v = plans.row_at(i);
+    EXPECT_EQ(v.variant_of, 1);
+    EXPECT_TRUE(planner::same_layout(v.candidate.plan.parallel, plans.row_at(0).candidate.plan.parallel));
+    // Through the proxy, sorted by rank: the variants come right after their layout's row.
+    EXPECT_EQ(proxy.mapToSource(proxy.index(i, 0)).row(), i);
+  }
+  EXPECT_FALSE(plans.toggle_variants(1)) << "a variant row has nothing folded under it";
+  ASSERT_TRUE(plans.toggle_variants(0));
+  EXPECT_EQ(plans.rowCount(), rows);
+  EXPECT_TRUE(warnings.messages().isEmpty()) << warnings.messages().join(QStringLiteral("\n")).toStdString();
+}
+
 TEST(PlanTableModel, EveryQuantityHeaderNamesItsUnit) {
   PlanTableModel plans;
   const auto header = [&](int column) { return plans.headerData(column, Qt::Horizontal).toString().toStdString(); };

@@ -20,19 +20,32 @@ using costmodel::Result;
 
 namespace {
 
-constexpr int kParameters = 4;  // gemm, attention, memory, latency scales
-constexpr const char* kNames[kParameters] = {"GEMM time", "attention time", "memory-bound time", "kernel latency"};
+constexpr int kScales = 4;  // gemm, attention, memory, latency scales
+constexpr const char* kNames[kScales] = {"GEMM time", "attention time", "memory-bound time", "kernel latency"};
+// The fit's parameters, in log space (scales stay positive, the prior is symmetric in ratio): one
+// scale common to every kernel class (a device slower or faster in everything: another clock,
+// ranks sharing cores), without a prior, and each class's own deviation from it, held near 0 by
+// the prior. log(scale_k) = x(0) + x(1 + k).
+constexpr int kParameters = 1 + kScales;
+using Parameters = Eigen::Matrix<double, kParameters, 1>;
 
-// Parameters in log space, so that scales stay positive and the prior is symmetric in ratio.
 // The bounds a profile accepts for a time scale (hardware.cpp): 0.1 (exclusive) to 10.
 constexpr double kLowestScale = 0.1 * (1 + 1e-9), kHighestScale = 10.0;
+const double kLowestLog = std::log(kLowestScale), kHighestLog = std::log(kHighestScale);
 
-costmodel::Calibration with_scales(costmodel::Calibration c, const Eigen::Vector4d& log_scales) {
-  const auto scale = [](double x) { return std::clamp(std::exp(x), kLowestScale, kHighestScale); };
-  c.gemm_time_scale = scale(log_scales(0));
-  c.attention_time_scale = scale(log_scales(1));
-  c.memory_time_scale = scale(log_scales(2));
-  c.latency_scale = scale(log_scales(3));
+// x with every class's log scale moved inside the bounds (the deviations take the change), so
+// that the fit never stands where the clamp makes the error flat.
+Parameters feasible(Parameters x) {
+  for (int k = 0; k < kScales; ++k) x(1 + k) = std::clamp(x(0) + x(1 + k), kLowestLog, kHighestLog) - x(0);
+  return x;
+}
+
+costmodel::Calibration with_scales(costmodel::Calibration c, const Parameters& x) {
+  const auto scale = [&](int k) { return std::clamp(std::exp(x(0) + x(1 + k)), kLowestScale, kHighestScale); };
+  c.gemm_time_scale = scale(0);
+  c.attention_time_scale = scale(1);
+  c.memory_time_scale = scale(2);
+  c.latency_scale = scale(3);
   return c;
 }
 
@@ -42,15 +55,15 @@ costmodel::Estimate estimate_on(const MeasuredRun& run, const costmodel::Hardwar
   return costmodel::estimate(plan);
 }
 
-// Relative step-time errors of every run, then the prior's residuals.
-Eigen::VectorXd residuals(const std::vector<MeasuredRun>& runs, costmodel::HardwareProfile profile, const Eigen::Vector4d& x,
+// Relative step-time errors of every run, then the prior's residuals on the deviations.
+Eigen::VectorXd residuals(const std::vector<MeasuredRun>& runs, costmodel::HardwareProfile profile, const Parameters& x,
                           double prior_weight) {
   profile.gpu.calibration = with_scales(profile.gpu.calibration, x);
-  Eigen::VectorXd r(static_cast<Eigen::Index>(runs.size()) + kParameters);
+  Eigen::VectorXd r(static_cast<Eigen::Index>(runs.size()) + kScales);
   for (std::size_t i = 0; i < runs.size(); ++i) {
     r(static_cast<Eigen::Index>(i)) = estimate_on(runs[i], profile).time.step.value() / runs[i].step_seconds - 1.0;
   }
-  for (int k = 0; k < kParameters; ++k) r(static_cast<Eigen::Index>(runs.size()) + k) = prior_weight * x(k);
+  for (int k = 0; k < kScales; ++k) r(static_cast<Eigen::Index>(runs.size()) + k) = prior_weight * x(1 + k);
   return r;
 }
 
@@ -104,8 +117,9 @@ Result<CalibrationResult> calibrate(const costmodel::HardwareProfile& base, cons
   costmodel::HardwareProfile profile = base;
   // Start from the profile's current calibration, in log space.
   const costmodel::Calibration& c0 = base.gpu.calibration;
-  Eigen::Vector4d x(std::log(c0.gemm_time_scale), std::log(c0.attention_time_scale), std::log(c0.memory_time_scale),
-                    std::log(std::max(c0.latency_scale, 1e-3)));
+  Parameters x;
+  x << 0.0, std::log(c0.gemm_time_scale), std::log(c0.attention_time_scale), std::log(c0.memory_time_scale),
+      std::log(std::max(c0.latency_scale, 1e-3));
   profile.gpu.calibration.allocator_extra_bytes = 0;
 
   // Levenberg-Marquardt with a forward-difference Jacobian.
@@ -118,7 +132,7 @@ Result<CalibrationResult> calibrate(const costmodel::HardwareProfile& base, cons
     ++iterations;
     constexpr double kStep = 1e-4;
     for (int k = 0; k < kParameters; ++k) {
-      Eigen::Vector4d xk = x;
+      Parameters xk = x;
       xk(k) += kStep;
       J.col(k) = (residuals(runs, profile, xk, options.prior_weight) - r) / kStep;
     }
@@ -128,8 +142,8 @@ Result<CalibrationResult> calibrate(const costmodel::HardwareProfile& base, cons
     for (int attempt = 0; attempt < 10 && !improved; ++attempt) {
       Eigen::MatrixXd A = JtJ;
       A.diagonal() += lambda * (JtJ.diagonal().array() + 1e-12).matrix();
-      const Eigen::Vector4d step = A.ldlt().solve(-g);
-      const Eigen::Vector4d candidate = (x + step).cwiseMax(std::log(0.1)).cwiseMin(std::log(10.0));
+      const Parameters step = A.ldlt().solve(-g);
+      const Parameters candidate = feasible(x + step);
       const Eigen::VectorXd rc = residuals(runs, profile, candidate, options.prior_weight);
       if (rc.squaredNorm() < r.squaredNorm()) {
         const double gain = r.squaredNorm() - rc.squaredNorm();
@@ -163,11 +177,12 @@ Result<CalibrationResult> calibrate(const costmodel::HardwareProfile& base, cons
 
   // What the data determined: a parameter whose column of the Jacobian (on the runs, not the
   // prior) is small is held by the prior.
-  for (int k = 0; k < kParameters; ++k) {
-    const double sensitivity = J.col(k).head(static_cast<Eigen::Index>(runs.size())).norm();
-    if (sensitivity < 1e-3) result.notes.push_back(std::string(kNames[k]) + ": the measurements do not depend on it; kept at the prior");
-    const double value = std::exp(x(k));
-    if (value <= kLowestScale * 1.0001 || value >= kHighestScale * 0.9999) {
+  for (int k = 0; k < kScales; ++k) {
+    const double value = std::exp(x(0) + x(1 + k));
+    const bool at_bound = value <= kLowestScale * 1.0001 || value >= kHighestScale * 0.9999;
+    const double sensitivity = J.col(1 + k).head(static_cast<Eigen::Index>(runs.size())).norm();
+    if (sensitivity < 1e-3 && !at_bound) result.notes.push_back(std::string(kNames[k]) + ": the measurements do not depend on it; it follows the common scale");
+    if (at_bound) {
       result.notes.push_back(std::string(kNames[k]) + " x " + std::to_string(value) +
                              " is at the bound of what a profile accepts (0.1 to 10): the measurements are far from this profile; "
                              "is it the device they ran on?");

@@ -105,6 +105,7 @@ std::vector<std::string> mpirun_command(const Plan& plan, const LocalRunOptions&
   std::vector<std::string> argv = {options.mpirun, "--oversubscribe", "-n", std::to_string(plan.gpus)};
   if (options.allow_run_as_root) argv.emplace_back("--allow-run-as-root");
   for (const char* word : {"--mca", "btl_vader_single_copy_mechanism", "none"}) argv.emplace_back(word);
+  argv.insert(argv.end(), options.mpirun_args.begin(), options.mpirun_args.end());
   const std::vector<std::string> executor = {
       options.executor, "--plan", fs::absolute(options.plan_path).string(), "--steps", std::to_string(options.steps),
       "--device", "cpu", "--measurement", fs::absolute(options.measurement_path).string()};

@@ -1,7 +1,9 @@
 #pragma once
 // Qt item models over planner and costmodel results, for QTableView and the charts:
-//  - PlanTableModel: the ranked plans of a search and the best plan of every other shape, one row
-//    each, with units in every header; PlanFilterProxy sorts it by value and filters fitting plans.
+//  - PlanTableModel: the ranked layouts of a search (each at its best variant, its other
+//    micro-batch, virtual-stage and schedule variants folded under it and shown on request) and
+//    the best plan of every other shape, one row each, with units in every header;
+//    PlanFilterProxy sorts it by value and filters fitting plans.
 //  - BreakdownModel: the memory (GiB) or step-time (s) components of one estimate, with the
 //    measured value beside each when a measurement is loaded.
 //  - ScalingModel: the best plan's tokens/s and MFU for each GPU count.
@@ -25,8 +27,11 @@ inline constexpr int kValueRole = Qt::UserRole + 1;
 
 struct PlanRow {
   planner::Candidate candidate;
-  int rank = 0;       // 1.. for ranked plans; 0 for the best plan of another shape
+  int rank = 0;       // 1.. for ranked plans; 0 for the best plan of another shape or a variant
   std::string note;   // why an alternative loses ("12% slower: ...", "stage 0 needs ... GiB")
+  int variants = 0;   // ranked rows: the other fitting variants of the layout (folded under it)
+  int variant_of = 0; // a variant row: the rank of its layout's row; 0 otherwise
+  int variant = 0;    // a variant row: 1.., best first
 };
 
 class PlanTableModel : public QAbstractTableModel {
@@ -34,14 +39,19 @@ class PlanTableModel : public QAbstractTableModel {
  public:
   enum Column {
     kRank, kTp, kPp, kDp, kCp, kEp, kZero, kMicroBatch, kMicroBatches, kRecompute, kSchedule, kMemory, kCapacity,
-    kFits, kStepTime, kTokensPerSecond, kMfu, kDays, kGpuHours, kCost, kNote, kColumnCount
+    kFits, kStepTime, kTokensPerSecond, kMfu, kDays, kGpuHours, kCost, kVariants, kNote, kColumnCount
   };
 
   explicit PlanTableModel(QObject* parent = nullptr);
 
-  // Ranked plans first, then the alternatives (best plan of each other shape).
+  // Ranked layouts first (their variants folded), then the alternatives (best plan of each other
+  // shape).
   void set_result(const planner::SearchResult& result);
   void clear();
+  // Shows the folded variants of the ranked row `row` under it, or folds them again. Returns
+  // whether anything changed (false for a row with no variants, an alternative or a variant).
+  bool toggle_variants(int row);
+  [[nodiscard]] bool expanded(int rank) const;
   [[nodiscard]] const PlanRow& row_at(int row) const { return rows_.at(static_cast<std::size_t>(row)); }
   [[nodiscard]] int row_count() const { return static_cast<int>(rows_.size()); }
 
@@ -52,6 +62,8 @@ class PlanTableModel : public QAbstractTableModel {
 
  private:
   std::vector<PlanRow> rows_;
+  std::vector<std::vector<planner::Candidate>> folded_;  // by rank - 1: the best variants kept by the search
+  std::vector<int> expanded_;                             // ranks whose variants are shown
 };
 
 // Sorts PlanTableModel by kValueRole and, when fits_only, hides plans that do not fit.

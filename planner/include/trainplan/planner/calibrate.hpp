@@ -46,9 +46,11 @@ struct CalibrationResult {
 };
 
 struct CalibrationOptions {
-  // Weight of the prior that keeps each time scale near 1 (in units of relative step-time
-  // error): with fewer measurements than parameters the fit stays well posed, and a scale the
-  // data cannot see stays where the tables put it.
+  // The time scales are one scale common to every kernel class (free: a device slower or faster
+  // in everything) times each class's own; this is the weight of the prior that keeps each
+  // class's own scale near 1 (in units of relative step-time error): with fewer measurements
+  // than parameters the fit stays well posed, and a class the data cannot see follows the common
+  // scale.
   double prior_weight = 0.05;
   int max_iterations = 50;
 };

@@ -44,9 +44,10 @@ struct LocalRunOptions {
   int ranks = 0;                  // 0: the plan's world size; anything else must equal it
   bool allow_run_as_root = false; // Open MPI refuses to run as root without --allow-run-as-root
   std::vector<std::string> extra_args;  // appended to the executor's arguments
+  std::vector<std::string> mpirun_args; // more mpirun options, before the executor (`planner tune`: --bind-to core:overload-allowed)
 };
 
-// mpirun --oversubscribe -n GPUS [--allow-run-as-root] --mca btl_vader_single_copy_mechanism none
+// mpirun --oversubscribe -n GPUS [--allow-run-as-root] --mca btl_vader_single_copy_mechanism none [mpirun_args...]
 //   EXECUTOR --plan PLAN --steps S --device cpu --measurement FILE [extra...]
 // REQUIRES: the options pass check_local_run.
 [[nodiscard]] std::vector<std::string> mpirun_command(const costmodel::Plan& plan, const LocalRunOptions& options);

@@ -1,0 +1,193 @@
+#include "jobs.hpp"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <thread>
+
+namespace trainplan::planner::tune_detail {
+
+using costmodel::Error;
+using costmodel::Result;
+
+namespace {
+
+std::atomic<bool> g_interrupted{false};
+struct sigaction g_old_int {}, g_old_term {};
+
+extern "C" void on_interrupt(int) { g_interrupted.store(true); }
+
+double since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+ProcessExit exit_of(int status) {
+  ProcessExit e;
+  if (WIFEXITED(status)) e.code = WEXITSTATUS(status);
+  else if (WIFSIGNALED(status)) e.signal = WTERMSIG(status);
+  return e;
+}
+
+// fork + exec with the child's stdout on `out_fd` (and stderr too when `both`), in its own process
+// group when `group`; the exec's failure comes back through a close-on-exec pipe.
+Result<pid_t> start(const std::vector<std::string>& argv, int out_fd, bool both, bool group) {
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  int report[2];
+  if (::pipe(report) != 0 || ::fcntl(report[1], F_SETFD, FD_CLOEXEC) != 0) {
+    return Error{"cannot start " + argv[0] + ": pipe: " + std::strerror(errno)};
+  }
+  std::fflush(nullptr);
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    const int error = errno;
+    ::close(report[0]);
+    ::close(report[1]);
+    return Error{"cannot start " + argv[0] + ": fork: " + std::strerror(error)};
+  }
+  if (pid == 0) {
+    ::sigaction(SIGINT, &g_old_int, nullptr);
+    ::sigaction(SIGTERM, &g_old_term, nullptr);
+    if (group) ::setpgid(0, 0);
+    ::close(report[0]);
+    const int null = ::open("/dev/null", O_RDONLY);
+    if (null >= 0) ::dup2(null, 0);
+    if (out_fd >= 0) {
+      ::dup2(out_fd, 1);
+      if (both) ::dup2(out_fd, 2);
+    }
+    ::execvp(args[0], args.data());
+    const int error = errno;
+    const ssize_t written = ::write(report[1], &error, sizeof error);
+    (void)written;
+    ::_exit(127);
+  }
+  if (group) ::setpgid(pid, pid);  // also here, so that no signal can come before the child's own call
+  ::close(report[1]);
+  int exec_error = 0;
+  ssize_t got = 0;
+  do {
+    got = ::read(report[0], &exec_error, sizeof exec_error);
+  } while (got < 0 && errno == EINTR);
+  ::close(report[0]);
+  if (got == static_cast<ssize_t>(sizeof exec_error)) {
+    int status = 0;
+    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    return Error{"cannot run " + argv[0] + ": " + std::strerror(exec_error)};
+  }
+  return pid;
+}
+
+}  // namespace
+
+InterruptGuard::InterruptGuard() {
+  g_interrupted.store(false);
+  struct sigaction on {};
+  on.sa_handler = on_interrupt;
+  sigemptyset(&on.sa_mask);
+  ::sigaction(SIGINT, &on, &g_old_int);
+  ::sigaction(SIGTERM, &on, &g_old_term);
+}
+
+InterruptGuard::~InterruptGuard() {
+  ::sigaction(SIGINT, &g_old_int, nullptr);
+  ::sigaction(SIGTERM, &g_old_term, nullptr);
+}
+
+bool interrupted() { return g_interrupted.load(); }
+
+void pause_for(double seconds) {
+  const auto start = std::chrono::steady_clock::now();
+  while (!interrupted() && since(start) < seconds) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+}
+
+Result<JobEnd> run_job(const std::vector<std::string>& argv, const std::string& log_path, double deadline_seconds,
+                       const std::function<void(double)>& tick) {
+  const int log = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (log < 0) return Error{log_path + ": cannot open the run's log: " + std::strerror(errno)};
+  const auto started = std::chrono::steady_clock::now();
+  auto pid = start(argv, log, true, true);
+  ::close(log);
+  if (!pid) return pid.error();
+  JobEnd end;
+  int status = 0;
+  double last_tick = 0;
+  bool ending = false;
+  double term_sent = 0;
+  for (;;) {
+    const pid_t w = ::waitpid(*pid, &status, WNOHANG);
+    if (w == *pid) break;
+    if (w < 0 && errno != EINTR) return Error{"waiting for " + argv[0] + ": " + std::strerror(errno)};
+    const double t = since(started);
+    if (!ending && (t > deadline_seconds || interrupted())) {
+      end.kind = interrupted() ? JobEnd::Kind::kInterrupted : JobEnd::Kind::kDeadline;
+      ::kill(-*pid, SIGTERM);
+      ending = true;
+      term_sent = t;
+    } else if (ending && t - term_sent > 5.0) {
+      ::kill(-*pid, SIGKILL);
+    }
+    if (tick && t - last_tick >= 1.0) {
+      last_tick = t;
+      tick(t);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  if (ending) ::kill(-*pid, SIGKILL);  // what the group still holds (mpirun's daemons, ranks)
+  end.exit = exit_of(status);
+  end.seconds = since(started);
+  return end;
+}
+
+Result<std::pair<ProcessExit, std::string>> capture(const std::vector<std::string>& argv) {
+  int out[2];
+  if (::pipe(out) != 0) return Error{"cannot start " + argv[0] + ": pipe: " + std::strerror(errno)};
+  // Both ends close on exec: the child's stdout is a dup2 of the write end, and a copy left
+  // open would reach whatever the child leaves running (sbatch's job) and hold off the EOF.
+  ::fcntl(out[0], F_SETFD, FD_CLOEXEC);
+  ::fcntl(out[1], F_SETFD, FD_CLOEXEC);
+  auto pid = start(argv, out[1], false, false);
+  ::close(out[1]);
+  if (!pid) {
+    ::close(out[0]);
+    return pid.error();
+  }
+  std::string text;
+  char buf[4096];
+  for (;;) {
+    const ssize_t n = ::read(out[0], buf, sizeof buf);
+    if (n > 0) text.append(buf, static_cast<std::size_t>(n));
+    else if (n == 0 || errno != EINTR) break;
+  }
+  ::close(out[0]);
+  int status = 0;
+  while (::waitpid(*pid, &status, 0) < 0) {
+    if (errno != EINTR) return Error{"waiting for " + argv[0] + ": " + std::strerror(errno)};
+  }
+  return std::make_pair(exit_of(status), text);
+}
+
+std::string tail_lines(const std::string& path, int lines) {
+  std::ifstream in(path);
+  std::vector<std::string> kept;
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    kept.push_back(line);
+    if (kept.size() > static_cast<std::size_t>(lines)) kept.erase(kept.begin());
+  }
+  std::string text;
+  for (const auto& l : kept) text += (text.empty() ? "" : "\n") + l;
+  return text;
+}
+
+}  // namespace trainplan::planner::tune_detail
