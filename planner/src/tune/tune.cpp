@@ -383,8 +383,8 @@ std::vector<std::string> Tuner::local_command(const TuneCandidate& c) const {
     lo.allow_run_as_root = o_.allow_run_as_root;
     lo.extra_args = executor_words(c);
     // Each rank pinned to a core (two or more to a core where there are more ranks than cores):
-    // a tune compares runs, and ranks the scheduler moves about make the same plan measure up to
-    // 15% apart from run to run (4 ranks on 2 cores), pinned within 2%.
+    // a tune compares runs, and with ranks the scheduler moves about 4 runs of one plan measured
+    // 22% apart (4 ranks on a 2-core VM), pinned 4% apart.
     lo.mpirun_args = {"--bind-to", "core:overload-allowed"};
     return mpirun_command(c.plan, lo);
   }
