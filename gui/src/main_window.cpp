@@ -25,6 +25,7 @@
 #include "trainplan/costmodel/presets.hpp"
 #include "trainplan/gui/export.hpp"
 #include "trainplan/gui/launch_panel.hpp"
+#include "trainplan/gui/tune_runner.hpp"
 #include "trainplan/planner/launch.hpp"
 
 namespace trainplan::gui {
@@ -155,6 +156,20 @@ MainWindow::MainWindow(QWidget* parent) : QMainWindow(parent) {
     const QModelIndex source = proxy_->mapToSource(index);
     if (source.isValid()) plan_model_->toggle_variants(source.row());
   });
+  // Measure the top plans: the tune's progress in the status line, its runs in the Measured
+  // column as they end, its report at the end.
+  tune_ = new TuneRunner(this);
+  connect(tune_, &TuneRunner::progress, this, [this](const QString& line) { statusBar()->showMessage(tr("Measuring: %1").arg(line.trimmed())); });
+  connect(tune_, &TuneRunner::candidatesChanged, this, [this] { plan_model_->set_tune(tune_->candidates()); });
+  connect(tune_, &TuneRunner::finished, this, [this](const QString& report, bool ok) {
+    statusBar()->showMessage(ok ? tr("Measured: the report is open") : tr("The measurement ended without a choice"), 8000);
+    auto* box = new QMessageBox(QMessageBox::Information, tr("Measure the top plans"),
+                                ok ? tr("The top plans ran on this machine; the report:") : tr("The tune ended without a choice:"), QMessageBox::Ok, this);
+    box->setDetailedText(report);
+    box->setAttribute(Qt::WA_DeleteOnClose);
+    box->setModal(false);
+    box->show();
+  });
   connect(fits_only_, &QCheckBox::toggled, this, [this](bool on) {
     proxy_->set_fits_only(on);
     select_table_row_of_selection();
@@ -273,6 +288,7 @@ void MainWindow::build_menus() {
   file->addAction(tr("Load &model (trainplan JSON or Hugging Face config.json)…"), this, &MainWindow::choose_and_load_model);
   file->addAction(tr("Load &measurement…"), this, &MainWindow::choose_and_load_measurement);
   file->addAction(tr("Clear measurement"), session_, &PlanningSession::clear_measurement);
+  file->addAction(tr("Measure the &top plans on this machine…"), this, &MainWindow::choose_and_measure_top_plans);
   file->addSeparator();
   file->addAction(tr("Export plan &JSON…"), this, [this] {
     choose_and_export(tr("Export plan"), tr("Plan (*.json)"), [this](const QString& p) { return export_plan_json(p); });

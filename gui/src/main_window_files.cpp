@@ -16,6 +16,12 @@
 #include "trainplan/gui/export.hpp"
 #include "trainplan/gui/launch_panel.hpp"
 #include "trainplan/planner/launch.hpp"
+#include "trainplan/planner/local_run.hpp"
+#include "trainplan/gui/tune_runner.hpp"
+#include "trainplan/costmodel/model.hpp"
+#include <QDateTime>
+#include <unistd.h>
+#include <cstdlib>
 
 namespace trainplan::gui {
 
@@ -209,6 +215,55 @@ void MainWindow::choose_and_save_launch_choice() {
   const bool slurm = choice.slurm;
   choose_and_export(slurm ? tr("Export SLURM script") : tr("Export launch command"), launch_panel_->file_filter(),
                     [this, slurm](const QString& p) { return export_launch(p, slurm); }, launch_panel_->suggested_file_name());
+}
+
+bool MainWindow::measure_top_plans(const QString& out_dir, int top) {
+  const auto& request = session_->request();
+  if (!request) {
+    show_error(tr("Measure the top plans: the inputs are not valid yet"));
+    return false;
+  }
+  if (tune_->running()) {
+    show_error(tr("Measure the top plans: a measurement runs already"));
+    return false;
+  }
+  // The runs are this machine's CPU ranks, one per planned GPU.
+  constexpr double kMaxParameters = 1e9;
+  const double parameters = costmodel::count_parameters(request->model).total(request->model.layers);
+  if (parameters > kMaxParameters || request->gpus > 64) {
+    show_error(tr("Measure the top plans runs the plans on this machine's CPU ranks, one per GPU: %1 with %2 parameters on %3 ranks is "
+                  "beyond them (at most 1e9 parameters and 64 ranks). On GPUs: planner tune --launcher torchrun or --launcher slurm.")
+                   .arg(QString::fromStdString(request->model.name))
+                   .arg(parameters, 0, 'g', 3)
+                   .arg(request->gpus));
+    return false;
+  }
+  const char* env = std::getenv("TRAINPLAN_EXECUTOR");
+  const char* path = std::getenv("PATH");
+  auto executor = planner::find_executor({"", env ? env : "", QCoreApplication::applicationDirPath().toStdString(), path ? path : ""});
+  if (!executor) {
+    show_error(tr("Measure the top plans: %1").arg(QString::fromStdString(executor.error().message)));
+    return false;
+  }
+  planner::TuneOptions options;
+  options.out_dir = out_dir.toStdString();
+  options.launcher = planner::Launcher::kMpirun;
+  options.measure_profile = true;
+  options.top = top;
+  options.executor = *executor;
+  options.allow_run_as_root = ::geteuid() == 0;
+  if (!tune_->start(*request, options)) {
+    show_error(tr("Measure the top plans: a measurement runs already"));
+    return false;
+  }
+  statusBar()->showMessage(tr("Measuring the top %1 plans on this machine's CPU ranks into %2").arg(top).arg(out_dir));
+  return true;
+}
+
+void MainWindow::choose_and_measure_top_plans() {
+  const QString parent = QFileDialog::getExistingDirectory(this, tr("Folder for the measurements (a new folder is made in it)"));
+  if (parent.isEmpty()) return;
+  measure_top_plans(parent + QStringLiteral("/tune-") + QDateTime::currentDateTime().toString(QStringLiteral("yyyyMMdd-HHmmss")));
 }
 
 void MainWindow::choose_and_export(const QString& title, const QString& filter, const std::function<bool(const QString&)>& action,

@@ -23,6 +23,14 @@ QString number(double value, int decimals) { return QLocale::c().toString(value,
 // 1,234,567 with thousands separators.
 QString grouped(double value) { return QLocale(QLocale::English, QLocale::UnitedStates).toString(value, 'f', 0); }
 
+PlanRow plan_row(const pl::Candidate& candidate, int rank, const std::string& note) {
+  PlanRow row;
+  row.candidate = candidate;
+  row.rank = rank;
+  row.note = note;
+  return row;
+}
+
 QString schedule_text(const cm::ParallelConfig& p) {
   if (p.pp == 1) return QStringLiteral("-");
   if (p.virtual_stages > 1) return QStringLiteral("interleaved v%1").arg(p.virtual_stages);
@@ -56,12 +64,12 @@ void PlanTableModel::set_result(const pl::SearchResult& result) {
   int rank = 1;
   for (std::size_t i = 0; i < result.ranked.size(); ++i) {
     const bool has = i < result.variants.size() && result.variants[i].count > 1;
-    PlanRow row{result.ranked[i], rank++, ""};
+    PlanRow row = plan_row(result.ranked[i], rank++, "");
     row.variants = has ? static_cast<int>(result.variants[i].count - 1) : 0;
     rows_.push_back(std::move(row));
     folded_.push_back(has ? result.variants[i].best : std::vector<pl::Candidate>{});
   }
-  for (const auto& a : result.alternatives) rows_.push_back(PlanRow{a.candidate, 0, a.reason});
+  for (const auto& a : result.alternatives) rows_.push_back(plan_row(a.candidate, 0, a.reason));
   endResetModel();
 }
 
@@ -71,6 +79,20 @@ void PlanTableModel::clear() {
   folded_.clear();
   expanded_.clear();
   endResetModel();
+}
+
+void PlanTableModel::set_tune(const std::vector<pl::TuneCandidate>& candidates) {
+  for (auto& row : rows_) {
+    if (row.variant_of > 0) continue;
+    row.measured_step.reset();
+    row.measured_status.clear();
+    for (const auto& c : candidates) {
+      if (!pl::same_layout(c.plan.parallel, row.candidate.plan.parallel)) continue;
+      if (c.status == pl::RunStatus::kMeasured) row.measured_step = c.measured;
+      else row.measured_status = c.status == pl::RunStatus::kPending ? "running" : pl::run_status_name(c.status);
+    }
+  }
+  if (!rows_.empty()) emit dataChanged(index(0, kMeasured), index(static_cast<int>(rows_.size()) - 1, kMeasured));
 }
 
 bool PlanTableModel::expanded(int rank) const { return std::find(expanded_.begin(), expanded_.end(), rank) != expanded_.end(); }
@@ -91,7 +113,7 @@ bool PlanTableModel::toggle_variants(int row) {
     beginInsertRows(QModelIndex(), row + 1, row + n);
     std::vector<PlanRow> added;
     for (int i = 0; i < n; ++i) {
-      PlanRow v{variants[static_cast<std::size_t>(i)], 0, ""};
+      PlanRow v = plan_row(variants[static_cast<std::size_t>(i)], 0, "");
       v.variant_of = rank;
       v.variant = i + 1;
       added.push_back(std::move(v));
@@ -140,6 +162,7 @@ QVariant PlanTableModel::data(const QModelIndex& index, int role) const {
       case kRank: return row.rank > 0 ? static_cast<double>(row.rank)
                        : row.variant_of > 0 ? row.variant_of + row.variant / 1000.0 : 100000.0 + index.row();
       case kVariants: return row.variants;
+      case kMeasured: return row.measured_step ? *row.measured_step : -1.0;
       case kTp: return p.tp;
       case kPp: return p.pp;
       case kDp: return p.dp;
@@ -166,6 +189,9 @@ QVariant PlanTableModel::data(const QModelIndex& index, int role) const {
   if (role != Qt::DisplayRole) return {};
   switch (column) {
     case kRank: return row.rank > 0 ? QString::number(row.rank) : row.variant_of > 0 ? QStringLiteral("  \u21B3") : QStringLiteral("-");
+    case kMeasured:
+      if (row.measured_step) return number(*row.measured_step, 3);
+      return QString::fromStdString(row.measured_status);
     case kVariants:
       if (row.variants == 0) return QString();
       return expanded(row.rank) ? QStringLiteral("\u25BE +%1").arg(row.variants) : QStringLiteral("\u25B8 +%1").arg(row.variants);
@@ -203,6 +229,7 @@ QVariant PlanTableModel::headerData(int section, Qt::Orientation orientation, in
       case kMicroBatches: return QStringLiteral("Micro-batches per optimizer step (gradient accumulation)");
       case kMemory: return QStringLiteral("Memory per GPU on the worst pipeline stage, GiB (2^30 bytes)");
       case kDays: return QStringLiteral("Wall-clock days for the requested tokens, with checkpoints and failures");
+      case kMeasured: return QStringLiteral("Step time this layout measured on this machine's ranks (File > Measure the top plans), seconds");
       case kVariants: return QStringLiteral("Other fitting variants of the layout (micro-batch, virtual stages, schedule), folded under its best: double-click the row");
       default: return {};
     }
@@ -211,7 +238,7 @@ QVariant PlanTableModel::headerData(int section, Qt::Orientation orientation, in
   static const char* const kHeaders[kColumnCount] = {
       "#", "TP", "PP", "DP", "CP", "EP", "ZeRO", "Micro-batch (seq)", "Micro-batches / step", "Recompute", "Schedule",
       "Memory / GPU (GiB)", "Capacity (GiB)", "Fits", "Step time (s)", "Throughput (tokens/s)", "MFU (%)",
-      "Training time (days)", "GPU-hours (h)", "Cost (USD)", "Variants", "Note"};
+      "Training time (days)", "GPU-hours (h)", "Cost (USD)", "Measured step (s)", "Variants", "Note"};
   return QString::fromUtf8(kHeaders[section]);
 }
 

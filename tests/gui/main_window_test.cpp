@@ -25,6 +25,7 @@
 #include "trainplan/costmodel/presets.hpp"
 #include "trainplan/gui/launch_panel.hpp"
 #include "trainplan/gui/main_window.hpp"
+#include "trainplan/gui/tune_runner.hpp"
 #include "trainplan/planner/export.hpp"
 #include "trainplan/planner/search.hpp"
 
@@ -33,6 +34,7 @@ namespace {
 
 using gui::MainWindow;
 using gui::PlanningSession;
+using gui::PlanTableModel;
 
 constexpr int kTimeoutMs = 20000;
 
@@ -274,6 +276,31 @@ TEST_F(MainWindowTest, FitsOnlyHidesThePlansThatDoNotFit) {
   EXPECT_EQ(window_.plan_proxy()->rowCount(), fitting);
   window_.fits_only_box()->setChecked(false);
   EXPECT_EQ(window_.plan_proxy()->rowCount(), window_.plan_model()->row_count());
+}
+
+// issue 30, "Measure the top plans": the runs are this machine's CPU ranks, so a model they cannot
+// train is refused with the reason and nothing starts; the Measured column shows what a tune's
+// candidates measured (or their status) on the rows of their layouts.
+TEST_F(MainWindowTest, MeasureTheTopPlansRefusesWhatCpuRanksCannotRunAndFillsTheMeasuredColumn) {
+  search({{QStringLiteral("model"), QStringLiteral("llama3-70b")}, {QStringLiteral("gpus"), QStringLiteral("16")}});
+  QTemporaryDir dir;
+  EXPECT_FALSE(window_.measure_top_plans(dir.path() + QStringLiteral("/tune-70b")));
+  EXPECT_TRUE(window_.last_error().contains(QStringLiteral("CPU ranks"))) << window_.last_error().toStdString();
+  EXPECT_FALSE(window_.tune_runner()->running());
+
+  PlanTableModel* model = window_.plan_model();
+  ASSERT_GE(model->row_count(), 3);
+  planner::TuneCandidate measured, failed;
+  measured.plan = model->row_at(0).candidate.plan;
+  measured.status = planner::RunStatus::kMeasured;
+  measured.measured = 61.25;
+  failed.plan = model->row_at(1).candidate.plan;
+  failed.status = planner::RunStatus::kOutOfMemory;
+  model->set_tune({measured, failed});
+  EXPECT_EQ(model->data(model->index(0, PlanTableModel::kMeasured)).toString(), QStringLiteral("61.250"));
+  EXPECT_DOUBLE_EQ(model->data(model->index(0, PlanTableModel::kMeasured), gui::kValueRole).toDouble(), 61.25);
+  EXPECT_EQ(model->data(model->index(1, PlanTableModel::kMeasured)).toString(), QStringLiteral("out_of_memory"));
+  EXPECT_EQ(model->data(model->index(2, PlanTableModel::kMeasured)).toString(), QString());
 }
 
 // tests/data/gui-pp4.*: a plan and a hand-written measurement in the executor's shape (see its

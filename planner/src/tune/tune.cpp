@@ -277,6 +277,7 @@ Result<bool> Tuner::save_state() const {
   j["chosen"] = r_.chosen > 0 ? nlohmann::json(r_.chosen) : nlohmann::json(nullptr);
   j["why"] = r_.why;
   j["final_plan"] = r_.final_plan.empty() ? nlohmann::json(nullptr) : nlohmann::json("plan.json");
+  if (o_.updated) o_.updated(r_.candidates);
   return write_text(out() / "tune.json", j.dump(2) + "\n");
 }
 

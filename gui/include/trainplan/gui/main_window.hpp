@@ -62,6 +62,13 @@ class MainWindow : public QMainWindow {
   bool export_stack(planner::ExportTarget target, const QString& path);
   bool export_report(const QString& path, planner::Format format);  // kMarkdown or kHtml
   bool export_chart(ChartKind kind, const QString& path);             // .png or .svg
+  // "Measure the top plans on this machine": `planner tune` of the current request on this
+  // machine's CPU ranks (mpirun; the profile of them measured first) into `out_dir`, in the
+  // background; the plan table's Measured column fills as runs end, and the report shows at the
+  // end. False (and show_error) for no valid request, a model too large for CPU ranks, no
+  // executor, or a tune already running.
+  bool measure_top_plans(const QString& out_dir, int top = 3);
+  [[nodiscard]] class TuneRunner* tune_runner() const { return tune_; }
   void show_tab(Tab tab);
 
   // The launch text of the selected plan (torchrun commands, or a SLURM script).
@@ -117,8 +124,10 @@ class MainWindow : public QMainWindow {
                          const QString& suggested_name = QString());
   void choose_and_export_stack(planner::ExportTarget target);
   void choose_and_save_launch_choice();  // Save on the Launch and CLI tab
+  void choose_and_measure_top_plans();
 
   PlanningSession* session_ = nullptr;
+  class TuneRunner* tune_ = nullptr;
   InputPanel* input_ = nullptr;
   WhatIfPanel* what_if_ = nullptr;
   QTimer* submit_timer_ = nullptr;

@@ -19,6 +19,7 @@
 #include "trainplan/planner/compare.hpp"
 #include "trainplan/planner/measurement.hpp"
 #include "trainplan/planner/search.hpp"
+#include "trainplan/planner/tune.hpp"
 
 namespace trainplan::gui {
 
@@ -32,6 +33,8 @@ struct PlanRow {
   int variants = 0;   // ranked rows: the other fitting variants of the layout (folded under it)
   int variant_of = 0; // a variant row: the rank of its layout's row; 0 otherwise
   int variant = 0;    // a variant row: 1.., best first
+  std::optional<double> measured_step;  // "Measure the top plans": this layout's measured step, seconds
+  std::string measured_status;          // its status when not measured ("pending", "failed", ...)
 };
 
 class PlanTableModel : public QAbstractTableModel {
@@ -39,7 +42,7 @@ class PlanTableModel : public QAbstractTableModel {
  public:
   enum Column {
     kRank, kTp, kPp, kDp, kCp, kEp, kZero, kMicroBatch, kMicroBatches, kRecompute, kSchedule, kMemory, kCapacity,
-    kFits, kStepTime, kTokensPerSecond, kMfu, kDays, kGpuHours, kCost, kVariants, kNote, kColumnCount
+    kFits, kStepTime, kTokensPerSecond, kMfu, kDays, kGpuHours, kCost, kMeasured, kVariants, kNote, kColumnCount
   };
 
   explicit PlanTableModel(QObject* parent = nullptr);
@@ -52,6 +55,9 @@ class PlanTableModel : public QAbstractTableModel {
   // whether anything changed (false for a row with no variants, an alternative or a variant).
   bool toggle_variants(int row);
   [[nodiscard]] bool expanded(int rank) const;
+  // The tune's candidates (planner::tune): each row of a candidate's layout shows its measured step
+  // or its status in the Measured column.
+  void set_tune(const std::vector<planner::TuneCandidate>& candidates);
   [[nodiscard]] const PlanRow& row_at(int row) const { return rows_.at(static_cast<std::size_t>(row)); }
   [[nodiscard]] int row_count() const { return static_cast<int>(rows_.size()); }
 

@@ -79,6 +79,9 @@ struct TuneOptions {
   std::function<void(const std::string&)> progress;
   // Where the terminal is a TTY: a running job's status line, rewritten in place. Optional.
   std::function<void(const std::string&)> status_line;
+  // Called with every candidate each time the tune's state is written (a candidate added, ended
+  // or re-predicted). Optional; the GUI fills its measured column from it.
+  std::function<void(const std::vector<TuneCandidate>&)> updated;
 };
 
 struct TuneResult {
