@@ -170,6 +170,29 @@ TEST_F(Tune, AnInterruptedTuneResumesWithoutRunningAgainWhatEnded) {
   EXPECT_EQ(after.at("candidates").at(0).at("measured_step_seconds"), before.at("candidates").at(0).at("measured_step_seconds"));
 }
 
+TEST_F(Tune, ARunPastItsDeadlineIsEndedAsHungAndTheNextLayoutTried) {
+  if (std::string(TRAINPLAN_MPIRUN).empty()) GTEST_SKIP() << "mpirun not found";
+  const std::string out = dir_ + "/tune-hung";
+  // 400 steps of about 0.2 s cannot end in 2 s: each run is ended (its process group) and recorded
+  // as hung, the next layout is tried, and with none measured the tune ends without a choice.
+  const Outcome r = run_command(tune_command(model_, out, "--cluster " + profile_ + " --top 1 --steps 400 --rounds 0 --deadline 2"));
+  std::cout << r.output;
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  EXPECT_TRUE(contains(r.output, "No choice")) << r.output;
+  const nlohmann::json state = read_json(out + "/tune.json");
+  ASSERT_GE(state.at("candidates").size(), 2u);
+  for (const auto& c : state.at("candidates")) {
+    EXPECT_EQ(c.at("status"), "hung") << c.dump();
+    EXPECT_TRUE(contains(c.at("detail").get<std::string>(), "deadline of 2 s")) << c.dump();
+    EXPECT_LT(c.at("run_seconds").get<double>(), 2 + 5 + 3) << "not ended within the 5 s between SIGTERM and SIGKILL";
+  }
+  EXPECT_TRUE(state.at("chosen").is_null());
+  // Nothing of the ended runs is left running.
+  // ("[c]" keeps pgrep's own command line, which holds the pattern, from matching it.)
+  const std::string pattern = "'" + out + "/[c]andidates'";
+  EXPECT_NE(run_command("pgrep -f " + pattern).exit_code, 0) << run_command("pgrep -af " + pattern).output;
+}
+
 TEST_F(Tune, SlurmJobsAreSubmittedFollowedAndACancelledOneIsReported) {
   if (std::string(TRAINPLAN_MPIRUN).empty()) GTEST_SKIP() << "mpirun not found";
   const std::string out = dir_ + "/tune-slurm", state = dir_ + "/slurm-state";
