@@ -262,14 +262,18 @@ ProfileSweep profile_sweep(bool cuda, bool quick) {
       logits_hidden = {256};
       logits_vocab = {8000, 50257};
       s.gemm_fp32 = {{512, 512, 512}};
-      attention_seq = {256, 512};
+      // Short sequences too: CPU runs train small models at short ones (`planner tune` on CPU ranks).
+      attention_seq = {64, 256, 512};
       head_dims = {64};
       s.hidden_ffn = {{256, 1024}};
       s.vocab = {8000};
       s.embedding = {{8000, 256}};
       s.adamw_params = {1 << 22};
       s.copy_bytes = 16 * kMiB;
-      s.collective_bytes = {4 * kKiB, 16 * kKiB, 64 * kKiB, 256 * kKiB, kMiB};
+      // Up to 16 MiB, as the full sweep: the gradients of the models a CPU run trains reach it, and
+      // MPI's all-reduce changes algorithm above 1 MiB (4 ranks on 2 cores: 0.30 GB/s bus at 1 MiB,
+      // where the run's 14 MB all-reduce goes at the reduce-scatter's and all-gather's pace).
+      s.collective_bytes = {4 * kKiB, 16 * kKiB, 64 * kKiB, 256 * kKiB, kMiB, 4 * kMiB, 16 * kMiB};
       s.repeats = 3;
       s.collective_repeats = 5;
     }

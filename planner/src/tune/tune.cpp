@@ -89,7 +89,8 @@ nlohmann::json request_identity(const PlanRequest& r, const TuneOptions& o) {
           {"mode", costmodel::mode_name(t.mode)},
           {"stack", costmodel::stack_name(t.stack)},
           {"launcher", launcher_name(o.launcher)},
-          {"steps", o.steps}};
+          {"steps", o.steps},
+          {"repeats", o.repeats}};
 }
 
 std::string two_digits(int n) {
@@ -155,6 +156,11 @@ class Tuner {
   Result<bool> run_local(TuneCandidate& c);
   Result<bool> run_slurm(TuneCandidate& c);
   void read_measurement(TuneCandidate& c, const fs::path& measurement, const std::string& ended) const;
+  // A run's file in the candidate's folder: `stem` + `ext` for the first run, stem-N + ext for
+  // the N-th of TuneOptions::repeats.
+  std::string run_file(const TuneCandidate& c, const std::string& stem, const std::string& ext) const {
+    return (out() / c.directory / (repeat_ == 1 ? stem + ext : stem + "-" + std::to_string(repeat_) + ext)).string();
+  }
   int measured_count() const {
     return static_cast<int>(std::count_if(r_.candidates.begin(), r_.candidates.end(), [](const TuneCandidate& c) { return c.status == RunStatus::kMeasured; }));
   }
@@ -166,6 +172,7 @@ class Tuner {
   PlanRequest request_;
   TuneOptions o_;
   TuneResult r_;
+  int repeat_ = 1;  // the run of a candidate under way, 1..repeats
 };
 
 Result<bool> Tuner::check_options() const {
@@ -173,6 +180,7 @@ Result<bool> Tuner::check_options() const {
   if (o_.top < 1 || o_.top > 100) return Error{"--top: must be 1 to 100 layouts (got " + std::to_string(o_.top) + ")"};
   if (o_.steps < 1 || o_.steps > 100000) return Error{"--steps: must be 1 to 100000 (got " + std::to_string(o_.steps) + ")"};
   if (o_.rounds < 0 || o_.rounds > 20) return Error{"--rounds: must be 0 to 20 (got " + std::to_string(o_.rounds) + ")"};
+  if (o_.repeats < 1 || o_.repeats > 10) return Error{"--repeats: must be 1 to 10 (got " + std::to_string(o_.repeats) + ")"};
   if (!(o_.deadline_seconds > 0) || !std::isfinite(o_.deadline_seconds)) return Error{"--deadline: must be a number of seconds > 0"};
   if (o_.inject_failure < 0) return Error{"--inject-failure: a candidate number >= 1"};
   if (o_.executor.empty()) return Error{"tune: no executor given"};
@@ -262,6 +270,7 @@ Result<bool> Tuner::save_state() const {
                                {"predicted_before_step_seconds", c.predicted_before},
                                {"measured_step_seconds", optional_json(c.measured)},
                                {"measured_tokens_per_second", optional_json(c.measured_tokens_per_second)},
+                               {"runs_step_seconds", c.runs},
                                {"predicted_after_step_seconds", optional_json(c.predicted_after)},
                                {"run_seconds", c.run_seconds}});
   }
@@ -322,6 +331,11 @@ Result<bool> Tuner::load_state() {
     t.measured = number_or_null(c, "measured_step_seconds");
     t.measured_tokens_per_second = number_or_null(c, "measured_tokens_per_second");
     t.run_seconds = number_or_null(c, "run_seconds").value_or(0);
+    if (const auto runs = c.find("runs_step_seconds"); runs != c.end() && runs->is_array()) {
+      for (const auto& x : *runs) {
+        if (x.is_number()) t.runs.push_back(x.get<double>());
+      }
+    }
     if (t.status == RunStatus::kMeasured && !t.measured) return Error{where + "/measured_step_seconds: a measured candidate needs it"};
     if (t.status != RunStatus::kPending) r_.resumed.push_back(two_digits(t.number) + " " + t.layout + ": " + run_status_name(t.status));
     r_.candidates.push_back(std::move(t));
@@ -373,7 +387,7 @@ std::vector<std::string> Tuner::executor_words(const TuneCandidate& c) const {
 
 std::vector<std::string> Tuner::local_command(const TuneCandidate& c) const {
   const fs::path dir = fs::absolute(out() / c.directory);
-  const std::string plan = (dir / "plan.json").string(), measurement = (dir / "measurement.json").string();
+  const std::string plan = (dir / "plan.json").string(), measurement = fs::absolute(run_file(c, "measurement", ".json")).string();
   if (o_.launcher == Launcher::kMpirun) {
     LocalRunOptions lo;
     lo.mpirun = o_.mpirun;
@@ -414,7 +428,7 @@ void Tuner::read_measurement(TuneCandidate& c, const fs::path& measurement, cons
   std::error_code ec;
   if (!fs::exists(measurement, ec)) {
     c.status = RunStatus::kFailed;
-    const std::string log = tail_lines((out() / c.directory / "run.log").string(), 3);
+    const std::string log = tail_lines(run_file(c, "run", ".log"), 3);
     c.detail = ended + ", no measurement" + (log.empty() ? "" : ": " + log);
     return;
   }
@@ -448,8 +462,7 @@ void Tuner::read_measurement(TuneCandidate& c, const fs::path& measurement, cons
 }
 
 Result<bool> Tuner::run_local(TuneCandidate& c) {
-  const fs::path dir = out() / c.directory;
-  const fs::path measurement = dir / "measurement.json", log = dir / "run.log";
+  const fs::path measurement = run_file(c, "measurement", ".json"), log = run_file(c, "run", ".log");
   std::error_code ec;
   fs::remove(measurement, ec);  // a measurement found after the run is this run's
   fs::remove(log, ec);
@@ -557,14 +570,41 @@ Result<bool> Tuner::run_candidate(TuneCandidate& c) {
   char predicted[64];
   std::snprintf(predicted, sizeof predicted, "predicted %.4g s per step", c.predicted_before);
   say("[" + std::to_string(c.number) + "] " + label + ": " + predicted + (c.round > 0 ? ", ranked first after calibration " + std::to_string(c.round) : ""));
-  auto ran = o_.launcher == Launcher::kSlurm ? run_slurm(c) : run_local(c);
-  if (!ran) return ran.error();
+  // Each of the runs; a run that does not measure decides the candidate's status.
+  c.runs.clear();
+  double seconds = 0;
+  std::optional<double> fastest, fastest_tokens;
+  for (repeat_ = 1; repeat_ <= o_.repeats; ++repeat_) {
+    auto ran = o_.launcher == Launcher::kSlurm ? run_slurm(c) : run_local(c);
+    if (!ran) {
+      repeat_ = 1;
+      return ran.error();
+    }
+    seconds += c.run_seconds;
+    if (c.status != RunStatus::kMeasured) break;
+    c.runs.push_back(*c.measured);
+    if (!fastest || *c.measured < *fastest) {
+      fastest = c.measured;
+      fastest_tokens = c.measured_tokens_per_second;
+    }
+  }
+  repeat_ = 1;
+  c.run_seconds = seconds;
+  if (c.status == RunStatus::kMeasured) {
+    c.measured = fastest;
+    c.measured_tokens_per_second = fastest_tokens;
+  }
   if (o_.status_line) o_.status_line("");
   char text[160];
   if (c.status == RunStatus::kMeasured) {
     std::snprintf(text, sizeof text, "measured %.4g s per step (%+.1f%% predicted) in %.0f s", *c.measured, 100 * (c.predicted_before / *c.measured - 1),
                   c.run_seconds);
-    say("     " + std::string(text));
+    std::string runs;
+    if (c.runs.size() > 1) {
+      for (double r : c.runs) runs += (runs.empty() ? "" : ", ") + std::to_string(r).substr(0, 6);
+      runs = "; the fastest of " + std::to_string(c.runs.size()) + " runs: " + runs;
+    }
+    say("     " + std::string(text) + runs);
   } else {
     say("     " + std::string(run_status_name(c.status)) + ": " + c.detail);
   }

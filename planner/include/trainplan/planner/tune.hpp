@@ -46,7 +46,8 @@ struct TuneCandidate {
   RunStatus status = RunStatus::kPending;
   std::string detail;       // why it did not measure; the SLURM job and its state
   double predicted_before = 0;                // step seconds on the starting profile
-  std::optional<double> measured;             // step seconds (median after the warm-up step)
+  std::optional<double> measured;             // step seconds: the fastest run's median after its warm-up step
+  std::vector<double> runs;                   // every run's median step, seconds (TuneOptions::repeats)
   std::optional<double> measured_tokens_per_second;
   std::optional<double> predicted_after;      // step seconds on the calibrated profile
   double run_seconds = 0;                     // wall time of its run
@@ -57,6 +58,10 @@ struct TuneOptions {
   Launcher launcher = Launcher::kMpirun;
   int top = 3;                  // distinct layouts measured before calibrating. REQUIRES: 1..100
   int steps = 5;                // measured steps after one warm-up step. REQUIRES: 1..100000
+  // Runs of each candidate, one after the other; its step is the fastest run's, as timeit takes
+  // the fastest: a slower run was slowed by something else on the machine (on a shared 2-core VM
+  // whole runs of one plan came out up to 36% slower). REQUIRES: 1..10
+  int repeats = 1;
   int rounds = 2;               // re-rank rounds that may add a candidate. REQUIRES: 0..20
   double deadline_seconds = 900;  // one candidate's run; past it the run is ended and recorded as hung. REQUIRES: > 0
   bool resume = false;          // go on with the tune in out_dir (its tune.json)
