@@ -15,6 +15,7 @@
 
 #include "trainplan/planner/launch.hpp"
 #include "trainplan/planner/measurement.hpp"
+#include "spawn.hpp"
 
 namespace trainplan::planner {
 
@@ -119,22 +120,63 @@ std::string ProcessExit::text() const {
   return "exited with status " + std::to_string(code);
 }
 
-Result<ProcessExit> run_process(const std::vector<std::string>& argv) {
+Result<pid_t> detail::spawn(const std::vector<std::string>& argv, const detail::SpawnOptions& options) {
   if (argv.empty()) {
-    std::fprintf(stderr, "%s:%d: run_process: empty argv\n", __FILE__, __LINE__);
+    std::fprintf(stderr, "%s:%d: spawn: empty argv\n", __FILE__, __LINE__);
     std::abort();
   }
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
-
   // The child reports a failed exec through this pipe; a successful exec closes it (close-on-exec).
   int report[2];
   if (::pipe(report) != 0 || ::fcntl(report[1], F_SETFD, FD_CLOEXEC) != 0) {
     return Error{std::string("cannot start ") + argv[0] + ": pipe: " + std::strerror(errno)};
   }
   std::fflush(nullptr);  // nothing buffered here is written twice or after the child's output
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    const int error = errno;
+    ::close(report[0]);
+    ::close(report[1]);
+    return Error{std::string("cannot start ") + argv[0] + ": fork: " + std::strerror(error)};
+  }
+  if (pid == 0) {
+    if (options.in_child) options.in_child();
+    if (options.new_group) ::setpgid(0, 0);
+    ::close(report[0]);
+    if (options.stdin_null) {
+      const int null = ::open("/dev/null", O_RDONLY);
+      if (null >= 0) ::dup2(null, 0);
+    }
+    if (options.out_fd >= 0) {
+      ::dup2(options.out_fd, 1);
+      if (options.stderr_too) ::dup2(options.out_fd, 2);
+    }
+    ::execvp(args[0], args.data());
+    const int error = errno;
+    const ssize_t written = ::write(report[1], &error, sizeof error);
+    (void)written;
+    ::_exit(127);
+  }
+  if (options.new_group) ::setpgid(pid, pid);  // also here, so that no signal can come before the child's own call
+  ::close(report[1]);
+  int exec_error = 0;
+  ssize_t got = 0;
+  do {
+    got = ::read(report[0], &exec_error, sizeof exec_error);
+  } while (got < 0 && errno == EINTR);
+  ::close(report[0]);
+  if (got == static_cast<ssize_t>(sizeof exec_error)) {
+    int status = 0;
+    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    return Error{std::string("cannot run ") + argv[0] + ": " + std::strerror(exec_error)};
+  }
+  return pid;
+}
 
+Result<ProcessExit> run_process(const std::vector<std::string>& argv) {
   struct sigaction ignore {}, old_int {}, old_quit {};
   ignore.sa_handler = SIG_IGN;
   sigemptyset(&ignore.sa_mask);
@@ -144,42 +186,21 @@ Result<ProcessExit> run_process(const std::vector<std::string>& argv) {
     ::sigaction(SIGINT, &old_int, nullptr);
     ::sigaction(SIGQUIT, &old_quit, nullptr);
   };
-
-  const pid_t pid = ::fork();
-  if (pid < 0) {
-    const int error = errno;
+  detail::SpawnOptions options;
+  options.in_child = restore_signals;
+  auto pid = detail::spawn(argv, options);
+  if (!pid) {
     restore_signals();
-    ::close(report[0]);
-    ::close(report[1]);
-    return Error{std::string("cannot start ") + argv[0] + ": fork: " + std::strerror(error)};
+    return pid.error();
   }
-  if (pid == 0) {
-    restore_signals();
-    ::close(report[0]);
-    ::execvp(args[0], args.data());
-    const int error = errno;
-    const ssize_t written = ::write(report[1], &error, sizeof error);
-    (void)written;
-    ::_exit(127);
-  }
-  ::close(report[1]);
-  int exec_error = 0;
-  ssize_t got = 0;
-  do {
-    got = ::read(report[0], &exec_error, sizeof exec_error);
-  } while (got < 0 && errno == EINTR);
-  ::close(report[0]);
   int status = 0;
   pid_t waited = 0;
   do {
-    waited = ::waitpid(pid, &status, 0);
+    waited = ::waitpid(*pid, &status, 0);
   } while (waited < 0 && errno == EINTR);
   const int wait_error = errno;
   restore_signals();
 
-  if (got == static_cast<ssize_t>(sizeof exec_error)) {
-    return Error{std::string("cannot run ") + argv[0] + ": " + std::strerror(exec_error)};
-  }
   if (waited < 0) return Error{std::string("waiting for ") + argv[0] + ": " + std::strerror(wait_error)};
   ProcessExit exit;
   if (WIFEXITED(status)) exit.code = WEXITSTATUS(status);

@@ -1,5 +1,7 @@
 #include "jobs.hpp"
 
+#include "../run/spawn.hpp"
+
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -35,56 +37,20 @@ ProcessExit exit_of(int status) {
   return e;
 }
 
-// fork + exec with the child's stdout on `out_fd` (and stderr too when `both`), in its own process
-// group when `group`; the exec's failure comes back through a close-on-exec pipe.
+// The child's signal handlers as they were before the tune's guard.
+void restore_in_child() {
+  ::sigaction(SIGINT, &g_old_int, nullptr);
+  ::sigaction(SIGTERM, &g_old_term, nullptr);
+}
+
 Result<pid_t> start(const std::vector<std::string>& argv, int out_fd, bool both, bool group) {
-  std::vector<char*> args;
-  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  int report[2];
-  if (::pipe(report) != 0 || ::fcntl(report[1], F_SETFD, FD_CLOEXEC) != 0) {
-    return Error{"cannot start " + argv[0] + ": pipe: " + std::strerror(errno)};
-  }
-  std::fflush(nullptr);
-  const pid_t pid = ::fork();
-  if (pid < 0) {
-    const int error = errno;
-    ::close(report[0]);
-    ::close(report[1]);
-    return Error{"cannot start " + argv[0] + ": fork: " + std::strerror(error)};
-  }
-  if (pid == 0) {
-    ::sigaction(SIGINT, &g_old_int, nullptr);
-    ::sigaction(SIGTERM, &g_old_term, nullptr);
-    if (group) ::setpgid(0, 0);
-    ::close(report[0]);
-    const int null = ::open("/dev/null", O_RDONLY);
-    if (null >= 0) ::dup2(null, 0);
-    if (out_fd >= 0) {
-      ::dup2(out_fd, 1);
-      if (both) ::dup2(out_fd, 2);
-    }
-    ::execvp(args[0], args.data());
-    const int error = errno;
-    const ssize_t written = ::write(report[1], &error, sizeof error);
-    (void)written;
-    ::_exit(127);
-  }
-  if (group) ::setpgid(pid, pid);  // also here, so that no signal can come before the child's own call
-  ::close(report[1]);
-  int exec_error = 0;
-  ssize_t got = 0;
-  do {
-    got = ::read(report[0], &exec_error, sizeof exec_error);
-  } while (got < 0 && errno == EINTR);
-  ::close(report[0]);
-  if (got == static_cast<ssize_t>(sizeof exec_error)) {
-    int status = 0;
-    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-    }
-    return Error{"cannot run " + argv[0] + ": " + std::strerror(exec_error)};
-  }
-  return pid;
+  detail::SpawnOptions options;
+  options.out_fd = out_fd;
+  options.stderr_too = both;
+  options.stdin_null = true;
+  options.new_group = group;
+  options.in_child = restore_in_child;
+  return detail::spawn(argv, options);
 }
 
 }  // namespace
