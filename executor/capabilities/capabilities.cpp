@@ -90,9 +90,10 @@ std::vector<std::string> executor_limitations(const Plan& plan) {
   if (p.reduce_dtype != cm::Dtype::kFp32) problems.push_back("reduce_dtype: the executor reduces gradients in fp32");
   if (!t.master_weights) problems.push_back("master_weights false: the executor trains with fp32 master weights (pure 16-bit training is not in it)");
   if (t.attention_mask == cm::AttentionMask::kExplicit) problems.push_back("attention_mask explicit: the executor's attention takes the kernel's causal flag");
-  if (p.cp > 1 && p.cp_comm == cm::ContextAttention::kRing) {
+  if (p.cp > 1 && p.cp_comm && *p.cp_comm != cm::ContextAttention::kAllGatherKv) {
     // executor/src/parallel/context_parallel.hpp: K/V all-gathered, gradients reduce-scattered
-    problems.push_back("cp_comm_type p2p: the executor's context parallelism all-gathers K/V (all_gather)");
+    problems.push_back(std::string("cp_comm_type ") + cm::cp_comm_type_name(*p.cp_comm) +
+                       ": the executor's context parallelism all-gathers K/V and reduce-scatters their gradients (all_gather)");
   }
   if (t.loss && *t.loss != cm::LossKernel::kChunkedFused && *t.loss != cm::LossKernel::kFp32Copy) {
     // executor/src/model/model.cpp head_loss: the chunked linear cross-entropy (--kernels fused), fp32 logits (--kernels reference)

@@ -59,7 +59,7 @@ const Choice kFixedChoices[] = {{"schedule", "Schedule", {"auto", "1f1b", "inter
                                 {"recompute", "Recompute", {"auto", "none", "selective", "full"}},
                                 {"sp", "Sequence parallel", {"auto", "on", "off"}},
                                 {"offload", "Optimizer offload", {"auto", "none", "cpu", "nvme"}},
-                                {"cp_comm", "CP communication", {"auto", "p2p", "all_gather"}}};
+                                {"cp_comm", "CP communication", {"auto", "p2p", "all_gather", "allgather_rotate"}}};
 
 QString json_text(const nlohmann::json& v) {
   if (v.is_string()) return QString::fromStdString(v.get<std::string>());

@@ -93,7 +93,7 @@ Result<bool> apply_constraint(const std::string& key, const std::string& value, 
   }
   if (key == "cp_comm" || key == "cp_comm_type") {
     c.cp_comm = costmodel::cp_comm_type_from_name(value);
-    if (!c.cp_comm) return Error{"cp_comm must be p2p (the ring) or all_gather"};
+    if (!c.cp_comm) return Error{"cp_comm must be p2p (the ring), all_gather (K/V gathered, their gradients reduce-scattered) or allgather_rotate (PyTorch's: K/V gathered, their gradients passed round)"};
     return true;
   }
   if (key == "first_stage_layers" || key == "last_stage_layers") {

@@ -17,6 +17,7 @@
 #include "trainplan/costmodel/kernels.hpp"
 #include "trainplan/costmodel/model.hpp"
 #include "trainplan/costmodel/network.hpp"
+#include "trainplan/executor/capabilities.hpp"
 
 namespace trainplan {
 namespace {
@@ -180,6 +181,42 @@ TEST(ContextParallel, AllGatheredKvSendsTwoPassesPerLayerAndIsExposed) {
   Plan none = plan;
   none.parallel.cp = 1; none.parallel.dp = 8;
   EXPECT_EQ(checked_estimate(none).communication.cp_sent.value(), 0.0);
+}
+
+// PyTorch's context parallelism with its default "allgather" rotation, fsdp2's (torchtitan): K/V
+// all-gathered once in forward and once in backward, each gather behind the first block only, and
+// the K/V gradients passed round the cp ranks in float32 (torch 2.11
+// torch/distributed/tensor/experimental/_context_parallel/_attention.py). By hand, Llama 3 8B, seq
+// 8192, cp 4, micro-batch 1: T = 2048, K + V = kv = 8 MiB in bf16; per layer and micro-batch the
+// two gathers send (cp - 1) kv each and the gradients cp chunks of 2 kv (float32): 6 kv + 8 kv =
+// 14 kv, against the ring's 9 kv and the all-gather-with-reduce-scatter's 6 kv.
+TEST(ContextParallel, PyTorchsAllGatherRotationSendsTwoGathersAndFloat32GradientsRound) {
+  Plan plan = make_plan("llama3-8b", "dgx-h100", 8, 8192, 64);
+  plan.training.stack = Stack::kFsdp2;
+  plan.parallel.cp = 4; plan.parallel.dp = 2; plan.parallel.zero_stage = 3; plan.parallel.micro_batch = 1;
+  ASSERT_EQ(stack_spec(Stack::kFsdp2).context_attention, ContextAttention::kAllGatherRotate);
+  const Estimate e = checked_estimate(plan);
+  const double kv = 2.0 * 2048 * 1024 * 2;
+  const double per_layer = 14.0 * kv;
+  EXPECT_DOUBLE_EQ(e.communication.cp_sent.value(), per_layer * 32 * e.micro_batches);
+  Plan ring = plan;
+  ring.parallel.cp_comm = ContextAttention::kRing;
+  EXPECT_DOUBLE_EQ(checked_estimate(ring).communication.cp_sent.value(), 9.0 * kv * 32 * e.micro_batches);
+  // Exposed: at least the last gradient chunk of every layer and micro-batch (it arrives after the
+  // loop); at most both gathers and every chunk unhidden.
+  const bool across = false;  // cp 4 inside one node of 8
+  const Seconds last = send_recv_time(plan.cluster, Bytes(2.0 * kv), across);
+  const Seconds gather = collective_time(plan.cluster, Collective::kAllGather, Bytes(4 * kv), {4, 4});
+  const double layers = 32.0 * e.micro_batches;
+  EXPECT_GE(e.time.cp_comm.value(), layers * last.value() * (1 - 1e-9));
+  EXPECT_LE(e.time.cp_comm.value(), layers * (2 * gather.value() + 4 * last.value()) * (1 + 1e-9));
+  // The executor cannot run it (it all-gathers and reduce-scatters), and says so.
+  Plan fixed = plan;
+  fixed.parallel.cp_comm = ContextAttention::kAllGatherRotate;
+  fixed.training.stack = Stack::kTrainplan;
+  bool said = false;
+  for (const auto& why : executor::executor_limitations(fixed)) said = said || why.find("allgather_rotate") != std::string::npos;
+  EXPECT_TRUE(said);
 }
 
 // A capacity factor caps the tokens each expert multiplies at ceil(cf x T x top_k / experts)

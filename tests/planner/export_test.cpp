@@ -176,6 +176,35 @@ TEST(ExportPlan, RefusesWhatAStackCannotExpressNamingTheField) {
   }
 }
 
+// Context parallelism is exported as it was priced: PyTorch's default rotation ("allgather", the
+// fsdp2 stack's, torch 2.11 _context_parallel/_attention.py) unless the plan fixes the ring; the
+// all-gather with reduce-scattered gradients (Megatron's) is no PyTorch method, and PyTorch's
+// rotation no Megatron one.
+TEST(ExportPlan, ContextParallelismIsWrittenAsItWasPriced) {
+  costmodel::Plan plan = load(testing::source_path("tests/data/export/llama3.2-1b-zero2-cp2.plan.json"));
+  plan.model.tied_embeddings = false;
+  plan.training.precision = costmodel::Precision::kBf16;
+  auto pytorch = planner::export_plan(plan, ExportTarget::kTorchtitan);
+  ASSERT_TRUE(pytorch.ok()) << pytorch.error().message;
+  EXPECT_NE(pytorch->text.find("context_parallel_rotate_method = \"allgather\""), std::string::npos) << pytorch->text;
+  costmodel::Plan ring = plan;
+  ring.parallel.cp_comm = costmodel::ContextAttention::kRing;
+  auto alltoall = planner::export_plan(ring, ExportTarget::kTorchtitan);
+  ASSERT_TRUE(alltoall.ok()) << alltoall.error().message;
+  EXPECT_NE(alltoall->text.find("context_parallel_rotate_method = \"alltoall\""), std::string::npos) << alltoall->text;
+  costmodel::Plan megatron_style = plan;
+  megatron_style.parallel.cp_comm = costmodel::ContextAttention::kAllGatherKv;
+  auto refused = planner::export_plan(megatron_style, ExportTarget::kTorchtitan);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.error().message.find("cp_comm_type=all_gather"), std::string::npos) << refused.error().message;
+  costmodel::Plan rotate = plan;
+  rotate.parallel.cp_comm = costmodel::ContextAttention::kAllGatherRotate;
+  rotate.training.stack = costmodel::Stack::kMegatronTe;
+  auto megatron = planner::export_plan(rotate, ExportTarget::kMegatron);
+  ASSERT_FALSE(megatron.ok());
+  EXPECT_NE(megatron.error().message.find("cp_comm_type=allgather_rotate"), std::string::npos) << megatron.error().message;
+}
+
 TEST(ExportPlan, ScheduleAndLayoutChoicesFollowThePlan) {
   costmodel::Plan plan = load(testing::source_path("samples/plans/tiny-llama-pp4.json"));
   plan.parallel.schedule = costmodel::Schedule::kGpipe;

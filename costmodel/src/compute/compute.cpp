@@ -303,10 +303,30 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
     }
   }
   double cp_gather = 0;  // all-gathered K/V: the forward's exposed all-gather (run again by full recompute)
+  double cp_forward_transient = 0, cp_backward_transient = 0;
+  const ContextAttention cp_mode = s.cp_comm.value_or(stack.context_attention);
   if (s.cp > 1) {
     // K and V of this rank's tokens; each pass of them round the cp ranks sends (cp - 1) of them.
     const double kv_chunk = T * (k_local + v_local) * e;
-    if (gathered_kv) {
+    if (cp_mode == ContextAttention::kAllGatherRotate) {
+      // PyTorch's "allgather" rotation (stack.hpp): one all-gather of K/V in forward and one in
+      // backward, each hidden behind the first block only; the K/V gradients in float32 passed
+      // round cp times in backward, each step behind the next block, the last one exposed.
+      const bool across = s.cp_group.per_node < s.cp_group.size;
+      const double gather = collective_time(hw, Collective::kAllGather, Bytes(s.cp * kv_chunk), s.cp_group).value();
+      const double grad_chunk = T * (k_local + v_local) * 4.0;
+      const double step_grad = send_recv_time(hw, Bytes(grad_chunk), across).value();
+      const double forward_exposed = std::max(0.0, gather - core_forward / s.cp);
+      c.cp_comm = forward_exposed + std::max(0.0, gather - core_backward / s.cp) + (s.cp - 1) * std::max(0.0, step_grad - core_backward / s.cp) +
+                  step_grad;
+      cp_gather = forward_exposed;
+      c.cp_bytes = 2.0 * (s.cp - 1) * kv_chunk + s.cp * grad_chunk;  // two all-gathers; the gradients round the ranks
+      // Alive during the layer's attention only: the gathered K/V, and in backward the float32
+      // gradients of Q, K and V being summed (zeros_like(..., dtype=float32)) and the K/V gradient
+      // chunk sent and the one received.
+      cp_forward_transient = s.cp * kv_chunk;
+      cp_backward_transient = s.cp * kv_chunk + T * (q_local + k_local + v_local) * 4.0 + 2.0 * grad_chunk;
+    } else if (gathered_kv) {
       const Bytes whole(s.cp * kv_chunk);  // the gathered K/V, and the input of their gradients' reduce-scatter
       cp_gather = collective_time(hw, Collective::kAllGather, whole, s.cp_group).value();
       c.cp_comm = cp_gather + collective_time(hw, Collective::kReduceScatter, whole, s.cp_group).value();
@@ -401,6 +421,10 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
   c.gradients_in_gemm = gradients_in_gemm(stack, s);
   c.backward_transient_bytes = mlp_matrices * std::max(tokens_mlp * ffn_local, T * shared_local) * e +
                                (c.gradients_in_gemm ? 0.0 : (local_attention_matmul(mdl, t) + mlp_matrices * h * std::max(ffn_local, shared_local)) * e);
+  // PyTorch's context parallelism holds its buffers while attention runs, after the rotary's
+  // temporaries and before the MLP's.
+  c.forward_transient_bytes = std::max(c.forward_transient_bytes, cp_forward_transient);
+  c.backward_transient_bytes = std::max(c.backward_transient_bytes, cp_backward_transient);
   c.smallest_saved_tensor_bytes = std::min(T * k_local * e, Tn * h * e);
   // torchtitan's op-level selective checkpointing policy, for Llama-shaped blocks (wk, wo, w3).
   const bool torchtitan_policy = feat.gated_mlp && !mla && stack.op_level_selective;

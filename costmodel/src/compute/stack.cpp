@@ -124,8 +124,12 @@ constexpr StackSpec kFsdp2 = [] {
   s.dp = {.gathered_units = 3, .gather_copy_bytes = 4, .reduce_copy_bytes = 4, .reduce_cast_fused = true, .sharded_grad_bytes = 4,
           .grad_op_units = true};
   s.optimizer_only_sharding = false;  // fully_shard: ZeRO-2 (reshard_after_forward=False) or ZeRO-3
+  // Context parallelism as PyTorch runs it by default (torchtitan's context_parallel_rotate_method
+  // "allgather"; Accelerate's parallelism_config_cp_comm_strategy the same choice).
+  s.context_attention = ContextAttention::kAllGatherRotate;
   s.source = "pytorch/torchtitan 42b0beb4 config_manager.py, components/loss.py, models/attention.py, models/llama3/infra/parallelize.py; "
-             "pytorch/pytorch v2.8.0 (a1cb3cc0) torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py, _fsdp_param_group.py";
+             "pytorch/pytorch v2.8.0 (a1cb3cc0) torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py, _fsdp_param_group.py; "
+             "torch 2.11.0 torch/distributed/tensor/experimental/_context_parallel/_attention.py (rotate_method ALL_GATHER)";
   return s;
 }();
 
@@ -414,11 +418,19 @@ std::optional<LossKernel> loss_kernel_from_name(const std::string& name) {
   return std::nullopt;
 }
 
-const char* cp_comm_type_name(ContextAttention comm) { return comm == ContextAttention::kRing ? "p2p" : "all_gather"; }
+const char* cp_comm_type_name(ContextAttention comm) {
+  switch (comm) {
+    case ContextAttention::kRing: return "p2p";
+    case ContextAttention::kAllGatherKv: return "all_gather";
+    case ContextAttention::kAllGatherRotate: return "allgather_rotate";
+  }
+  return "?";
+}
 
 std::optional<ContextAttention> cp_comm_type_from_name(const std::string& name) {
   if (name == "p2p") return ContextAttention::kRing;
   if (name == "all_gather") return ContextAttention::kAllGatherKv;
+  if (name == "allgather_rotate") return ContextAttention::kAllGatherRotate;
   return std::nullopt;
 }
 

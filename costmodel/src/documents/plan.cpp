@@ -188,7 +188,7 @@ ParallelConstraints parse_parallel(ObjectReader r) {
   if (auto d = r.optional_one_of("reduce_dtype", {"fp32", "bf16", "fp16"})) {
     c.reduce_dtype = *d == "fp32" ? Dtype::kFp32 : *d == "bf16" ? Dtype::kBf16 : Dtype::kFp16;
   }
-  if (auto t = r.optional_one_of("cp_comm_type", {"p2p", "all_gather", "stack"}); t && *t != "stack") {
+  if (auto t = r.optional_one_of("cp_comm_type", {"p2p", "all_gather", "allgather_rotate", "stack"}); t && *t != "stack") {
     c.cp_comm = cp_comm_type_from_name(*t);
   }
   r.finish();

@@ -28,6 +28,9 @@ std::vector<std::string> megatron_refusals(const Plan& plan) {
   const auto& m = plan.model;
   // A Llama block with Q/K/V biases (Qwen2) is --disable-bias-linear --add-qkv-bias.
   std::vector<std::string> r = model_shape_refusals(m, "Megatron-LM", /*head_size=*/true, /*qkv_bias=*/m.architecture == cm::Architecture::kLlama);
+  if (plan.parallel.cp > 1 && plan.parallel.cp_comm == cm::ContextAttention::kAllGatherRotate) {
+    r.push_back("cp_comm_type=allgather_rotate: that is PyTorch's context parallelism; Megatron-LM's --cp-comm-type takes p2p, all_gather, a2a");
+  }
   const auto n = [](long long x) { return std::to_string(x); };
   if (t.mode == cm::TrainingMode::kLora || t.mode == cm::TrainingMode::kQlora) {
     r.push_back(std::string("mode=") + cm::mode_name(t.mode) + ": pretrain_gpt.py trains every weight; it has no LoRA or QLoRA adapters");

@@ -71,6 +71,10 @@ std::vector<std::string> torchtitan_refusals(const Plan& plan) {
     r.push_back("tied_embeddings=true: torchtitan's llama3 has separate embedding and output weights");
   }
   if (t.dropout) r.push_back("dropout=true: torchtitan's llama3 has no dropout");
+  if (p.cp > 1 && p.cp_comm == cm::ContextAttention::kAllGatherKv) {
+    r.push_back("cp_comm_type=all_gather: PyTorch's context parallelism rotates K/V (allgather_rotate, its default, or p2p); Megatron's all-gather "
+                "with reduce-scattered gradients is not one of its methods");
+  }
   if (t.mode == cm::TrainingMode::kLora || t.mode == cm::TrainingMode::kQlora) {
     r.push_back(std::string("mode=") + cm::mode_name(t.mode) + ": torchtitan v0.2.2 has no LoRA adapters");
   }
@@ -206,8 +210,14 @@ PlanExport torchtitan_export(const Plan& plan, const Derived& d) {
   }
   o << "context_parallel_degree = " << p.cp << "\n";
   if (p.cp > 1) {
-    o << "# Ring attention: key/value shards passed round the " << p.cp << " ranks\n";
-    o << "context_parallel_rotate_method = \"alltoall\"\n";
+    // The plan's way of moving K/V, as the prediction above priced it (fsdp2's default is PyTorch's).
+    if (p.cp_comm.value_or(cm::stack_spec(cm::Stack::kFsdp2).context_attention) == cm::ContextAttention::kRing) {
+      o << "# Ring attention: key/value shards passed round the " << p.cp << " ranks\n";
+      o << "context_parallel_rotate_method = \"alltoall\"\n";
+    } else {
+      o << "# Key/value shards all-gathered once per layer and pass, their gradients passed round the " << p.cp << " ranks in float32\n";
+      o << "context_parallel_rotate_method = \"allgather\"\n";
+    }
   }
   o << "expert_parallel_degree = " << p.ep << "\n";
   o << "\n[activation_checkpoint]\nmode = \"" << (p.recompute == cm::Recompute::kFull ? "full" : "none") << "\"\n";

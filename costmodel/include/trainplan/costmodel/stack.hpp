@@ -68,6 +68,17 @@ enum class ContextAttention {
   // Each of a rank's two query chunks attends the keys up to its own end through a masked
   // kernel: (2cp + 1) / 4cp of the seq/cp x seq rectangle, against 1/2 for a causal kernel.
   kAllGatherKv,
+  // PyTorch's context parallelism with its default rotate method, "allgather" (torchtitan's
+  // context_parallel_rotate_method default; PyTorch 2.11 torch/distributed/tensor/experimental/
+  // _context_parallel/_attention.py: _ContextParallelOptions.rotate_method = ALL_GATHER,
+  // _AllGatherRotater, _templated_ring_attention and _templated_ring_attention_backward).
+  // Attention still runs block by block as the ring's does (a causal kernel on each block,
+  // load-balanced chunks), but the K/V of every rank arrive in one all-gather, launched before
+  // the first block and waited for after it: it overlaps that block only. Backward all-gathers
+  // K/V again the same way, and passes the K/V gradients round the ranks in float32
+  // (convert_to_f32; dkv_rotater is ALL_TO_ALL), each step overlapping the next block; the last
+  // arrives after the loop, exposed. The gathered K/V live only during the layer's attention.
+  kAllGatherRotate,
 };
 
 // What quantising a linear layer's GEMM operands to fp8 moves, in bytes per element beyond the
@@ -241,7 +252,7 @@ struct StackSpec {
 [[nodiscard]] std::optional<LossKernel> loss_kernel_from_name(const std::string& name);
 [[nodiscard]] const char* loss_kernel_choices();
 // Context parallelism's K/V movement by Megatron-Core's --cp-comm-type names: "p2p" (the ring),
-// "all_gather" (plan key parallel.cp_comm_type, --fix cp_comm).
+// "all_gather", "allgather_rotate" (plan key parallel.cp_comm_type, --fix cp_comm).
 [[nodiscard]] const char* cp_comm_type_name(ContextAttention comm);
 [[nodiscard]] std::optional<ContextAttention> cp_comm_type_from_name(const std::string& name);
 // "trainplan", "trainplan-reference", "pytorch-eager", "torch-compile", "megatron-te", "fsdp1",
