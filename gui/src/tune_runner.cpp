@@ -1,16 +1,12 @@
 #include "trainplan/gui/tune_runner.hpp"
 
-#include <signal.h>
-
 namespace trainplan::gui {
 
 TuneRunner::TuneRunner(QObject* parent) : QObject(parent) {}
 
 TuneRunner::~TuneRunner() {
-  if (thread_.joinable()) {
-    if (running_.load()) ::raise(SIGTERM);  // the tune's guard turns it into "interrupted": its job ends, its state is kept
-    thread_.join();
-  }
+  stop_.store(true);  // the running job is ended, the tune's state kept
+  if (thread_.joinable()) thread_.join();
 }
 
 bool TuneRunner::start(const costmodel::PlanRequest& request, planner::TuneOptions options) {
@@ -18,6 +14,8 @@ bool TuneRunner::start(const costmodel::PlanRequest& request, planner::TuneOptio
   if (thread_.joinable()) thread_.join();
   options.progress = [this](const std::string& line) { emit progress(QString::fromStdString(line)); };
   options.status_line = nullptr;
+  stop_.store(false);
+  options.stop = &stop_;
   options.updated = [this](const std::vector<planner::TuneCandidate>& candidates) {
     {
       std::lock_guard<std::mutex> lock(mutex_);

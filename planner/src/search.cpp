@@ -263,10 +263,7 @@ Result<SearchResult> search(const PlanRequest& req, const SearchOptions& options
   // Fitting plans are kept by layout (fold_key), the best `keep` variants of each, so that
   // neither mode loses a plan it would rank.
   using FoldKey = decltype(fold_key(ParallelConfig{}));
-  struct Folded {
-    std::vector<Candidate> best;  // ranked order
-    std::int64_t count = 0;
-  };
+  using Folded = FoldedVariants;  // here `best` holds the layout's best variant too, first
   struct Partial {
     std::map<FoldKey, Folded> layouts;
     std::int64_t evaluated = 0, fitting_count = 0;
@@ -464,10 +461,8 @@ Result<SearchResult> search(const PlanRequest& req, const SearchOptions& options
     if (static_cast<int>(order.size()) > options.top) order.resize(static_cast<std::size_t>(options.top));
     for (Folded* f : order) {
       result.ranked.push_back(std::move(f->best.front()));
-      FoldedVariants v;
-      v.count = f->count;
-      std::move(f->best.begin() + 1, f->best.end(), std::back_inserter(v.best));
-      result.variants.push_back(std::move(v));
+      f->best.erase(f->best.begin());
+      result.variants.push_back(std::move(*f));
     }
   } else {
     std::vector<Candidate> fitting;

@@ -99,7 +99,8 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
   // Context parallelism with K/V all-gathered (stack.hpp): the rank's two query chunks each attend
   // the keys up to their own end through a masked kernel, (2cp + 1) / 4cp of the s_q x s_k
   // rectangle, no causal skipping; ring attention runs a causal kernel on each block (1/2).
-  const bool gathered_kv = s.cp > 1 && s.cp_comm.value_or(stack.context_attention) == ContextAttention::kAllGatherKv;
+  const ContextAttention cp_mode = s.cp_comm.value_or(stack.context_attention);
+  const bool gathered_kv = s.cp > 1 && cp_mode == ContextAttention::kAllGatherKv;
   // An explicit mask tensor: the kernel visits the whole seq x seq rectangle (SDPA with attn_mask
   // cannot take its flash backend and runs the masked one over every key block; flash-attn's
   // causal skipping needs causal=True), so no causal halving.
@@ -304,7 +305,6 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
   }
   double cp_gather = 0;  // all-gathered K/V: the forward's exposed all-gather (run again by full recompute)
   double cp_forward_transient = 0, cp_backward_transient = 0;
-  const ContextAttention cp_mode = s.cp_comm.value_or(stack.context_attention);
   if (s.cp > 1) {
     // K and V of this rank's tokens; each pass of them round the cp ranks sends (cp - 1) of them.
     const double kv_chunk = T * (k_local + v_local) * e;

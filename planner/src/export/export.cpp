@@ -124,6 +124,16 @@ std::string refusal_error(ExportTarget target, const std::vector<std::string>& r
   return message;
 }
 
+bool pytorch_cp_ring(const costmodel::ParallelConfig& p) {
+  return p.cp_comm.value_or(costmodel::stack_spec(costmodel::Stack::kFsdp2).context_attention) == costmodel::ContextAttention::kRing;
+}
+
+std::vector<std::string> pytorch_cp_refusals(const costmodel::ParallelConfig& p, const char* stack) {
+  if (p.cp <= 1 || p.cp_comm != costmodel::ContextAttention::kAllGatherKv) return {};
+  return {std::string("cp_comm_type=all_gather: ") + stack + "'s context parallelism is PyTorch's, which rotates K/V (allgather_rotate, its "
+          "default, or p2p); Megatron's all-gather with reduce-scattered gradients is not one of its methods"};
+}
+
 std::vector<std::string> model_shape_refusals(const costmodel::ModelSpec& m, const char* stack, bool head_size, bool qkv_bias) {
   const auto n = [](long long x) { return std::to_string(x); };
   const std::string block = m.architecture == costmodel::Architecture::kGpt ? "GPT" : "Llama";

@@ -45,9 +45,7 @@ std::vector<std::string> accelerate_refusals(const Plan& plan) {
     r.push_back("zero_stage=1: FSDP has no optimizer-only sharding (Accelerate does it through DeepSpeed: --to deepspeed)");
   }
   if (p.cp > 1 && effective_zero(p) == 0) r.push_back("cp=" + n(p.cp) + " with zero_stage=0: Accelerate's context parallelism needs FSDP2 (zero_stage 2 or 3)");
-  if (p.cp > 1 && p.cp_comm == cm::ContextAttention::kAllGatherKv) {
-    r.push_back("cp_comm_type=all_gather: Accelerate's context parallelism is PyTorch's, which rotates K/V (allgather_rotate, its default, or p2p)");
-  }
+  for (std::string& why : pytorch_cp_refusals(p, "Accelerate")) r.push_back(std::move(why));
   if (p.recompute == cm::Recompute::kSelective) {
     r.push_back("recompute=selective: fsdp_activation_checkpointing recomputes whole transformer layers");
   }
@@ -121,7 +119,7 @@ PlanExport accelerate_export(const Plan& plan, const Derived& d) {
       o << "  parallelism_config_dp_replicate_size: " << replicate << "\n";
       o << "  parallelism_config_dp_shard_size: " << shard << "\n";
       o << "  parallelism_config_tp_size: 1\n";
-      const bool ring = p.cp_comm.value_or(cm::stack_spec(cm::Stack::kFsdp2).context_attention) == cm::ContextAttention::kRing;
+      const bool ring = pytorch_cp_ring(p);
       if (p.cp > 1 && ring) o << "  # Context parallelism: ring attention, key/value shards passed round the " << p.cp << " ranks\n";
       if (p.cp > 1 && !ring) o << "  # Context parallelism: key/value shards all-gathered once per layer and pass, their gradients passed round the " << p.cp << " ranks\n";
       o << "  parallelism_config_cp_size: " << p.cp << "\n";

@@ -71,10 +71,7 @@ std::vector<std::string> torchtitan_refusals(const Plan& plan) {
     r.push_back("tied_embeddings=true: torchtitan's llama3 has separate embedding and output weights");
   }
   if (t.dropout) r.push_back("dropout=true: torchtitan's llama3 has no dropout");
-  if (p.cp > 1 && p.cp_comm == cm::ContextAttention::kAllGatherKv) {
-    r.push_back("cp_comm_type=all_gather: PyTorch's context parallelism rotates K/V (allgather_rotate, its default, or p2p); Megatron's all-gather "
-                "with reduce-scattered gradients is not one of its methods");
-  }
+  for (std::string& why : pytorch_cp_refusals(p, "torchtitan")) r.push_back(std::move(why));
   if (t.mode == cm::TrainingMode::kLora || t.mode == cm::TrainingMode::kQlora) {
     r.push_back(std::string("mode=") + cm::mode_name(t.mode) + ": torchtitan v0.2.2 has no LoRA adapters");
   }
@@ -211,7 +208,7 @@ PlanExport torchtitan_export(const Plan& plan, const Derived& d) {
   o << "context_parallel_degree = " << p.cp << "\n";
   if (p.cp > 1) {
     // The plan's way of moving K/V, as the prediction above priced it (fsdp2's default is PyTorch's).
-    if (p.cp_comm.value_or(cm::stack_spec(cm::Stack::kFsdp2).context_attention) == cm::ContextAttention::kRing) {
+    if (pytorch_cp_ring(p)) {
       o << "# Ring attention: key/value shards passed round the " << p.cp << " ranks\n";
       o << "context_parallel_rotate_method = \"alltoall\"\n";
     } else {

@@ -35,6 +35,13 @@ struct Derived {
 [[nodiscard]] std::vector<std::string> model_shape_refusals(const costmodel::ModelSpec& model, const char* stack, bool head_size,
                                                             bool qkv_bias);
 
+// PyTorch's context parallelism (torchtitan, Accelerate FSDP2) as the plan was priced: true for
+// the ring (rotate method "alltoall"), false for its default "allgather" (the fsdp2 stack's).
+[[nodiscard]] bool pytorch_cp_ring(const costmodel::ParallelConfig& p);
+// The refusal of Megatron's all-gather with reduce-scattered gradients, which PyTorch has not; empty
+// when the plan does not ask for it. `stack`: "torchtitan", "Accelerate".
+[[nodiscard]] std::vector<std::string> pytorch_cp_refusals(const costmodel::ParallelConfig& p, const char* stack);
+
 // REQUIRES (writers): the refusals are empty.
 [[nodiscard]] std::vector<std::string> megatron_refusals(const costmodel::Plan& plan);
 [[nodiscard]] PlanExport megatron_export(const costmodel::Plan& plan, const Derived& d);

@@ -22,6 +22,7 @@ using costmodel::Result;
 namespace {
 
 std::atomic<bool> g_interrupted{false};
+const std::atomic<bool>* g_stop = nullptr;
 struct sigaction g_old_int {}, g_old_term {};
 
 extern "C" void on_interrupt(int) { g_interrupted.store(true); }
@@ -55,8 +56,9 @@ Result<pid_t> start(const std::vector<std::string>& argv, int out_fd, bool both,
 
 }  // namespace
 
-InterruptGuard::InterruptGuard() {
+InterruptGuard::InterruptGuard(const std::atomic<bool>* stop) {
   g_interrupted.store(false);
+  g_stop = stop;
   struct sigaction on {};
   on.sa_handler = on_interrupt;
   sigemptyset(&on.sa_mask);
@@ -65,11 +67,12 @@ InterruptGuard::InterruptGuard() {
 }
 
 InterruptGuard::~InterruptGuard() {
+  g_stop = nullptr;
   ::sigaction(SIGINT, &g_old_int, nullptr);
   ::sigaction(SIGTERM, &g_old_term, nullptr);
 }
 
-bool interrupted() { return g_interrupted.load(); }
+bool interrupted() { return g_interrupted.load() || (g_stop != nullptr && g_stop->load()); }
 
 void pause_for(double seconds) {
   const auto start = std::chrono::steady_clock::now();

@@ -3,6 +3,7 @@
 // deadline, ended when the planner is interrupted; and short commands whose output is read
 // (SLURM's sbatch, squeue, sacct). POSIX; no shell is involved.
 
+#include <atomic>
 #include <functional>
 #include <string>
 #include <utility>
@@ -14,10 +15,11 @@
 namespace trainplan::planner::tune_detail {
 
 // While alive, SIGINT and SIGTERM set a flag (interrupted()) instead of ending the planner, so
-// that a running job is ended and the tune's state written before it stops.
+// that a running job is ended and the tune's state written before it stops; `stop`, when given,
+// asks the same from another thread.
 class InterruptGuard {
  public:
-  InterruptGuard();
+  explicit InterruptGuard(const std::atomic<bool>* stop = nullptr);
   ~InterruptGuard();
   InterruptGuard(const InterruptGuard&) = delete;
   InterruptGuard& operator=(const InterruptGuard&) = delete;

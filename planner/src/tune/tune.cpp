@@ -759,7 +759,7 @@ Result<TuneResult> Tuner::run() {
   }
   fs::create_directories(out(), ec);
   if (ec) return Error{o_.out_dir + ": cannot create: " + ec.message()};
-  InterruptGuard guard;
+  InterruptGuard guard(o_.stop);
   if (o_.dry_run) {
     r_.base = request_.cluster;
     auto dr = dry_run();

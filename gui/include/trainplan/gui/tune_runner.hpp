@@ -20,7 +20,7 @@ class TuneRunner : public QObject {
   Q_OBJECT
  public:
   explicit TuneRunner(QObject* parent = nullptr);
-  ~TuneRunner() override;  // waits for a running tune (it is interrupted first)
+  ~TuneRunner() override;  // stops a running tune (as SIGTERM would) and waits for it
 
   // Starts the tune. False when one runs already. options.progress and options.updated are
   // replaced by the runner's own.
@@ -38,6 +38,7 @@ class TuneRunner : public QObject {
  private:
   std::thread thread_;
   std::atomic<bool> running_{false};
+  std::atomic<bool> stop_{false};  // TuneOptions::stop
   mutable std::mutex mutex_;
   std::vector<planner::TuneCandidate> candidates_;
 };

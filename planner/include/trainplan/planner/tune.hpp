@@ -13,6 +13,7 @@
 //    it happens (tune.json, each candidate's plan, log and measurement, the calibrated profile,
 //    the final plan), so an interrupted tune goes on with --resume and re-runs nothing that ended.
 
+#include <atomic>
 #include <functional>
 #include <optional>
 #include <string>
@@ -87,6 +88,9 @@ struct TuneOptions {
   // Called with every candidate each time the tune's state is written (a candidate added, ended
   // or re-predicted). Optional; the GUI fills its measured column from it.
   std::function<void(const std::vector<TuneCandidate>&)> updated;
+  // Set by a caller that runs the tune on another thread (the GUI): the tune stops as on SIGTERM
+  // (the running job ended, its candidate left pending for --resume). Optional.
+  const std::atomic<bool>* stop = nullptr;
 };
 
 struct TuneResult {
