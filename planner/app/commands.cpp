@@ -330,8 +330,7 @@ int calibrate_profile(const std::vector<std::string>& files, const std::string& 
   const bool md = format == pl::Format::kMarkdown;
   const char* li = md ? "- " : "  ";
   std::printf("%scalibration of %s from %zu measurement(s), %d iterations\n\n", md ? "# " : "", base.name.c_str(), runs.size(), result->iterations);
-  std::printf("%sfitted: GEMM time x %.3f, attention time x %.3f, memory-bound time x %.3f, kernel latency x %.3f, allocator %+.2f GiB\n", li,
-              c.gemm_time_scale, c.attention_time_scale, c.memory_time_scale, c.latency_scale, c.allocator_extra_bytes / 1073741824.0);
+  std::printf("%sfitted: %s, allocator %+.2f GiB\n", li, pl::calibration_scales_text(c).c_str(), c.allocator_extra_bytes / 1073741824.0);
   for (const auto& note : result->notes) std::printf("%s%s\n", li, note.c_str());
   std::printf("\n");
   const auto pct = [](double predicted, double measured) { return 100 * (predicted / measured - 1); };

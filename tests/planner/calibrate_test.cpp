@@ -1,6 +1,7 @@
 // planner calibrate: least squares recovers known efficiencies from runs made with them, and
 // lowers the error of the real H100 runs without touching datasheet figures or tables.
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -73,6 +74,56 @@ TEST(Calibrate, RecoversKnownEfficienciesFromRunsMadeWithThem) {
   EXPECT_EQ(result->profile.gpu.peak_for(Dtype::kBf16).value(), base.gpu.peak_for(Dtype::kBf16).value());
   EXPECT_EQ(result->profile.gpu.hbm_bandwidth.value(), base.gpu.hbm_bandwidth.value());
   EXPECT_EQ(result->profile.gpu.kernels, base.gpu.kernels);
+}
+
+// The collectives have a scale of their own, outside the common one (their time is the network's
+// or MPI's, not the device's): runs on 16 GPUs of two nodes with ZeRO-3, whose gathers and
+// reduce-scatters are partly exposed, beside the single-GPU runs that have none, tell it apart.
+TEST(Calibrate, RecoversTheCollectivesScaleFromRunsOnTwoNodes) {
+  Calibration truth;
+  truth.gemm_time_scale = 1.20;
+  truth.attention_time_scale = 1.10;
+  truth.memory_time_scale = 0.90;
+  truth.collective_time_scale = 1.60;
+  std::vector<planner::MeasuredRun> runs = synthetic_runs(truth);
+  const std::size_t single = runs.size();
+  double exposed = 0;  // the largest share of a step the collectives take, exposed
+  for (std::size_t i = 0; i < single; ++i) {
+    planner::MeasuredRun m = runs[i];
+    m.name += "/16 GPUs";
+    m.plan.gpus = 16;
+    m.plan.parallel.dp = 16;
+    m.plan.parallel.zero_stage = 3;
+    m.plan.training.global_batch = 16 * m.plan.parallel.micro_batch;
+    Plan truth_plan = m.plan;
+    truth_plan.cluster.gpu.calibration = truth;
+    const Estimate e = estimate(truth_plan);
+    exposed = std::max(exposed, e.time.dp_comm_exposed.value() / e.time.step.value());
+    m.step_seconds = e.time.step.value();
+    m.reserved_bytes.reset();
+    runs.push_back(m);
+  }
+  ASSERT_GT(exposed, 0.05) << "the collectives must show in some steps";
+  planner::CalibrationOptions options;
+  options.prior_weight = 1e-4;
+  auto result = planner::calibrate(testing::cluster("dgx-h100"), runs, options);
+  ASSERT_TRUE(result.ok()) << result.error().message;
+  const Calibration& fit = result->profile.gpu.calibration;
+  EXPECT_NEAR(fit.collective_time_scale, 1.60, 0.05);
+  EXPECT_NEAR(fit.gemm_time_scale, 1.20, 0.02);
+  for (const auto& r : result->runs) EXPECT_NEAR(r.step_after / r.measured_step, 1.0, 0.005) << r.name;
+  // It reads back, and the single-GPU runs alone leave it where it was, saying so.
+  auto back = parse_hwprofile_text(readable_json(hwprofile_to_json(result->profile)), "calibrated.json");
+  ASSERT_TRUE(back.ok()) << back.error().message;
+  EXPECT_NEAR(back->gpu.calibration.collective_time_scale, fit.collective_time_scale, 1e-12);
+  runs.resize(single);
+  auto alone = planner::calibrate(testing::cluster("dgx-h100"), runs, options);
+  ASSERT_TRUE(alone.ok()) << alone.error().message;
+  EXPECT_DOUBLE_EQ(alone->profile.gpu.calibration.collective_time_scale, 1.0);
+  bool said = false;
+  for (const auto& note : alone->notes) said = said || note.rfind("collective time: the measurements do not depend on it", 0) == 0;
+  EXPECT_TRUE(said);
+  EXPECT_NE(planner::calibration_scales_text(fit).find(", collective time x 1.6"), std::string::npos) << planner::calibration_scales_text(fit);
 }
 
 TEST(Calibrate, LowersTheErrorOfTheH100RunsAndTheProfileReadsBack) {

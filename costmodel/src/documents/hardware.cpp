@@ -109,6 +109,7 @@ Result<HardwareProfile> parse_hwprofile(const nlohmann::json& json, const std::s
         cal.attention_time_scale = c.number("attention_time_scale", 0.1, 10, true);
         cal.memory_time_scale = c.number("memory_time_scale", 0.1, 10, true);
         cal.latency_scale = c.number("latency_scale", 0, 100);
+        cal.collective_time_scale = c.optional_number("collective_time_scale", 0.1, 10, true).value_or(1.0);
         cal.allocator_extra_bytes = Bytes::gib(c.number("allocator_extra_gib", -1e4, 1e4)).value();
         cal.source = c.string("source");
         c.finish();
@@ -244,6 +245,7 @@ nlohmann::json hwprofile_to_json(const HardwareProfile& hw) {
     const Calibration& c = hw.gpu.calibration;
     j["gpu"]["calibration"] = {{"gemm_time_scale", c.gemm_time_scale}, {"attention_time_scale", c.attention_time_scale},
                                {"memory_time_scale", c.memory_time_scale}, {"latency_scale", c.latency_scale},
+                               {"collective_time_scale", c.collective_time_scale},
                                {"allocator_extra_gib", Bytes(c.allocator_extra_bytes).in_gib()}, {"source", c.source}};
   }
   const auto with_source = [&](nlohmann::json& section, const std::string& source) {

@@ -96,7 +96,10 @@ std::optional<BytesPerSecond> measured_bus_bandwidth(const HardwareProfile& hw, 
   return BytesPerSecond(interpolate_bus_bandwidth(*rows, bytes.value()));
 }
 
-CollectiveCost collective_cost(const HardwareProfile& hw, Collective kind, Bytes bytes, CollectiveGroup g) {
+namespace {
+
+// collective_cost before the profile's calibration.
+CollectiveCost nccl_cost(const HardwareProfile& hw, Collective kind, Bytes bytes, CollectiveGroup g) {
   const int n = g.size;
   if (n <= 1 || bytes.value() <= 0) return {};
   const int per_node = std::clamp(g.per_node, 1, n);
@@ -235,18 +238,32 @@ CollectiveCost collective_cost(const HardwareProfile& hw, Collective kind, Bytes
   return best;
 }
 
+}  // namespace
+
+CollectiveCost collective_cost(const HardwareProfile& hw, Collective kind, Bytes bytes, CollectiveGroup g) {
+  CollectiveCost c = nccl_cost(hw, kind, bytes, g);
+  // The profile's calibration (Calibration::collective_time_scale) scales all of it.
+  const double k = hw.gpu.calibration.collective_time_scale;
+  c.time = Seconds(c.time.value() * k);
+  c.latency = Seconds(c.latency.value() * k);
+  c.pod_wait = Seconds(c.pod_wait.value() * k);
+  return c;
+}
+
 Seconds collective_time(const HardwareProfile& hw, Collective kind, Bytes bytes, CollectiveGroup g) {
   return collective_cost(hw, kind, bytes, g).time;
 }
 
+
 Seconds send_recv_time(const HardwareProfile& hw, Bytes bytes, bool across_nodes) {
   if (bytes.value() <= 0) return Seconds(0);
+  const double k = hw.gpu.calibration.collective_time_scale;
   if (across_nodes) {
-    return Seconds(bytes.value() / (hw.nic_bandwidth_per_gpu().value() * hw.inter_node.efficiency) +
-                   hw.inter_node.latency.value());
+    return Seconds(k * (bytes.value() / (hw.nic_bandwidth_per_gpu().value() * hw.inter_node.efficiency) +
+                        hw.inter_node.latency.value()));
   }
-  return Seconds(bytes.value() / (hw.intra_node.bandwidth.value() * hw.intra_node.efficiency) +
-                 hw.intra_node.latency.value());
+  return Seconds(k * (bytes.value() / (hw.intra_node.bandwidth.value() * hw.intra_node.efficiency) +
+                      hw.intra_node.latency.value()));
 }
 
 BytesPerSecond bus_bandwidth(const HardwareProfile& hw, Collective kind, Bytes bytes, CollectiveGroup group) {

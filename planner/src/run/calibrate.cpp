@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdio>
 #include <ctime>
 #include <filesystem>
 
@@ -21,31 +22,39 @@ using costmodel::Result;
 namespace {
 
 constexpr int kScales = 4;  // gemm, attention, memory, latency scales
-constexpr const char* kNames[kScales] = {"GEMM time", "attention time", "memory-bound time", "kernel latency"};
+constexpr const char* kNames[kScales + 1] = {"GEMM time", "attention time", "memory-bound time", "kernel latency", "collective time"};
 // The fit's parameters, in log space (scales stay positive, the prior is symmetric in ratio): one
 // scale common to every kernel class (a device slower or faster in everything: another clock,
 // ranks sharing cores), without a prior, and each class's own deviation from it, held near 0 by
-// the prior. log(scale_k) = x(0) + x(1 + k).
-constexpr int kParameters = 1 + kScales;
+// the prior: log(scale_k) = x(0) + x(1 + k). Last, the collectives' own scale, outside the common
+// one (their time is the network's or MPI's, not the device's), held near 0 by the prior too.
+constexpr int kCollective = 1 + kScales;
+constexpr int kParameters = 2 + kScales;
+constexpr int kPriors = kScales + 1;  // the class deviations and the collective scale
 using Parameters = Eigen::Matrix<double, kParameters, 1>;
 
 // The bounds a profile accepts for a time scale (hardware.cpp): 0.1 (exclusive) to 10.
 constexpr double kLowestScale = 0.1 * (1 + 1e-9), kHighestScale = 10.0;
 const double kLowestLog = std::log(kLowestScale), kHighestLog = std::log(kHighestScale);
 
-// x with every class's log scale moved inside the bounds (the deviations take the change), so
-// that the fit never stands where the clamp makes the error flat.
+// x with every log scale moved inside the bounds (the class deviations take the change), so that
+// the fit never stands where the clamp makes the error flat.
 Parameters feasible(Parameters x) {
   for (int k = 0; k < kScales; ++k) x(1 + k) = std::clamp(x(0) + x(1 + k), kLowestLog, kHighestLog) - x(0);
+  x(kCollective) = std::clamp(x(kCollective), kLowestLog, kHighestLog);
   return x;
 }
 
+double scale_of(const Parameters& x, int k) {
+  return std::clamp(std::exp(k == kScales ? x(kCollective) : x(0) + x(1 + k)), kLowestScale, kHighestScale);
+}
+
 costmodel::Calibration with_scales(costmodel::Calibration c, const Parameters& x) {
-  const auto scale = [&](int k) { return std::clamp(std::exp(x(0) + x(1 + k)), kLowestScale, kHighestScale); };
-  c.gemm_time_scale = scale(0);
-  c.attention_time_scale = scale(1);
-  c.memory_time_scale = scale(2);
-  c.latency_scale = scale(3);
+  c.gemm_time_scale = scale_of(x, 0);
+  c.attention_time_scale = scale_of(x, 1);
+  c.memory_time_scale = scale_of(x, 2);
+  c.latency_scale = scale_of(x, 3);
+  c.collective_time_scale = scale_of(x, kScales);
   return c;
 }
 
@@ -59,15 +68,26 @@ costmodel::Estimate estimate_on(const MeasuredRun& run, const costmodel::Hardwar
 Eigen::VectorXd residuals(const std::vector<MeasuredRun>& runs, costmodel::HardwareProfile profile, const Parameters& x,
                           double prior_weight) {
   profile.gpu.calibration = with_scales(profile.gpu.calibration, x);
-  Eigen::VectorXd r(static_cast<Eigen::Index>(runs.size()) + kScales);
+  Eigen::VectorXd r(static_cast<Eigen::Index>(runs.size()) + kPriors);
   for (std::size_t i = 0; i < runs.size(); ++i) {
     r(static_cast<Eigen::Index>(i)) = estimate_on(runs[i], profile).time.step.value() / runs[i].step_seconds - 1.0;
   }
-  for (int k = 0; k < kScales; ++k) r(static_cast<Eigen::Index>(runs.size()) + k) = prior_weight * x(1 + k);
+  for (int k = 0; k < kPriors; ++k) r(static_cast<Eigen::Index>(runs.size()) + k) = prior_weight * x(1 + k);
   return r;
 }
 
 }  // namespace
+
+std::string calibration_scales_text(const costmodel::Calibration& c) {
+  const double scales[kScales + 1] = {c.gemm_time_scale, c.attention_time_scale, c.memory_time_scale, c.latency_scale, c.collective_time_scale};
+  std::string text;
+  for (int k = 0; k <= kScales; ++k) {
+    char part[64];
+    std::snprintf(part, sizeof part, "%s%s x %.3g", k > 0 ? ", " : "", kNames[k], scales[k]);
+    text += part;
+  }
+  return text;
+}
 
 Result<MeasuredRun> load_measured_run(const std::string& path, const std::string& cluster_override) {
   auto text = costmodel::read_text_file(path);
@@ -119,7 +139,7 @@ Result<CalibrationResult> calibrate(const costmodel::HardwareProfile& base, cons
   const costmodel::Calibration& c0 = base.gpu.calibration;
   Parameters x;
   x << 0.0, std::log(c0.gemm_time_scale), std::log(c0.attention_time_scale), std::log(c0.memory_time_scale),
-      std::log(std::max(c0.latency_scale, 1e-3));
+      std::log(std::max(c0.latency_scale, 1e-3)), std::log(c0.collective_time_scale);
   profile.gpu.calibration.allocator_extra_bytes = 0;
 
   // Levenberg-Marquardt with a forward-difference Jacobian.
@@ -177,11 +197,14 @@ Result<CalibrationResult> calibrate(const costmodel::HardwareProfile& base, cons
 
   // What the data determined: a parameter whose column of the Jacobian (on the runs, not the
   // prior) is small is held by the prior.
-  for (int k = 0; k < kScales; ++k) {
-    const double value = std::exp(x(0) + x(1 + k));
+  for (int k = 0; k < kPriors; ++k) {
+    const double value = k == kScales ? std::exp(x(kCollective)) : std::exp(x(0) + x(1 + k));
     const bool at_bound = value <= kLowestScale * 1.0001 || value >= kHighestScale * 0.9999;
     const double sensitivity = J.col(1 + k).head(static_cast<Eigen::Index>(runs.size())).norm();
-    if (sensitivity < 1e-3 && !at_bound) result.notes.push_back(std::string(kNames[k]) + ": the measurements do not depend on it; it follows the common scale");
+    if (sensitivity < 1e-3 && !at_bound) {
+      result.notes.push_back(std::string(kNames[k]) + (k == kScales ? ": the measurements do not depend on it; it stays as it was"
+                                                                    : ": the measurements do not depend on it; it follows the common scale"));
+    }
     if (at_bound) {
       result.notes.push_back(std::string(kNames[k]) + " x " + std::to_string(value) +
                              " is at the bound of what a profile accepts (0.1 to 10): the measurements are far from this profile; "

@@ -281,6 +281,7 @@ Result<bool> Tuner::save_state() const {
                         {"attention_time_scale", k.attention_time_scale},
                         {"memory_time_scale", k.memory_time_scale},
                         {"latency_scale", k.latency_scale},
+                        {"collective_time_scale", k.collective_time_scale},
                         {"notes", r_.calibration_notes}};
   }
   j["chosen"] = r_.chosen > 0 ? nlohmann::json(r_.chosen) : nlohmann::json(nullptr);
@@ -675,10 +676,7 @@ Result<bool> Tuner::calibrate_now() {
   if (!ok) return ok;
   r_.profile_path = (out() / "profile.json").string();
   const auto& k = r_.calibrated->gpu.calibration;
-  char text[256];
-  std::snprintf(text, sizeof text, "calibrated on %zu measured run(s): GEMM time x %.3g, attention time x %.3g, memory-bound time x %.3g, kernel latency x %.3g",
-                runs.size(), k.gemm_time_scale, k.attention_time_scale, k.memory_time_scale, k.latency_scale);
-  say(text);
+  say("calibrated on " + std::to_string(runs.size()) + " measured run(s): " + calibration_scales_text(k));
   return save_state();
 }
 

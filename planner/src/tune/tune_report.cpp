@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "../text_table.hpp"
+#include "trainplan/planner/calibrate.hpp"
 #include "trainplan/planner/tune.hpp"
 
 namespace trainplan::planner {
@@ -55,8 +56,7 @@ std::string render_tune(const TuneResult& r) {
   }
   if (r.calibrated) {
     const auto& k = r.calibrated->gpu.calibration;
-    out << "\n" << fmt("Calibrated %s: GEMM time x %.3g, attention time x %.3g, memory-bound time x %.3g, kernel latency x %.3g", r.calibrated->name.c_str(),
-                       k.gemm_time_scale, k.attention_time_scale, k.memory_time_scale, k.latency_scale) << "\n";
+    out << "\n" << wrap_text("Calibrated " + r.calibrated->name + ": " + calibration_scales_text(k), 110, "");
     for (const auto& note : r.calibration_notes) out << wrap_text(note, 110, "  ");
   }
   if (r.interrupted) {

@@ -29,10 +29,15 @@ struct Calibration {
   double attention_time_scale = 1;  // fused attention kernels' work time
   double memory_time_scale = 1;     // memory-bound kernels' work time (element-wise, streaming, optimizer)
   double latency_scale = 1;         // the per-kernel latency
+  // Every collective's and point-to-point transfer's time (NCCL on GPUs, MPI on CPU ranks): what
+  // the collectives of a training step take against what the profile's tables or NCCL's model say
+  // (on CPU ranks sharing cores, a rank waiting in a collective competes with the one computing).
+  double collective_time_scale = 1;
   double allocator_extra_bytes = 0; // added to the peak reserved memory
   std::string source;               // the measurements fitted, and when
   [[nodiscard]] bool identity() const {
-    return gemm_time_scale == 1 && attention_time_scale == 1 && memory_time_scale == 1 && latency_scale == 1 && allocator_extra_bytes == 0;
+    return gemm_time_scale == 1 && attention_time_scale == 1 && memory_time_scale == 1 && latency_scale == 1 && collective_time_scale == 1 &&
+           allocator_extra_bytes == 0;
   }
 };
 

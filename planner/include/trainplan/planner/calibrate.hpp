@@ -59,6 +59,10 @@ struct CalibrationOptions {
 // Levenberg-Marquardt on the relative step-time errors (Eigen), and the allocator's extra bytes
 // as the mean reserved-memory residual of the runs that measured it. Errors: no runs, a run
 // without a step time.
+// "GEMM time x 1.45, attention time x 1.24, memory-bound time x 2.76, kernel latency x 1.76,
+// collective time x 1.3": a calibration's time scales, for reports.
+[[nodiscard]] std::string calibration_scales_text(const costmodel::Calibration& c);
+
 [[nodiscard]] costmodel::Result<CalibrationResult> calibrate(const costmodel::HardwareProfile& base, const std::vector<MeasuredRun>& runs,
                                                              const CalibrationOptions& options = {});
 
