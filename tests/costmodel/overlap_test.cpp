@@ -2,6 +2,7 @@
 // compute it overlaps, unit by unit in the order the schedule runs them (estimate.cpp, ZeRO-3).
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "test_support.hpp"
 #include "trainplan/costmodel/estimate.hpp"
@@ -41,6 +42,27 @@ TEST(Zero3Overlap, PrefetchHidesOnlyWhatTheUnitsComputeCanHide) {
   const Estimate e = testing::checked_estimate(slow);
   EXPECT_GT(e.time.dp_comm_exposed.value(), e.time.dp_comm_total.value() - (e.time.compute + e.time.recompute).value());
   EXPECT_GT(e.time.dp_comm_exposed.value(), 10 * hidden.time.dp_comm_exposed.value());
+}
+
+// CPU ranks under Open MPI (HardwareProfile::collectives_overlap_compute false): a nonblocking
+// collective moves on only inside MPI calls, so nothing overlaps, under ZeRO-3 with prefetch or
+// under ZeRO-1 with the reduction overlapped; the flag reads back from the profile's JSON.
+TEST(Zero3Overlap, WhereCollectivesDoNotProgressDuringComputeAllIsExposed) {
+  for (int zero : {1, 3}) {
+    Plan p = fsdp_plan(64, true);
+    p.parallel.zero_stage = zero;
+    p.parallel.overlap_grad_reduce = true;
+    const Estimate overlapped = testing::checked_estimate(p);
+    EXPECT_LT(overlapped.time.dp_comm_exposed.value(), 0.5 * overlapped.time.dp_comm_total.value()) << "ZeRO-" << zero;
+    p.cluster.collectives_overlap_compute = false;
+    const Estimate e = testing::checked_estimate(p);
+    EXPECT_NEAR(e.time.dp_comm_exposed.value(), e.time.dp_comm_total.value(), 1e-9 * e.time.dp_comm_total.value()) << "ZeRO-" << zero;
+    EXPECT_NEAR(e.time.dp_comm_total.value(), overlapped.time.dp_comm_total.value(), 1e-9 * e.time.dp_comm_total.value());
+    auto back = parse_hwprofile_text(readable_json(hwprofile_to_json(p.cluster)), "cpu.json");
+    ASSERT_TRUE(back.ok()) << back.error().message;
+    EXPECT_FALSE(back->collectives_overlap_compute);
+  }
+  EXPECT_TRUE(testing::cluster("dgx-h100").collectives_overlap_compute);
 }
 
 TEST(Zero3Overlap, ATiedOutputLayerOnOneStageIsNotGatheredTwice) {

@@ -145,6 +145,7 @@ Result<HardwareProfile> parse_hwprofile(const nlohmann::json& json, const std::s
         }
         hw.nvlink_domain = static_cast<int>(*domain);
       }
+      if (n.has("collectives_overlap_compute")) hw.collectives_overlap_compute = n.boolean("collectives_overlap_compute");
       hw.node_source = n.optional_string("source").value_or("");
       n.finish();
     }
@@ -234,6 +235,7 @@ nlohmann::json hwprofile_to_json(const HardwareProfile& hw) {
   };
   if (hw.gpu.kernels) j["gpu"]["kernels"] = kernel_tables_to_json(*hw.gpu.kernels);
   if (hw.nvlink_domain > hw.gpus_per_node) j["node"]["nvlink_domain_gpus"] = hw.nvlink_domain;
+  if (!hw.collectives_overlap_compute) j["node"]["collectives_overlap_compute"] = false;
   if (hw.gpu.peak_clock_mhz > 0) {
     j["gpu"]["clocks"] = {{"peak_mhz", hw.gpu.peak_clock_mhz}, {"sustained_mhz", hw.gpu.sustained_clock_mhz}, {"source", hw.gpu.clocks_source}};
     if (hw.gpu.power_limit_w > 0) j["gpu"]["clocks"]["power_limit_w"] = hw.gpu.power_limit_w;

@@ -60,6 +60,9 @@ StageTail stage_tail_of(const StageTailInputs& in, int i) {
   const double expert_trainable = lora ? 0.0 : X.expert;
   const double units = std::max(1, Li);
   double dp_exposed = 0, dp_total = 0;
+  // Where collectives do not progress while the rank computes (MPI on CPU ranks), none overlaps.
+  const bool overlap = hw.collectives_overlap_compute;
+  const bool prefetch = p.prefetch && overlap;
   if (p.zero_stage == 3 || grad_op_units) {
     // ZeRO-3 / FSDP full shard, unit by unit in the order the schedule runs them: a unit's
     // parameters are gathered before its forward and again before its backward, its gradients
@@ -123,7 +126,7 @@ StageTail stage_tail_of(const StageTailInputs& in, int i) {
       ag_total += dp_units[u].gather;
       bwd_ag_total += backward_gather(u);
       rs_total += dp_units[u].reduce;
-      if (!p.prefetch) continue;
+      if (!prefetch) continue;
       // Forward in order: unit u computes while unit u + 1 is gathered.
       if (u + 1 < n) fwd += std::max(0.0, dp_units[u + 1].gather - dp_units[u].forward);
       // Backward in reverse: unit u computes while unit u - 1 is gathered and unit u + 1's
@@ -131,7 +134,7 @@ StageTail stage_tail_of(const StageTailInputs& in, int i) {
       const double during = (u > 0 ? backward_gather(u - 1) : 0.0) + (u + 1 < n ? dp_units[u + 1].reduce : 0.0);
       bwd += std::max(0.0, during - dp_units[u].backward);
     }
-    if (p.prefetch) {
+    if (prefetch) {
       fwd += dp_units.front().gather;
       bwd += backward_gather(n - 1) + dp_units.front().reduce;
     } else {
@@ -144,7 +147,7 @@ StageTail stage_tail_of(const StageTailInputs& in, int i) {
       const int replicas = p.dp / p.shard_size();
       const CollectiveGroup rg = spread(replicas, std::max(1, share.dp / p.shard_size()), plan.gpus);
       const double ar = collective_time(hw, Collective::kAllReduce, Bytes((dense_trainable + expert_trainable) * reduce_bytes / p.shard_size()), rg).value();
-      dp_exposed += std::max(0.0, ar - X.backward) + ar / units;
+      dp_exposed += overlap ? std::max(0.0, ar - X.backward) + ar / units : ar;
       dp_total += ar;
     }
   } else if (p.dp * p.cp > 1) {
@@ -161,13 +164,13 @@ StageTail stage_tail_of(const StageTailInputs& in, int i) {
     const double times = p.zero_stage == 2 && stack.dp.zero2_every_micro_batch ? m : 1.0;
     const double red = reduced(dense_trainable, dp_group) + reduced(expert_trainable, edp_group);
     // Overlaps the last micro-batch's backward, except the last bucket (where the stack overlaps).
-    dp_exposed += times * (p.overlap_grad_reduce && stack.dp.zero12_overlap ? std::max(0.0, red - X.backward) + red / units : red);
+    dp_exposed += times * (p.overlap_grad_reduce && stack.dp.zero12_overlap && overlap ? std::max(0.0, red - X.backward) + red / units : red);
     dp_total += times * red;
     if (p.zero_stage >= 1) {  // gather updated parameters after the sharded step
       const double ag = collective_time(hw, Collective::kAllGather, Bytes(dense_trainable * w.weights), dp_group).value() +
                         collective_time(hw, Collective::kAllGather, Bytes(expert_trainable * w.weights), edp_group).value();
       // Overlaps the next step's first forward; DeepSpeed gathers in its step (all_gather_dp_groups).
-      dp_exposed += stack.dp.zero12_overlap ? std::max(0.0, ag - X.forward) + ag / units : ag;
+      dp_exposed += stack.dp.zero12_overlap && overlap ? std::max(0.0, ag - X.forward) + ag / units : ag;
       dp_total += ag;
     }
   }

@@ -278,6 +278,13 @@ cm::HardwareProfile build_profile(const ProfileOptions& o, const cm::HardwarePro
   }
   p.source = "measured on " + device + " by `" + command + "` (" + date + "); the node, inter_node, storage, reliability and price sections: " +
              base.name + "'s";
+  if (!cuda) {
+    // The executor's CPU collectives are Open MPI's nonblocking ones, which move on only while the
+    // rank is inside MPI (comm_mpi.cpp waits in MPI_Test): nothing overlaps the compute.
+    p.collectives_overlap_compute = false;
+    p.node_source += std::string(p.node_source.empty() ? "" : "; ") +
+                     "collectives_overlap_compute false: CPU ranks under Open MPI, whose nonblocking collectives progress only inside MPI calls";
+  }
   return p;
 }
 

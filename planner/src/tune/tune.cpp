@@ -153,6 +153,7 @@ class Tuner {
   std::vector<std::string> local_command(const TuneCandidate& c) const;
   Result<std::string> slurm_job_script(const TuneCandidate& c) const;
   Result<bool> run_candidate(TuneCandidate& c);
+  Result<bool> run_repeats();
   Result<bool> run_local(TuneCandidate& c);
   Result<bool> run_slurm(TuneCandidate& c);
   void read_measurement(TuneCandidate& c, const fs::path& measurement, const std::string& ended) const;
@@ -338,7 +339,14 @@ Result<bool> Tuner::load_state() {
       }
     }
     if (t.status == RunStatus::kMeasured && !t.measured) return Error{where + "/measured_step_seconds: a measured candidate needs it"};
-    if (t.status != RunStatus::kPending) r_.resumed.push_back(two_digits(t.number) + " " + t.layout + ": " + run_status_name(t.status));
+    if (t.status == RunStatus::kMeasured && t.runs.empty()) t.runs.push_back(*t.measured);
+    if (t.status != RunStatus::kPending) {
+      std::string line = two_digits(t.number) + " " + t.layout + ": " + run_status_name(t.status);
+      if (t.status == RunStatus::kMeasured && static_cast<int>(t.runs.size()) < o_.repeats) {
+        line += " (" + std::to_string(t.runs.size()) + " of " + std::to_string(o_.repeats) + " runs; the others run now)";
+      }
+      r_.resumed.push_back(line);
+    }
     r_.candidates.push_back(std::move(t));
   }
   r_.rounds_run = j.value("rounds_run", 0);
@@ -571,45 +579,68 @@ Result<bool> Tuner::run_candidate(TuneCandidate& c) {
   char predicted[64];
   std::snprintf(predicted, sizeof predicted, "predicted %.4g s per step", c.predicted_before);
   say("[" + std::to_string(c.number) + "] " + label + ": " + predicted + (c.round > 0 ? ", ranked first after calibration " + std::to_string(c.round) : ""));
-  // Each of the runs; a run that does not measure decides the candidate's status.
+  // The first run decides the candidate's status; run_repeats adds the others.
   c.runs.clear();
-  double seconds = 0;
-  std::optional<double> fastest, fastest_tokens;
-  for (repeat_ = 1; repeat_ <= o_.repeats; ++repeat_) {
-    auto ran = o_.launcher == Launcher::kSlurm ? run_slurm(c) : run_local(c);
-    if (!ran) {
-      repeat_ = 1;
-      return ran.error();
-    }
-    seconds += c.run_seconds;
-    if (c.status != RunStatus::kMeasured) break;
-    c.runs.push_back(*c.measured);
-    if (!fastest || *c.measured < *fastest) {
-      fastest = c.measured;
-      fastest_tokens = c.measured_tokens_per_second;
-    }
-  }
   repeat_ = 1;
-  c.run_seconds = seconds;
-  if (c.status == RunStatus::kMeasured) {
-    c.measured = fastest;
-    c.measured_tokens_per_second = fastest_tokens;
-  }
+  auto ran = o_.launcher == Launcher::kSlurm ? run_slurm(c) : run_local(c);
+  if (!ran) return ran.error();
+  if (c.status == RunStatus::kMeasured) c.runs.push_back(*c.measured);
   if (o_.status_line) o_.status_line("");
   char text[160];
   if (c.status == RunStatus::kMeasured) {
     std::snprintf(text, sizeof text, "measured %.4g s per step (%+.1f%% predicted) in %.0f s", *c.measured, 100 * (c.predicted_before / *c.measured - 1),
                   c.run_seconds);
-    std::string runs;
-    if (c.runs.size() > 1) {
-      for (double r : c.runs) runs += (runs.empty() ? "" : ", ") + std::to_string(r).substr(0, 6);
-      runs = "; the fastest of " + std::to_string(c.runs.size()) + " runs: " + runs;
-    }
-    say("     " + std::string(text) + runs);
+    say("     " + std::string(text) + (o_.repeats > 1 ? "; run 1 of " + std::to_string(o_.repeats) : ""));
   } else {
     say("     " + std::string(run_status_name(c.status)) + ": " + c.detail);
   }
   return save_state();
+}
+
+// The runs after the first, taken in turns across the measured candidates (run 2 of every one,
+// then run 3, ...), so that a stretch of time in which the machine runs slower or faster falls on
+// all of them alike; each candidate counts its fastest run (as timeit does: what slows a run is
+// added to it). A run that does not measure decides the candidate's status; an interrupted one
+// leaves it measured with the runs it has, and --resume takes the missing ones.
+Result<bool> Tuner::run_repeats() {
+  for (int r = 2; r <= o_.repeats; ++r) {
+    for (auto& c : r_.candidates) {
+      if (r_.interrupted) return true;
+      if (c.status != RunStatus::kMeasured || static_cast<int>(c.runs.size()) >= r) continue;
+      const TuneCandidate before = c;
+      repeat_ = static_cast<int>(c.runs.size()) + 1;
+      auto ran = o_.launcher == Launcher::kSlurm ? run_slurm(c) : run_local(c);
+      const int number = repeat_;
+      repeat_ = 1;
+      if (!ran) return ran.error();
+      if (o_.status_line) o_.status_line("");
+      const double seconds = before.run_seconds + c.run_seconds;
+      if (r_.interrupted) {
+        c = before;
+        c.run_seconds = seconds;
+        return save_state();
+      }
+      char text[200];
+      if (c.status == RunStatus::kMeasured) {
+        const double step = *c.measured;
+        c.runs.push_back(step);
+        if (step >= *before.measured) {  // the fastest run stays the count
+          c.measured = before.measured;
+          c.measured_tokens_per_second = before.measured_tokens_per_second;
+        }
+        c.run_seconds = seconds;
+        std::snprintf(text, sizeof text, "[%d] run %d of %d: %.4g s per step; the fastest %.4g", c.number, number, o_.repeats, step, *c.measured);
+        say(text);
+      } else {
+        c.run_seconds = seconds;
+        c.detail = "run " + std::to_string(number) + " of " + std::to_string(o_.repeats) + ": " + c.detail;
+        say("[" + std::to_string(c.number) + "] " + run_status_name(c.status) + ": " + c.detail);
+      }
+      auto saved = save_state();
+      if (!saved) return saved;
+    }
+  }
+  return true;
 }
 
 // Runs the ranking's layouts in order until `top` are measured (or the ranking ends): a layout
@@ -773,6 +804,8 @@ Result<TuneResult> Tuner::run() {
   }
   auto filled = fill_top();
   if (!filled) return filled.error();
+  auto repeated = run_repeats();
+  if (!repeated) return repeated.error();
   if (r_.interrupted) {
     auto saved = save_state();
     if (!saved) return saved.error();
@@ -785,6 +818,8 @@ Result<TuneResult> Tuner::run() {
     if (r_.interrupted || c.round == 0 || c.status != RunStatus::kPending) continue;
     auto ran = run_candidate(c);
     if (!ran) return ran.error();
+    auto more = run_repeats();
+    if (!more) return more.error();
     if (!r_.interrupted) {
       auto again = calibrate_now();
       if (!again) return again.error();
@@ -806,6 +841,8 @@ Result<TuneResult> Tuner::run() {
     if (!added) return added.error();
     auto ran = run_candidate(r_.candidates.back());
     if (!ran) return ran.error();
+    auto more = run_repeats();
+    if (!more) return more.error();
     if (r_.interrupted) break;
     auto again = calibrate_now();
     if (!again) return again.error();

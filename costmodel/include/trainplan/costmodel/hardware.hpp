@@ -118,6 +118,13 @@ struct HardwareProfile {
   BytesPerSecond cpu_memory_bandwidth;    // per node
   BytesPerSecond nvme_bandwidth;          // per node, for NVMe offload
   CpuVendor cpu_vendor = CpuVendor::kOther;
+  // Whether a collective progresses while the rank computes (`node.collectives_overlap_compute`,
+  // default true). NCCL's kernels run on their own stream beside the compute: true. MPI on CPU
+  // ranks (planner profile --device cpu writes false): Open MPI moves a nonblocking collective on
+  // only while the rank is inside the MPI library (no progress thread by default; docs.open-mpi.org
+  // "Running multi-threaded MPI applications"), so a gather or reduction started before a layer's
+  // compute waits for the rank to come back to it, and every collective of the step is exposed.
+  bool collectives_overlap_compute = true;
   LinkSpec intra_node;
   LinkSpec inter_node;
   BytesPerSecond checkpoint_write_bandwidth;  // aggregate, to the shared file system
