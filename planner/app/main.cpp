@@ -197,7 +197,7 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"mpirun", "torchrun", "slurm"}))->capture_default_str();
   tune_cmd->add_option("--top", tune_options.top, "Distinct layouts to measure before calibrating")->check(CLI::Range(1, 100))->capture_default_str();
   tune_cmd->add_option("--steps", tune_options.steps, "Steps each candidate runs after one warm-up step")->check(CLI::Range(1, 100000))->capture_default_str();
-  tune_cmd->add_option("--repeats", tune_options.repeats, "Runs of each candidate; its step is the fastest run's (a slower one was slowed by something else)")
+  tune_cmd->add_option("--repeats", tune_options.repeats, "Runs of each candidate, the ones after the first taken in turns across the candidates; its step is the fastest run's (a slower one was slowed by something else)")
       ->check(CLI::Range(1, 10))->capture_default_str();
   tune_cmd->add_option("--rounds", tune_options.rounds, "Re-rank rounds: a layout not measured that ranks first after calibration is measured too")
       ->check(CLI::Range(0, 20))->capture_default_str();
