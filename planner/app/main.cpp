@@ -219,6 +219,7 @@ int main(int argc, char** argv) {
   tune_cmd->add_option("--time", tune_options.slurm.time_limit, "SLURM time limit per job (HH:MM:SS)");
   tune_cmd->add_option("--extra", tune_extra, "More executor arguments for every candidate, split as the shell would (see launch --extra); repeatable");
   tune_cmd->add_option("--inject-failure", tune_options.inject_failure, "Fault injection: candidate N's rank 0 is killed at step 2")->group("");
+  tune_cmd->add_option("--inject-failure-run", tune_options.inject_failure_run, "Fault injection: in that candidate's run R (default 1)")->group("");
 
   app.add_subcommand("models", "List model presets");
   app.add_subcommand("hardware", "List cluster presets");

@@ -59,8 +59,8 @@ TEST_F(Tune, MeasuresTheTopLayoutsCalibratesAndSkipsAFailedOne) {
   if (std::string(TRAINPLAN_MPIRUN).empty()) GTEST_SKIP() << "mpirun not found";
   const std::string out = dir_ + "/tune-cpu";
   // No --cluster: the tune measures this machine's 4 ranks first. Candidate 2's rank 0 is killed
-  // at step 2 (executor --fail-at-step).
-  const Outcome r = run_command(tune_command(model_, out, "--top 3 --steps 6 --repeats 2 --rounds 1 --inject-failure 2"));
+  // at step 2 of its second run (executor --fail-at-step), after its first run measured.
+  const Outcome r = run_command(tune_command(model_, out, "--top 3 --steps 6 --repeats 2 --rounds 1 --inject-failure 2 --inject-failure-run 2"));
   std::cout << "planner tune: " << r.seconds << " s\n" << r.output;
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_TRUE(contains(r.output, "measuring this machine's CPU ranks first")) << r.output;
@@ -71,6 +71,7 @@ TEST_F(Tune, MeasuresTheTopLayoutsCalibratesAndSkipsAFailedOne) {
   ASSERT_GE(candidates.size(), 4u);
   // The failed one is reported with the reason, and the next layout of the ranking took its place.
   EXPECT_EQ(candidates.at(1).at("status"), "failed") << candidates.at(1).dump();
+  EXPECT_TRUE(contains(candidates.at(1).at("detail").get<std::string>(), "run 2 of 2: ")) << candidates.at(1).dump();
   EXPECT_TRUE(contains(candidates.at(1).at("detail").get<std::string>(), "exited")) << candidates.at(1).dump();
   EXPECT_TRUE(contains(r.output, "[2] failed:")) << r.output;
   int measured = 0;
@@ -131,7 +132,7 @@ TEST_F(Tune, MeasuresTheTopLayoutsCalibratesAndSkipsAFailedOne) {
 
   // Run again with --resume: every candidate ended, so nothing runs; the measurements stay.
   const auto written = fs::last_write_time(out + "/candidates/01/measurement.json");
-  const Outcome resumed = run_command(tune_command(model_, out, "--top 3 --steps 6 --repeats 2 --rounds 1 --inject-failure 2 --resume"));
+  const Outcome resumed = run_command(tune_command(model_, out, "--top 3 --steps 6 --repeats 2 --rounds 1 --inject-failure 2 --inject-failure-run 2 --resume"));
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
   EXPECT_TRUE(contains(resumed.output, "ended before, not run again")) << resumed.output;
   EXPECT_FALSE(contains(resumed.output, "% predicted) in")) << "a candidate ran again:\n" << resumed.output;
@@ -146,7 +147,7 @@ TEST_F(Tune, AnInterruptedTuneResumesWithoutRunningAgainWhatEnded) {
   if (std::string(TRAINPLAN_MPIRUN).empty()) GTEST_SKIP() << "mpirun not found";
   const std::string out = dir_ + "/tune-interrupted";
   // SIGTERM (as from Ctrl-C, a scheduler or `timeout`) once the first candidate is measured.
-  const std::string command = tune_command(model_, out, "--cluster " + profile_ + " --top 3 --steps 12 --rounds 0");
+  const std::string command = tune_command(model_, out, "--cluster " + profile_ + " --top 3 --steps 12 --repeats 2 --rounds 0");
   const Outcome stopped = run_command("( " + command + " > " + dir_ + "/interrupted.log 2>&1 & pid=$!; for i in $(seq 600); do grep -q '\"measured\"' " +
                                       out + "/tune.json 2>/dev/null && break; sleep 0.1; done; kill -TERM $pid; wait $pid; echo \"rc=$?\"; cat " +
                                       dir_ + "/interrupted.log )");
@@ -162,12 +163,22 @@ TEST_F(Tune, AnInterruptedTuneResumesWithoutRunningAgainWhatEnded) {
   std::cout << resumed.output;
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
   EXPECT_TRUE(contains(resumed.output, "resuming")) << resumed.output;
-  EXPECT_FALSE(contains(resumed.output, "\n[1] ")) << "candidate 1 ran again:\n" << resumed.output;
+  // Candidate 1 had measured its first of two runs: that one is not run again, its second is.
+  EXPECT_TRUE(contains(resumed.output, "(1 of 2 runs; the others run now)")) << resumed.output;
+  EXPECT_FALSE(contains(resumed.output, "\n[1] " + before.at("candidates").at(0).at("layout").get<std::string>()))
+      << "candidate 1's first run ran again:\n" << resumed.output;
+  EXPECT_TRUE(contains(resumed.output, "[1] run 2 of 2: ")) << resumed.output;
   EXPECT_EQ(fs::last_write_time(out + "/candidates/01/measurement.json"), written);
+  EXPECT_TRUE(fs::exists(out + "/candidates/01/measurement-2.json"));
   const nlohmann::json after = read_json(out + "/tune.json");
   ASSERT_EQ(after.at("candidates").size(), 3u);
-  for (const auto& c : after.at("candidates")) EXPECT_EQ(c.at("status"), "measured") << c.dump();
-  EXPECT_EQ(after.at("candidates").at(0).at("measured_step_seconds"), before.at("candidates").at(0).at("measured_step_seconds"));
+  for (const auto& c : after.at("candidates")) {
+    EXPECT_EQ(c.at("status"), "measured") << c.dump();
+    ASSERT_EQ(c.at("runs_step_seconds").size(), 2u) << c.dump();
+    EXPECT_DOUBLE_EQ(c.at("measured_step_seconds").get<double>(),
+                     std::min(c.at("runs_step_seconds").at(0).get<double>(), c.at("runs_step_seconds").at(1).get<double>()));
+  }
+  EXPECT_EQ(after.at("candidates").at(0).at("runs_step_seconds").at(0), before.at("candidates").at(0).at("measured_step_seconds"));
 }
 
 TEST_F(Tune, ARunPastItsDeadlineIsEndedAsHungAndTheNextLayoutTried) {

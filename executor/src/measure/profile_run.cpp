@@ -278,12 +278,13 @@ cm::HardwareProfile build_profile(const ProfileOptions& o, const cm::HardwarePro
   }
   p.source = "measured on " + device + " by `" + command + "` (" + date + "); the node, inter_node, storage, reliability and price sections: " +
              base.name + "'s";
-  if (!cuda) {
-    // The executor's CPU collectives are Open MPI's nonblocking ones, which move on only while the
-    // rank is inside MPI (comm_mpi.cpp waits in MPI_Test): nothing overlaps the compute.
+  if (!cuda && p.collectives_overlap_compute) {
+    // Open MPI's shared-memory collectives copy and reduce on the CPU cores the ranks compute on,
+    // and the executor gives each rank cores / ranks threads: no core is left to run them beside
+    // the compute (the progress thread of comm_mpi.cpp drives them on the same cores).
     p.collectives_overlap_compute = false;
     p.node_source += std::string(p.node_source.empty() ? "" : "; ") +
-                     "collectives_overlap_compute false: CPU ranks under Open MPI, whose nonblocking collectives progress only inside MPI calls";
+                     "collectives_overlap_compute false: CPU ranks, whose MPI collectives copy and reduce on the cores that compute";
   }
   return p;
 }

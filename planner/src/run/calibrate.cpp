@@ -64,15 +64,18 @@ costmodel::Estimate estimate_on(const MeasuredRun& run, const costmodel::Hardwar
   return costmodel::estimate(plan);
 }
 
-// Relative step-time errors of every run, then the prior's residuals on the deviations.
+// Relative step-time errors of every run, then the prior's residuals: the class deviations from
+// 0, the collective scale from where the profile had it (`collective_start`, its log).
 Eigen::VectorXd residuals(const std::vector<MeasuredRun>& runs, costmodel::HardwareProfile profile, const Parameters& x,
-                          double prior_weight) {
+                          double prior_weight, double collective_start) {
   profile.gpu.calibration = with_scales(profile.gpu.calibration, x);
   Eigen::VectorXd r(static_cast<Eigen::Index>(runs.size()) + kPriors);
   for (std::size_t i = 0; i < runs.size(); ++i) {
     r(static_cast<Eigen::Index>(i)) = estimate_on(runs[i], profile).time.step.value() / runs[i].step_seconds - 1.0;
   }
-  for (int k = 0; k < kPriors; ++k) r(static_cast<Eigen::Index>(runs.size()) + k) = prior_weight * x(1 + k);
+  for (int k = 0; k < kPriors; ++k) {
+    r(static_cast<Eigen::Index>(runs.size()) + k) = prior_weight * (x(1 + k) - (1 + k == kCollective ? collective_start : 0.0));
+  }
   return r;
 }
 
@@ -140,11 +143,12 @@ Result<CalibrationResult> calibrate(const costmodel::HardwareProfile& base, cons
   Parameters x;
   x << 0.0, std::log(c0.gemm_time_scale), std::log(c0.attention_time_scale), std::log(c0.memory_time_scale),
       std::log(std::max(c0.latency_scale, 1e-3)), std::log(c0.collective_time_scale);
+  const double collective_start = x(kCollective);
   profile.gpu.calibration.allocator_extra_bytes = 0;
 
   // Levenberg-Marquardt with a forward-difference Jacobian.
   double lambda = 1e-3;
-  Eigen::VectorXd r = residuals(runs, profile, x, options.prior_weight);
+  Eigen::VectorXd r = residuals(runs, profile, x, options.prior_weight, collective_start);
   int iterations = 0;
   bool converged = false;
   Eigen::MatrixXd J(r.size(), kParameters);
@@ -154,7 +158,7 @@ Result<CalibrationResult> calibrate(const costmodel::HardwareProfile& base, cons
     for (int k = 0; k < kParameters; ++k) {
       Parameters xk = x;
       xk(k) += kStep;
-      J.col(k) = (residuals(runs, profile, xk, options.prior_weight) - r) / kStep;
+      J.col(k) = (residuals(runs, profile, xk, options.prior_weight, collective_start) - r) / kStep;
     }
     const Eigen::MatrixXd JtJ = J.transpose() * J;
     const Eigen::VectorXd g = J.transpose() * r;
@@ -164,7 +168,7 @@ Result<CalibrationResult> calibrate(const costmodel::HardwareProfile& base, cons
       A.diagonal() += lambda * (JtJ.diagonal().array() + 1e-12).matrix();
       const Parameters step = A.ldlt().solve(-g);
       const Parameters candidate = feasible(x + step);
-      const Eigen::VectorXd rc = residuals(runs, profile, candidate, options.prior_weight);
+      const Eigen::VectorXd rc = residuals(runs, profile, candidate, options.prior_weight, collective_start);
       if (rc.squaredNorm() < r.squaredNorm()) {
         const double gain = r.squaredNorm() - rc.squaredNorm();
         x = candidate;

@@ -184,6 +184,9 @@ Result<bool> Tuner::check_options() const {
   if (o_.repeats < 1 || o_.repeats > 10) return Error{"--repeats: must be 1 to 10 (got " + std::to_string(o_.repeats) + ")"};
   if (!(o_.deadline_seconds > 0) || !std::isfinite(o_.deadline_seconds)) return Error{"--deadline: must be a number of seconds > 0"};
   if (o_.inject_failure < 0) return Error{"--inject-failure: a candidate number >= 1"};
+  if (o_.inject_failure_run < 1 || o_.inject_failure_run > o_.repeats) {
+    return Error{"--inject-failure-run: a run from 1 to --repeats (" + std::to_string(o_.repeats) + ")"};
+  }
   if (o_.executor.empty()) return Error{"tune: no executor given"};
   if (o_.launcher == Launcher::kTorchrun && request_.gpus > request_.cluster.gpus_per_node) {
     return Error{"--launcher torchrun runs on this node's GPUs: " + std::to_string(request_.gpus) + " GPUs is more than a node of " +
@@ -388,7 +391,7 @@ Result<bool> Tuner::add_candidate(const Plan& plan, int round, RunStatus status,
 
 std::vector<std::string> Tuner::executor_words(const TuneCandidate& c) const {
   std::vector<std::string> words = o_.extra_args;
-  if (o_.inject_failure == c.number) {
+  if (o_.inject_failure == c.number && repeat_ == o_.inject_failure_run) {
     for (const char* w : {"--fail-at-step", "2", "--fail-rank", "0"}) words.emplace_back(w);
   }
   return words;
@@ -581,6 +584,8 @@ Result<bool> Tuner::run_candidate(TuneCandidate& c) {
   say("[" + std::to_string(c.number) + "] " + label + ": " + predicted + (c.round > 0 ? ", ranked first after calibration " + std::to_string(c.round) : ""));
   // The first run decides the candidate's status; run_repeats adds the others.
   c.runs.clear();
+  c.run_seconds = 0;
+  c.measured_tokens_per_second.reset();
   repeat_ = 1;
   auto ran = o_.launcher == Launcher::kSlurm ? run_slurm(c) : run_local(c);
   if (!ran) return ran.error();
@@ -608,6 +613,8 @@ Result<bool> Tuner::run_repeats() {
       if (r_.interrupted) return true;
       if (c.status != RunStatus::kMeasured || static_cast<int>(c.runs.size()) >= r) continue;
       const TuneCandidate before = c;
+      c.run_seconds = 0;  // this run's, added below (a launcher that refuses the job leaves it 0)
+      c.measured_tokens_per_second.reset();
       repeat_ = static_cast<int>(c.runs.size()) + 1;
       auto ran = o_.launcher == Launcher::kSlurm ? run_slurm(c) : run_local(c);
       const int number = repeat_;
@@ -644,7 +651,8 @@ Result<bool> Tuner::run_repeats() {
 }
 
 // Runs the ranking's layouts in order until `top` are measured (or the ranking ends): a layout
-// the executor cannot run is recorded as skipped, a failed one is replaced by the next.
+// the executor cannot run is recorded as skipped, a failed one is replaced by the next (run()
+// calls it again when a candidate's later run fails).
 Result<bool> Tuner::fill_top() {
   auto list = ranked(r_.base, std::max(4 * o_.top, o_.top + 8));
   if (!list) return list.error();
@@ -800,12 +808,18 @@ Result<TuneResult> Tuner::run() {
   if (o_.resume) {
     auto loaded = load_state();
     if (!loaded) return loaded.error();
-    say("resuming " + (out() / "tune.json").string() + ": " + std::to_string(r_.resumed.size()) + " candidate(s) ended before, not run again");
+    say("resuming " + (out() / "tune.json").string() + ": " + std::to_string(r_.resumed.size()) + " candidate(s) ended before, not run again (a measured one's missing runs excepted)");
   }
-  auto filled = fill_top();
-  if (!filled) return filled.error();
-  auto repeated = run_repeats();
-  if (!repeated) return repeated.error();
+  // The first runs, then the repeats in turns; a candidate whose later run fails leaves the
+  // measured ones, and the next layout of the ranking takes its place (and its repeats).
+  for (;;) {
+    const std::size_t known = r_.candidates.size();
+    auto filled = fill_top();
+    if (!filled) return filled.error();
+    auto repeated = run_repeats();
+    if (!repeated) return repeated.error();
+    if (r_.interrupted || measured_count() >= o_.top || r_.candidates.size() == known) break;
+  }
   if (r_.interrupted) {
     auto saved = save_state();
     if (!saved) return saved.error();

@@ -51,7 +51,7 @@ std::string render_tune(const TuneResult& r) {
     if (c.status != RunStatus::kMeasured && !c.detail.empty()) out << wrap_text(fmt("[%d] %s: %s", c.number, run_status_name(c.status), c.detail.c_str()), 110, "  ");
   }
   if (!r.resumed.empty()) {
-    out << "\n  Resumed: ended before and not run again:\n";
+    out << "\n  Resumed: ended before and not run again (a measured one's missing runs excepted):\n";
     for (const auto& line : r.resumed) out << "    " << line << "\n";
   }
   if (r.calibrated) {

@@ -21,8 +21,8 @@ inline constexpr int kDtypeCount = 4;
 [[nodiscard]] double dtype_bytes(Dtype d);
 
 // Corrections fitted to measurements by `planner calibrate` (the `gpu.calibration` section):
-// multipliers of the time of each kernel class and of the kernel latency, and bytes the
-// allocator reserves beyond the model's count. Datasheet figures and measured tables are never
+// multipliers of the time of each kernel class, of the kernel latency and of the collectives,
+// and bytes the allocator reserves beyond the model's count. Datasheet figures and measured tables are never
 // changed; an uncalibrated profile has every scale 1 and no extra bytes.
 struct Calibration {
   double gemm_time_scale = 1;       // GEMM kernels' work time
@@ -118,12 +118,13 @@ struct HardwareProfile {
   BytesPerSecond cpu_memory_bandwidth;    // per node
   BytesPerSecond nvme_bandwidth;          // per node, for NVMe offload
   CpuVendor cpu_vendor = CpuVendor::kOther;
-  // Whether a collective progresses while the rank computes (`node.collectives_overlap_compute`,
-  // default true). NCCL's kernels run on their own stream beside the compute: true. MPI on CPU
-  // ranks (planner profile --device cpu writes false): Open MPI moves a nonblocking collective on
-  // only while the rank is inside the MPI library (no progress thread by default; docs.open-mpi.org
-  // "Running multi-threaded MPI applications"), so a gather or reduction started before a layer's
-  // compute waits for the rank to come back to it, and every collective of the step is exposed.
+  // Whether a collective runs beside the compute (`node.collectives_overlap_compute`, default
+  // true). NCCL's kernels run on SMs of their own, on their own stream: true. CPU ranks (planner
+  // profile --device cpu writes false): Open MPI's shared-memory collectives copy and reduce with
+  // the CPU cores the ranks compute on, and the executor gives each rank cores / ranks threads,
+  // so no core is idle to run them (its progress thread drives them during compute, on the same
+  // cores): a collective's time adds to the compute's, and every data-parallel collective is
+  // exposed.
   bool collectives_overlap_compute = true;
   LinkSpec intra_node;
   LinkSpec inter_node;

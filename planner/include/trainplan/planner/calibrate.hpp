@@ -1,8 +1,8 @@
 #pragma once
 // Calibration (`planner calibrate`): fits a hardware profile's free parameters (costmodel
 // Calibration: time scales of GEMM, attention and memory-bound kernels, the kernel-latency
-// scale, extra bytes the allocator reserves) to executor measurements by least squares, and
-// reports each measurement's error before and after. Datasheet figures and measured kernel
+// scale, the collectives' time scale, extra bytes the allocator reserves) to executor
+// measurements by least squares, and reports each measurement's error before and after. Datasheet figures and measured kernel
 // tables are never changed.
 
 #include <optional>
@@ -48,9 +48,10 @@ struct CalibrationResult {
 struct CalibrationOptions {
   // The time scales are one scale common to every kernel class (free: a device slower or faster
   // in everything) times each class's own; this is the weight of the prior that keeps each
-  // class's own scale near 1 (in units of relative step-time error): with fewer measurements
-  // than parameters the fit stays well posed, and a class the data cannot see follows the common
-  // scale.
+  // class's own scale near 1 (in units of relative step-time error), and the collectives' scale
+  // (outside the common one) near the profile's: with fewer measurements than parameters the fit
+  // stays well posed, a class the data cannot see follows the common scale, and collectives no
+  // run has keep their scale.
   double prior_weight = 0.05;
   int max_iterations = 50;
 };
@@ -59,11 +60,11 @@ struct CalibrationOptions {
 // Levenberg-Marquardt on the relative step-time errors (Eigen), and the allocator's extra bytes
 // as the mean reserved-memory residual of the runs that measured it. Errors: no runs, a run
 // without a step time.
+[[nodiscard]] costmodel::Result<CalibrationResult> calibrate(const costmodel::HardwareProfile& base, const std::vector<MeasuredRun>& runs,
+                                                             const CalibrationOptions& options = {});
+
 // "GEMM time x 1.45, attention time x 1.24, memory-bound time x 2.76, kernel latency x 1.76,
 // collective time x 1.3": a calibration's time scales, for reports.
 [[nodiscard]] std::string calibration_scales_text(const costmodel::Calibration& c);
-
-[[nodiscard]] costmodel::Result<CalibrationResult> calibrate(const costmodel::HardwareProfile& base, const std::vector<MeasuredRun>& runs,
-                                                             const CalibrationOptions& options = {});
 
 }  // namespace trainplan::planner

@@ -59,9 +59,12 @@ struct TuneOptions {
   Launcher launcher = Launcher::kMpirun;
   int top = 3;                  // distinct layouts measured before calibrating. REQUIRES: 1..100
   int steps = 5;                // measured steps after one warm-up step. REQUIRES: 1..100000
-  // Runs of each candidate, one after the other; its step is the fastest run's, as timeit takes
-  // the fastest: a slower run was slowed by something else on the machine (on a shared 2-core VM
-  // whole runs of one plan came out up to 36% slower). REQUIRES: 1..10
+  // Runs of each candidate; its step is the fastest run's, as timeit takes the fastest: a slower
+  // run was slowed by something else on the machine. The runs after the first take turns across
+  // the measured candidates (run 2 of each, then run 3), so that a stretch in which the machine
+  // runs slower falls on all of them alike (this 2-core VM ran one plan at 0.16 s a step in one
+  // minute and 0.22-0.25 s in another); a candidate added after a calibration runs its own one
+  // after the other. REQUIRES: 1..10
   int repeats = 1;
   int rounds = 2;               // re-rank rounds that may add a candidate. REQUIRES: 0..20
   double deadline_seconds = 900;  // one candidate's run; past it the run is ended and recorded as hung. REQUIRES: > 0
@@ -79,8 +82,10 @@ struct TuneOptions {
   bool allow_run_as_root = false;
   std::vector<std::string> extra_args;  // more executor arguments, for every candidate
   // Fault injection (tests): candidate number `inject_failure` (1-based; 0: none) has its rank 0
-  // killed at step 2 (`executor --fail-at-step 2 --fail-rank 0`).
+  // killed at step 2 (`executor --fail-at-step 2 --fail-rank 0`) in its run `inject_failure_run`
+  // (1..repeats).
   int inject_failure = 0;
+  int inject_failure_run = 1;
   // Lines for the terminal as the tune goes (progress, each run's end). Optional.
   std::function<void(const std::string&)> progress;
   // Where the terminal is a TTY: a running job's status line, rewritten in place. Optional.
@@ -107,7 +112,7 @@ struct TuneResult {
   bool interrupted = false;   // stopped by SIGINT or SIGTERM: --resume goes on
   bool dry_run = false;
   std::string dry_run_text;   // the scripts and commands --dry-run prints
-  std::vector<std::string> resumed;  // candidates an earlier run had ended, not run again
+  std::vector<std::string> resumed;  // candidates an earlier run had ended (a measured one's missing repeats run now)
 };
 
 // Runs the tune (see above). Errors: bad options, an out_dir that holds another tune (or a
