@@ -428,9 +428,9 @@ const char* cp_comm_type_name(ContextAttention comm) {
 }
 
 std::optional<ContextAttention> cp_comm_type_from_name(const std::string& name) {
-  if (name == "p2p") return ContextAttention::kRing;
-  if (name == "all_gather") return ContextAttention::kAllGatherKv;
-  if (name == "allgather_rotate") return ContextAttention::kAllGatherRotate;
+  for (ContextAttention c : {ContextAttention::kRing, ContextAttention::kAllGatherKv, ContextAttention::kAllGatherRotate}) {
+    if (name == cp_comm_type_name(c)) return c;
+  }
   return std::nullopt;
 }
 

@@ -254,7 +254,6 @@ Seconds collective_time(const HardwareProfile& hw, Collective kind, Bytes bytes,
   return collective_cost(hw, kind, bytes, g).time;
 }
 
-
 Seconds send_recv_time(const HardwareProfile& hw, Bytes bytes, bool across_nodes) {
   if (bytes.value() <= 0) return Seconds(0);
   const double k = hw.gpu.calibration.collective_time_scale;

@@ -202,7 +202,7 @@ Result<CalibrationResult> calibrate(const costmodel::HardwareProfile& base, cons
   // What the data determined: a parameter whose column of the Jacobian (on the runs, not the
   // prior) is small is held by the prior.
   for (int k = 0; k < kPriors; ++k) {
-    const double value = k == kScales ? std::exp(x(kCollective)) : std::exp(x(0) + x(1 + k));
+    const double value = scale_of(x, k);
     const bool at_bound = value <= kLowestScale * 1.0001 || value >= kHighestScale * 0.9999;
     const double sensitivity = J.col(1 + k).head(static_cast<Eigen::Index>(runs.size())).norm();
     if (sensitivity < 1e-3 && !at_bound) {

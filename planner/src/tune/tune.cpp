@@ -154,6 +154,13 @@ class Tuner {
   Result<std::string> slurm_job_script(const TuneCandidate& c) const;
   Result<bool> run_candidate(TuneCandidate& c);
   Result<bool> run_repeats();
+  // Run `n` (1..repeats) of `c` through the launcher; its files are named for it (run_file).
+  Result<bool> run_once(TuneCandidate& c, int n) {
+    repeat_ = n;
+    auto ran = o_.launcher == Launcher::kSlurm ? run_slurm(c) : run_local(c);
+    repeat_ = 1;
+    return ran;
+  }
   Result<bool> run_local(TuneCandidate& c);
   Result<bool> run_slurm(TuneCandidate& c);
   void read_measurement(TuneCandidate& c, const fs::path& measurement, const std::string& ended) const;
@@ -586,8 +593,7 @@ Result<bool> Tuner::run_candidate(TuneCandidate& c) {
   c.runs.clear();
   c.run_seconds = 0;
   c.measured_tokens_per_second.reset();
-  repeat_ = 1;
-  auto ran = o_.launcher == Launcher::kSlurm ? run_slurm(c) : run_local(c);
+  auto ran = run_once(c, 1);
   if (!ran) return ran.error();
   if (c.status == RunStatus::kMeasured) c.runs.push_back(*c.measured);
   if (o_.status_line) o_.status_line("");
@@ -615,10 +621,8 @@ Result<bool> Tuner::run_repeats() {
       const TuneCandidate before = c;
       c.run_seconds = 0;  // this run's, added below (a launcher that refuses the job leaves it 0)
       c.measured_tokens_per_second.reset();
-      repeat_ = static_cast<int>(c.runs.size()) + 1;
-      auto ran = o_.launcher == Launcher::kSlurm ? run_slurm(c) : run_local(c);
-      const int number = repeat_;
-      repeat_ = 1;
+      const int number = static_cast<int>(c.runs.size()) + 1;
+      auto ran = run_once(c, number);
       if (!ran) return ran.error();
       if (o_.status_line) o_.status_line("");
       const double seconds = before.run_seconds + c.run_seconds;
