@@ -302,6 +302,7 @@ void BreakdownModel::set_estimate(const cm::Estimate& e, const pl::PerformanceDo
     add("pipeline bubble", "bubble_seconds", t.bubble.value(), 1);
     add("data-parallel comm (exposed)", "dp_comm_exposed_seconds", t.dp_comm_exposed.value(), 1);
     add("sharding copies", "dp_copy_seconds", t.dp_copies.value(), 1);
+    add("host-bound wait", "host_wait_seconds", t.host_wait.value(), 1);
     add("optimizer step", "optimizer_seconds", t.optimizer.value(), 1);
     add("offload transfers", "offload_seconds", t.offload.value(), 1);
     predicted_total_ = t.step.value();

@@ -160,6 +160,7 @@ std::string label(const std::string& key) {
       {"dp_comm_exposed_seconds", "data-parallel comm, exposed"},
       {"dp_comm_total_seconds", "data-parallel comm, total"},
       {"dp_copy_seconds", "sharding copies"},
+      {"host_wait_seconds", "host-bound wait"},
       {"sustained_clock_seconds", "sustained clock"},
       {"straggler_seconds", "wait for the slowest GPU"},
       {"sustained_step_seconds", "sustained step"},

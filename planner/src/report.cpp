@@ -175,6 +175,7 @@ std::string time_table(const Estimate& e, bool md) {
   add("pipeline bubble", t.bubble, "");
   add("data-parallel comm", t.dp_comm_exposed, "exposed, of " + bounded_number(t.dp_comm_total.value(), 3) + " s total");
   add("sharding copies", t.dp_copies, "the stack's gather/reduce buffer copies");
+  add("host-bound wait", t.host_wait, "the GPU waits for the host: kernel launches, the stack's loops over ranks");
   add("optimizer step", t.optimizer, "");
   add("offload transfers", t.offload, "");
   add("step", t.step, "benchmark: every GPU at its own pace");

@@ -141,6 +141,37 @@ TEST(DeepspeedStack, Zero3GathersInSubmoduleChunks) {
   EXPECT_GT(a.time.dp_comm_total.value(), 1.2 * b.time.dp_comm_total.value());
 }
 
+// DeepSpeed ZeRO-3 loops over the ranks in Python for every tensor it gathers and every gradient
+// it reduces (stack.cpp kDeepspeed: 2.6 us per rank per gathered tensor, 2.0 per gather, 2.0 per
+// reduced gradient, bench/deepspeed_host_loops.py), on the thread that launches the kernels.
+// Llama 3 8B: 7 linear weights a layer above the 1e5-element persistence threshold, 9 tensors in
+// all (the two RMSNorm weights of 4096 stay whole); no layer kept for reuse (its 525 M-parameter
+// head is past half of 1e9); a block in 4 gathers (the test above). Per micro-batch: 64 layer
+// gathers of 7 tensors and 4 calls, the embedding twice and the output layer once (kept to its
+// backward), 32 x 9 + 3 gradients (embedding, final norm, output):
+//   2.6e-6 x (64 x 7 + 3) + 2.0e-6 x (64 x 4 + 3) + 2.0e-6 x 291 = 2.2726e-3 s per rank.
+// With one micro-batch of one sequence per GPU the GPUs' work is the same on 1024 and 2048
+// ranks, and both are host-bound: the host's time grows by 1024 x 2.2726e-3 s, and with it the
+// wait plus the exposed collectives that run during it (the step is the host's time). FSDP's
+// copies are single ops over the flat buffer, with no loop over ranks.
+TEST(DeepspeedStack, Zero3LoopsOverTheRanksOnTheHost) {
+  const auto at = [](Stack stack, int gpus) {
+    Plan p = sharded(stack, 3, gpus);
+    p.gpus = gpus;
+    p.parallel.dp = gpus;
+    return testing::checked_estimate(p);
+  };
+  const Estimate a = at(Stack::kDeepspeed, 1024), b = at(Stack::kDeepspeed, 2048);
+  ASSERT_GT(a.time.host_wait.value(), 0.5);
+  const auto waited = [](const Estimate& e) { return e.time.host_wait.value() + e.time.dp_comm_exposed.value(); };
+  EXPECT_NEAR(waited(b) - waited(a), 1024 * 2.2726e-3, 1e-6);
+  // The step grows by as much, besides the compute slowed by the overlapped collectives and the
+  // optimizer step on half the shard.
+  const auto rest = [&](const Estimate& e) { return e.time.step.value() - waited(e) - e.time.compute.value() - e.time.optimizer.value(); };
+  EXPECT_NEAR(rest(b), rest(a), 1e-9);
+  EXPECT_DOUBLE_EQ(at(Stack::kFsdp2, 2048).time.host_wait.value(), 0.0);
+}
+
 // DeepSpeed's stage3_max_reuse_distance (1e9, runtime/zero/config.py) keeps the last layers of
 // the forward gathered to their backward (partitioned_param_coordinator.py __params_to_release).
 // Llama 2 7B: a layer is 4 x 4096^2 + 3 x 4096 x 11008 + 2 x 4096 = 202.38 M parameters, the head

@@ -223,6 +223,19 @@ constexpr StackSpec kDeepspeed = [] {
   s.dp = {.gather_bucket_params = 5e7, .max_reuse_distance_params = 1e9, .gather_copy_bytes = 4, .reduce_copy_bytes = 8,
           .reduce_bucket_params = 5e8, .bucket_params = 5e8, .buckets = 1, .sharded_grad_bytes = 2, .zero12_all_reduce = true,
           .zero2_every_micro_batch = true, .zero12_overlap = false};
+  // The loops over the ranks (partition_parameters.py _all_gather_dtype and
+  // AllGatherCoalescedHandle.wait: a view of the flat buffer per rank per gather, a view of each
+  // rank's slice per parameter and a torch.cat of them; coalesced_collectives.py
+  // reduce_scatter_coalesced: a slice per rank per gradient, interleaved and concatenated), timed
+  // by bench/deepspeed_host_loops.py on small CPU tensors (bench/results.md): 2.6 us per rank per
+  // gathered tensor and 2.0 us per gather, 2.0 us per rank per reduced gradient. record_stream
+  // on each gathered view (CUDA only) is not in them. Parameters under 1e5 elements (norms,
+  // biases) persist whole (stage3_param_persistence_threshold) and are not gathered; every
+  // gradient is reduced.
+  s.dp.gather_host_seconds_per_rank_per_tensor = 2.6e-6;
+  s.dp.gather_host_seconds_per_rank_per_call = 2.0e-6;
+  s.dp.reduce_host_seconds_per_rank_per_tensor = 2.0e-6;
+  s.dp.persistence_threshold_elements = 1e5;
   s.reduce_dtype = Dtype::kBf16;
   // AutoTP for tensor parallelism; its pipeline engine runs with ZeRO-1 at most
   // (runtime/pipe/engine.py: "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism");

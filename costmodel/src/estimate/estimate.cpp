@@ -95,6 +95,10 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
     for (const LinearShape& l : attention_linears(mdl)) largest_linear = std::max(largest_linear, l.in * l.out / t);
   }
 
+  // Parameter tensors of a layer on this rank, for stacks that loop over them (DeepSpeed).
+  const LayerTensors tensors = stack.dp.gather_host_seconds_per_rank_per_tensor > 0 || stack.dp.reduce_host_seconds_per_rank_per_tensor > 0
+                                   ? layer_tensors(mdl, p.tp, p.ep, stack.dp.persistence_threshold_elements)
+                                   : LayerTensors{};
   const StateWidths w = state_widths(tr.precision, tr.optimizer, tr.master_weights);
   // ZeRO-3 under a stack that keeps parameters gathered for reuse (DeepSpeed's
   // stage3_max_reuse_distance, stack.hpp): between a layer's forward and its backward the trace
@@ -237,7 +241,22 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
       x.backward += x.dp_copies;
     }
     const double kernels = layers[i] * lc.kernels + (first || last ? ec.kernels : 0.0);
-    const double host = kernels * stack.host_seconds_per_kernel + (stack.host_sync_per_micro_batch ? 2.0 * stack.host_seconds_per_kernel : 0.0);
+    double host = kernels * stack.host_seconds_per_kernel + (stack.host_sync_per_micro_batch ? 2.0 * stack.host_seconds_per_kernel : 0.0);
+    if (p.zero_stage == 3 && sharded_dp) {
+      // The stack's loops over the shard group's ranks (stack.hpp DataParallelSpec): per gathered
+      // tensor (twice, less the layers kept for reuse; the ends once each way, the output layer
+      // kept), per gather (DeepSpeed: a submodule coalesced with its prefetch bucket, `chunks`
+      // per layer as estimate_stage.cpp times them) and per reduced gradient.
+      const double gather_passes = 2.0 * layers[i] - kept.layers;
+      const double chunks = stack.dp.gather_bucket_params > 0
+                                ? std::ceil((dense_layer + expert_layer) / std::max(largest_linear, std::min(stack.dp.gather_bucket_params, dense_layer + expert_layer)))
+                                : 1.0;
+      const double ends = (first ? (kept.embedding ? 1.0 : 2.0) : 0.0) + (last ? 1.0 : 0.0);
+      const double reduced = lora ? layers[i] * 2.0 * static_cast<double>(tr.lora.targets.size()) : layers[i] * tensors.all + (first ? 1.0 : 0.0) + (last ? 2.0 : 0.0);
+      host += dense_shard * (stack.dp.gather_host_seconds_per_rank_per_tensor * (gather_passes * tensors.large + ends) +
+                             stack.dp.gather_host_seconds_per_rank_per_call * (gather_passes * chunks + ends) +
+                             stack.dp.reduce_host_seconds_per_rank_per_tensor * reduced);
+    }
     x.host_wait = std::max(0.0, host - (x.forward + x.backward));
     x.backward += x.host_wait;
 
@@ -422,7 +441,7 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
   TimeBreakdown& tm = est.time;
   const int L = layers[critical];
   tm.compute = Seconds(m * (L * (lc.forward + lc.backward) + (critical == 0 ? ec.embedding_forward + ec.embedding_backward : 0.0) +
-                            (critical == stages - 1 ? ec.head_forward + ec.head_backward : 0.0) + S.grad_pass + S.host_wait) +
+                            (critical == stages - 1 ? ec.head_forward + ec.head_backward : 0.0) + S.grad_pass) +
                        kOverlapSlowdown * std::max(0.0, tail.dp_total - tail.dp_exposed));
   tm.recompute = Seconds(static_cast<double>(m) * L * lc.recompute);
   tm.dp_copies = Seconds(m * S.dp_copies);
@@ -441,12 +460,15 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
   }
 
   tm.dp_comm_exposed = Seconds(tail.dp_exposed);
+  // While the GPU waits for the host, the collectives it would have waited for run: the wait is
+  // what the host takes beyond both (a host-bound step is the host's time).
+  tm.host_wait = Seconds(std::max(0.0, m * S.host_wait - tail.dp_exposed));
   tm.dp_comm_total = Seconds(tail.dp_total);
   tm.optimizer = Seconds(tail.optimizer);
   tm.offload = Seconds(tail.offload);
 
   tm.step = tm.compute + tm.recompute + tm.tp_comm + tm.cp_comm + tm.ep_comm + tm.pp_comm + tm.bubble +
-            tm.dp_comm_exposed + tm.dp_copies + tm.optimizer + tm.offload;
+            tm.dp_comm_exposed + tm.dp_copies + tm.host_wait + tm.optimizer + tm.offload;
   // Every step of a synchronous job waits for its slowest GPU: the GPU-bound part of the step
   // (communication runs at the network's pace) stretched by the expected largest of N draws of
   // the GPUs' speed and step-time spread (HardwareProfile::gpu_speed_cv, step_jitter_cv).

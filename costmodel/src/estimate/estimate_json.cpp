@@ -72,6 +72,7 @@ nlohmann::json estimate_to_json(const Plan& plan, const Estimate& e) {
         {"dp_comm_exposed_seconds", t.dp_comm_exposed.value()},
         {"dp_comm_total_seconds", t.dp_comm_total.value()},
         {"dp_copy_seconds", t.dp_copies.value()},
+        {"host_wait_seconds", t.host_wait.value()},
         {"sustained_clock_seconds", t.clock.value()},
         {"straggler_seconds", t.straggler.value()},
         {"sustained_step_seconds", t.sustained_step.value()},

@@ -24,6 +24,14 @@ struct NodeShare {
 // Adapter parameters of one layer on one TP rank of `tp` (estimate_support.cpp).
 [[nodiscard]] double lora_params_per_layer(const ModelSpec& m, const LoraConfig& lora, int tp = 1);
 
+// Parameter tensors of one layer on one rank of `tp` tensor-parallel and `ep` expert-parallel
+// ranks (a mean over the layers where some are dense and some MoE): all of them, and those of at
+// least `min_elements` elements (estimate_support.cpp).
+struct LayerTensors {
+  double all = 0, large = 0;
+};
+[[nodiscard]] LayerTensors layer_tensors(const ModelSpec& m, int tp, int ep, double min_elements);
+
 // "%.1f GiB" without printf (the search formats a reason for each plan that does not fit).
 [[nodiscard]] std::string gib_text(double bytes);
 

@@ -104,6 +104,43 @@ double lora_params_per_layer(const ModelSpec& m, const LoraConfig& lora, int tp)
   return total;
 }
 
+LayerTensors layer_tensors(const ModelSpec& m, int tp, int ep, double min_elements) {
+  const double t = tp;
+  const double h = static_cast<double>(m.hidden);
+  const ModelFeatures f = m.features();
+  const auto add = [&](LayerTensors& x, double elements, double copies) {
+    x.all += copies;
+    if (elements >= min_elements) x.large += copies;
+  };
+  const auto add_mlp = [&](LayerTensors& x, double ffn, double copies) {
+    const double matrices = f.gated_mlp ? 3.0 : 2.0;
+    add(x, h * ffn / t, copies * matrices);
+    if (f.mlp_bias) {
+      add(x, ffn / t, copies * (matrices - 1.0));  // gate and up (column-parallel)
+      add(x, h, copies);                            // down (row-parallel: whole)
+    }
+  };
+  LayerTensors attention;
+  for (const LinearShape& l : attention_linears(m)) {
+    add(attention, l.split == TpSplit::kReplicated ? l.in * l.out : l.in * l.out / t, 1.0);
+    if (l.bias) add(attention, l.split == TpSplit::kColumn ? l.out / t : l.out, 1.0);
+  }
+  add(attention, h, f.layer_norm ? 4.0 : 2.0);  // the block's two norms (weight, and bias for LayerNorm)
+  if (m.mla) {
+    if (m.mla->q_lora_rank > 0) add(attention, static_cast<double>(m.mla->q_lora_rank), 1.0);
+    add(attention, static_cast<double>(m.mla->kv_lora_rank), 1.0);
+  }
+  LayerTensors dense = attention;
+  add_mlp(dense, static_cast<double>(m.ffn_hidden), 1.0);
+  if (!m.moe) return dense;
+  LayerTensors moe = attention;
+  add(moe, h * m.moe->experts, 1.0);  // the router
+  add_mlp(moe, static_cast<double>(m.moe->expert_ffn_hidden), static_cast<double>(m.moe->experts) / std::max(1, ep));
+  if (m.moe->shared_ffn_hidden > 0) add_mlp(moe, static_cast<double>(m.moe->shared_ffn_hidden), 1.0);
+  const double L = m.layers, d = m.moe->dense_layers;
+  return {(d * dense.all + (L - d) * moe.all) / L, (d * dense.large + (L - d) * moe.large) / L};
+}
+
 // "%.1f GiB" without printf: the search formats a reason for each of thousands of plans that do
 // not fit, and snprintf of doubles was a tenth of its time.
 std::string gib_text(double bytes) {

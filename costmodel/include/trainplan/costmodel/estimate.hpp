@@ -61,6 +61,10 @@ struct TimeBreakdown {
   // The sharding stack's own passes on the compute stream (stack.hpp DataParallelSpec): copies
   // into and out of all-gather and reduce-scatter buffers, pre-divides, casts to the reduce dtype.
   Seconds dp_copies;
+  // What the GPUs wait for a host that issues work slower than they run it: kernel launches
+  // (StackSpec::host_seconds_per_kernel) and the stack's loops over the ranks of its shard group
+  // (DataParallelSpec::*_host_seconds_per_rank_*), beyond the micro-batch's GPU time.
+  Seconds host_wait;
   // The benchmark step above is one GPU's; a synchronous job of N GPUs runs each step at the pace
   // of its slowest (HardwareProfile::gpu_speed_cv, step_jitter_cv): `straggler` is that wait.
   // `clock`: what the step loses when the GPUs hold their sustained clock rather than the one the

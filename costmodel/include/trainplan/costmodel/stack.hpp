@@ -148,6 +148,17 @@ struct DataParallelSpec {
   bool zero12_all_reduce = false;
   bool zero2_every_micro_batch = false;
   bool zero12_overlap = true;
+  // ZeRO-3: host seconds per rank of the shard group that the stack's Python loops over the ranks
+  // take, on the thread that launches the model's kernels (DeepSpeed: a view per rank for each
+  // gathered tensor and each coalesced gather, a slice per rank for each reduced gradient). The
+  // host runs at most a couple of fetches ahead of the GPU, so beyond the GPU's time this is a
+  // wait. 0: none (FSDP's copies are single ops over the flat buffer).
+  double gather_host_seconds_per_rank_per_tensor = 0;
+  double gather_host_seconds_per_rank_per_call = 0;
+  double reduce_host_seconds_per_rank_per_tensor = 0;
+  // ZeRO-3: tensors under this many elements stay whole on every rank and are never gathered
+  // (DeepSpeed's stage3_param_persistence_threshold); 0: every tensor is sharded.
+  double persistence_threshold_elements = 0;
 };
 
 struct StackSpec {
