@@ -90,6 +90,9 @@ std::vector<std::string> executor_limitations(const Plan& plan) {
   if (p.reduce_dtype != cm::Dtype::kFp32) problems.push_back("reduce_dtype: the executor reduces gradients in fp32");
   if (!t.master_weights) problems.push_back("master_weights false: the executor trains with fp32 master weights (pure 16-bit training is not in it)");
   if (t.attention_mask == cm::AttentionMask::kExplicit) problems.push_back("attention_mask explicit: the executor's attention takes the kernel's causal flag");
+  if (t.precision == cm::Precision::kFp8 && t.fp8_recipe == cm::Fp8Recipe::kDelayed) {
+    problems.push_back("fp8_recipe delayed: the executor scales each fp8 tensor by its current amax (executor/src/model/fp8.hpp)");
+  }
   if (p.cp > 1 && p.cp_comm && *p.cp_comm != cm::ContextAttention::kAllGatherKv) {
     // executor/src/parallel/context_parallel.hpp: K/V all-gathered, gradients reduce-scattered
     problems.push_back(std::string("cp_comm_type ") + cm::cp_comm_type_name(*p.cp_comm) +

@@ -131,6 +131,7 @@ std::string field_of_message(const std::string& message, const std::string& docu
       {"/training/train_tokens", "train_tokens"},
       {"/training/master_weights", "master_weights"},
       {"/training/attention_mask", "attention_mask"},
+      {"/training/fp8_recipe", "fp8_recipe"},
       {"/parallel/first_stage_layers", "fix/first_stage_layers"},
       {"/parallel/last_stage_layers", "fix/last_stage_layers"},
       {"/gpus", "gpus"},
@@ -193,6 +194,9 @@ BuiltRequest build_request(const RequestForm& form) {
   if (form.loss != "stack") {
     if (const auto loss = cm::loss_kernel_from_name(form.loss)) t.loss = *loss;
     else errors.push_back({"loss", std::string("must be stack | ") + cm::loss_kernel_choices() + " (got \"" + form.loss + "\")"});
+  }
+  if (enum_field("fp8_recipe", form.fp8_recipe, {"stack", "delayed", "current"}) && form.fp8_recipe != "stack") {
+    t.fp8_recipe = cm::fp8_recipe_from_name(form.fp8_recipe);
   }
   if (enum_field("master_weights", form.master_weights, {"fp32", "none"})) t.master_weights = form.master_weights == "fp32";
   if (enum_field("stack", form.stack,

@@ -112,6 +112,9 @@ std::string stack_line(const TrainingConfig& t) {
   if (t.loss && *t.loss != stack_spec(t.stack).loss) add(std::string("loss ") + loss_kernel_name(*t.loss));
   if (t.attention_mask == AttentionMask::kExplicit) add("explicit attention mask (the whole seq x seq rectangle computed)");
   if (!t.master_weights) add("pure 16-bit: no fp32 master weights, 16-bit optimizer states");
+  if (t.precision == Precision::kFp8 && t.fp8_recipe && *t.fp8_recipe != stack_spec(t.stack).fp8_recipe) {
+    add(*t.fp8_recipe == Fp8Recipe::kCurrent ? "fp8 current scaling (each tensor's amax taken before its cast)" : "fp8 delayed scaling");
+  }
   if (!changes.empty()) s += "; this plan: " + changes;
   return s;
 }

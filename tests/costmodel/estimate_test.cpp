@@ -393,6 +393,37 @@ TEST(Precision, Fp8AddsTheCastsOfEachLinearsOperands) {
   EXPECT_NEAR(fp8_ends.head_forward, bf16_ends.head_forward, 1e-12);
 }
 
+// The same layer under Transformer Engine's current scaling (Megatron's --fp8-recipe tensorwise,
+// TE's Float8CurrentScalingQuantizer::quantize_impl): a cast is the tensor's amax (reads 2), the
+// scale and the cast-transpose (reads 2, writes 2), three kernels and 6 bytes per element; a
+// LayerNormLinear's norm takes the amax itself but writes bf16 (normalization.cpp
+// FUSED_NORM_AMAX_FP8), so its output costs the scale and the cast-transpose, two kernels and 4.
+// Forward: Q/K/V and fc1 from their norms (4), the output projection's input and fc2's (6);
+// backward: every output's gradient (6). Weights stay cast once a step.
+TEST(Precision, Fp8CurrentScalingTakesEachTensorsAmaxFirst) {
+  const HardwareProfile hw = h100_with_fp8_at_bf16_peak();
+  const ModelSpec m = testing::model("llama3-8b");
+  LayerSetting s = one_sequence_of_8192(Stack::kMegatronTe);
+  const LayerCost bf16 = transformer_layer_cost(m, hw, s);
+  s.precision = Precision::kFp8;
+  s.fp8_recipe = Fp8Recipe::kCurrent;
+  const LayerCost fp8 = transformer_layer_cost(m, hw, s);
+  const KernelRates r(hw.gpu, Dtype::kBf16);
+  const double T = 8192, h = 4096, ffn = 14336, qkv = h + 2.0 * 1024;
+  const double forward = r.stream(4 * T * h, 2) + r.stream(6 * T * h, 3) + r.stream(4 * T * h, 2) + r.stream(6 * T * ffn, 3);
+  const double backward = r.stream(6 * T * qkv, 3) + r.stream(6 * T * h, 3) + r.stream(6 * T * 2 * ffn, 3) + r.stream(6 * T * h, 3);
+  EXPECT_NEAR(fp8.forward - bf16.forward, forward, 1e-3 * forward);
+  EXPECT_NEAR(fp8.backward - bf16.backward, backward, 1e-3 * backward);
+  // The stack's own recipe stated is the default; torchtitan's float8 has no delayed scaling.
+  s.fp8_recipe = Fp8Recipe::kDelayed;
+  const LayerCost stated = transformer_layer_cost(m, hw, s);
+  s.fp8_recipe.reset();
+  EXPECT_DOUBLE_EQ(stated.forward, transformer_layer_cost(m, hw, s).forward);
+  EXPECT_DOUBLE_EQ(stated.backward, transformer_layer_cost(m, hw, s).backward);
+  EXPECT_EQ(fp8_casting(stack_spec(Stack::kFsdp2), Fp8Recipe::kDelayed), nullptr);
+  EXPECT_EQ(fp8_casting(stack_spec(Stack::kFsdp2), Fp8Recipe::kCurrent), &stack_spec(Stack::kFsdp2).fp8);
+}
+
 // The same layer under torch.compile with torchao's tensorwise casts (torchao's roofline,
 // roofline_utils.py): separate Q, K, V and gate, up linears each cast the norm's output with the
 // amax pass fused into the norm (4 bytes per element), the output projection's input takes its

@@ -175,6 +175,44 @@ TEST(TrainingOptions, ExportsRefuseWhatTheirStackCannotBeToldAndNoteTheScriptsPa
   EXPECT_TRUE(dtype_note);
 }
 
+// fp8's scaling recipe (stack.hpp Fp8Recipe): Megatron-LM with Transformer Engine runs delayed
+// scaling by default and current scaling with --fp8-recipe tensorwise (megatron/core/enums.py
+// Fp8Recipe); torchtitan's float8 (torchao) and the executor scale by the current amax only. A
+// plan states it; the Megatron export passes it on, the others refuse what they cannot run.
+TEST(Fp8Recipe, APlanStatesItAndTheStacksThatCannotRunItSaySo) {
+  Plan p = testing::make_plan("llama3-8b", "dgx-h100", 8, 8192, 64);
+  p.training.stack = Stack::kMegatronTe;
+  p.training.precision = Precision::kFp8;
+  p.parallel.zero_stage = 1;
+  ASSERT_TRUE(validate_plan(p));
+  const Estimate delayed = estimate(p);
+  p.training.fp8_recipe = Fp8Recipe::kCurrent;
+  ASSERT_TRUE(validate_plan(p));
+  EXPECT_GT(estimate(p).time.compute.value(), delayed.time.compute.value());  // an amax pass more per cast
+  EXPECT_EQ(training_to_json(p.training).at("fp8_recipe"), "current");
+  auto parsed = parse_plan(plan_to_json(p), "fp8.json");
+  ASSERT_TRUE(parsed) << parsed.error().message;
+  EXPECT_EQ(parsed->training.fp8_recipe, Fp8Recipe::kCurrent);
+  const auto megatron = planner::export_plan(p, planner::ExportTarget::kMegatron);
+  ASSERT_TRUE(megatron) << megatron.error().message;
+  EXPECT_NE(megatron->text.find("--fp8-recipe tensorwise"), std::string::npos);
+
+  p.training.fp8_recipe = Fp8Recipe::kDelayed;
+  const auto titan = planner::export_plan(p, planner::ExportTarget::kTorchtitan);
+  ASSERT_FALSE(titan);
+  EXPECT_NE(titan.error().message.find("fp8_recipe=delayed"), std::string::npos) << titan.error().message;
+  p.training.stack = Stack::kFsdp2;
+  p.parallel.zero_stage = 3;
+  const auto refused = validate_plan(p);
+  ASSERT_FALSE(refused);
+  EXPECT_NE(refused.error().message.find("/training/fp8_recipe"), std::string::npos) << refused.error().message;
+  nlohmann::json bad = plan_to_json(p);
+  bad["training"]["fp8_recipe"] = "blockwise";
+  const auto unknown = parse_plan(bad, "bad.json");
+  ASSERT_FALSE(unknown);
+  EXPECT_NE(unknown.error().message.find("fp8_recipe"), std::string::npos);
+}
+
 // Megatron-Core's --cp-comm-type: p2p passes K/V round a ring, overlapped with the blocks'
 // attention; all_gather (Llama 3, Dubey et al. 2024, Sec. 3.3.2) gathers them first and
 // reduce-scatters their gradients after, exposed. A plan states it; the stack's is the default.

@@ -60,6 +60,7 @@ MATRIX = {
     "8b-cp2": "--model 8b --gpus 16 --fix tp=1 --fix pp=1 --fix cp=2 --fix zero=3 --fix recompute=full --seq-len 32768",
     "8b-hsdp": "--model 8b --gpus 32 --fix tp=1 --fix pp=1 --fix zero=3 --fix shard_group=8 --fix recompute=full",
     "8b-fp8": "--model 8b --gpus 8 --precision fp8 --fix tp=1 --fix pp=1 --fix zero=3 --fix recompute=full",
+    "8b-fp8-current": "--model 8b --gpus 8 --precision fp8 --fp8-recipe current --fix tp=1 --fix pp=1 --fix zero=3 --fix recompute=full",
     "70b-tp8-pp4-1f1b": "--model 70b --gpus 64 --fix tp=8 --fix pp=4 --fix zero=1 --fix schedule=1f1b --fix recompute=selective",
     "70b-tp8-pp4-int": "--model 70b --gpus 64 --fix tp=8 --fix pp=4 --fix zero=1 --fix schedule=interleaved --fix v=2 --fix recompute=selective",
     "70b-tp8-pp4-gpipe": "--model 70b --gpus 64 --fix tp=8 --fix pp=4 --fix zero=1 --fix schedule=gpipe --fix recompute=full --global-batch 32 --seq-len 4096",
@@ -94,6 +95,7 @@ def plan_values(plan):
         "schedule": p.get("schedule", "1f1b"), "virtual_stages": p.get("virtual_stages", 1), "recompute": p.get("recompute", "none"),
         "sequence_parallel": p.get("sequence_parallel", p.get("tp", 1) > 1), "mode": t.get("mode", "pretrain"),
         "master_weights": t.get("master_weights", True), "lora_rank": t.get("lora", {}).get("rank", 16),
+        "fp8_recipe": t.get("fp8_recipe", "stack"),
     }
     pv["arch"] = cluster_arch(plan.get("cluster", ""))
     pv["accumulation"] = pv["global_batch"] // (pv["micro_batch"] * pv["dp"])
@@ -376,7 +378,7 @@ def check_megatron(path, pv, megatron_lm=None):
         recompute_granularity=f.get("recompute_granularity"), recompute_method=f.get("recompute_method"),
         recompute_num_layers=int(f["recompute_num_layers"]) if "recompute_num_layers" in f else None,
         bf16="bf16" in f, fp16="fp16" in f, params_dtype=precision, pipeline_dtype=precision,
-        fp8=f.get("fp8_format"), account_for_embedding_in_pipeline_split="account_for_embedding_in_pipeline_split" in f,
+        fp8=f.get("fp8_format"), fp8_recipe=f.get("fp8_recipe", "delayed"), account_for_embedding_in_pipeline_split="account_for_embedding_in_pipeline_split" in f,
         account_for_loss_in_pipeline_split="account_for_loss_in_pipeline_split" in f,
         num_layers_in_first_pipeline_stage=int(f["decoder_first_pipeline_num_layers"]) if "decoder_first_pipeline_num_layers" in f else None,
         num_layers_in_last_pipeline_stage=int(f["decoder_last_pipeline_num_layers"]) if "decoder_last_pipeline_num_layers" in f else None,
@@ -393,6 +395,8 @@ def check_megatron(path, pv, megatron_lm=None):
     expect(errors, "recompute_granularity", config.recompute_granularity, want_recompute)
     expect(errors, "bf16", config.bf16, pv["precision"] in ("bf16", "fp8"))
     expect(errors, "fp8", config.fp8 is not None, pv["precision"] == "fp8")
+    if pv["precision"] == "fp8":  # current scaling is Megatron's tensorwise recipe; its default is delayed
+        expect(errors, "fp8_recipe", config.fp8_recipe, "tensorwise" if pv["fp8_recipe"] == "current" else "delayed")
     # Megatron's batch arithmetic (validate_args): dp = world / (tp pp cp); global = mb x dp x accumulation.
     dp = pv["gpus"] // (config.tensor_model_parallel_size * config.pipeline_model_parallel_size * config.context_parallel_size)
     expect(errors, "data-parallel size", dp, pv["dp"])

@@ -55,8 +55,11 @@ namespace {
 
 LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, const LayerSetting& s) {
   // The executor's fused paths are for Llama-style blocks: GPT blocks run the plain path.
-  const StackSpec& stack = stack_spec(s.stack == Stack::kTrainplan && mdl.architecture == Architecture::kGpt
-                                          ? Stack::kTrainplanReference : s.stack);
+  const StackSpec& spec = stack_spec(s.stack == Stack::kTrainplan && mdl.architecture == Architecture::kGpt
+                                         ? Stack::kTrainplanReference : s.stack);
+  // fp8's casts under the plan's recipe (validate_plan refuses one the stack does not run).
+  StackSpec stack = spec;
+  if (const Fp8Casting* casts = fp8_casting(spec, s.fp8_recipe)) stack.fp8 = *casts;
   const ModelFeatures feat = mdl.features();
   const bool fp8 = s.precision == Precision::kFp8;
   const Dtype act_dtype = activation_dtype(s.precision);

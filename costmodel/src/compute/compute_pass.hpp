@@ -45,12 +45,14 @@ struct Pass {
               Fp8Cast grad_output = Fp8Cast::kOwn) {
     gemms(gemm_rates, operand_bytes, tokens, out, in, frozen, input_grad);
     if (!fp8) return;
-    const double input_cast = cast(forward, tokens * in * input_bytes(input));
+    // A norm that takes the amax in its own kernel saves the cast that kernel (Fp8Casting::kernels_per_cast).
+    const int norm_kernels = std::max(1, stack.fp8.kernels_per_cast - 1);
+    const double input_cast = cast(forward, tokens * in * input_bytes(input), input == Fp8Cast::kFromNorm ? norm_kernels : stack.fp8.kernels_per_cast);
     if (input != Fp8Cast::kOwn) pointwise_input_casts += input_cast;
     cast(forward, out * in * stack.fp8.weight_forward);
     const Fp8Casting& c = stack.fp8;
     if (input_grad || !frozen) {
-      cast(backward, tokens * out * (grad_output == Fp8Cast::kFromActivation ? c.grad_output_from_activation : c.grad_output));
+      cast(backward, tokens * out * (grad_output == Fp8Cast::kFromActivation ? c.grad_output_from_activation : c.grad_output), c.kernels_per_cast);
       cast(backward, out * in * c.weight_backward);
     }
     if (!frozen && c.weight_gradient_add > 0) {  // an element-wise add at the stream rate
@@ -82,12 +84,13 @@ struct Pass {
       kernels += 1;
     }
   }
-  // Adds a cast kernel moving `bytes` to `time` at the stack's cast rate; returns its time.
-  double cast(double& time, double bytes) {
+  // Adds a cast moving `bytes` in `launches` kernels to `time` at the stack's cast rate; returns
+  // its time.
+  double cast(double& time, double bytes, int launches = 1) {
     if (bytes <= 0) return 0.0;
-    const double t = rates.stream(bytes) / stack.fp8.rate;
+    const double t = rates.stream(bytes, launches) / stack.fp8.rate;
     time += t;
-    kernels += 1;
+    kernels += launches;
     return t;
   }
   // An element-wise op over `elements` elements: PyTorch's eager kernels at their measured rates,

@@ -37,6 +37,13 @@ namespace {
 //    The activation function is Megatron's own (bias_swiglu_impl, bias_gelu_impl) and writes bf16,
 //    so fc2's input and fc1's output gradient are cast by fc2's and fc1's modules (4). The fp8
 //    weights are cast on the first micro-batch and kept for the step (0 per micro-batch).
+//  The same with --fp8-recipe tensorwise (TE's Float8CurrentScaling; NVIDIA/TransformerEngine
+//    d0067d0d, pytorch/csrc/quantizer.cpp Float8CurrentScalingQuantizer::quantize_impl): the scale
+//    needs the tensor's own amax first, so a cast is three kernels, the amax (reads 2), the scale,
+//    and the cast-transpose (reads 2, writes 2): 6 for an input or an output gradient. The norms
+//    of LayerNormLinear take the amax in their own kernel but cannot write fp8 before the scale is
+//    known (csrc/extensions/normalization.cpp, FUSED_NORM_AMAX_FP8): they write bf16 and the cast
+//    follows (4). Weights are still cast once per step (0).
 //  The executor (executor/src/model/fp8.hpp: torchao's tensorwise recipe, its own kernels): an input
 //    takes an amax pass (reads 2) and a cast (reads 2, writes 1) in forward, and in backward is
 //    cast again with that amax straight into the transposed layout (reads 2, writes 1): 8; the
@@ -65,6 +72,8 @@ constexpr Fp8Casting kTrainplanReferenceFp8 = [] {
 }();
 constexpr Fp8Casting kTorchaoCompiled{6, 4, 4, 6, 4, 5, 3};
 constexpr Fp8Casting kTransformerEngine{4, 1, 4, 4, 4, 0, 0};
+constexpr Fp8Casting kTransformerEngineCurrent{.input = 6, .input_from_norm = 4, .input_from_activation = 6, .grad_output = 6,
+                                               .grad_output_from_activation = 6, .kernels_per_cast = 3};
 
 // A plain PyTorch module in eager mode (bench/eager_reference.py): ATen's kernel for every
 // element-wise op, separate Q/K/V and gate/up GEMMs, the loss on an fp32 copy of the logits,
@@ -370,6 +379,8 @@ constexpr StackSpec kSpecs[] = {
      .context_attention = ContextAttention::kRing,
      .sequence_parallel_keeps_gathered_input = false,
      .fp8 = kTransformerEngine,
+     .fp8_recipe = Fp8Recipe::kDelayed,
+     .fp8_other_recipe = &kTransformerEngineCurrent,
      .source = "Megatron-LM (NVIDIA/Megatron-LM: --make-vocab-size-divisible-by 128, gradient_accumulation_fusion, "
                "distributed optimizer, vocab_parallel_cross_entropy in fp32); Transformer Engine LayerNormLinear, "
                "fused RoPE and SwiGLU; Narayanan et al. 2021, Korthikanti et al. 2022"},
@@ -429,6 +440,20 @@ std::optional<LossKernel> loss_kernel_from_name(const std::string& name) {
     if (name == n.name) return n.loss;
   }
   return std::nullopt;
+}
+
+const char* fp8_recipe_name(Fp8Recipe r) { return r == Fp8Recipe::kDelayed ? "delayed" : "current"; }
+
+std::optional<Fp8Recipe> fp8_recipe_from_name(const std::string& name) {
+  for (Fp8Recipe r : {Fp8Recipe::kDelayed, Fp8Recipe::kCurrent}) {
+    if (name == fp8_recipe_name(r)) return r;
+  }
+  return std::nullopt;
+}
+
+const Fp8Casting* fp8_casting(const StackSpec& spec, std::optional<Fp8Recipe> recipe) {
+  if (!recipe || *recipe == spec.fp8_recipe) return &spec.fp8;
+  return spec.fp8_other_recipe;
 }
 
 const char* cp_comm_type_name(ContextAttention comm) {

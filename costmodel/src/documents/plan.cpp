@@ -245,6 +245,13 @@ TrainingConfig parse_training(ObjectReader r) {
       t.loss = *loss;
     }
   }
+  if (const auto name = r.optional_string("fp8_recipe")) {
+    if (*name != "stack") {
+      const auto recipe = fp8_recipe_from_name(*name);
+      if (!recipe) r.fail("fp8_recipe", "must be stack | delayed | current (got \"" + *name + "\")");
+      t.fp8_recipe = *recipe;
+    }
+  }
   t.master_weights = r.optional_boolean("master_weights").value_or(true);
   if (const auto name = r.optional_string("stack")) {
     const auto stack = stack_from_name(*name);
@@ -335,6 +342,11 @@ std::string training_error(const ModelSpec& m, const TrainingConfig& t) {
   if (m.features().learned_positions && t.seq_len > m.max_seq_len) {
     return "/training/seq_len: " + std::to_string(t.seq_len) + " exceeds max_seq_len (" + std::to_string(m.max_seq_len) +
            ") of a model with learned positions";
+  }
+  if (t.fp8_recipe && !fp8_casting(stack_spec(t.stack), t.fp8_recipe)) {
+    return std::string("/training/fp8_recipe: the ") + stack_name(t.stack) + " stack scales fp8 tensors by " +
+           (*t.fp8_recipe == Fp8Recipe::kDelayed ? "their current amax only (no delayed scaling)" : "an amax history only (delayed scaling)") +
+           "; \"" + fp8_recipe_name(stack_spec(t.stack).fp8_recipe) + "\" is what it runs";
   }
   if (!t.master_weights) {
     if (t.precision != Precision::kBf16 && t.precision != Precision::kFp16) {
@@ -558,6 +570,7 @@ nlohmann::json training_to_json(const TrainingConfig& t) {
   // Written only where they differ from their defaults, so documents of earlier versions stay as they were.
   if (t.attention_mask == AttentionMask::kExplicit) j["attention_mask"] = "explicit";
   if (t.loss) j["loss"] = loss_kernel_name(*t.loss);
+  if (t.fp8_recipe) j["fp8_recipe"] = fp8_recipe_name(*t.fp8_recipe);
   if (!t.master_weights) j["master_weights"] = false;
   if (t.mode == TrainingMode::kLora || t.mode == TrainingMode::kQlora) {
     j["lora"] = {{"rank", t.lora.rank}, {"targets", t.lora.targets},

@@ -200,6 +200,10 @@ std::vector<std::string> stack_setting_refusals(const Plan& plan, ExportTarget t
   if (!own_script && t.attention_mask == costmodel::AttentionMask::kExplicit) {
     r.push_back("attention_mask=explicit: " + std::string(entry(target).name) + " builds its own causal mask");
   }
+  if (t.precision == costmodel::Precision::kFp8 && !costmodel::fp8_casting(runs, t.fp8_recipe)) {
+    r.push_back(std::string("fp8_recipe=") + costmodel::fp8_recipe_name(*t.fp8_recipe) + ": " + entry(target).name + " scales fp8 tensors the " +
+                costmodel::fp8_recipe_name(runs.fp8_recipe) + " way only");
+  }
   if (!own_script && t.loss && *t.loss != runs.loss) {
     r.push_back(std::string("loss=") + costmodel::loss_kernel_name(*t.loss) + ": " + entry(target).name + " computes the loss its own way (" +
                 costmodel::loss_kernel_name(runs.loss) + ")");

@@ -220,6 +220,10 @@ PlanExport megatron_export(const Plan& plan, const Derived& d) {
       line("# Precision: fp8 matrix multiplies through Transformer Engine (e4m3 forward, e5m2 gradients), bf16 elsewhere");
       line("--bf16");
       line("--fp8-format hybrid");
+      if (t.fp8_recipe == cm::Fp8Recipe::kCurrent) {
+        line("# fp8 current scaling (Transformer Engine's Float8CurrentScaling), as the plan states; Megatron's default is delayed");
+        line("--fp8-recipe tensorwise");
+      }
       break;
   }
   if (p.recompute == cm::Recompute::kSelective) {

@@ -474,14 +474,15 @@ Result<ValidationTable> validate_nemo_h100_fp8() {
     table.quantity = "tokens/s per GPU";
     table.source = "NVIDIA's NeMo 24.07 and Megatron-Bridge 25.11 / 26.02 performance summaries (DGX-H100, FP8; layouts as "
                    "published); predicted for the megatron-te stack on dgx-h100 in fp8 with ZeRO-1 (the distributed optimizer; "
-                   "ZeRO-3 where FSDP is on), sequence parallelism with TP, recompute searched; the 25.11 and 26.02 runs used "
-                   "FP8 current scaling, which costs more than the delayed scaling modelled (each cast reads its tensor once more, "
-                   "and a norm writes bf16 before the cast); not used to build the model";
+                   "ZeRO-3 where FSDP is on), sequence parallelism with TP, recompute searched, fp8 in the published recipe "
+                   "(delayed scaling for 24.07, current scaling for 25.11 and 26.02); not used to build the model";
     const costmodel::HardwareProfile h100 = checked(costmodel::find_hwprofile("dgx-h100"));
     for (const CsvRow& row : t.rows) {
       costmodel::PlanRequest req =
           megatron_h100_request(t, row, checked(costmodel::find_model(t.text(row, "model"))), h100, static_cast<long long>(t.number(row, "seq")),
                                 static_cast<long long>(t.number(row, "global_batch")), costmodel::Precision::kFp8);
+      req.training.fp8_recipe = costmodel::fp8_recipe_from_name(t.text(row, "fp8_recipe"));
+      if (!req.training.fp8_recipe) t.fail(row, "fp8_recipe: must be delayed | current");
       auto& c = req.parallel;
       const int model_parallel = *c.tp * *c.cp * *c.pp;
       if (req.gpus % model_parallel != 0) t.fail(row, "gpus: not a multiple of tp * cp * pp");

@@ -50,6 +50,8 @@ ARGS=(
   # Precision: fp8 matrix multiplies through Transformer Engine (e4m3 forward, e5m2 gradients), bf16 elsewhere
   --bf16
   --fp8-format hybrid
+  # fp8 current scaling (Transformer Engine's Float8CurrentScaling), as the plan states; Megatron's default is delayed
+  --fp8-recipe tensorwise
   # Recompute: 4 layers of each pipeline stage
   --recompute-granularity full
   --recompute-method block

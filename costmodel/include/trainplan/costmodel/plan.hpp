@@ -77,6 +77,9 @@ struct TrainingConfig {
   // The loss kernel (stack.hpp LossKernel); empty: the stack's own. A plan states its own where
   // the training script swaps it (flash-attn's or Liger's fused cross-entropy on an FSDP stack).
   std::optional<LossKernel> loss;
+  // fp8 training's scaling recipe (stack.hpp Fp8Recipe); empty: the stack's own (delayed for
+  // megatron-te, Megatron's default; current for the others).
+  std::optional<Fp8Recipe> fp8_recipe;
   // false: pure 16-bit training (bf16/fp16 only): the parameters are the 16-bit tensors, with
   // their gradients and optimizer states in the same dtype and no fp32 master copy (a Hugging Face
   // model loaded in bf16 and sharded by FSDP without mixed precision). estimate.hpp StateWidths.

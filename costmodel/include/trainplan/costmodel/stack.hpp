@@ -88,6 +88,14 @@ enum class ContextAttention {
 // fp8 copy itself or takes the amax pass into its own; the gradient of its output in backward
 // (the same, the activation's backward for fc1's); its weight per micro-batch, forward and
 // backward casts (0 where the fp8 weight is cast once per step and kept).
+// How fp8 training scales a tensor before the cast: by an amax kept from earlier steps (delayed:
+// Transformer Engine's DelayedScaling, Megatron's --fp8-recipe delayed), or by the tensor's own
+// amax, taken first (current: TE's Float8CurrentScaling, Megatron's --fp8-recipe tensorwise;
+// torchao's tensorwise float8 and the executor scale this way only).
+enum class Fp8Recipe { kDelayed, kCurrent };
+[[nodiscard]] const char* fp8_recipe_name(Fp8Recipe r);  // "delayed", "current"
+[[nodiscard]] std::optional<Fp8Recipe> fp8_recipe_from_name(const std::string& name);
+
 struct Fp8Casting {
   double input = 0, input_from_norm = 0, input_from_activation = 0;
   double grad_output = 0, grad_output_from_activation = 0;
@@ -104,6 +112,9 @@ struct Fp8Casting {
   // The fraction of the stream rate (KernelRates::stream) the stack's cast kernels reach: amax
   // reductions, casts and transposing casts together; 1 where no measurement says otherwise.
   double rate = 1;
+  // Kernels one cast launches: 1 where the amax is taken in the cast or in the kernel that wrote
+  // the tensor; more where the amax and the scale are kernels of their own.
+  int kernels_per_cast = 1;
 };
 
 // How a stack's data parallelism moves parameters and gradients under ZeRO / FSDP, beyond the
@@ -220,6 +231,11 @@ struct StackSpec {
   // linear and its router no Transformer Engine module; torchtitan's float8 configs leave the
   // output layer out of the conversion).
   Fp8Casting fp8;
+  // The recipe `fp8` is (the stack's default), and the casts of its other recipe where the stack
+  // offers both (Megatron-LM with Transformer Engine: delayed by default, current scaling too);
+  // null: only its own (a plan asking for the other is refused).
+  Fp8Recipe fp8_recipe = Fp8Recipe::kCurrent;
+  const Fp8Casting* fp8_other_recipe = nullptr;
   // The fused attention kernel (kernels.hpp AttentionImpl).
   AttentionImpl attention_kernel = AttentionImpl::kProfile;
   // Selective recompute is PyTorch's op-level selective checkpointing (torchtitan's policy: the
@@ -260,6 +276,9 @@ struct StackSpec {
 // The loss kernels by their document names: "fp32-logits", "fused", "chunked-linear",
 // "vocab-parallel-fp32" (plan key training.loss, planner --loss).
 [[nodiscard]] const char* loss_kernel_name(LossKernel loss);
+// The casts a plan's fp8 recipe runs under `spec` (empty: the stack's own); null where the stack
+// does not run that recipe.
+[[nodiscard]] const Fp8Casting* fp8_casting(const StackSpec& spec, std::optional<Fp8Recipe> recipe);
 [[nodiscard]] std::optional<LossKernel> loss_kernel_from_name(const std::string& name);
 [[nodiscard]] const char* loss_kernel_choices();
 // Context parallelism's K/V movement by Megatron-Core's --cp-comm-type names: "p2p" (the ring),
