@@ -68,6 +68,9 @@ TEST(RequestForm, EveryBadValueIsAnErrorAtItsFieldWithTheReason) {
       {"unknown loss", [](RequestForm& f) { f.loss = "softmax"; }, "loss", "fp32-logits | fused"},
       {"pure 16-bit on Megatron", [](RequestForm& f) { f.stack = "megatron-te"; f.master_weights = "none"; }, "master_weights", "keeps fp32 master weights"},
       {"explicit mask with cp", [](RequestForm& f) { f.attention_mask = "explicit"; f.fixed["cp"] = "2"; }, "attention_mask", "context parallelism"},
+      {"unknown fp8 recipe", [](RequestForm& f) { f.fp8_recipe = "blockwise"; }, "fp8_recipe", "must be one of stack, delayed, current"},
+      {"delayed fp8 under torchtitan", [](RequestForm& f) { f.stack = "fsdp2"; f.precision = "fp8"; f.fp8_recipe = "delayed"; }, "fp8_recipe",
+       "current amax only"},
       {"first stage with more layers than the model", [](RequestForm& f) { f.fixed["pp"] = "4"; f.fixed["first_stage_layers"] = "90"; }, "fix/first_stage_layers", ""},
   };
   for (const auto& c : cases) {
@@ -88,6 +91,7 @@ TEST(RequestForm, CarriesTheStackSettingsAndTheEndStagesLayers) {
   form.loss = "fused";
   form.attention_mask = "explicit";
   form.master_weights = "none";
+  form.fp8_recipe = "current";
   form.fixed["pp"] = "4";
   form.fixed["first_stage_layers"] = "18";
   form.fixed["last_stage_layers"] = "17";
@@ -97,6 +101,7 @@ TEST(RequestForm, CarriesTheStackSettingsAndTheEndStagesLayers) {
   EXPECT_EQ(t.loss, costmodel::LossKernel::kFused);
   EXPECT_EQ(t.attention_mask, costmodel::AttentionMask::kExplicit);
   EXPECT_FALSE(t.master_weights);
+  EXPECT_EQ(t.fp8_recipe, costmodel::Fp8Recipe::kCurrent);
   EXPECT_EQ(built.request->parallel.reduce_dtype, costmodel::Dtype::kBf16);  // reduced in the parameters' dtype
   EXPECT_EQ(built.request->parallel.first_stage_layers, 18);
   EXPECT_EQ(built.request->parallel.last_stage_layers, 17);
