@@ -123,6 +123,8 @@ std::string slower_reason(const Estimate& e, const Estimate& best) {
       {"pipeline p2p", (a.pp_comm - b.pp_comm).value()},
       {"pipeline bubble", (a.bubble - b.bubble).value()},
       {"exposed data-parallel comm", (a.dp_comm_exposed - b.dp_comm_exposed).value()},
+      {"sharding copies", (a.dp_copies - b.dp_copies).value()},
+      {"host-bound wait", (a.host_wait - b.host_wait).value()},
       {"optimizer", (a.optimizer - b.optimizer).value()},
       {"offload", (a.offload - b.offload).value()},
   };

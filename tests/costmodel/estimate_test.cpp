@@ -34,8 +34,8 @@ Plan sample_plan(const std::string& file) {
 }
 
 double component_sum(const TimeBreakdown& t) {
-  return (t.compute + t.recompute + t.tp_comm + t.cp_comm + t.ep_comm + t.pp_comm + t.bubble + t.dp_comm_exposed + t.optimizer +
-          t.offload)
+  return (t.compute + t.recompute + t.tp_comm + t.cp_comm + t.ep_comm + t.pp_comm + t.bubble + t.dp_comm_exposed + t.dp_copies + t.host_wait +
+          t.optimizer + t.offload)
       .value();
 }
 
@@ -77,6 +77,13 @@ std::vector<StepCase> step_cases() {
     p.parallel.zero_stage = 3; p.parallel.shard_group = 8; p.parallel.offload_optimizer = Offload::kNvme;
     cases.push_back({"llama3-8b hybrid shard, nvme offload", p, {"offload", "optimizer"}});
   }
+  {
+    // DeepSpeed ZeRO-3 over 1024 ranks: its loops over the ranks keep the GPUs waiting.
+    Plan p = make_plan("llama3-8b", "dgx-h100", 1024, 4096, 1024);
+    p.training.stack = Stack::kDeepspeed;
+    p.parallel.dp = 1024; p.parallel.zero_stage = 3; p.parallel.reduce_dtype = Dtype::kBf16; p.parallel.recompute = Recompute::kFull;
+    cases.push_back({"llama3-8b deepspeed zero3 on 1024 ranks", p, {"host_wait", "dp_copies", "dp_comm_exposed", "recompute"}});
+  }
   return cases;
 }
 
@@ -89,6 +96,8 @@ double component(const TimeBreakdown& t, const std::string& name) {
   if (name == "pp_comm") return t.pp_comm.value();
   if (name == "bubble") return t.bubble.value();
   if (name == "dp_comm_exposed") return t.dp_comm_exposed.value();
+  if (name == "dp_copies") return t.dp_copies.value();
+  if (name == "host_wait") return t.host_wait.value();
   if (name == "optimizer") return t.optimizer.value();
   if (name == "offload") return t.offload.value();
   throw std::runtime_error("unknown component " + name);
@@ -102,7 +111,8 @@ TEST(StepTime, EqualsTheSumOfItsComponents) {
     EXPECT_GT(t.step.value(), 0);
     EXPECT_GT(t.compute.value(), 0);
     EXPECT_NEAR(t.step.value(), component_sum(t), 1e-9 * t.step.value());
-    for (const char* name : {"compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "bubble", "dp_comm_exposed", "optimizer", "offload"}) {
+    for (const char* name : {"compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "bubble", "dp_comm_exposed", "dp_copies", "host_wait",
+                             "optimizer", "offload"}) {
       EXPECT_GE(component(t, name), 0.0) << name;
     }
     for (const char* name : c.nonzero) EXPECT_GT(component(t, name), 0.0) << name;
@@ -601,7 +611,7 @@ TEST(EstimateDocument, HasEveryDocumentedKey) {
       {"memory", {"weights_bytes", "gradients_bytes", "optimizer_bytes", "activations_bytes", "buffers_bytes", "overhead_bytes",
                   "total_bytes", "capacity_bytes"}},
       {"time", {"step_seconds", "compute_seconds", "recompute_seconds", "tp_comm_seconds", "pp_comm_seconds", "dp_comm_exposed_seconds",
-                "bubble_seconds", "optimizer_seconds"}},
+                "dp_copy_seconds", "host_wait_seconds", "bubble_seconds", "optimizer_seconds"}},
       {"throughput", {"tokens_per_second", "tokens_per_second_per_gpu", "model_tflops_per_gpu", "hardware_tflops_per_gpu", "mfu", "hfu"}},
   };
   for (const auto& [section, keys] : sections) {

@@ -206,6 +206,9 @@ TEST(Fp8Recipe, APlanStatesItAndTheStacksThatCannotRunItSaySo) {
   const auto refused = validate_plan(p);
   ASSERT_FALSE(refused);
   EXPECT_NE(refused.error().message.find("/training/fp8_recipe"), std::string::npos) << refused.error().message;
+  p.training.precision = Precision::kBf16;  // a recipe without fp8 changes nothing
+  ASSERT_TRUE(validate_plan(p)) << validate_plan(p).error().message;
+  p.training.precision = Precision::kFp8;
   nlohmann::json bad = plan_to_json(p);
   bad["training"]["fp8_recipe"] = "blockwise";
   const auto unknown = parse_plan(bad, "bad.json");

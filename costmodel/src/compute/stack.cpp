@@ -254,6 +254,9 @@ constexpr StackSpec kDeepspeed = [] {
   // AutoTP asserts ZeRO-2 at most (runtime/engine.py _configure_tensor_parallel_states:
   // "the compatibility between 'autotp' and 'zero_stage = 3' has not been validated").
   s.max_zero_with_tensor_parallel = 2;
+  // Its expert parallelism (deepspeed.moe layers, AutoEP) asserts ZeRO-2 at most (runtime/engine.py
+  // _configure_zero_optimizer: "MoE not supported with Stage 3").
+  s.max_zero_with_expert_parallel = 2;
   s.pure_16bit = false;  // its 16-bit optimizers keep fp32 partitions
   s.source = "microsoft/DeepSpeed 38327e07 (v0.16.5) deepspeed/runtime/zero/config.py, stage3.py, stage_1_and_2.py, "
              "partitioned_param_coordinator.py, partition_parameters.py, runtime/comm/coalesced_collectives.py, runtime/engine.py";

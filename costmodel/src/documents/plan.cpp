@@ -343,7 +343,7 @@ std::string training_error(const ModelSpec& m, const TrainingConfig& t) {
     return "/training/seq_len: " + std::to_string(t.seq_len) + " exceeds max_seq_len (" + std::to_string(m.max_seq_len) +
            ") of a model with learned positions";
   }
-  if (t.fp8_recipe && !fp8_casting(stack_spec(t.stack), t.fp8_recipe)) {
+  if (t.precision == Precision::kFp8 && t.fp8_recipe && !fp8_casting(stack_spec(t.stack), t.fp8_recipe)) {
     return std::string("/training/fp8_recipe: the ") + stack_name(t.stack) + " stack scales fp8 tensors by " +
            (*t.fp8_recipe == Fp8Recipe::kDelayed ? "their current amax only (no delayed scaling)" : "an amax history only (delayed scaling)") +
            "; \"" + fp8_recipe_name(stack_spec(t.stack).fp8_recipe) + "\" is what it runs";
@@ -520,6 +520,10 @@ Result<bool> validate_plan(const Plan& plan) {
     if (p.tp > 1 && p.zero_stage > stack.max_zero_with_tensor_parallel) {
       return err("/parallel/zero_stage: the " + std::string(stack.name) + " stack runs tensor parallelism with ZeRO-" +
                  n(stack.max_zero_with_tensor_parallel) + " at most (got " + n(p.zero_stage) + ")");
+    }
+    if (p.ep > 1 && p.zero_stage > stack.max_zero_with_expert_parallel) {
+      return err("/parallel/zero_stage: the " + std::string(stack.name) + " stack runs expert parallelism with ZeRO-" +
+                 n(stack.max_zero_with_expert_parallel) + " at most (got " + n(p.zero_stage) + ")");
     }
   }
   if (p.first_stage_layers < 0 || p.last_stage_layers < 0) return err("/parallel/first_stage_layers: must be >= 0 (last_stage_layers too)");

@@ -100,6 +100,9 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
   const LayerTensors tensors = stack.dp.gather_host_seconds_per_rank_per_tensor > 0 || stack.dp.reduce_host_seconds_per_rank_per_tensor > 0
                                    ? layer_tensors(mdl, p.tp, p.ep, stack.dp.persistence_threshold_elements)
                                    : LayerTensors{};
+  const LayerTensors adapters = lora && (stack.dp.gather_host_seconds_per_rank_per_tensor > 0 || stack.dp.reduce_host_seconds_per_rank_per_tensor > 0)
+                                    ? lora_tensors_per_layer(mdl, tr.lora, p.tp, stack.dp.persistence_threshold_elements)
+                                    : LayerTensors{};
   const StateWidths w = state_widths(tr.precision, tr.optimizer, tr.master_weights);
   // ZeRO-3 under a stack that keeps parameters gathered for reuse (DeepSpeed's
   // stage3_max_reuse_distance, stack.hpp): between a layer's forward and its backward the trace
@@ -252,11 +255,18 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
       const double chunks = stack.dp.gather_bucket_params > 0
                                 ? std::ceil((dense_layer + expert_layer) / std::max(largest_linear, std::min(stack.dp.gather_bucket_params, dense_layer + expert_layer)))
                                 : 1.0;
-      const double ends = (first ? (kept.embedding ? 1.0 : 2.0) : 0.0) + (last ? 1.0 : 0.0);
-      const double reduced = lora ? layers[i] * 2.0 * static_cast<double>(tr.lora.targets.size()) : layers[i] * tensors.all + (first ? 1.0 : 0.0) + (last ? 2.0 : 0.0);
-      host += dense_shard * (stack.dp.gather_host_seconds_per_rank_per_tensor * (gather_passes * tensors.large + ends) +
-                             stack.dp.gather_host_seconds_per_rank_per_call * (gather_passes * chunks + ends) +
-                             stack.dp.reduce_host_seconds_per_rank_per_tensor * reduced);
+      // The embedding and output tables are gathered where they pass the persistence threshold
+      // (the embedding each way unless kept, the output layer once: kept to its backward).
+      const double table = static_cast<double>(mdl.vocab) * h / t;
+      const double ends = table >= stack.dp.persistence_threshold_elements ? (first ? (kept.embedding ? 1.0 : 2.0) : 0.0) + (last ? 1.0 : 0.0) : 0.0;
+      // LoRA: the frozen base is gathered as in pretraining, the adapters too where large enough;
+      // only the adapters' gradients are reduced.
+      const LayerTensors gathered{0.0, tensors.large + (lora ? adapters.large : 0.0)};
+      const double reduced = lora ? layers[i] * adapters.all : layers[i] * tensors.all + (first ? 1.0 : 0.0) + (last ? 2.0 : 0.0);
+      // A submodule whose parameters all persist is not fetched: no gather call for it.
+      const double calls = (gathered.large > 0 ? gather_passes * chunks : 0.0) + ends;
+      host += dense_shard * (stack.dp.gather_host_seconds_per_rank_per_tensor * (gather_passes * gathered.large + ends) +
+                             stack.dp.gather_host_seconds_per_rank_per_call * calls + stack.dp.reduce_host_seconds_per_rank_per_tensor * reduced);
     }
     x.host_wait = std::max(0.0, host - (x.forward + x.backward));
     x.backward += x.host_wait;
@@ -429,8 +439,9 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
     }
     tails.push_back(same >= 0 ? tails[static_cast<std::size_t>(same)] : stage_tail(i));
     const StageTail& x = tails.back();
-    const double busy = m * (st[i].forward + st[i].backward) + x.dp_exposed + kOverlapSlowdown * std::max(0.0, x.dp_total - x.dp_exposed) +
-                        x.optimizer + x.offload;
+    // ZeRO-3's unit collectives run while the GPU waits for the host (as the step below counts them).
+    const double busy = m * (st[i].forward + st[i].backward) + x.dp_exposed - std::min(m * st[i].host_wait, x.dp_exposed_units) +
+                        kOverlapSlowdown * std::max(0.0, x.dp_total - x.dp_exposed) + x.optimizer + x.offload;
     if (busy > critical_time + 1e-15) {
       critical = i;
       critical_time = busy;
@@ -461,9 +472,10 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
   }
 
   tm.dp_comm_exposed = Seconds(tail.dp_exposed);
-  // While the GPU waits for the host, the collectives it would have waited for run: the wait is
-  // what the host takes beyond both (a host-bound step is the host's time).
-  tm.host_wait = Seconds(std::max(0.0, m * S.host_wait - tail.dp_exposed));
+  // While the GPU waits for the host, ZeRO-3's unit collectives (timed against the GPU's compute
+  // alone) run: the wait is what the host takes beyond both. The other data-parallel reductions
+  // were timed against a backward that includes the wait already.
+  tm.host_wait = Seconds(std::max(0.0, m * S.host_wait - tail.dp_exposed_units));
   tm.dp_comm_total = Seconds(tail.dp_total);
   tm.optimizer = Seconds(tail.optimizer);
   tm.offload = Seconds(tail.offload);
@@ -474,7 +486,8 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
   // (communication runs at the network's pace) stretched by the expected largest of N draws of
   // the GPUs' speed and step-time spread (HardwareProfile::gpu_speed_cv, step_jitter_cv).
   const double spread = std::hypot(hw.gpu_speed_cv, hw.step_jitter_cv);
-  const double gpu_bound = (tm.step - tm.tp_comm - tm.cp_comm - tm.ep_comm - tm.pp_comm - tm.dp_comm_exposed - tm.offload).value();
+  // (The host's wait is not the GPUs' spread either.)
+  const double gpu_bound = (tm.step - tm.tp_comm - tm.cp_comm - tm.ep_comm - tm.pp_comm - tm.dp_comm_exposed - tm.host_wait - tm.offload).value();
   tm.straggler = Seconds(std::max(0.0, gpu_bound) * spread * expected_max_of_normals(plan.gpus));
   // Hours of full load hold the SM clock at what the power limit allows (GpuSpec::clocks):
   // tensor-core work (GEMMs, attention) slows by peak / sustained, memory-bound work does not

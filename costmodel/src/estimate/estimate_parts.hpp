@@ -31,6 +31,8 @@ struct LayerTensors {
   double all = 0, large = 0;
 };
 [[nodiscard]] LayerTensors layer_tensors(const ModelSpec& m, int tp, int ep, double min_elements);
+// The same for one layer's LoRA adapters (A and B of each target, one pair per expert on MoE MLPs).
+[[nodiscard]] LayerTensors lora_tensors_per_layer(const ModelSpec& m, const LoraConfig& lora, int tp, double min_elements);
 
 // "%.1f GiB" without printf (the search formats a reason for each plan that does not fit).
 [[nodiscard]] std::string gib_text(double bytes);
@@ -56,6 +58,9 @@ struct StageState {
 // step, with any offload.
 struct StageTail {
   double dp_exposed = 0, dp_total = 0, optimizer = 0, offload = 0;
+  // Of dp_exposed, ZeRO-3's unit-by-unit gathers and reduce-scatters (timed against the GPU's
+  // compute alone): what runs while the GPU waits for a host-bound stack's host.
+  double dp_exposed_units = 0;
 };
 
 // What stage_tail_of reads of the estimate in progress.

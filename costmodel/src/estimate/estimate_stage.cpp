@@ -142,6 +142,7 @@ StageTail stage_tail_of(const StageTailInputs& in, int i) {
       bwd = bwd_ag_total + rs_total;
     }
     dp_exposed += m * (fwd + bwd);
+    out.dp_exposed_units = m * (fwd + bwd);
     dp_total += m * (ag_total + bwd_ag_total + rs_total);
     if (p.shard_size() < p.dp) {  // hybrid shard: all-reduce the shards across replicas
       const int replicas = p.dp / p.shard_size();

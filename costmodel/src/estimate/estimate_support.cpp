@@ -141,6 +141,33 @@ LayerTensors layer_tensors(const ModelSpec& m, int tp, int ep, double min_elemen
   return {(d * dense.all + (L - d) * moe.all) / L, (d * dense.large + (L - d) * moe.large) / L};
 }
 
+LayerTensors lora_tensors_per_layer(const ModelSpec& m, const LoraConfig& lora, int tp, double min_elements) {
+  const double t = tp;
+  const double h = static_cast<double>(m.hidden);
+  const double f = m.moe ? static_cast<double>(m.moe->expert_ffn_hidden) : static_cast<double>(m.ffn_hidden);
+  const double copies = m.moe ? m.moe->experts : 1.0;
+  LayerTensors x;
+  const auto pair = [&](double a, double b, double n) {  // A (rank x in) and B (out x rank), n times
+    x.all += 2.0 * n;
+    x.large += n * ((a >= min_elements ? 1.0 : 0.0) + (b >= min_elements ? 1.0 : 0.0));
+  };
+  const std::vector<LinearShape> attention = attention_linears(m);
+  for (const auto& target : lora.targets) {
+    if (target == "q" || target == "k" || target == "v" || target == "o") {
+      for (const LinearShape& l : attention) {
+        if (target != lora_target_of(l.name)) continue;
+        const double in = l.split == TpSplit::kRow ? l.in / t : l.in, out = l.split == TpSplit::kColumn ? l.out / t : l.out;
+        pair(lora.rank * in, out * lora.rank, 1.0);
+      }
+    } else if ((target == "gate" && m.features().gated_mlp) || target == "up") {
+      pair(lora.rank * h, f / t * lora.rank, copies);
+    } else if (target == "down") {
+      pair(lora.rank * f / t, h * lora.rank, copies);
+    }
+  }
+  return x;
+}
+
 // "%.1f GiB" without printf: the search formats a reason for each of thousands of plans that do
 // not fit, and snprintf of doubles was a tenth of its time.
 std::string gib_text(double bytes) {

@@ -38,6 +38,10 @@ std::vector<std::string> deepspeed_refusals(const Plan& plan) {
     r.push_back("tp=" + n(p.tp) + " with zero_stage=3: DeepSpeed's AutoTP runs with ZeRO-2 at most (runtime/engine.py "
                 "_configure_tensor_parallel_states asserts it)");
   }
+  if (p.ep > 1 && p.zero_stage == 3) {
+    r.push_back("ep=" + n(p.ep) + " with zero_stage=3: DeepSpeed's expert parallelism runs with ZeRO-2 at most (runtime/engine.py "
+                "_configure_zero_optimizer asserts \"MoE not supported with Stage 3\")");
+  }
   if (p.zero_stage == 3 && p.shard_group > 0 && p.shard_group < p.dp) {
     r.push_back("shard_group=" + n(p.shard_group) + ": hybrid sharding is DeepSpeed's MiCS (mics_shard_size), which needs the model built "
                 "under deepspeed.zero.MiCS_Init in the training script");

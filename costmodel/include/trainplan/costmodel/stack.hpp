@@ -253,6 +253,7 @@ struct StackSpec {
   bool tensor_parallel = true, context_parallel = true, pipeline_parallel = true;
   int max_zero_with_pipeline = 3;
   int max_zero_with_tensor_parallel = 3;  // likewise beside tensor parallelism
+  int max_zero_with_expert_parallel = 3;  // likewise beside expert parallelism
   // Runs ZeRO-1, optimizer states sharded with gradients and parameters whole: Megatron's
   // distributed optimizer, DeepSpeed's stage 1, PyTorch DDP with ZeroRedundancyOptimizer, the
   // executor. FSDP has no such mode: FSDP1's ShardingStrategy is NO_SHARD, SHARD_GRAD_OP,
