@@ -370,6 +370,18 @@ LayerSetting one_sequence_of_8192(Stack stack) {
   return s;
 }
 
+// What one such layer takes in fp8 beyond bf16, forward and backward, under `stack` and `recipe`.
+std::pair<double, double> fp8_extra(Stack stack, std::optional<Fp8Recipe> recipe = std::nullopt) {
+  const HardwareProfile hw = h100_with_fp8_at_bf16_peak();
+  const ModelSpec m = testing::model("llama3-8b");
+  LayerSetting s = one_sequence_of_8192(stack);
+  const LayerCost bf16 = transformer_layer_cost(m, hw, s);
+  s.precision = Precision::kFp8;
+  s.fp8_recipe = recipe;
+  const LayerCost fp8 = transformer_layer_cost(m, hw, s);
+  return {fp8.forward - bf16.forward, fp8.backward - bf16.backward};
+}
+
 // Training in fp8 also moves the casts of each linear layer's operands (stack.hpp Fp8Casting),
 // derived here by hand for one Llama 3 8B layer under Megatron-LM + Transformer Engine's delayed
 // scaling, on an H100 whose fp8 peak is set to its bf16 peak so that the GEMMs take as long in
@@ -411,25 +423,15 @@ TEST(Precision, Fp8AddsTheCastsOfEachLinearsOperands) {
 // Forward: Q/K/V and fc1 from their norms (4), the output projection's input and fc2's (6);
 // backward: every output's gradient (6). Weights stay cast once a step.
 TEST(Precision, Fp8CurrentScalingTakesEachTensorsAmaxFirst) {
-  const HardwareProfile hw = h100_with_fp8_at_bf16_peak();
-  const ModelSpec m = testing::model("llama3-8b");
-  LayerSetting s = one_sequence_of_8192(Stack::kMegatronTe);
-  const LayerCost bf16 = transformer_layer_cost(m, hw, s);
-  s.precision = Precision::kFp8;
-  s.fp8_recipe = Fp8Recipe::kCurrent;
-  const LayerCost fp8 = transformer_layer_cost(m, hw, s);
-  const KernelRates r(hw.gpu, Dtype::kBf16);
+  const auto [extra_forward, extra_backward] = fp8_extra(Stack::kMegatronTe, Fp8Recipe::kCurrent);
+  const KernelRates r(h100_with_fp8_at_bf16_peak().gpu, Dtype::kBf16);
   const double T = 8192, h = 4096, ffn = 14336, qkv = h + 2.0 * 1024;
   const double forward = r.stream(4 * T * h, 2) + r.stream(6 * T * h, 3) + r.stream(4 * T * h, 2) + r.stream(6 * T * ffn, 3);
   const double backward = r.stream(6 * T * qkv, 3) + r.stream(6 * T * h, 3) + r.stream(6 * T * 2 * ffn, 3) + r.stream(6 * T * h, 3);
-  EXPECT_NEAR(fp8.forward - bf16.forward, forward, 1e-3 * forward);
-  EXPECT_NEAR(fp8.backward - bf16.backward, backward, 1e-3 * backward);
+  EXPECT_NEAR(extra_forward, forward, 1e-3 * forward);
+  EXPECT_NEAR(extra_backward, backward, 1e-3 * backward);
   // The stack's own recipe stated is the default; torchtitan's float8 has no delayed scaling.
-  s.fp8_recipe = Fp8Recipe::kDelayed;
-  const LayerCost stated = transformer_layer_cost(m, hw, s);
-  s.fp8_recipe.reset();
-  EXPECT_DOUBLE_EQ(stated.forward, transformer_layer_cost(m, hw, s).forward);
-  EXPECT_DOUBLE_EQ(stated.backward, transformer_layer_cost(m, hw, s).backward);
+  EXPECT_EQ(fp8_extra(Stack::kMegatronTe, Fp8Recipe::kDelayed), fp8_extra(Stack::kMegatronTe));
   EXPECT_EQ(fp8_casting(stack_spec(Stack::kFsdp2), Fp8Recipe::kDelayed), nullptr);
   EXPECT_EQ(fp8_casting(stack_spec(Stack::kFsdp2), Fp8Recipe::kCurrent), &stack_spec(Stack::kFsdp2).fp8);
 }
@@ -441,13 +443,8 @@ TEST(Precision, Fp8CurrentScalingTakesEachTensorsAmaxFirst) {
 // gradient 6, gate's and up's from the SwiGLU backward 4; every weight 5 forward (amax and cast)
 // and 3 backward (the transposed cast), every micro-batch.
 TEST(Precision, Fp8UnderTorchaoCastsWeightsEveryMicroBatch) {
-  const HardwareProfile hw = h100_with_fp8_at_bf16_peak();
-  const ModelSpec m = testing::model("llama3-8b");
-  LayerSetting s = one_sequence_of_8192(Stack::kTorchCompile);
-  const LayerCost bf16 = transformer_layer_cost(m, hw, s);
-  s.precision = Precision::kFp8;
-  const LayerCost fp8 = transformer_layer_cost(m, hw, s);
-  const KernelRates r(hw.gpu, Dtype::kBf16);
+  const auto [extra_forward, extra_backward] = fp8_extra(Stack::kTorchCompile);
+  const KernelRates r(h100_with_fp8_at_bf16_peak().gpu, Dtype::kBf16);
   const double T = 8192, h = 4096, kv = 1024, ffn = 14336;
   const double weights[] = {h * h, h * kv, h * kv, h * h, h * ffn, h * ffn, ffn * h};  // q k v o gate up down
   double forward = 3 * r.stream(4 * T * h) + r.stream(6 * T * h) + 2 * r.stream(4 * T * h) + r.stream(4 * T * ffn);
@@ -456,8 +453,8 @@ TEST(Precision, Fp8UnderTorchaoCastsWeightsEveryMicroBatch) {
     forward += r.stream(5 * w);
     backward += r.stream(3 * w);
   }
-  EXPECT_NEAR(fp8.forward - bf16.forward, forward, 1e-3 * forward);
-  EXPECT_NEAR(fp8.backward - bf16.backward, backward, 1e-3 * backward);
+  EXPECT_NEAR(extra_forward, forward, 1e-3 * forward);
+  EXPECT_NEAR(extra_backward, backward, 1e-3 * backward);
 }
 
 // The executor's fp8 (executor/src/model/fp8.hpp; costmodel/src/compute/stack.cpp kTrainplanFp8), by hand for
