@@ -44,13 +44,19 @@ std::string plan_line(const ParallelConfig& p) {
   return s;
 }
 
-const char* sharding_name(const ParallelConfig& p) {
+// In the words of the stack that runs it: FSDP's sharding strategies, DeepSpeed's stages (its
+// hybrid shard is MiCS), the ZeRO stages with their FSDP names elsewhere.
+const char* sharding_name(const ParallelConfig& p, Stack stack) {
   if (p.dp * p.cp == 1) return "none";
+  const bool fsdp = stack == Stack::kFsdp1 || stack == Stack::kFsdp2 || stack == Stack::kFsdp2Compile;
   switch (p.zero_stage) {
-    case 0: return "DDP";
+    case 0: return fsdp ? "NO_SHARD (DDP)" : "DDP";
     case 1: return "ZeRO-1";
-    case 2: return "ZeRO-2 (FSDP grad-op)";
-    default: return p.shard_group ? "FSDP hybrid shard" : "ZeRO-3 (FSDP full shard)";
+    case 2: return fsdp ? "SHARD_GRAD_OP" : stack == Stack::kDeepspeed ? "ZeRO-2" : "ZeRO-2 (FSDP grad-op)";
+    default:
+      if (stack == Stack::kDeepspeed) return p.shard_group ? "ZeRO-3 within shard groups (DeepSpeed MiCS)" : "ZeRO-3";
+      if (fsdp) return p.shard_group ? "HYBRID_SHARD" : "FULL_SHARD";
+      return p.shard_group ? "FSDP hybrid shard" : "ZeRO-3 (FSDP full shard)";
   }
 }
 
@@ -211,7 +217,7 @@ std::string why_line(const Candidate& best, const SearchResult& result) {
     s += fmt(" The runner-up is %.1f%% slower.", 100 * (e.throughput.tokens_per_second / second.throughput.tokens_per_second - 1));
   }
   const auto& p = best.plan.parallel;
-  s += fmt(" Sharding: %s.", sharding_name(p));
+  s += fmt(" Sharding: %s.", sharding_name(p, best.plan.training.stack));
   if (e.tight) s += " Tight: no plan keeps the memory headroom, so this one may run out of memory; " + e.reasons.front() + ".";
   return s;
 }

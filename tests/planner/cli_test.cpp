@@ -37,6 +37,17 @@ TEST_F(PlannerCli, RecommendsAPlanForLlama70bOn64Gpus) {
   EXPECT_NE(r.out.find("llama3-70b"), std::string::npos) << r.all();
 }
 
+// The sharding is named as the stack names it: FSDP's strategies, DeepSpeed's stages (its hybrid
+// shard is MiCS).
+TEST_F(PlannerCli, NamesTheShardingInTheStacksOwnWords) {
+  const Outcome fsdp = run("--model 8b --gpus 16 --stack fsdp2 --fix tp=1 --fix pp=1 --fix zero=3 --fix shard_group=0 --top 1 --quiet");
+  ASSERT_EQ(fsdp.exit_code, 0) << fsdp.all();
+  EXPECT_NE(fsdp.out.find("Sharding: FULL_SHARD."), std::string::npos) << fsdp.out;
+  const Outcome mics = run("--model 8b --gpus 16 --stack deepspeed --fix tp=1 --fix pp=1 --fix zero=3 --fix shard_group=8 --top 1 --quiet");
+  ASSERT_EQ(mics.exit_code, 0) << mics.all();
+  EXPECT_NE(mics.out.find("Sharding: ZeRO-3 within shard groups (DeepSpeed MiCS)."), std::string::npos) << mics.out;
+}
+
 // Issue 13 item 4: the flagship question ends with a command the executor accepts (pipelines and
 // context parallelism run), and so does mixtral's (experts under context and expert
 // parallelism), and QLoRA's under ZeRO-3; a plan it cannot run (experts under tensor parallelism)
