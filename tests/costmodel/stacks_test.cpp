@@ -167,6 +167,13 @@ TEST(DeepspeedStack, Zero3LoopsOverTheRanksOnTheHost) {
   EXPECT_NEAR(waited(b) - waited(a), 1024 * 2.2726e-3, 1e-6);
   // On 8 ranks the loops take 8 x 2.2726e-3 s, under the GPUs' work: no wait.
   EXPECT_DOUBLE_EQ(at(Stack::kDeepspeed, 8).time.host_wait.value(), 0.0);
+  // On 192 ranks they take 0.436 s of a micro-batch whose GPU work is longer, but the forward's
+  // loops (2.6e-6 x (32 x 7 + 2) + 2.0e-6 x (32 x 4 + 2) = 0.8476e-3 s per rank, 0.163 s) outrun
+  // the forward's GPU time, and DeepSpeed's fetch syncs keep the host from carrying the
+  // backward's slack over: the forward waits.
+  const Estimate c = at(Stack::kDeepspeed, 192);
+  EXPECT_LT(192 * 2.2726e-3, 0.85 * (c.time.compute + c.time.recompute + c.time.dp_copies).value());
+  EXPECT_GT(c.time.host_wait.value(), 0.0);
   EXPECT_DOUBLE_EQ(at(Stack::kFsdp2, 2048).time.host_wait.value(), 0.0);
   // DeepSpeed's expert parallelism asserts ZeRO-2 at most ("MoE not supported with Stage 3").
   Plan moe = testing::make_plan("mixtral-8x7b", "dgx-h100", 64, 4096, 64);

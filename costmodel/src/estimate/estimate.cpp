@@ -245,30 +245,44 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
       x.backward += x.dp_copies;
     }
     const double kernels = layers[i] * lc.kernels + (first || last ? ec.kernels : 0.0);
-    double host = kernels * stack.host_seconds_per_kernel + (stack.host_sync_per_micro_batch ? 2.0 * stack.host_seconds_per_kernel : 0.0);
+    const double host = kernels * stack.host_seconds_per_kernel + (stack.host_sync_per_micro_batch ? 2.0 * stack.host_seconds_per_kernel : 0.0);
+    // The stack's loops over the ranks, forward and backward.
+    double loops_forward = 0, loops_backward = 0;
     if (p.zero_stage == 3 && sharded_dp) {
       // The stack's loops over the shard group's ranks (stack.hpp DataParallelSpec): per gathered
       // tensor (twice, less the layers kept for reuse; the ends once each way, the output layer
       // kept), per gather (DeepSpeed: a submodule coalesced with its prefetch bucket, `chunks`
       // per layer as estimate_stage.cpp times them) and per reduced gradient.
-      const double gather_passes = 2.0 * layers[i] - kept.layers;
       const double chunks = stack.dp.gather_bucket_params > 0
                                 ? std::ceil((dense_layer + expert_layer) / std::max(largest_linear, std::min(stack.dp.gather_bucket_params, dense_layer + expert_layer)))
                                 : 1.0;
       // The embedding and output tables are gathered where they pass the persistence threshold
       // (the embedding each way unless kept, the output layer once: kept to its backward).
       const double table = static_cast<double>(mdl.vocab) * h / t;
-      const double ends = table >= stack.dp.persistence_threshold_elements ? (first ? (kept.embedding ? 1.0 : 2.0) : 0.0) + (last ? 1.0 : 0.0) : 0.0;
+      const bool tables = table >= stack.dp.persistence_threshold_elements;
+      const double ends_forward = tables ? (first ? 1.0 : 0.0) + (last ? 1.0 : 0.0) : 0.0;
+      const double ends_backward = tables && first && !kept.embedding ? 1.0 : 0.0;
       // LoRA: the frozen base is gathered as in pretraining, the adapters too where large enough;
       // only the adapters' gradients are reduced.
       const LayerTensors gathered{0.0, tensors.large + (lora ? adapters.large : 0.0)};
       const double reduced = lora ? layers[i] * adapters.all : layers[i] * tensors.all + (first ? 1.0 : 0.0) + (last ? 2.0 : 0.0);
       // A submodule whose parameters all persist is not fetched: no gather call for it.
-      const double calls = (gathered.large > 0 ? gather_passes * chunks : 0.0) + ends;
-      host += dense_shard * (stack.dp.gather_host_seconds_per_rank_per_tensor * (gather_passes * gathered.large + ends) +
-                             stack.dp.gather_host_seconds_per_rank_per_call * calls + stack.dp.reduce_host_seconds_per_rank_per_tensor * reduced);
+      const auto gathers = [&](double layer_passes, double ends) {
+        return stack.dp.gather_host_seconds_per_rank_per_tensor * (layer_passes * gathered.large + ends) +
+               stack.dp.gather_host_seconds_per_rank_per_call * ((gathered.large > 0 ? layer_passes * chunks : 0.0) + ends);
+      };
+      loops_forward = dense_shard * gathers(layers[i], ends_forward);
+      loops_backward = dense_shard * (gathers(layers[i] - kept.layers, ends_backward) + stack.dp.reduce_host_seconds_per_rank_per_tensor * reduced);
     }
-    x.host_wait = std::max(0.0, host - (x.forward + x.backward));
+    if (loops_forward + loops_backward > 0) {
+      // DeepSpeed's fetches sync the host to the GPU two at a time (partitioned_param_coordinator.py
+      // __max_ongoing_fetch_events): the host cannot carry the forward's slack into the backward,
+      // so each pass waits on its own (the launches shared by the passes' GPU time).
+      const double f = x.forward / std::max(1e-30, x.forward + x.backward);
+      x.host_wait = std::max(0.0, host * f + loops_forward - x.forward) + std::max(0.0, host * (1.0 - f) + loops_backward - x.backward);
+    } else {
+      x.host_wait = std::max(0.0, host - (x.forward + x.backward));
+    }
     x.backward += x.host_wait;
 
     // Communication buffers, and cuBLAS workspaces (PyTorch's default on Hopper, 32 MiB per
