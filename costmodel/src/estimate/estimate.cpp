@@ -97,12 +97,10 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
   }
 
   // Parameter tensors of a layer on this rank, for stacks that loop over them (DeepSpeed).
-  const LayerTensors tensors = stack.dp.gather_host_seconds_per_rank_per_tensor > 0 || stack.dp.reduce_host_seconds_per_rank_per_tensor > 0
-                                   ? layer_tensors(mdl, p.tp, p.ep, stack.dp.persistence_threshold_elements)
-                                   : LayerTensors{};
-  const LayerTensors adapters = lora && (stack.dp.gather_host_seconds_per_rank_per_tensor > 0 || stack.dp.reduce_host_seconds_per_rank_per_tensor > 0)
-                                    ? lora_tensors_per_layer(mdl, tr.lora, p.tp, stack.dp.persistence_threshold_elements)
-                                    : LayerTensors{};
+  const bool loops_over_ranks = stack.dp.loops_over_ranks();
+  const LayerTensors tensors = loops_over_ranks ? layer_tensors(mdl, p.tp, p.ep, stack.dp.persistence_threshold_elements) : LayerTensors{};
+  const LayerTensors adapters =
+      loops_over_ranks && lora ? lora_tensors_per_layer(mdl, tr.lora, p.tp, stack.dp.persistence_threshold_elements) : LayerTensors{};
   const StateWidths w = state_widths(tr.precision, tr.optimizer, tr.master_weights);
   // ZeRO-3 under a stack that keeps parameters gathered for reuse (DeepSpeed's
   // stage3_max_reuse_distance, stack.hpp): between a layer's forward and its backward the trace
@@ -246,16 +244,13 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
     }
     const double kernels = layers[i] * lc.kernels + (first || last ? ec.kernels : 0.0);
     const double host = kernels * stack.host_seconds_per_kernel + (stack.host_sync_per_micro_batch ? 2.0 * stack.host_seconds_per_kernel : 0.0);
-    // The stack's loops over the ranks, forward and backward.
+    // The stack's loops over the shard group's ranks (stack.hpp DataParallelSpec), forward and
+    // backward: per gathered tensor (each layer forward, again backward less the layers kept for
+    // reuse; the ends as below), per gather (gathers_per_layer, as estimate_stage.cpp times them)
+    // and per reduced gradient.
     double loops_forward = 0, loops_backward = 0;
-    if (p.zero_stage == 3 && sharded_dp) {
-      // The stack's loops over the shard group's ranks (stack.hpp DataParallelSpec): per gathered
-      // tensor (twice, less the layers kept for reuse; the ends once each way, the output layer
-      // kept), per gather (DeepSpeed: a submodule coalesced with its prefetch bucket, `chunks`
-      // per layer as estimate_stage.cpp times them) and per reduced gradient.
-      const double chunks = stack.dp.gather_bucket_params > 0
-                                ? std::ceil((dense_layer + expert_layer) / std::max(largest_linear, std::min(stack.dp.gather_bucket_params, dense_layer + expert_layer)))
-                                : 1.0;
+    if (p.zero_stage == 3 && sharded_dp && loops_over_ranks) {
+      const double chunks = gathers_per_layer(stack, dense_layer + expert_layer, largest_linear);
       // The embedding and output tables are gathered where they pass the persistence threshold
       // (the embedding each way unless kept, the output layer once: kept to its backward).
       const double table = static_cast<double>(mdl.vocab) * h / t;
@@ -264,12 +259,12 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
       const double ends_backward = tables && first && !kept.embedding ? 1.0 : 0.0;
       // LoRA: the frozen base is gathered as in pretraining, the adapters too where large enough;
       // only the adapters' gradients are reduced.
-      const LayerTensors gathered{0.0, tensors.large + (lora ? adapters.large : 0.0)};
+      const double gathered = tensors.large + (lora ? adapters.large : 0.0);
       const double reduced = lora ? layers[i] * adapters.all : layers[i] * tensors.all + (first ? 1.0 : 0.0) + (last ? 2.0 : 0.0);
       // A submodule whose parameters all persist is not fetched: no gather call for it.
       const auto gathers = [&](double layer_passes, double ends) {
-        return stack.dp.gather_host_seconds_per_rank_per_tensor * (layer_passes * gathered.large + ends) +
-               stack.dp.gather_host_seconds_per_rank_per_call * ((gathered.large > 0 ? layer_passes * chunks : 0.0) + ends);
+        return stack.dp.gather_host_seconds_per_rank_per_tensor * (layer_passes * gathered + ends) +
+               stack.dp.gather_host_seconds_per_rank_per_call * ((gathered > 0 ? layer_passes * chunks : 0.0) + ends);
       };
       loops_forward = dense_shard * gathers(layers[i], ends_forward);
       loops_backward = dense_shard * (gathers(layers[i] - kept.layers, ends_backward) + stack.dp.reduce_host_seconds_per_rank_per_tensor * reduced);

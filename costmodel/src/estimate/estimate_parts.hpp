@@ -34,6 +34,11 @@ struct LayerTensors {
 // The same for one layer's LoRA adapters (A and B of each target, one pair per expert on MoE MLPs).
 [[nodiscard]] LayerTensors lora_tensors_per_layer(const ModelSpec& m, const LoraConfig& lora, int tp, double min_elements);
 
+// ZeRO-3 all-gathers per layer of `layer_params`: 1 for an FSDP unit; DeepSpeed's submodule
+// fetches coalesced with its prefetch bucket (DataParallelSpec::gather_bucket_params), chunks of
+// at least the largest linear layer, at most the bucket.
+[[nodiscard]] int gathers_per_layer(const StackSpec& stack, double layer_params, double largest_linear);
+
 // "%.1f GiB" without printf (the search formats a reason for each plan that does not fit).
 [[nodiscard]] std::string gib_text(double bytes);
 

@@ -91,12 +91,9 @@ StageTail stage_tail_of(const StageTailInputs& in, int i) {
     const double layer_params = dense_layer + expert_layer;
     const double layer_trainable = lora ? lora_layer : layer_params;
     // FSDP units of at least fsdp_wrap_min_params: whole layers grouped. DeepSpeed gathers a
-    // layer submodule by submodule, coalesced with its prefetch bucket: chunks of at least the
-    // largest linear layer, at most the bucket.
+    // layer submodule by submodule (gathers_per_layer).
     const int per_unit = std::max(1, static_cast<int>(std::ceil(static_cast<double>(p.fsdp_wrap_min_params) / std::max(1.0, layer_params))));
-    const int chunks = stack.dp.gather_bucket_params > 0
-                           ? std::max(1, static_cast<int>(std::ceil(layer_params / std::max(largest_linear, std::min(stack.dp.gather_bucket_params, layer_params)))))
-                           : 1;
+    const int chunks = gathers_per_layer(stack, layer_params, largest_linear);
     if (i == 0) add_unit(pc.embedding / t, lora ? 0.0 : pc.embedding / t, ec.embedding_forward, ec.embedding_backward);
     for (int done = 0; done < Li; done += per_unit) {
       const int n = std::min(per_unit, Li - done);

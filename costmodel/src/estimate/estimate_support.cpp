@@ -75,32 +75,43 @@ NodeShare node_share(const ParallelConfig& p, int gpus_per_node) {
   return n;
 }
 
-// Adapter parameters of one layer on one TP rank of `tp`: an adapter (B A, A [rank x in], B
-// [out x rank]) is split as its projection is, and only where the projection splits: a
-// column-parallel projection's B by output rows (A whole on every rank), a row-parallel one's
-// (o, down) A by input columns (B whole); key/value outputs over min(tp, kv_heads) ranks (Megatron
-// replicates a key/value head over tp / kv_heads ranks). tp = 1: the layer's whole count.
-double lora_params_per_layer(const ModelSpec& m, const LoraConfig& lora, int tp) {
+namespace {
+// Each adapter of one layer on one TP rank: its A (rank x in) and B (out x rank) elements and
+// how many of the pair there are (one per expert on MoE MLPs), as lora_params_per_layer splits them.
+template <typename F>
+void for_each_lora_adapter(const ModelSpec& m, const LoraConfig& lora, int tp, F&& adapter) {
   const double t = tp;
   const double h = static_cast<double>(m.hidden);
   const double f = m.moe ? static_cast<double>(m.moe->expert_ffn_hidden) : static_cast<double>(m.ffn_hidden);
   const double copies = m.moe ? m.moe->experts : 1.0;
   const double kv_split = std::min(t, static_cast<double>(m.kv_heads));
   const std::vector<LinearShape> attention = attention_linears(m);
-  double total = 0;
   for (const auto& target : lora.targets) {
     if (target == "q" || target == "k" || target == "v" || target == "o") {
       for (const LinearShape& l : attention) {
         if (target != lora_target_of(l.name)) continue;
         const bool kv = !m.mla && (target == "k" || target == "v");
-        if (l.split == TpSplit::kRow) total += lora.rank * (l.in / t + l.out);
-        else if (l.split == TpSplit::kColumn) total += lora.rank * (l.in + l.out / (kv ? kv_split : t));
-        else total += lora.rank * (l.in + l.out);
+        if (l.split == TpSplit::kRow) adapter(lora.rank * l.in / t, l.out * lora.rank, 1.0);
+        else if (l.split == TpSplit::kColumn) adapter(lora.rank * l.in, l.out / (kv ? kv_split : t) * lora.rank, 1.0);
+        else adapter(lora.rank * l.in, l.out * lora.rank, 1.0);
       }
-    } else if (target == "gate" && m.features().gated_mlp) total += copies * lora.rank * (h + f / t);
-    else if (target == "up") total += copies * lora.rank * (h + f / t);
-    else if (target == "down") total += copies * lora.rank * (f / t + h);
+    } else if ((target == "gate" && m.features().gated_mlp) || target == "up") {
+      adapter(lora.rank * h, f / t * lora.rank, copies);
+    } else if (target == "down") {
+      adapter(lora.rank * f / t, h * lora.rank, copies);
+    }
   }
+}
+}  // namespace
+
+// Adapter parameters of one layer on one TP rank of `tp`: an adapter (B A, A [rank x in], B
+// [out x rank]) is split as its projection is, and only where the projection splits: a
+// column-parallel projection's B by output rows (A whole on every rank), a row-parallel one's
+// (o, down) A by input columns (B whole); key/value outputs over min(tp, kv_heads) ranks (Megatron
+// replicates a key/value head over tp / kv_heads ranks). tp = 1: the layer's whole count.
+double lora_params_per_layer(const ModelSpec& m, const LoraConfig& lora, int tp) {
+  double total = 0;
+  for_each_lora_adapter(m, lora, tp, [&](double a, double b, double n) { total += n * (a + b); });
   return total;
 }
 
@@ -142,30 +153,17 @@ LayerTensors layer_tensors(const ModelSpec& m, int tp, int ep, double min_elemen
 }
 
 LayerTensors lora_tensors_per_layer(const ModelSpec& m, const LoraConfig& lora, int tp, double min_elements) {
-  const double t = tp;
-  const double h = static_cast<double>(m.hidden);
-  const double f = m.moe ? static_cast<double>(m.moe->expert_ffn_hidden) : static_cast<double>(m.ffn_hidden);
-  const double copies = m.moe ? m.moe->experts : 1.0;
   LayerTensors x;
-  const auto pair = [&](double a, double b, double n) {  // A (rank x in) and B (out x rank), n times
+  for_each_lora_adapter(m, lora, tp, [&](double a, double b, double n) {
     x.all += 2.0 * n;
     x.large += n * ((a >= min_elements ? 1.0 : 0.0) + (b >= min_elements ? 1.0 : 0.0));
-  };
-  const std::vector<LinearShape> attention = attention_linears(m);
-  for (const auto& target : lora.targets) {
-    if (target == "q" || target == "k" || target == "v" || target == "o") {
-      for (const LinearShape& l : attention) {
-        if (target != lora_target_of(l.name)) continue;
-        const double in = l.split == TpSplit::kRow ? l.in / t : l.in, out = l.split == TpSplit::kColumn ? l.out / t : l.out;
-        pair(lora.rank * in, out * lora.rank, 1.0);
-      }
-    } else if ((target == "gate" && m.features().gated_mlp) || target == "up") {
-      pair(lora.rank * h, f / t * lora.rank, copies);
-    } else if (target == "down") {
-      pair(lora.rank * f / t, h * lora.rank, copies);
-    }
-  }
+  });
   return x;
+}
+
+int gathers_per_layer(const StackSpec& stack, double layer_params, double largest_linear) {
+  if (stack.dp.gather_bucket_params <= 0) return 1;
+  return std::max(1, static_cast<int>(std::ceil(layer_params / std::max(largest_linear, std::min(stack.dp.gather_bucket_params, layer_params)))));
 }
 
 // "%.1f GiB" without printf: the search formats a reason for each of thousands of plans that do

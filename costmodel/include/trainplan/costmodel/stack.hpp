@@ -167,6 +167,9 @@ struct DataParallelSpec {
   double gather_host_seconds_per_rank_per_tensor = 0;
   double gather_host_seconds_per_rank_per_call = 0;
   double reduce_host_seconds_per_rank_per_tensor = 0;
+  [[nodiscard]] bool loops_over_ranks() const {
+    return gather_host_seconds_per_rank_per_tensor > 0 || gather_host_seconds_per_rank_per_call > 0 || reduce_host_seconds_per_rank_per_tensor > 0;
+  }
   // ZeRO-3: tensors under this many elements stay whole on every rank and are never gathered
   // (DeepSpeed's stage3_param_persistence_threshold); 0: every tensor is sharded.
   double persistence_threshold_elements = 0;
