@@ -13,6 +13,14 @@ for every parameter tensor, on the thread that also launches the model's kernels
     gradient per rank, the slices interleaved rank-major into one list, torch.cat of that list,
     the pre-divide, torch.chunk into `ranks` pieces.
 
+DeepSpeed v0.3.16 (April 2021, the ZeRO-3 of its ZeRO-Infinity release; the `deepspeed-v0.3`
+stack) gathered each parameter on its own (runtime/zero/partition_parameters.py,
+_allgather_param): a zeroed flat buffer, then a Python loop over the ranks that takes a view
+(narrow) of each rank's partition and asks torch.distributed.get_rank(group) at every rank, the
+views handed to torch.distributed.all_gather as its output list. What the list costs inside
+ProcessGroupNCCL (a copy per rank, launched from C++) needs CUDA and is charged in the cost model
+as one launch per rank; the loop before it is timed here as `gather03`.
+
 This script runs the same loops (rewritten here, not DeepSpeed's code) on small CPU tensors, so
 the copies are negligible and what is timed is the interpreter and ATen's dispatch: the host
 time per rank per tensor. The cost model charges it per gathered and per reduced tensor
@@ -22,9 +30,11 @@ time per rank per tensor. The cost model charges it per gathered and per reduced
 """
 import math
 import platform
+import tempfile
 import time
 
 import torch
+import torch.distributed as dist
 
 
 def gather(numels, ranks):
@@ -66,6 +76,20 @@ def reduce(grads, ranks):
     torch.chunk(buffer, ranks)
 
 
+def gather_v03(numel, ranks):
+    # _allgather_param: torch.zeros of the aligned size, one narrow per rank appended to the list,
+    # get_rank(group) compared at each rank, the own partition copied in.
+    partition = math.ceil(numel / ranks)
+    shard = torch.empty(partition, dtype=torch.bfloat16)
+    flat = torch.zeros(partition * ranks, dtype=torch.bfloat16).view(-1)
+    partitions = []
+    for i in range(ranks):
+        partitions.append(flat.narrow(0, partition * i, partition))
+        if i == dist.get_rank(group=dist.group.WORLD):
+            partitions[i].data.copy_(shard.data, non_blocking=True)
+    flat.narrow(0, 0, numel).view(numel)
+
+
 def best_of(fn, repeats=15):
     fn()
     best = math.inf
@@ -78,6 +102,16 @@ def best_of(fn, repeats=15):
 
 def main():
     torch.set_num_threads(1)
+    # A one-rank gloo group, so that get_rank(group) runs the lookup it runs in a real job.
+    with tempfile.TemporaryDirectory() as store:
+        dist.init_process_group("gloo", init_method=f"file://{store}/store", rank=0, world_size=1)
+        try:
+            run_loops()
+        finally:
+            dist.destroy_process_group()
+
+
+def run_loops():
     print(f"# torch {torch.__version__}, Python {platform.python_version()}, {platform.processor() or platform.machine()}")
     print(f"{'loop':8s} {'ranks':>6s} {'tensors':>8s} {'ms':>9s} {'us per rank per tensor':>24s}")
     for ranks in (256, 1024, 4096):
@@ -88,6 +122,9 @@ def main():
             for name, fn in (("gather", lambda: gather(numels, ranks)), ("reduce", lambda: reduce(grads, ranks))):
                 seconds = best_of(fn)
                 print(f"{name:8s} {ranks:6d} {tensors:8d} {seconds * 1e3:9.3f} {seconds / (ranks * tensors) * 1e6:24.2f}")
+        # v0.3.16: one parameter per call.
+        seconds = best_of(lambda: gather_v03(4 * ranks - 3, ranks))
+        print(f"{'gather03':8s} {ranks:6d} {1:8d} {seconds * 1e3:9.3f} {seconds / ranks * 1e6:24.2f}")
 
 
 if __name__ == "__main__":

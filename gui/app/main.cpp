@@ -16,6 +16,7 @@
 #include <QThread>
 
 #include "trainplan/costmodel/presets.hpp"
+#include "trainplan/costmodel/stack.hpp"
 #include "trainplan/gui/main_window.hpp"
 
 namespace gui = trainplan::gui;
@@ -76,9 +77,7 @@ int main(int argc, char** argv) {
   field_option("--optimizer", "optimizer", "adamw | sgd | adafactor | adam8bit");
   field_option("--mode", "mode", "pretrain | full | lora | qlora");
   field_option("--objective", "objective", "throughput | time | cost");
-  field_option("--stack", "stack",
-               "Software stack to predict for: trainplan | trainplan-reference | pytorch-eager | torch-compile | megatron-te | fsdp1 | fsdp2 | "
-               "fsdp2-compile | deepspeed");
+  field_option("--stack", "stack", std::string("Software stack to predict for: ") + trainplan::costmodel::stack_choices());
   field_option("--memory-headroom", "memory_headroom", "Percent of HBM kept free: plans needing more are \"tight\", ranked after the others");
   field_option("--loss", "loss", "Loss kernel: stack | fp32-logits | fused | chunked-linear | vocab-parallel-fp32");
   field_option("--attention-mask", "attention_mask", "causal | explicit");

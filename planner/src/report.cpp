@@ -49,12 +49,13 @@ std::string plan_line(const ParallelConfig& p) {
 const char* sharding_name(const ParallelConfig& p, Stack stack) {
   if (p.dp * p.cp == 1) return "none";
   const bool fsdp = stack == Stack::kFsdp1 || stack == Stack::kFsdp2 || stack == Stack::kFsdp2Compile;
+  const bool deepspeed = stack == Stack::kDeepspeed || stack == Stack::kDeepspeedV03;
   switch (p.zero_stage) {
     case 0: return fsdp ? "NO_SHARD (DDP)" : "DDP";
     case 1: return "ZeRO-1";
-    case 2: return fsdp ? "SHARD_GRAD_OP" : stack == Stack::kDeepspeed ? "ZeRO-2" : "ZeRO-2 (FSDP grad-op)";
+    case 2: return fsdp ? "SHARD_GRAD_OP" : deepspeed ? "ZeRO-2" : "ZeRO-2 (FSDP grad-op)";
     default:
-      if (stack == Stack::kDeepspeed) return p.shard_group ? "ZeRO-3 within shard groups (DeepSpeed MiCS)" : "ZeRO-3";
+      if (deepspeed) return p.shard_group ? "ZeRO-3 within shard groups (DeepSpeed MiCS)" : "ZeRO-3";
       if (fsdp) return p.shard_group ? "HYBRID_SHARD" : "FULL_SHARD";
       return p.shard_group ? "FSDP hybrid shard" : "ZeRO-3 (FSDP full shard)";
   }

@@ -186,6 +186,45 @@ TEST(DeepspeedStack, Zero3LoopsOverTheRanksOnTheHost) {
   EXPECT_NE(refused.error().message.find("expert parallelism with ZeRO-2 at most"), std::string::npos) << refused.error().message;
 }
 
+// DeepSpeed v0.3.16 (stack.cpp kDeepspeedV03) gathers each parameter on its own, after a device
+// sync, through a list all-gather: per rank, its Python loop (3.5 us, bench/deepspeed_host_loops.py
+// `gather03`) and ProcessGroupNCCL's copy launch (5 us), with nothing queued on the GPU, so all of
+// it is a wait. GPT-3 175B: per layer the fused QKV weight (453 M), the output projection (151 M),
+// fc1 and fc2 (604 M each) pass the 1e5-element persistence threshold, the biases and LayerNorms
+// (36,864 and fewer) do not: 4 gathers. No layer is kept for reuse (2 x the 629 M tied table
+// alone passes 1e9); the table is gathered forward as the embedding and as the output layer,
+// backward once as the embedding (the output layer is kept to its backward). Per micro-batch:
+//   (96 x 4 + 2) + (96 x 4 + 1) = 771 gathers x 8.5e-6 s = 6.5535e-3 s per rank,
+// 10.066 s on 1,536 ranks. At a fixed global batch of 1,536 sequences the same wait comes back
+// on 768 ranks with two micro-batches each: a constant cost per step while the compute per GPU
+// halves, where v0.16.5's coalesced gathers (its loops hidden behind the GPU's work) wait not at all.
+TEST(DeepspeedV03Stack, GathersTensorByTensorWithTheDeviceSynced) {
+  const auto at = [](Stack stack, int gpus, int micro_batches) {
+    Plan p = testing::make_plan("gpt3-175b", "dgx-a100-80g", gpus, 2048, 1536);
+    p.training.stack = stack;
+    p.parallel.zero_stage = 3;
+    p.parallel.micro_batch = 1536 / gpus / micro_batches;
+    p.parallel.recompute = Recompute::kFull;
+    p.parallel.reduce_dtype = stack_spec(stack).reduce_dtype;
+    return testing::checked_estimate(p);
+  };
+  const double per_rank = 771 * (3.5e-6 + 5e-6);
+  const Estimate wide = at(Stack::kDeepspeedV03, 1536, 1);
+  EXPECT_NEAR(wide.time.host_wait.value(), 1536 * per_rank, 1e-9);
+  EXPECT_NEAR(at(Stack::kDeepspeedV03, 768, 2).time.host_wait.value(), 1536 * per_rank, 1e-9);
+  EXPECT_NEAR(at(Stack::kDeepspeedV03, 384, 1).time.host_wait.value(), 384 * per_rank, 1e-9);
+  EXPECT_DOUBLE_EQ(at(Stack::kDeepspeed, 1536, 1).time.host_wait.value(), 0.0);
+  // MiCS came in v0.9.2: no hybrid shard.
+  Plan hybrid = testing::make_plan("gpt3-175b", "dgx-a100-80g", 1536, 2048, 1536);
+  hybrid.training.stack = Stack::kDeepspeedV03;
+  hybrid.parallel.zero_stage = 3;
+  hybrid.parallel.shard_group = 8;
+  const auto refused = validate_plan(hybrid);
+  ASSERT_FALSE(refused);
+  EXPECT_NE(refused.error().message.find("/parallel/shard_group: the deepspeed-v0.3 stack has no hybrid sharding"), std::string::npos)
+      << refused.error().message;
+}
+
 // A host-bound step under ZeRO-1 (a tiny model, each eager kernel's 9.2 us of host time above its
 // GPU time): the reduction was timed against a backward that includes the wait, so the wait is
 // not shortened by it again. Eight ranks wait as long per micro-batch as one does.

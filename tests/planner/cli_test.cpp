@@ -230,7 +230,7 @@ TEST_F(PlannerCli, BadInputExitsTwoWithOneLineMessage) {
        "is the measurement " + malformed.string()},
       {"a parallelism the stack lacks", "--model 8b --gpus 64 --stack fsdp1 --fix cp=2",
        "/parallel/cp: the fsdp1 stack has no context parallelism (ring attention)"},
-      {"unknown stack", "--model 8b --gpus 8 --stack jax", "--stack: must be one of trainplan | trainplan-reference | pytorch-eager | torch-compile | megatron-te | fsdp1 | fsdp2 | fsdp2-compile | deepspeed (got \"jax\")"},
+      {"unknown stack", "--model 8b --gpus 8 --stack jax", "--stack: must be one of trainplan | trainplan-reference | pytorch-eager | torch-compile | megatron-te | fsdp1 | fsdp2 | fsdp2-compile | deepspeed | deepspeed-v0.3 (got \"jax\")"},
       {"headroom past half of HBM", "--model 8b --gpus 8 --memory-headroom 60", "--memory-headroom"},
       {"negative headroom", "--model 8b --gpus 8 --memory-headroom -1", "--memory-headroom"},
       {"heads not divisible by tp", "--model 70b --gpus 64 --fix tp=3", "--fix tp=3: tp must divide the model's attention heads (64)"},

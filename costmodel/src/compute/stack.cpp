@@ -263,6 +263,53 @@ constexpr StackSpec kDeepspeed = [] {
   return s;
 }();
 
+// DeepSpeed v0.3.16 (microsoft/DeepSpeed tag v0.3.16, April 2021: ZeRO-3 as ZeRO-Infinity
+// released it, and as 2021's published ZeRO-3 runs ran it, with PyTorch 1.8). Its ZeRO-1/2 are
+// priced as kDeepspeed's; under ZeRO-3 it differs in four ways (runtime/zero/):
+//  - partition_parameters.py _allgather_param: each parameter over the persistence threshold
+//    (1e5 elements, constants.py) is gathered by an all-gather of its own, its output a list of
+//    per-rank views of a zeroed flat buffer made in a Python loop over the ranks (a narrow and a
+//    get_rank(group) per rank: 3.5 us per rank, bench/deepspeed_host_loops.py `gather03`);
+//  - torch.distributed.all_gather with that list: ProcessGroupNCCL copies each rank's chunk out
+//    of its own flat output with a copy_ per rank on the NCCL stream (a recordStream and a
+//    launch from C++ each: 5 us, the executor's C++ launches, kTrainplan's host_seconds_per_kernel);
+//  - _allgather_param calls torch.cuda.synchronize() before each gather, and stage3.py
+//    fetch_sub_module ends with _synchronize_communication (the comm stream, then the device):
+//    the host issues each gather with nothing queued on the GPU;
+//  - gradients: reduce_scatter defaults to false (constants.py ZERO_OPTIMIZATION_REDUCE_SCATTER_DEFAULT),
+//    so stage3.py average_tensor (contiguous gradients) or buffered_reduce_fallback all-reduces
+//    each 5e8-element bucket whole (gradient_reduction_w_predivide, allreduce_and_copy) on its
+//    reduction stream (overlap_comm, on by default under stage 3).
+// Prefetch (5e7 elements), max live parameters and reuse distance (1e9) are v0.16.5's defaults
+// already.
+constexpr StackSpec kDeepspeedV03 = [] {
+  StackSpec s = kDeepspeed;
+  s.stack = Stack::kDeepspeedV03;
+  s.name = "deepspeed-v0.3";
+  s.summary = "DeepSpeed v0.3.16 (2021) with PyTorch 1.8: ZeRO-3 gathers each parameter on its own after a device sync, through "
+              "list all-gathers that copy every rank's chunk with a kernel of its own, and all-reduces its gradient buckets; "
+              "ZeRO-1/2 as deepspeed";
+  s.dp.gather_per_tensor = true;
+  s.dp.gather_host_seconds_per_rank_per_tensor = 3.5e-6;
+  s.dp.gather_host_seconds_per_rank_per_call = 0;
+  s.dp.reduce_host_seconds_per_rank_per_tensor = 0;
+  s.dp.list_copy_host_seconds = 5e-6;
+  s.dp.sync_before_gather = true;
+  s.dp.zero3_all_reduce = true;
+  // On the streams beside the collectives: torch.zeros of each gathered parameter's flat buffer (2
+  // bytes per parameter; its copy-out is the list's copies above), and per reduced bucket the
+  // flatten, the pre-divide and the copy back into the gradients (allreduce_bucket,
+  // allreduce_and_copy: 4 bytes each per 16-bit parameter).
+  s.dp.gather_copy_bytes = 2;
+  s.dp.reduce_copy_bytes = 12;
+  // MiCS, DeepSpeed's hybrid shard, came in 2023 (v0.9.2, runtime/zero/mics.py).
+  s.hybrid_shard = false;
+  s.source = "microsoft/DeepSpeed v0.3.16 deepspeed/runtime/zero/partition_parameters.py (_allgather_param, _all_gather), stage3.py "
+             "(fetch_sub_module, _synchronize_communication, average_tensor, buffered_reduce_fallback), constants.py; "
+             "pytorch v1.8.0 ProcessGroupNCCL.cpp (allgather: flattenForScatterGather, a copy_ per output tensor)";
+  return s;
+}();
+
 constexpr StackSpec kSpecs[] = {
     // The fused paths (executor --kernels fused, the default). Norms: ATen's fused rms_norm
     // forward, recomputed in backward, and one CUDA kernel for the backward (NormLinearsFn);
@@ -391,6 +438,7 @@ constexpr StackSpec kSpecs[] = {
     kFsdp2,
     compiled(kFsdp2),
     kDeepspeed,
+    kDeepspeedV03,
 };
 
 }  // namespace
@@ -477,6 +525,6 @@ std::optional<ContextAttention> cp_comm_type_from_name(const std::string& name) 
 
 const char* loss_kernel_choices() { return "fp32-logits | fused | chunked-linear | vocab-parallel-fp32"; }
 
-const char* stack_choices() { return "trainplan | trainplan-reference | pytorch-eager | torch-compile | megatron-te | fsdp1 | fsdp2 | fsdp2-compile | deepspeed"; }
+const char* stack_choices() { return "trainplan | trainplan-reference | pytorch-eager | torch-compile | megatron-te | fsdp1 | fsdp2 | fsdp2-compile | deepspeed | deepspeed-v0.3"; }
 
 }  // namespace trainplan::costmodel

@@ -248,28 +248,38 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
     // backward: per gathered tensor (each layer forward, again backward less the layers kept for
     // reuse; the ends as below), per gather (gathers_per_layer, as estimate_stage.cpp times them)
     // and per reduced gradient.
-    double loops_forward = 0, loops_backward = 0;
+    double loops_forward = 0, loops_backward = 0, loops_backward_gathers = 0;
     if (p.zero_stage == 3 && sharded_dp && loops_over_ranks) {
-      const double chunks = gathers_per_layer(stack, dense_layer + expert_layer, largest_linear);
+      // LoRA: the frozen base is gathered as in pretraining, the adapters too where large enough;
+      // only the adapters' gradients are reduced.
+      const double gathered = tensors.large + (lora ? adapters.large : 0.0);
+      const double chunks = gathers_per_layer(stack, dense_layer + expert_layer, largest_linear, gathered);
       // The embedding and output tables are gathered where they pass the persistence threshold
       // (the embedding each way unless kept, the output layer once: kept to its backward).
       const double table = static_cast<double>(mdl.vocab) * h / t;
       const bool tables = table >= stack.dp.persistence_threshold_elements;
       const double ends_forward = tables ? (first ? 1.0 : 0.0) + (last ? 1.0 : 0.0) : 0.0;
       const double ends_backward = tables && first && !kept.embedding ? 1.0 : 0.0;
-      // LoRA: the frozen base is gathered as in pretraining, the adapters too where large enough;
-      // only the adapters' gradients are reduced.
-      const double gathered = tensors.large + (lora ? adapters.large : 0.0);
       const double reduced = lora ? layers[i] * adapters.all : layers[i] * tensors.all + (first ? 1.0 : 0.0) + (last ? 2.0 : 0.0);
       // A submodule whose parameters all persist is not fetched: no gather call for it.
+      // A list all-gather adds a copy launch per rank (list_copy_host_seconds) to each tensor's.
+      const double per_tensor = stack.dp.gather_host_seconds_per_rank_per_tensor + stack.dp.list_copy_host_seconds;
       const auto gathers = [&](double layer_passes, double ends) {
-        return stack.dp.gather_host_seconds_per_rank_per_tensor * (layer_passes * gathered + ends) +
+        return per_tensor * (layer_passes * gathered + ends) +
                stack.dp.gather_host_seconds_per_rank_per_call * ((gathered > 0 ? layer_passes * chunks : 0.0) + ends);
       };
       loops_forward = dense_shard * gathers(layers[i], ends_forward);
-      loops_backward = dense_shard * (gathers(layers[i] - kept.layers, ends_backward) + stack.dp.reduce_host_seconds_per_rank_per_tensor * reduced);
+      loops_backward_gathers = dense_shard * gathers(layers[i] - kept.layers, ends_backward);
+      loops_backward = loops_backward_gathers + dense_shard * stack.dp.reduce_host_seconds_per_rank_per_tensor * reduced;
     }
-    if (loops_forward + loops_backward > 0) {
+    if (stack.dp.sync_before_gather && loops_forward + loops_backward > 0) {
+      // A device sync before each gather (DeepSpeed v0.3.16): the gathers' loops run with nothing
+      // queued on the GPU, all of them a wait; the rest of the host's work (its launches, the
+      // reductions' loops) still runs ahead of the GPU within the pass.
+      const double f = x.forward / std::max(1e-30, x.forward + x.backward);
+      x.host_wait = loops_forward + loops_backward_gathers + std::max(0.0, host * f - x.forward) +
+                    std::max(0.0, host * (1.0 - f) + loops_backward - loops_backward_gathers - x.backward);
+    } else if (loops_forward + loops_backward > 0) {
       // DeepSpeed's fetches sync the host to the GPU two at a time (partitioned_param_coordinator.py
       // __max_ongoing_fetch_events): the host cannot carry the forward's slack into the backward,
       // so each pass waits on its own (the launches shared by the passes' GPU time).
@@ -434,7 +444,7 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
   // compute they hide behind (ring kernels run on ~8-16 of 108-132 SMs).
   constexpr double kOverlapSlowdown = 0.1;
   const StageTailInputs tail_inputs{plan, p, tr, mdl, hw, stack, st, layers, share, pc, lc, ec, w, rates, reuse_kept,
-                                    lora, grad_op_units, frozen_width, e, reduce_bytes, dense_layer, expert_layer, lora_layer,
+                                    LayerTensors{tensors.all, tensors.large + (lora ? adapters.large : 0.0)}, lora, grad_op_units, frozen_width, e, reduce_bytes, dense_layer, expert_layer, lora_layer,
                                     largest_linear, t, grad_width, stages, dense_shard, gpn, m};
   const auto stage_tail = [&](int i) { return stage_tail_of(tail_inputs, i); };
   std::vector<StageTail> tails;

@@ -36,8 +36,9 @@ struct LayerTensors {
 
 // ZeRO-3 all-gathers per layer of `layer_params`: 1 for an FSDP unit; DeepSpeed's submodule
 // fetches coalesced with its prefetch bucket (DataParallelSpec::gather_bucket_params), chunks of
-// at least the largest linear layer, at most the bucket.
-[[nodiscard]] int gathers_per_layer(const StackSpec& stack, double layer_params, double largest_linear);
+// at least the largest linear layer, at most the bucket; one per gathered tensor
+// (`large_tensors` of the layer) where the stack gathers tensor by tensor (gather_per_tensor).
+[[nodiscard]] int gathers_per_layer(const StackSpec& stack, double layer_params, double largest_linear, double large_tensors);
 
 // "%.1f GiB" without printf (the search formats a reason for each plan that does not fit).
 [[nodiscard]] std::string gib_text(double bytes);
@@ -85,6 +86,7 @@ struct StageTailInputs {
   const StateWidths& w;
   const KernelRates& rates;
   std::function<ReuseKept(int, bool, bool)> reuse_kept;
+  LayerTensors tensors;  // a layer's parameter tensors, where the stack loops over them (else zero)
   bool lora, grad_op_units;
   double frozen_width, e, reduce_bytes, dense_layer, expert_layer, lora_layer, largest_linear, t, grad_width;
   int stages, dense_shard, gpn, m;

@@ -82,18 +82,25 @@ StageTail stage_tail_of(const StageTailInputs& in, int i) {
     // Gradients leave in reduce buckets where the stack fills them (DeepSpeed): a unit pays its
     // share of a bucket's reduce-scatter, whose latency is paid once per bucket.
     const double bucket = stack.dp.reduce_bucket_params > 0 ? std::min(stack.dp.reduce_bucket_params, X.trainable) : 0.0;
-    const double bucket_reduce = bucket > 0 ? collective_time(hw, Collective::kReduceScatter, Bytes(bucket * reduce_bytes), shard).value() : 0.0;
+    // DeepSpeed v0.3.16 all-reduces its buckets whole (DataParallelSpec::zero3_all_reduce).
+    const Collective rs = stack.dp.zero3_all_reduce ? Collective::kAllReduce : Collective::kReduceScatter;
+    const double bucket_reduce = bucket > 0 ? collective_time(hw, rs, Bytes(bucket * reduce_bytes), shard).value() : 0.0;
+    // A list all-gather's copy per rank (DataParallelSpec::list_copy_host_seconds): a kernel per
+    // rank on the communication stream, after the collective, moving the gathered tensor once.
+    const bool list_copies = stack.dp.list_copy_host_seconds > 0;
     const auto add_unit = [&](double params, double trainable, double forward, double backward) {
       const double reduce = bucket > trainable ? bucket_reduce * trainable / bucket
-                                               : collective_time(hw, Collective::kReduceScatter, Bytes(trainable * reduce_bytes), shard).value();
-      dp_units.push_back({collective_time(hw, Collective::kAllGather, Bytes(params * gather_width), shard).value(), reduce, forward, backward});
+                                               : collective_time(hw, rs, Bytes(trainable * reduce_bytes), shard).value();
+      const double gather = collective_time(hw, Collective::kAllGather, Bytes(params * gather_width), shard).value() +
+                            (list_copies && params > 0 ? rates.stream(2.0 * params * gather_width, shard.size) : 0.0);
+      dp_units.push_back({gather, reduce, forward, backward});
     };
     const double layer_params = dense_layer + expert_layer;
     const double layer_trainable = lora ? lora_layer : layer_params;
     // FSDP units of at least fsdp_wrap_min_params: whole layers grouped. DeepSpeed gathers a
     // layer submodule by submodule (gathers_per_layer).
     const int per_unit = std::max(1, static_cast<int>(std::ceil(static_cast<double>(p.fsdp_wrap_min_params) / std::max(1.0, layer_params))));
-    const int chunks = gathers_per_layer(stack, layer_params, largest_linear);
+    const int chunks = gathers_per_layer(stack, layer_params, largest_linear, in.tensors.large);
     if (i == 0) add_unit(pc.embedding / t, lora ? 0.0 : pc.embedding / t, ec.embedding_forward, ec.embedding_backward);
     for (int done = 0; done < Li; done += per_unit) {
       const int n = std::min(per_unit, Li - done);
@@ -119,27 +126,40 @@ StageTail stage_tail_of(const StageTailInputs& in, int i) {
     const std::size_t kept_units = std::min(n, static_cast<std::size_t>(kept.layers) * static_cast<std::size_t>(chunks) + (kept.head ? 1 : 0) +
                                                    (kept.embedding ? 1 : 0));
     const auto backward_gather = [&](std::size_t u) { return regather && u + kept_units < n ? dp_units[u].gather : 0.0; };
+    // A stack that syncs the device before each gather (DataParallelSpec::sync_before_gather)
+    // issues it with the GPU idle: the gather runs during its own issue (the host's loops over
+    // the ranks, a host-bound wait of their own, estimate.cpp) as well as the compute after it.
+    const double issue = stack.dp.sync_before_gather
+                             ? shard.size * (stack.dp.gather_host_seconds_per_rank_per_tensor + stack.dp.list_copy_host_seconds)
+                             : 0.0;
+    const auto after_issue = [&](double gather) { return gather > 0 ? std::max(0.0, gather - issue) : 0.0; };
     for (std::size_t u = 0; u < n; ++u) {
       ag_total += dp_units[u].gather;
       bwd_ag_total += backward_gather(u);
       rs_total += dp_units[u].reduce;
       if (!prefetch) continue;
       // Forward in order: unit u computes while unit u + 1 is gathered.
-      if (u + 1 < n) fwd += std::max(0.0, dp_units[u + 1].gather - dp_units[u].forward);
+      if (u + 1 < n) fwd += std::max(0.0, after_issue(dp_units[u + 1].gather) - dp_units[u].forward);
       // Backward in reverse: unit u computes while unit u - 1 is gathered and unit u + 1's
       // gradients are reduce-scattered.
-      const double during = (u > 0 ? backward_gather(u - 1) : 0.0) + (u + 1 < n ? dp_units[u + 1].reduce : 0.0);
+      const double during = (u > 0 ? after_issue(backward_gather(u - 1)) : 0.0) + (u + 1 < n ? dp_units[u + 1].reduce : 0.0);
       bwd += std::max(0.0, during - dp_units[u].backward);
     }
     if (prefetch) {
-      fwd += dp_units.front().gather;
-      bwd += backward_gather(n - 1) + dp_units.front().reduce;
+      fwd += after_issue(dp_units.front().gather);
+      bwd += after_issue(backward_gather(n - 1)) + dp_units.front().reduce;
     } else {
-      fwd = ag_total;
-      bwd = bwd_ag_total + rs_total;
+      fwd = 0;
+      bwd = rs_total;
+      for (std::size_t u = 0; u < n; ++u) {
+        fwd += after_issue(dp_units[u].gather);
+        bwd += after_issue(backward_gather(u));
+      }
     }
     dp_exposed += m * (fwd + bwd);
-    out.dp_exposed_units = m * (fwd + bwd);
+    // What runs during a host-bound wait that overlaps the GPU's work (estimate.cpp); where the
+    // host syncs before each gather its wait is exposed whole, the gathers timed against it above.
+    out.dp_exposed_units = stack.dp.sync_before_gather ? 0.0 : m * (fwd + bwd);
     dp_total += m * (ag_total + bwd_ag_total + rs_total);
     if (p.shard_size() < p.dp) {  // hybrid shard: all-reduce the shards across replicas
       const int replicas = p.dp / p.shard_size();

@@ -132,10 +132,24 @@ LayerTensors layer_tensors(const ModelSpec& m, int tp, int ep, double min_elemen
     }
   };
   LayerTensors attention;
+  // A GPT block keeps Q, K and V in one weight (and one bias) in the codebases that define it:
+  // Hugging Face GPT2Attention.c_attn, Megatron's query_key_value, GPT-NeoX's query_key_value.
+  const bool one_qkv = m.architecture == Architecture::kGpt && !m.mla;
+  double qkv = 0, qkv_bias = 0;
   for (const LinearShape& l : attention_linears(m)) {
-    add(attention, l.split == TpSplit::kReplicated ? l.in * l.out : l.in * l.out / t, 1.0);
-    if (l.bias) add(attention, l.split == TpSplit::kColumn ? l.out / t : l.out, 1.0);
+    const double weight = l.split == TpSplit::kReplicated ? l.in * l.out : l.in * l.out / t;
+    const double bias = l.split == TpSplit::kColumn ? l.out / t : l.out;
+    const std::string name = l.name;
+    if (one_qkv && (name == "q" || name == "k" || name == "v")) {
+      qkv += weight;
+      qkv_bias += l.bias ? bias : 0.0;
+      continue;
+    }
+    add(attention, weight, 1.0);
+    if (l.bias) add(attention, bias, 1.0);
   }
+  if (qkv > 0) add(attention, qkv, 1.0);
+  if (qkv_bias > 0) add(attention, qkv_bias, 1.0);
   add(attention, h, f.layer_norm ? 4.0 : 2.0);  // the block's two norms (weight, and bias for LayerNorm)
   if (m.mla) {
     if (m.mla->q_lora_rank > 0) add(attention, static_cast<double>(m.mla->q_lora_rank), 1.0);
@@ -161,7 +175,8 @@ LayerTensors lora_tensors_per_layer(const ModelSpec& m, const LoraConfig& lora, 
   return x;
 }
 
-int gathers_per_layer(const StackSpec& stack, double layer_params, double largest_linear) {
+int gathers_per_layer(const StackSpec& stack, double layer_params, double largest_linear, double large_tensors) {
+  if (stack.dp.gather_per_tensor) return std::max(1, static_cast<int>(std::lround(large_tensors)));
   if (stack.dp.gather_bucket_params <= 0) return 1;
   return std::max(1, static_cast<int>(std::ceil(layer_params / std::max(largest_linear, std::min(stack.dp.gather_bucket_params, layer_params)))));
 }

@@ -23,9 +23,11 @@ enum class Stack {
   kFsdp2,         // PyTorch FSDP2 (fully_shard, per-parameter DTensor): torchtitan, Accelerate FSDP2
   kFsdp2Compile,  // the same under torch.compile (torchtitan's --compile: each block and the loss compiled)
   kDeepspeed,     // DeepSpeed ZeRO-1/2/3 on a PyTorch module
+  kDeepspeedV03,  // DeepSpeed v0.3.16 (2021) with the PyTorch of its time: ZeRO-3 parameter by parameter
 };
 inline constexpr Stack kStacks[] = {Stack::kTrainplan, Stack::kTrainplanReference, Stack::kPytorchEager, Stack::kTorchCompile,
-                                    Stack::kMegatronTe, Stack::kFsdp1, Stack::kFsdp2, Stack::kFsdp2Compile, Stack::kDeepspeed};
+                                    Stack::kMegatronTe, Stack::kFsdp1, Stack::kFsdp2, Stack::kFsdp2Compile, Stack::kDeepspeed,
+                                    Stack::kDeepspeedV03};
 
 // How the loss over the vocabulary is computed.
 enum class LossKernel {
@@ -173,6 +175,21 @@ struct DataParallelSpec {
   // ZeRO-3: tensors under this many elements stay whole on every rank and are never gathered
   // (DeepSpeed's stage3_param_persistence_threshold); 0: every tensor is sharded.
   double persistence_threshold_elements = 0;
+  // ZeRO-3: each parameter tensor of at least persistence_threshold_elements is all-gathered by a
+  // collective of its own (DeepSpeed v0.3.16 _allgather_param), not a submodule's coalesced.
+  bool gather_per_tensor = false;
+  // ZeRO-3: the all-gather takes a list of per-rank output tensors, which the ProcessGroupNCCL of
+  // the time fills from a flat buffer with a copy per rank on the NCCL stream, each launched
+  // from C++: this many host seconds per rank per gather, and a kernel per rank on the GPU's
+  // communication stream. 0: one output buffer (no copies per rank).
+  double list_copy_host_seconds = 0;
+  // ZeRO-3: the host synchronizes the whole device before each gather it issues and after each
+  // fetch (torch.cuda.synchronize): its loops run while the GPU has nothing queued, so they are
+  // not hidden behind the GPU's work; the gathers then overlap the host's loops and the compute.
+  bool sync_before_gather = false;
+  // ZeRO-3: gradients all-reduced whole in the reduce buckets, each rank keeping its partition
+  // (DeepSpeed v0.3.16's default, reduce_scatter false); false: reduce-scattered.
+  bool zero3_all_reduce = false;
 };
 
 struct StackSpec {
@@ -257,6 +274,9 @@ struct StackSpec {
   int max_zero_with_pipeline = 3;
   int max_zero_with_tensor_parallel = 3;  // likewise beside tensor parallelism
   int max_zero_with_expert_parallel = 3;  // likewise beside expert parallelism
+  // Runs ZeRO-3 sharded within groups and replicated across them (FSDP's HYBRID_SHARD, DeepSpeed's
+  // MiCS, plan key shard_group).
+  bool hybrid_shard = true;
   // Runs ZeRO-1, optimizer states sharded with gradients and parameters whole: Megatron's
   // distributed optimizer, DeepSpeed's stage 1, PyTorch DDP with ZeroRedundancyOptimizer, the
   // executor. FSDP has no such mode: FSDP1's ShardingStrategy is NO_SHARD, SHARD_GRAD_OP,
@@ -290,7 +310,7 @@ struct StackSpec {
 [[nodiscard]] const char* cp_comm_type_name(ContextAttention comm);
 [[nodiscard]] std::optional<ContextAttention> cp_comm_type_from_name(const std::string& name);
 // "trainplan", "trainplan-reference", "pytorch-eager", "torch-compile", "megatron-te", "fsdp1",
-// "fsdp2", "fsdp2-compile", "deepspeed".
+// "fsdp2", "fsdp2-compile", "deepspeed", "deepspeed-v0.3".
 [[nodiscard]] std::optional<Stack> stack_from_name(const std::string& name);
 // "trainplan | trainplan-reference | ... | deepspeed", for messages.
 [[nodiscard]] const char* stack_choices();
