@@ -223,6 +223,21 @@ TEST(DeepspeedV03Stack, GathersTensorByTensorWithTheDeviceSynced) {
   ASSERT_FALSE(refused);
   EXPECT_NE(refused.error().message.find("/parallel/shard_group: the deepspeed-v0.3 stack has no hybrid sharding"), std::string::npos)
       << refused.error().message;
+  // ZeRO-3 ran beside Megatron's tensor parallelism (its mpu); MoE layers came in v0.5.0.
+  Plan sliced = testing::make_plan("gpt3-175b", "dgx-a100-80g", 1536, 2048, 1536);
+  sliced.training.stack = Stack::kDeepspeedV03;
+  sliced.parallel.zero_stage = 3;
+  sliced.parallel.tp = 8;
+  sliced.parallel.dp = 192;
+  EXPECT_TRUE(validate_plan(sliced));
+  Plan moe = testing::make_plan("mixtral-8x7b", "dgx-h100", 64, 4096, 64);
+  moe.training.stack = Stack::kDeepspeedV03;
+  moe.parallel.ep = 8;
+  moe.parallel.zero_stage = 1;
+  const auto no_experts = validate_plan(moe);
+  ASSERT_FALSE(no_experts);
+  EXPECT_NE(no_experts.error().message.find("/parallel/ep: the deepspeed-v0.3 stack has no expert parallelism"), std::string::npos)
+      << no_experts.error().message;
 }
 
 // A host-bound step under ZeRO-1 (a tiny model, each eager kernel's 9.2 us of host time above its

@@ -304,6 +304,10 @@ constexpr StackSpec kDeepspeedV03 = [] {
   s.dp.reduce_copy_bytes = 12;
   // MiCS, DeepSpeed's hybrid shard, came in 2023 (v0.9.2, runtime/zero/mics.py).
   s.hybrid_shard = false;
+  // ZeRO-3 beside Megatron's tensor parallelism through its mpu (stage3.py: model_parallel_group,
+  // _model_parallel_all_reduce); no MoE layers yet (deepspeed/moe came in v0.5.0).
+  s.max_zero_with_tensor_parallel = 3;
+  s.expert_parallel = false;
   s.source = "microsoft/DeepSpeed v0.3.16 deepspeed/runtime/zero/partition_parameters.py (_allgather_param, _all_gather), stage3.py "
              "(fetch_sub_module, _synchronize_communication, average_tensor, buffered_reduce_fallback), constants.py; "
              "pytorch v1.8.0 ProcessGroupNCCL.cpp (allgather: flattenForScatterGather, a copy_ per output tensor)";

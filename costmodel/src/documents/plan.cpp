@@ -509,6 +509,7 @@ Result<bool> validate_plan(const Plan& plan) {
     const StackSpec& stack = stack_spec(plan.training.stack);
     if (const std::string e = unsupported_parallelism(plan.training.stack, p.tp, p.cp, p.pp); !e.empty()) return err(e);
     if (const std::string e = mask_error(plan.training, p.cp); !e.empty()) return err(e);
+    if (p.ep > 1 && !stack.expert_parallel) return err("/parallel/ep: the " + std::string(stack.name) + " stack has no expert parallelism");
     if (p.shard_group != 0 && !stack.hybrid_shard) {
       return err("/parallel/shard_group: the " + std::string(stack.name) + " stack has no hybrid sharding (ZeRO-3 within groups): shard_group 0");
     }

@@ -270,7 +270,7 @@ struct StackSpec {
   Dtype reduce_dtype = Dtype::kFp32;
   // The parallelisms the stack runs besides data parallelism (validate_plan refuses the others,
   // so the search never recommends them), and the highest ZeRO stage it runs with a pipeline.
-  bool tensor_parallel = true, context_parallel = true, pipeline_parallel = true;
+  bool tensor_parallel = true, context_parallel = true, pipeline_parallel = true, expert_parallel = true;
   int max_zero_with_pipeline = 3;
   int max_zero_with_tensor_parallel = 3;  // likewise beside tensor parallelism
   int max_zero_with_expert_parallel = 3;  // likewise beside expert parallelism
