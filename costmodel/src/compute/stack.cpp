@@ -223,7 +223,7 @@ constexpr StackSpec kDeepspeed = [] {
   StackSpec s = kPytorchEager;
   s.stack = Stack::kDeepspeed;
   s.name = "deepspeed";
-  s.summary = "DeepSpeed ZeRO-1/2/3: per-submodule coalesced all-gathers with a 5e7 prefetch bucket, 5e8-element gradient buckets "
+  s.summary = "DeepSpeed v0.16.5 ZeRO-1/2/3 (for 2021's v0.3: deepspeed-v0.3): per-submodule coalesced all-gathers with a 5e7 prefetch bucket, 5e8-element gradient buckets "
               "(all-reduced under ZeRO-1/2, every micro-batch under ZeRO-2), gradients kept in bf16, FusedAdam, eager modules "
               "with FlashAttention-2 and fp32 logits for the loss";
   s.optimizer_kernels_per_tensor = 0.3;
