@@ -230,6 +230,11 @@ TEST_F(PlannerCli, BadInputExitsTwoWithOneLineMessage) {
        "is the measurement " + malformed.string()},
       {"a parallelism the stack lacks", "--model 8b --gpus 64 --stack fsdp1 --fix cp=2",
        "/parallel/cp: the fsdp1 stack has no context parallelism (ring attention)"},
+      // DeepSpeed v0.3.16 had no MoE layers (v0.5.0) and no MiCS (v0.9.2): named before any search.
+      {"no expert parallelism", "--model mixtral-8x7b --gpus 64 --stack deepspeed-v0.3 --fix ep=8",
+       "/parallel/ep: the deepspeed-v0.3 stack has no expert parallelism"},
+      {"no hybrid shard", "--model 8b --gpus 64 --stack deepspeed-v0.3 --fix zero=3 --fix shard_group=8",
+       "/parallel/shard_group: the deepspeed-v0.3 stack has no hybrid sharding"},
       {"unknown stack", "--model 8b --gpus 8 --stack jax", "--stack: must be one of trainplan | trainplan-reference | pytorch-eager | torch-compile | megatron-te | fsdp1 | fsdp2 | fsdp2-compile | deepspeed | deepspeed-v0.3 (got \"jax\")"},
       {"headroom past half of HBM", "--model 8b --gpus 8 --memory-headroom 60", "--memory-headroom"},
       {"negative headroom", "--model 8b --gpus 8 --memory-headroom -1", "--memory-headroom"},

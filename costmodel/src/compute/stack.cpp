@@ -265,7 +265,10 @@ constexpr StackSpec kDeepspeed = [] {
 
 // DeepSpeed v0.3.16 (microsoft/DeepSpeed tag v0.3.16, April 2021: ZeRO-3 as ZeRO-Infinity
 // released it, and as 2021's published ZeRO-3 runs ran it, with PyTorch 1.8). Its ZeRO-1/2 are
-// priced as kDeepspeed's; under ZeRO-3 it differs in four ways (runtime/zero/):
+// priced with kDeepspeed's buckets and schedule and v0.3.16's copies around each reduction
+// (below; stage2.py allreduce_bucket flattens, pre-divides and copies back likewise; its
+// device syncs under overlap_comm are not modelled); under ZeRO-3 it differs in four ways
+// (runtime/zero/):
 //  - partition_parameters.py _allgather_param: each parameter over the persistence threshold
 //    (1e5 elements, constants.py) is gathered by an all-gather of its own, its output a list of
 //    per-rank views of a zeroed flat buffer made in a Python loop over the ranks (a narrow and a
@@ -288,7 +291,7 @@ constexpr StackSpec kDeepspeedV03 = [] {
   s.name = "deepspeed-v0.3";
   s.summary = "DeepSpeed v0.3.16 (2021) with PyTorch 1.8: ZeRO-3 gathers each parameter on its own after a device sync, through "
               "list all-gathers that copy every rank's chunk with a kernel of its own, and all-reduces its gradient buckets; "
-              "ZeRO-1/2 as deepspeed";
+              "ZeRO-1/2 with deepspeed's buckets";
   s.dp.gather_per_tensor = true;
   s.dp.gather_host_seconds_per_rank_per_tensor = 3.5e-6;
   s.dp.gather_host_seconds_per_rank_per_call = 0;
@@ -298,8 +301,8 @@ constexpr StackSpec kDeepspeedV03 = [] {
   s.dp.zero3_all_reduce = true;
   // On the streams beside the collectives: torch.zeros of each gathered parameter's flat buffer (2
   // bytes per parameter; its copy-out is the list's copies above), and per reduced bucket the
-  // flatten, the pre-divide and the copy back into the gradients (allreduce_bucket,
-  // allreduce_and_copy: 4 bytes each per 16-bit parameter).
+  // flatten, the pre-divide and the copy back into the gradients (stage3.py and stage2.py
+  // allreduce_bucket, allreduce_and_copy: 4 bytes each per 16-bit parameter), at every stage.
   s.dp.gather_copy_bytes = 2;
   s.dp.reduce_copy_bytes = 12;
   // MiCS, DeepSpeed's hybrid shard, came in 2023 (v0.9.2, runtime/zero/mics.py).

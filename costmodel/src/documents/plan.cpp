@@ -379,6 +379,11 @@ Result<bool> validate_request(const PlanRequest& req) {
   // What the stack cannot run, named before any search.
   if (const std::string e = unsupported_parallelism(req.training.stack, c.tp.value_or(1), c.cp.value_or(1), c.pp.value_or(1)); !e.empty()) return err(e);
   if (const std::string e = mask_error(req.training, c.cp.value_or(1)); !e.empty()) return err(e);
+  if (const StackSpec& stack = stack_spec(req.training.stack); c.ep && *c.ep > 1 && !stack.expert_parallel) {
+    return err("/parallel/ep: the " + std::string(stack.name) + " stack has no expert parallelism");
+  } else if (c.shard_group && *c.shard_group > 0 && !stack.hybrid_shard) {
+    return err("/parallel/shard_group: the " + std::string(stack.name) + " stack has no hybrid sharding (ZeRO-3 within groups): shard_group 0");
+  }
   if (c.tp && m.heads % *c.tp != 0) return err("/parallel/tp: tp(" + std::to_string(*c.tp) + ") must divide heads (" + std::to_string(m.heads) + ")");
   if (c.tp && c.pp && c.dp && c.cp && static_cast<long long>(*c.tp) * *c.pp * *c.dp * *c.cp != req.gpus) {
     return err("/parallel: " + dims_text(*c.tp, *c.cp, *c.pp, *c.dp) + " != gpus(" + std::to_string(req.gpus) + ")");

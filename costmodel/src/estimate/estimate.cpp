@@ -460,7 +460,7 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
     const StageTail& x = tails.back();
     // ZeRO-3's unit collectives run while the GPU waits for the host (as the step below counts them).
     const double busy = m * (st[i].forward + st[i].backward) + x.dp_exposed - std::min(m * st[i].host_wait, x.dp_exposed_units) +
-                        kOverlapSlowdown * std::max(0.0, x.dp_total - x.dp_exposed) + x.optimizer + x.offload;
+                        kOverlapSlowdown * std::max(0.0, x.dp_total - x.dp_exposed - x.dp_idle_overlap) + x.optimizer + x.offload;
     if (busy > critical_time + 1e-15) {
       critical = i;
       critical_time = busy;
@@ -473,7 +473,7 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
   const int L = layers[critical];
   tm.compute = Seconds(m * (L * (lc.forward + lc.backward) + (critical == 0 ? ec.embedding_forward + ec.embedding_backward : 0.0) +
                             (critical == stages - 1 ? ec.head_forward + ec.head_backward : 0.0) + S.grad_pass) +
-                       kOverlapSlowdown * std::max(0.0, tail.dp_total - tail.dp_exposed));
+                       kOverlapSlowdown * std::max(0.0, tail.dp_total - tail.dp_exposed - tail.dp_idle_overlap));
   tm.recompute = Seconds(static_cast<double>(m) * L * lc.recompute);
   tm.dp_copies = Seconds(m * S.dp_copies);
   tm.tp_comm = Seconds(static_cast<double>(m) * L * (lc.tp_comm_forward + lc.tp_comm_backward + lc.tp_comm_recompute));

@@ -67,6 +67,9 @@ struct StageTail {
   // Of dp_exposed, ZeRO-3's unit-by-unit gathers and reduce-scatters (timed against the GPU's
   // compute alone): what runs while the GPU waits for a host-bound stack's host.
   double dp_exposed_units = 0;
+  // Of the hidden traffic, what runs while the compute stream is empty (a stack that syncs the
+  // device before each gather): no compute to slow.
+  double dp_idle_overlap = 0;
 };
 
 // What stage_tail_of reads of the estimate in progress.

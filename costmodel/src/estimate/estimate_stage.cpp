@@ -127,11 +127,10 @@ StageTail stage_tail_of(const StageTailInputs& in, int i) {
                                                    (kept.embedding ? 1 : 0));
     const auto backward_gather = [&](std::size_t u) { return regather && u + kept_units < n ? dp_units[u].gather : 0.0; };
     // A stack that syncs the device before each gather (DataParallelSpec::sync_before_gather)
-    // issues it with the GPU idle: the gather runs during its own issue (the host's loops over
-    // the ranks, a host-bound wait of their own, estimate.cpp) as well as the compute after it.
-    const double issue = stack.dp.sync_before_gather
-                             ? shard.size * (stack.dp.gather_host_seconds_per_rank_per_tensor + stack.dp.list_copy_host_seconds)
-                             : 0.0;
+    // issues it with the GPU idle. Its Python loop over the ranks runs before the collective is
+    // queued (_allgather_param), but the list's copies are launched after it: the gather runs
+    // during their launches (a host-bound wait, estimate.cpp) as well as the compute after it.
+    const double issue = stack.dp.sync_before_gather ? shard.size * stack.dp.list_copy_host_seconds : 0.0;
     const auto after_issue = [&](double gather) { return gather > 0 ? std::max(0.0, gather - issue) : 0.0; };
     for (std::size_t u = 0; u < n; ++u) {
       ag_total += dp_units[u].gather;
@@ -155,6 +154,11 @@ StageTail stage_tail_of(const StageTailInputs& in, int i) {
         fwd += after_issue(dp_units[u].gather);
         bwd += after_issue(backward_gather(u));
       }
+    }
+    // What of the gathers runs during their own issue, with the compute stream empty: it slows
+    // no compute (estimate.cpp's overlap slowdown leaves it out).
+    if (issue > 0) {
+      for (std::size_t u = 0; u < n; ++u) out.dp_idle_overlap += m * (std::min(dp_units[u].gather, issue) + std::min(backward_gather(u), issue));
     }
     dp_exposed += m * (fwd + bwd);
     // What runs during a host-bound wait that overlaps the GPU's work (estimate.cpp); where the

@@ -170,7 +170,8 @@ struct DataParallelSpec {
   double gather_host_seconds_per_rank_per_call = 0;
   double reduce_host_seconds_per_rank_per_tensor = 0;
   [[nodiscard]] bool loops_over_ranks() const {
-    return gather_host_seconds_per_rank_per_tensor > 0 || gather_host_seconds_per_rank_per_call > 0 || reduce_host_seconds_per_rank_per_tensor > 0;
+    return gather_host_seconds_per_rank_per_tensor > 0 || gather_host_seconds_per_rank_per_call > 0 || reduce_host_seconds_per_rank_per_tensor > 0 ||
+           list_copy_host_seconds > 0;
   }
   // ZeRO-3: tensors under this many elements stay whole on every rank and are never gathered
   // (DeepSpeed's stage3_param_persistence_threshold); 0: every tensor is sharded.
@@ -185,7 +186,8 @@ struct DataParallelSpec {
   double list_copy_host_seconds = 0;
   // ZeRO-3: the host synchronizes the whole device before each gather it issues and after each
   // fetch (torch.cuda.synchronize): its loops run while the GPU has nothing queued, so they are
-  // not hidden behind the GPU's work; the gathers then overlap the host's loops and the compute.
+  // not hidden behind the GPU's work; each gather, queued after the Python loop, overlaps the
+  // launches of its list's copies and the compute after them.
   bool sync_before_gather = false;
   // ZeRO-3: gradients all-reduced whole in the reduce buckets, each rank keeping its partition
   // (DeepSpeed v0.3.16's default, reduce_scatter false); false: reduce-scattered.
