@@ -327,6 +327,7 @@ Result<SearchResult> search(const PlanRequest& req, const SearchOptions& options
     return !stopped;
   };
 
+  const bool hybrid_shard = stack_spec(req.training.stack).hybrid_shard;  // searched where the stack runs it
   // Searches the units handed out by `next` with the given optimizer offloads.
   const auto work = [&](Partial& part, std::atomic<std::size_t>& next, const std::vector<Offload>& offloads) {
     // One plan per thread, reused: only its parallel layout changes in the loops below.
@@ -357,8 +358,8 @@ Result<SearchResult> search(const PlanRequest& req, const SearchOptions& options
           std::vector<int> zeros = (dp * cp == 1) ? std::vector<int>{0} : std::vector<int>{0, 1, 2, 3};
           for (int zero : fixed_or(c.zero_stage, zeros)) {
             std::vector<int> groups = {0};
-            if (zero == 3 && !c.shard_group && costmodel::stack_spec(req.training.stack).hybrid_shard) {
-              // Hybrid shard within a node when dp spans nodes (where the stack runs it).
+            if (zero == 3 && !c.shard_group && hybrid_shard) {
+              // Hybrid shard within a node when dp spans nodes.
               const int in_node = std::max(1, std::min(dp, gpn / (tp * cp * pp) > 0 ? gpn / (tp * cp * pp) : 1));
               if (in_node > 1 && in_node < dp && dp % in_node == 0) groups.push_back(in_node);
             }

@@ -459,12 +459,14 @@ const StackSpec& stack_spec(Stack stack) {
 
 const char* stack_name(Stack stack) { return stack_spec(stack).name; }
 
-std::string unsupported_parallelism(Stack stack, int tp, int cp, int pp) {
+std::string unsupported_parallelism(Stack stack, int tp, int cp, int pp, int ep, int shard_group) {
   const StackSpec& s = stack_spec(stack);
   const std::string lacks = std::string(": the ") + s.name + " stack has no ";
   if (tp > 1 && !s.tensor_parallel) return "/parallel/tp" + lacks + "tensor parallelism";
   if (cp > 1 && !s.context_parallel) return "/parallel/cp" + lacks + "context parallelism (ring attention)";
   if (pp > 1 && !s.pipeline_parallel) return "/parallel/pp" + lacks + "pipeline parallelism";
+  if (ep > 1 && !s.expert_parallel) return "/parallel/ep" + lacks + "expert parallelism";
+  if (shard_group > 0 && !s.hybrid_shard) return "/parallel/shard_group" + lacks + "hybrid sharding (ZeRO-3 within groups): shard_group 0";
   return "";
 }
 

@@ -377,13 +377,12 @@ Result<bool> validate_request(const PlanRequest& req) {
   const auto err = [](const std::string& s) { return Error{s}; };
   if (const std::string e = training_error(m, req.training); !e.empty()) return err(e);
   // What the stack cannot run, named before any search.
-  if (const std::string e = unsupported_parallelism(req.training.stack, c.tp.value_or(1), c.cp.value_or(1), c.pp.value_or(1)); !e.empty()) return err(e);
-  if (const std::string e = mask_error(req.training, c.cp.value_or(1)); !e.empty()) return err(e);
-  if (const StackSpec& stack = stack_spec(req.training.stack); c.ep && *c.ep > 1 && !stack.expert_parallel) {
-    return err("/parallel/ep: the " + std::string(stack.name) + " stack has no expert parallelism");
-  } else if (c.shard_group && *c.shard_group > 0 && !stack.hybrid_shard) {
-    return err("/parallel/shard_group: the " + std::string(stack.name) + " stack has no hybrid sharding (ZeRO-3 within groups): shard_group 0");
+  if (const std::string e = unsupported_parallelism(req.training.stack, c.tp.value_or(1), c.cp.value_or(1), c.pp.value_or(1), c.ep.value_or(1),
+                                                    c.shard_group.value_or(0));
+      !e.empty()) {
+    return err(e);
   }
+  if (const std::string e = mask_error(req.training, c.cp.value_or(1)); !e.empty()) return err(e);
   if (c.tp && m.heads % *c.tp != 0) return err("/parallel/tp: tp(" + std::to_string(*c.tp) + ") must divide heads (" + std::to_string(m.heads) + ")");
   if (c.tp && c.pp && c.dp && c.cp && static_cast<long long>(*c.tp) * *c.pp * *c.dp * *c.cp != req.gpus) {
     return err("/parallel: " + dims_text(*c.tp, *c.cp, *c.pp, *c.dp) + " != gpus(" + std::to_string(req.gpus) + ")");
@@ -512,12 +511,8 @@ Result<bool> validate_plan(const Plan& plan) {
   if (p.offload_params != Offload::kNone && p.zero_stage != 3) return err("/parallel/offload_params: needs zero_stage 3");
   {
     const StackSpec& stack = stack_spec(plan.training.stack);
-    if (const std::string e = unsupported_parallelism(plan.training.stack, p.tp, p.cp, p.pp); !e.empty()) return err(e);
+    if (const std::string e = unsupported_parallelism(plan.training.stack, p.tp, p.cp, p.pp, p.ep, p.shard_group); !e.empty()) return err(e);
     if (const std::string e = mask_error(plan.training, p.cp); !e.empty()) return err(e);
-    if (p.ep > 1 && !stack.expert_parallel) return err("/parallel/ep: the " + std::string(stack.name) + " stack has no expert parallelism");
-    if (p.shard_group != 0 && !stack.hybrid_shard) {
-      return err("/parallel/shard_group: the " + std::string(stack.name) + " stack has no hybrid sharding (ZeRO-3 within groups): shard_group 0");
-    }
     if (p.zero_stage == 1 && p.dp > 1 && !stack.optimizer_only_sharding) {
       return err("/parallel/zero_stage: the " + std::string(stack.name) +
                  " stack has no optimizer-only sharding (FSDP shards gradients with the optimizer states): zero_stage 0, 2 or 3");

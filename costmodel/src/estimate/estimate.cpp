@@ -101,6 +101,9 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
   const LayerTensors tensors = loops_over_ranks ? layer_tensors(mdl, p.tp, p.ep, stack.dp.persistence_threshold_elements) : LayerTensors{};
   const LayerTensors adapters =
       loops_over_ranks && lora ? lora_tensors_per_layer(mdl, tr.lora, p.tp, stack.dp.persistence_threshold_elements) : LayerTensors{};
+  // Tensors a layer gathers under ZeRO-3: LoRA's frozen base as in pretraining, its adapters too
+  // where large enough.
+  const double gathered = tensors.large + (lora ? adapters.large : 0.0);
   const StateWidths w = state_widths(tr.precision, tr.optimizer, tr.master_weights);
   // ZeRO-3 under a stack that keeps parameters gathered for reuse (DeepSpeed's
   // stage3_max_reuse_distance, stack.hpp): between a layer's forward and its backward the trace
@@ -250,9 +253,6 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
     // and per reduced gradient.
     double loops_forward = 0, loops_backward = 0, loops_backward_gathers = 0;
     if (p.zero_stage == 3 && sharded_dp && loops_over_ranks) {
-      // LoRA: the frozen base is gathered as in pretraining, the adapters too where large enough;
-      // only the adapters' gradients are reduced.
-      const double gathered = tensors.large + (lora ? adapters.large : 0.0);
       const double chunks = gathers_per_layer(stack, dense_layer + expert_layer, largest_linear, gathered);
       // The embedding and output tables are gathered where they pass the persistence threshold
       // (the embedding each way unless kept, the output layer once: kept to its backward).
@@ -260,6 +260,7 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
       const bool tables = table >= stack.dp.persistence_threshold_elements;
       const double ends_forward = tables ? (first ? 1.0 : 0.0) + (last ? 1.0 : 0.0) : 0.0;
       const double ends_backward = tables && first && !kept.embedding ? 1.0 : 0.0;
+      // LoRA reduces only the adapters' gradients.
       const double reduced = lora ? layers[i] * adapters.all : layers[i] * tensors.all + (first ? 1.0 : 0.0) + (last ? 2.0 : 0.0);
       // A submodule whose parameters all persist is not fetched: no gather call for it.
       // A list all-gather adds a copy launch per rank (list_copy_host_seconds) to each tensor's.
@@ -444,7 +445,7 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
   // compute they hide behind (ring kernels run on ~8-16 of 108-132 SMs).
   constexpr double kOverlapSlowdown = 0.1;
   const StageTailInputs tail_inputs{plan, p, tr, mdl, hw, stack, st, layers, share, pc, lc, ec, w, rates, reuse_kept,
-                                    LayerTensors{tensors.all, tensors.large + (lora ? adapters.large : 0.0)}, lora, grad_op_units, frozen_width, e, reduce_bytes, dense_layer, expert_layer, lora_layer,
+                                    LayerTensors{tensors.all, gathered}, lora, grad_op_units, frozen_width, e, reduce_bytes, dense_layer, expert_layer, lora_layer,
                                     largest_linear, t, grad_width, stages, dense_shard, gpn, m};
   const auto stage_tail = [&](int i) { return stage_tail_of(tail_inputs, i); };
   std::vector<StageTail> tails;

@@ -132,10 +132,14 @@ StageTail stage_tail_of(const StageTailInputs& in, int i) {
     // during their launches (a host-bound wait, estimate.cpp) as well as the compute after it.
     const double issue = stack.dp.sync_before_gather ? shard.size * stack.dp.list_copy_host_seconds : 0.0;
     const auto after_issue = [&](double gather) { return gather > 0 ? std::max(0.0, gather - issue) : 0.0; };
+    double fwd_after_issue = 0, bwd_after_issue = 0, idle = 0;  // the gathers beyond their issue, and during it
     for (std::size_t u = 0; u < n; ++u) {
       ag_total += dp_units[u].gather;
       bwd_ag_total += backward_gather(u);
       rs_total += dp_units[u].reduce;
+      fwd_after_issue += after_issue(dp_units[u].gather);
+      bwd_after_issue += after_issue(backward_gather(u));
+      idle += std::min(dp_units[u].gather, issue) + std::min(backward_gather(u), issue);
       if (!prefetch) continue;
       // Forward in order: unit u computes while unit u + 1 is gathered.
       if (u + 1 < n) fwd += std::max(0.0, after_issue(dp_units[u + 1].gather) - dp_units[u].forward);
@@ -148,18 +152,12 @@ StageTail stage_tail_of(const StageTailInputs& in, int i) {
       fwd += after_issue(dp_units.front().gather);
       bwd += after_issue(backward_gather(n - 1)) + dp_units.front().reduce;
     } else {
-      fwd = 0;
-      bwd = rs_total;
-      for (std::size_t u = 0; u < n; ++u) {
-        fwd += after_issue(dp_units[u].gather);
-        bwd += after_issue(backward_gather(u));
-      }
+      fwd = fwd_after_issue;
+      bwd = bwd_after_issue + rs_total;
     }
     // What of the gathers runs during their own issue, with the compute stream empty: it slows
     // no compute (estimate.cpp's overlap slowdown leaves it out).
-    if (issue > 0) {
-      for (std::size_t u = 0; u < n; ++u) out.dp_idle_overlap += m * (std::min(dp_units[u].gather, issue) + std::min(backward_gather(u), issue));
-    }
+    out.dp_idle_overlap = m * idle;
     dp_exposed += m * (fwd + bwd);
     // What runs during a host-bound wait that overlaps the GPU's work (estimate.cpp); where the
     // host syncs before each gather its wait is exposed whole, the gathers timed against it above.

@@ -294,10 +294,10 @@ struct StackSpec {
 };
 
 [[nodiscard]] const StackSpec& stack_spec(Stack stack);
-// The first of tp, cp and pp above 1 that `stack` does not run, as a plan error naming the field
-// ("/parallel/cp: the fsdp1 stack has no context parallelism (ring attention)"); "" when it runs
-// them all.
-[[nodiscard]] std::string unsupported_parallelism(Stack stack, int tp, int cp, int pp);
+// The first of tp, cp, pp and ep above 1, and a hybrid shard group above 0, that `stack` does
+// not run, as a plan error naming the field ("/parallel/cp: the fsdp1 stack has no context
+// parallelism (ring attention)"); "" when it runs them all.
+[[nodiscard]] std::string unsupported_parallelism(Stack stack, int tp, int cp, int pp, int ep, int shard_group);
 [[nodiscard]] const char* stack_name(Stack stack);
 // The loss kernels by their document names: "fp32-logits", "fused", "chunked-linear",
 // "vocab-parallel-fp32" (plan key training.loss, planner --loss).
