@@ -327,7 +327,9 @@ Result<SearchResult> search(const PlanRequest& req, const SearchOptions& options
     return !stopped;
   };
 
-  const bool hybrid_shard = stack_spec(req.training.stack).hybrid_shard;  // searched where the stack runs it
+  // Searched where the stack runs them.
+  const bool hybrid_shard = stack_spec(req.training.stack).hybrid_shard;
+  const bool interleaved_pipeline = stack_spec(req.training.stack).interleaved_pipeline;
   // Searches the units handed out by `next` with the given optimizer offloads.
   const auto work = [&](Partial& part, std::atomic<std::size_t>& next, const std::vector<Offload>& offloads) {
     // One plan per thread, reused: only its parallel layout changes in the loops below.
@@ -378,7 +380,7 @@ Result<SearchResult> search(const PlanRequest& req, const SearchOptions& options
                   }
                 } else {
                   schedules.push_back({Schedule::kOneFOneB, 1});
-                  if (pp > 1 && micro_batches >= pp) {
+                  if (pp > 1 && micro_batches >= pp && interleaved_pipeline) {
                     for (int v = 2; v <= 8 && pp * v <= m.layers; ++v) schedules.push_back({Schedule::kInterleaved, v});
                   }
                 }

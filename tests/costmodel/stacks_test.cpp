@@ -10,6 +10,7 @@
 #include "test_support.hpp"
 #include "trainplan/costmodel/estimate.hpp"
 #include "trainplan/costmodel/kernels.hpp"
+#include "trainplan/costmodel/network.hpp"
 #include "trainplan/costmodel/stack.hpp"
 
 namespace trainplan {
@@ -238,6 +239,67 @@ TEST(DeepspeedV03Stack, GathersTensorByTensorWithTheDeviceSynced) {
   ASSERT_FALSE(no_experts);
   EXPECT_NE(no_experts.error().message.find("/parallel/ep: the deepspeed-v0.3 stack has no expert parallelism"), std::string::npos)
       << no_experts.error().message;
+}
+
+// What a pipeline stage sends, by hand: GPT-3 175B on two DGX A100 nodes, tp 8 within each, pp 2
+// across them, 8 micro-batches of one 2,048-token sequence in 1F1B, no sequence parallelism. An
+// activation is 2,048 x 12,288 x 2 bytes = 50,331,648; a GPU's share of its node's NICs is
+// 200 Gb/s x 8 / 8 = 25 GB/s at the profile's efficiency 0.9, plus 6 us (send_recv_time):
+// the whole tensor takes 2.2430 ms, an eighth 0.2856 ms. Each micro-batch crosses twice (after
+// its forward and its backward), m + pp - 1 = 9 times in all.
+//  - megatron-te (Megatron-LM's scatter-gather): an eighth, sent and received at once, then
+//    all-gathered over the 8 tensor-parallel GPUs, both ways.
+//  - deepspeed (PipelineEngine: pipe_partitioned, grad_partitioned, blocking send then recv): an
+//    eighth each way, one after the other, gathered both ways.
+//  - deepspeed-v0.3 (gradients sent whole until v0.5.10): an eighth forward, gathered; the whole
+//    gradient back, one after the other.
+//  - the executor (trainplan): the whole tensor from each rank, both ways at once, no gather.
+// With sequence parallelism every stack sends the eighth it holds, nothing to gather.
+TEST(PipelineSend, AsEachStacksEngineSendsIt) {
+  const auto pp_comm = [](Stack stack, bool sequence_parallel) {
+    Plan p = testing::make_plan("gpt3-175b", "dgx-a100-80g", 16, 2048, 8);
+    p.training.stack = stack;
+    p.parallel.tp = 8;
+    p.parallel.pp = 2;
+    p.parallel.dp = 1;
+    p.parallel.sequence_parallel = sequence_parallel;
+    p.parallel.micro_batch = 1;
+    return testing::checked_estimate(p).time.pp_comm.value();
+  };
+  const double link = 22.5e9, latency = 6e-6, whole = 2048.0 * 12288 * 2;
+  const double eighth = whole / 8 / link + latency, all = whole / link + latency;
+  const HardwareProfile a100 = testing::cluster("dgx-a100-80g");
+  const double gather = collective_time(a100, Collective::kAllGather, Bytes(whole), CollectiveGroup{8, 8}).value();
+  ASSERT_GT(gather, 0.0);
+  EXPECT_NEAR(pp_comm(Stack::kMegatronTe, false), 9 * (2 * eighth + 2 * gather), 1e-9);
+  EXPECT_NEAR(pp_comm(Stack::kDeepspeed, false), 9 * (2 * (eighth + eighth) + 2 * gather), 1e-9);
+  EXPECT_NEAR(pp_comm(Stack::kDeepspeedV03, false), 9 * (2 * (eighth + all) + gather), 1e-9);
+  EXPECT_NEAR(pp_comm(Stack::kTrainplan, false), 9 * (2 * all), 1e-9);
+  EXPECT_NEAR(pp_comm(Stack::kMegatronTe, true), 9 * (2 * eighth), 1e-9);
+  EXPECT_NEAR(pp_comm(Stack::kTrainplan, true), 9 * (2 * eighth), 1e-9);
+  EXPECT_NEAR(pp_comm(Stack::kDeepspeed, true), 9 * (2 * (eighth + eighth)), 1e-9);
+}
+
+// DeepSpeed's PipelineEngine runs TrainSchedule only (runtime/pipe/schedule.py): an interleaved
+// plan is refused, naming the field; Megatron runs it.
+TEST(PipelineSchedule, DeepspeedRunsOneChunkPerStage) {
+  Plan p = testing::make_plan("gpt3-175b", "dgx-a100-80g", 16, 2048, 8);
+  p.parallel.tp = 8;
+  p.parallel.pp = 2;
+  p.parallel.dp = 1;
+  p.parallel.micro_batch = 1;
+  p.parallel.schedule = Schedule::kInterleaved;
+  p.parallel.virtual_stages = 2;
+  for (Stack stack : {Stack::kDeepspeed, Stack::kDeepspeedV03}) {
+    p.training.stack = stack;
+    const auto refused = validate_plan(p);
+    ASSERT_FALSE(refused);
+    EXPECT_NE(refused.error().message.find("/parallel/schedule: the " + std::string(stack_name(stack)) + " stack's pipeline engine runs one chunk"),
+              std::string::npos)
+        << refused.error().message;
+  }
+  p.training.stack = Stack::kMegatronTe;
+  EXPECT_TRUE(validate_plan(p));
 }
 
 // A host-bound step under ZeRO-1 (a tiny model, each eager kernel's 9.2 us of host time above its

@@ -235,6 +235,9 @@ TEST_F(PlannerCli, BadInputExitsTwoWithOneLineMessage) {
        "/parallel/ep: the deepspeed-v0.3 stack has no expert parallelism"},
       {"no hybrid shard", "--model 8b --gpus 64 --stack deepspeed-v0.3 --fix zero=3 --fix shard_group=8",
        "/parallel/shard_group: the deepspeed-v0.3 stack has no hybrid sharding"},
+      // DeepSpeed's PipelineEngine runs TrainSchedule only (runtime/pipe/schedule.py).
+      {"no interleaved pipeline", "--model 70b --gpus 64 --stack deepspeed --fix pp=4 --fix schedule=interleaved",
+       "/parallel/schedule: the deepspeed stack's pipeline engine runs one chunk per stage (1F1B)"},
       {"unknown stack", "--model 8b --gpus 8 --stack jax", "--stack: must be one of trainplan | trainplan-reference | pytorch-eager | torch-compile | megatron-te | fsdp1 | fsdp2 | fsdp2-compile | deepspeed | deepspeed-v0.3 (got \"jax\")"},
       {"headroom past half of HBM", "--model 8b --gpus 8 --memory-headroom 60", "--memory-headroom"},
       {"negative headroom", "--model 8b --gpus 8 --memory-headroom -1", "--memory-headroom"},

@@ -117,6 +117,29 @@ TEST(Search, SeveralFixedFieldsHoldTogether) {
   }
 }
 
+// DeepSpeed's PipelineEngine runs TrainSchedule, one chunk per stage (runtime/pipe/schedule.py):
+// no variant of any layout it is offered is interleaved; Megatron's search of the same request
+// ranks interleaved variants first.
+TEST(Search, OffersDeepspeedNoInterleavedPipeline) {
+  const auto interleaved = [](Stack stack) {
+    PlanRequest r = request("llama3-70b", "dgx-h100", 64);
+    r.training.stack = stack;
+    r.parallel.pp = 4;
+    r.parallel.zero_stage = 1;
+    SearchOptions all;
+    all.distinct_layouts = false;
+    all.top = 1000;
+    const SearchResult s = run_search(r, all);
+    EXPECT_FALSE(s.ranked.empty());
+    int n = 0;
+    for (const auto& c : s.ranked) n += c.plan.parallel.schedule == Schedule::kInterleaved || c.plan.parallel.virtual_stages > 1;
+    for (const auto& a : s.alternatives) n += a.candidate.plan.parallel.virtual_stages > 1;
+    return n;
+  };
+  EXPECT_EQ(interleaved(Stack::kDeepspeed), 0);
+  EXPECT_GT(interleaved(Stack::kMegatronTe), 0);
+}
+
 TEST(Search, TensorParallelismThatDoesNotDivideHeadsIsAnError) {
   PlanRequest r = request("llama3-70b", "dgx-h100", 64);
   r.parallel.tp = 3;

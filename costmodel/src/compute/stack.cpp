@@ -258,8 +258,19 @@ constexpr StackSpec kDeepspeed = [] {
   // _configure_zero_optimizer: "MoE not supported with Stage 3").
   s.max_zero_with_expert_parallel = 2;
   s.pure_16bit = false;  // its 16-bit optimizers keep fp32 partitions
+  // Its PipelineEngine (runtime/pipe/): TrainSchedule only, 1F1B with one chunk per stage
+  // (schedule.py); the exchange after each pass a blocking p2p.send and p2p.recv in turn
+  // (p2p.py: dist.send, dist.recv, each waited for; engine.py _exec_send_grads then
+  // _exec_recv_activations in a forward step, _exec_recv_grads then _exec_send_activations in a
+  // backward one); the activation and its gradient partitioned over the tensor-parallel group
+  // and gathered after the receive (pipe_partitioned, grad_partitioned: true by default,
+  // runtime/config.py).
+  s.interleaved_pipeline = false;
+  s.pipeline_send_recv_together = false;
+  s.pipeline_send = PipelineSend::kScatterGather;
   s.source = "microsoft/DeepSpeed 38327e07 (v0.16.5) deepspeed/runtime/zero/config.py, stage3.py, stage_1_and_2.py, "
-             "partitioned_param_coordinator.py, partition_parameters.py, runtime/comm/coalesced_collectives.py, runtime/engine.py";
+             "partitioned_param_coordinator.py, partition_parameters.py, runtime/comm/coalesced_collectives.py, runtime/engine.py, "
+             "runtime/pipe/schedule.py, p2p.py, engine.py, runtime/config.py";
   return s;
 }();
 
@@ -311,8 +322,13 @@ constexpr StackSpec kDeepspeedV03 = [] {
   // _model_parallel_all_reduce); no MoE layers yet (deepspeed/moe came in v0.5.0).
   s.max_zero_with_tensor_parallel = 3;
   s.expert_parallel = false;
+  // Its PipelineEngine as kDeepspeed's, but its gradients between stages sent whole (engine.py:
+  // is_grad_partitioned = False until v0.5.10) and through a broadcast in a two-rank group
+  // (p2p.py), a transfer all the same.
+  s.pipeline_send = PipelineSend::kScatterGatherActivation;
   s.source = "microsoft/DeepSpeed v0.3.16 deepspeed/runtime/zero/partition_parameters.py (_allgather_param, _all_gather), stage3.py "
-             "(fetch_sub_module, _synchronize_communication, average_tensor, buffered_reduce_fallback), constants.py; "
+             "(fetch_sub_module, _synchronize_communication, average_tensor, buffered_reduce_fallback), constants.py, "
+             "runtime/pipe/engine.py, p2p.py; "
              "pytorch v1.8.0 ProcessGroupNCCL.cpp (allgather: flattenForScatterGather, a copy_ per output tensor)";
   return s;
 }();
@@ -438,6 +454,12 @@ constexpr StackSpec kSpecs[] = {
      .fp8 = kTransformerEngine,
      .fp8_recipe = Fp8Recipe::kDelayed,
      .fp8_other_recipe = &kTransformerEngineCurrent,
+     // Megatron-LM's scatter-gather of the activation a stage sends without sequence parallelism,
+     // as the published Megatron-LM runs of 2021-2022 (Narayanan, Korthikanti) ran it; Megatron-Core
+     // since 2023 sends the whole tensor from each tensor-parallel rank there instead, t times
+     // the bytes (PipelineSend): a megatron-te plan without sequence parallelism is priced as the
+     // former. Under sequence parallelism (the default beside tp > 1) both send the shard.
+     .pipeline_send = PipelineSend::kScatterGather,
      .source = "Megatron-LM (NVIDIA/Megatron-LM: --make-vocab-size-divisible-by 128, gradient_accumulation_fusion, "
                "distributed optimizer, vocab_parallel_cross_entropy in fp32); Transformer Engine LayerNormLinear, "
                "fused RoPE and SwiGLU; Narayanan et al. 2021, Korthikanti et al. 2022"},
@@ -468,6 +490,12 @@ std::string unsupported_parallelism(Stack stack, int tp, int cp, int pp, int ep,
   if (ep > 1 && !s.expert_parallel) return "/parallel/ep" + lacks + "expert parallelism";
   if (shard_group > 0 && !s.hybrid_shard) return "/parallel/shard_group" + lacks + "hybrid sharding (ZeRO-3 within groups): shard_group 0";
   return "";
+}
+
+std::string unsupported_interleaving(Stack stack, bool interleaved) {
+  const StackSpec& s = stack_spec(stack);
+  if (!interleaved || s.interleaved_pipeline) return "";
+  return std::string("/parallel/schedule: the ") + s.name + " stack's pipeline engine runs one chunk per stage (1F1B): schedule 1f1b, virtual_stages 1";
 }
 
 std::optional<Stack> stack_from_name(const std::string& name) {

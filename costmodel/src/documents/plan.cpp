@@ -382,6 +382,10 @@ Result<bool> validate_request(const PlanRequest& req) {
       !e.empty()) {
     return err(e);
   }
+  if (const std::string e = unsupported_interleaving(req.training.stack, c.schedule == Schedule::kInterleaved || c.virtual_stages.value_or(1) > 1);
+      !e.empty()) {
+    return err(e);
+  }
   if (const std::string e = mask_error(req.training, c.cp.value_or(1)); !e.empty()) return err(e);
   if (c.tp && m.heads % *c.tp != 0) return err("/parallel/tp: tp(" + std::to_string(*c.tp) + ") must divide heads (" + std::to_string(m.heads) + ")");
   if (c.tp && c.pp && c.dp && c.cp && static_cast<long long>(*c.tp) * *c.pp * *c.dp * *c.cp != req.gpus) {
@@ -512,6 +516,10 @@ Result<bool> validate_plan(const Plan& plan) {
   {
     const StackSpec& stack = stack_spec(plan.training.stack);
     if (const std::string e = unsupported_parallelism(plan.training.stack, p.tp, p.cp, p.pp, p.ep, p.shard_group); !e.empty()) return err(e);
+    if (const std::string e = unsupported_interleaving(plan.training.stack, p.schedule == Schedule::kInterleaved || p.virtual_stages > 1);
+        !e.empty()) {
+      return err(e);
+    }
     if (const std::string e = mask_error(plan.training, p.cp); !e.empty()) return err(e);
     if (p.zero_stage == 1 && p.dp > 1 && !stack.optimizer_only_sharding) {
       return err("/parallel/zero_stage: the " + std::string(stack.name) +

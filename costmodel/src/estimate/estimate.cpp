@@ -485,9 +485,22 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
   double p2p = 0;
   if (stages > 1) {
     const bool across = static_cast<long long>(p.tp) * p.cp * p.pp > domain;
-    // Megatron sends 1/t of the activation across the slow link (scatter/gather or sequence parallel).
-    p2p = send_recv_time(hw, Bytes(tokens * h * e / t), across).value();
-    tm.pp_comm = Seconds(2.0 * p2p * (static_cast<double>(p.virtual_stages) * m + stages - 1));
+    // What a tensor-parallel rank sends (StackSpec::pipeline_send): the sequence shard it holds
+    // under sequence parallelism; without it the whole activation, or 1/t of it split over the
+    // tensor-parallel group and all-gathered over that group after the receive (exposed: the
+    // next pass takes the gathered tensor), for the activation and, where the stack splits it
+    // too, its gradient.
+    const double held = tokens * h * e / (s.sequence_parallel ? t : 1.0);
+    const bool split = p.tp > 1 && !s.sequence_parallel && stack.pipeline_send != PipelineSend::kAsHeld;
+    const bool split_gradient = split && stack.pipeline_send == PipelineSend::kScatterGather;
+    const double activation = send_recv_time(hw, Bytes(split ? held / t : held), across).value();
+    const double gradient = send_recv_time(hw, Bytes(split_gradient ? held / t : held), across).value();
+    const double gather = split ? collective_time(hw, Collective::kAllGather, Bytes(held), s.tp_group).value() : 0.0;
+    // After each pass a stage sends its output and receives its neighbour's: both at once
+    // (Megatron's batch_isend_irecv), or one after the other (DeepSpeed's blocking send and recv).
+    const double exchange = stack.pipeline_send_recv_together ? std::max(activation, gradient) : activation + gradient;
+    p2p = exchange + gather;
+    tm.pp_comm = Seconds((2.0 * exchange + gather * (split_gradient ? 2.0 : 1.0)) * (static_cast<double>(p.virtual_stages) * m + stages - 1));
     tm.bubble = Seconds((stages - 1.0) / p.virtual_stages * stage_sum / stages);
   }
 

@@ -118,7 +118,7 @@ struct PipelineTimeline {
   Schedule schedule = Schedule::kOneFOneB;
   std::vector<double> forward_seconds;   // per stage, one micro-batch through all its chunks
   std::vector<double> backward_seconds;  // per stage, recompute included
-  double p2p_seconds = 0;                // one activation transfer between stages
+  double p2p_seconds = 0;                // one hop between stages: the exchange after a pass and the gather after it
   // Transformer layers of each model chunk in pipeline order (stages * virtual_stages entries;
   // chunk c of stage s is entry c * stages + s): partition_layers with the layer, embedding and
   // head times of this plan. The executor partitions its stages with these counts.

@@ -83,6 +83,26 @@ enum class ContextAttention {
   kAllGatherRotate,
 };
 
+// What a pipeline stage sends its neighbour under tensor parallelism without sequence
+// parallelism, where every tensor-parallel rank holds the whole activation (with sequence
+// parallelism each rank sends the sequence shard it holds, in every stack).
+enum class PipelineSend {
+  // The tensor as the rank holds it, each tensor-parallel rank sending the same whole tensor over
+  // its own link: Megatron-Core since 3c92fa93 (2023-03, pipeline_parallel/p2p_communication.py),
+  // torch.distributed.pipelining, the executor (executor/src/train/trainer.cpp activation_shape).
+  kAsHeld,
+  // Split over the tensor-parallel group, each rank sending 1/t, and all-gathered over that
+  // group after the receive: Megatron-LM's scatter_gather_tensors_in_pipeline, on by default
+  // from 72e4230b (2021-02) until its move into Megatron-Core (megatron/p2p_communication.py
+  // _communicate: split_tensor_into_1d_equal_chunks, gather_split_1d_tensor), as the published
+  // Megatron-LM runs of 2021-2022 ran; DeepSpeed's PipelineEngine with its defaults
+  // pipe_partitioned and grad_partitioned (runtime/pipe/engine.py: PartitionedTensor, .full()).
+  kScatterGather,
+  // The activation split and gathered so, its gradient sent whole: DeepSpeed's PipelineEngine
+  // before v0.5.10 (is_grad_partitioned = False).
+  kScatterGatherActivation,
+};
+
 // What quantising a linear layer's GEMM operands to fp8 moves, in bytes per element beyond the
 // bf16 path: its input (an amax pass where the scale is computed from the tensor itself, then the
 // cast writing fp8 in both layouts, row-major for the forward GEMM and transposed for the weight
@@ -276,6 +296,16 @@ struct StackSpec {
   int max_zero_with_pipeline = 3;
   int max_zero_with_tensor_parallel = 3;  // likewise beside tensor parallelism
   int max_zero_with_expert_parallel = 3;  // likewise beside expert parallelism
+  // The pipeline engine (pp > 1). Runs several model chunks per stage (Megatron's interleaved
+  // 1F1B, torch.distributed.pipelining's Interleaved1F1B, the executor's); false: one chunk per
+  // stage (DeepSpeed's PipelineEngine runs TrainSchedule, 1F1B: runtime/pipe/schedule.py).
+  bool interleaved_pipeline = true;
+  // A stage's exchange with a neighbour after a pass (its output sent, the neighbour's received)
+  // runs both transfers at once (Megatron's batch_isend_irecv), or one after the other, each
+  // waited for (DeepSpeed's PipelineEngine: p2p.send then p2p.recv, runtime/pipe/p2p.py, in the
+  // order TrainSchedule lists them): 2 transfers' time.
+  bool pipeline_send_recv_together = true;
+  PipelineSend pipeline_send = PipelineSend::kAsHeld;
   // Runs ZeRO-3 sharded within groups and replicated across them (FSDP's HYBRID_SHARD, DeepSpeed's
   // MiCS, plan key shard_group).
   bool hybrid_shard = true;
@@ -298,6 +328,9 @@ struct StackSpec {
 // not run, as a plan error naming the field ("/parallel/cp: the fsdp1 stack has no context
 // parallelism (ring attention)"); "" when it runs them all.
 [[nodiscard]] std::string unsupported_parallelism(Stack stack, int tp, int cp, int pp, int ep, int shard_group);
+// "/parallel/schedule: ..." where `interleaved` (the plan asks for schedule interleaved or
+// virtual_stages > 1) and the stack's pipeline engine runs one chunk per stage; "" otherwise.
+[[nodiscard]] std::string unsupported_interleaving(Stack stack, bool interleaved);
 [[nodiscard]] const char* stack_name(Stack stack);
 // The loss kernels by their document names: "fp32-logits", "fused", "chunked-linear",
 // "vocab-parallel-fp32" (plan key training.loss, planner --loss).
