@@ -102,6 +102,11 @@ std::vector<std::string> executor_limitations(const Plan& plan) {
     // executor/src/model/model.cpp head_loss: the chunked linear cross-entropy (--kernels fused), fp32 logits (--kernels reference)
     problems.push_back(std::string("loss ") + cm::loss_kernel_name(*t.loss) + ": the executor's loss is chunked-linear (--kernels fused) or fp32-logits (--kernels reference)");
   }
+  if (t.attention_kernel && *t.attention_kernel != cm::AttentionImpl::kProfile) {
+    // executor/src/model: attention through SDPA, whose backend PyTorch picks (the profile's table measures it)
+    problems.push_back(std::string("attention_kernel ") + cm::attention_impl_name(*t.attention_kernel) +
+                       ": the executor's attention is SDPA with the backend PyTorch picks (attention_kernel profile)");
+  }
   if (t.seq_len > plan.model.max_seq_len) problems.push_back("seq_len " + std::to_string(t.seq_len) + " exceeds the model's max_seq_len " + std::to_string(plan.model.max_seq_len));
   return problems;
 }
@@ -133,6 +138,8 @@ std::string planner_command(const costmodel::PlanRequest& r, const std::string& 
   if (t.attention == costmodel::AttentionKernel::kStandard) s += " --attention standard";
   if (t.attention_mask == costmodel::AttentionMask::kExplicit) s += " --attention-mask explicit";
   if (t.loss) s += std::string(" --loss ") + costmodel::loss_kernel_name(*t.loss);
+  if (t.attention_kernel) s += std::string(" --attention-kernel ") + costmodel::attention_impl_name(*t.attention_kernel);
+  if (t.fp8_recipe) s += std::string(" --fp8-recipe ") + costmodel::fp8_recipe_name(*t.fp8_recipe);
   if (!t.master_weights) s += " --pure-16bit";
   if (t.dropout) s += " --dropout";
   if (t.stack != costmodel::Stack::kTrainplan) s += std::string(" --stack ") + costmodel::stack_name(t.stack);

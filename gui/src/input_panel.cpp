@@ -219,6 +219,9 @@ InputPanel::InputPanel(QWidget* parent) : QWidget(parent) {
       combo({{tr("the stack's"), QStringLiteral("stack")}, {tr("fp32 logits"), QStringLiteral("fp32-logits")},
              {tr("fused cross-entropy"), QStringLiteral("fused")}, {tr("chunked linear cross-entropy"), QStringLiteral("chunked-linear")},
              {tr("vocab-parallel fp32 (Megatron)"), QStringLiteral("vocab-parallel-fp32")}}));
+  row(tr("Attention kernel"), QStringLiteral("attention_kernel"),
+      combo({{tr("the stack's"), QStringLiteral("stack")}, {tr("profile's measured (cuDNN on H100/H200)"), QStringLiteral("profile")},
+             {QStringLiteral("FlashAttention-2"), QStringLiteral("flash2")}, {tr("FlashAttention-3 (Hopper)"), QStringLiteral("flash3")}}));
   row(tr("fp8 scaling"), QStringLiteral("fp8_recipe"),
       combo({{tr("the stack's"), QStringLiteral("stack")}, {tr("delayed (amax history)"), QStringLiteral("delayed")},
              {tr("current (each tensor's amax)"), QStringLiteral("current")}}));
@@ -353,6 +356,7 @@ RequestForm InputPanel::form() const {
   form.dropout = text("dropout");
   form.attention_mask = text("attention_mask");
   form.loss = text("loss");
+  form.attention_kernel = text("attention_kernel");
   form.fp8_recipe = text("fp8_recipe");
   form.master_weights = text("master_weights");
   form.stack = text("stack");
@@ -498,6 +502,7 @@ void InputPanel::load_request(const cm::PlanRequest& request, const QString& sou
   set_choice("mode", QString::fromUtf8(cm::mode_name(t.mode)));
   set_choice("attention_mask", t.attention_mask == cm::AttentionMask::kExplicit ? QStringLiteral("explicit") : QStringLiteral("causal"));
   set_choice("loss", t.loss ? QString::fromUtf8(cm::loss_kernel_name(*t.loss)) : QStringLiteral("stack"));
+  set_choice("attention_kernel", t.attention_kernel ? QString::fromUtf8(cm::attention_impl_name(*t.attention_kernel)) : QStringLiteral("stack"));
   set_choice("fp8_recipe", t.fp8_recipe ? QString::fromUtf8(cm::fp8_recipe_name(*t.fp8_recipe)) : QStringLiteral("stack"));
   set_choice("master_weights", t.master_weights ? QStringLiteral("fp32") : QStringLiteral("none"));
   const cm::ParallelConstraints& c = request.parallel;

@@ -132,6 +132,7 @@ std::string field_of_message(const std::string& message, const std::string& docu
       {"/training/master_weights", "master_weights"},
       {"/training/attention_mask", "attention_mask"},
       {"/training/fp8_recipe", "fp8_recipe"},
+      {"/training/attention_kernel", "attention_kernel"},
       {"/parallel/first_stage_layers", "fix/first_stage_layers"},
       {"/parallel/last_stage_layers", "fix/last_stage_layers"},
       {"/gpus", "gpus"},
@@ -194,6 +195,9 @@ BuiltRequest build_request(const RequestForm& form) {
   if (form.loss != "stack") {
     if (const auto loss = cm::loss_kernel_from_name(form.loss)) t.loss = *loss;
     else errors.push_back({"loss", std::string("must be stack | ") + cm::loss_kernel_choices() + " (got \"" + form.loss + "\")"});
+  }
+  if (enum_field("attention_kernel", form.attention_kernel, {"stack", "profile", "flash2", "flash3"}) && form.attention_kernel != "stack") {
+    t.attention_kernel = cm::attention_impl_from_name(form.attention_kernel);
   }
   if (enum_field("fp8_recipe", form.fp8_recipe, {"stack", "delayed", "current"}) && form.fp8_recipe != "stack") {
     t.fp8_recipe = cm::fp8_recipe_from_name(form.fp8_recipe);

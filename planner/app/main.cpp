@@ -55,7 +55,7 @@ int main(int argc, char** argv) {
 
   std::string model = "70b", cluster, seq_len_text, batch_tokens_text, train_tokens_text, format = "text", save_plan, objective = "throughput";
   std::string precision = "bf16", optimizer = "adamw", mode = "pretrain", attention = "flash", stack, lora_targets = "q,k,v,o", base_format = "nf4";
-  std::string attention_mask = "causal", loss = "stack", fp8_recipe = "stack";
+  std::string attention_mask = "causal", loss = "stack", fp8_recipe = "stack", attention_kernel = "stack";
   bool pure_16bit = false;
   double memory_headroom_percent = 100 * cm::kDefaultMemoryHeadroom;
   int gpus = 0, lora_rank = 16, top = 10;
@@ -80,6 +80,10 @@ int main(int argc, char** argv) {
   app.add_option("--attention-mask", attention_mask, "causal (the kernel's causal flag) | explicit (a mask tensor: the whole seq x seq rectangle computed, the mask kept)")
       ->check(CLI::IsMember({"causal", "explicit"}))->capture_default_str();
   app.add_option("--loss", loss, std::string("Loss kernel: stack (the stack's own) | ") + cm::loss_kernel_choices())->capture_default_str();
+  app.add_option("--attention-kernel", attention_kernel,
+                 "Fused attention kernel: stack (the stack's own) | profile (the profile's measured table: SDPA's cuDNN backend on the H100 and "
+                 "H200 presets) | flash2 (FlashAttention-2) | flash3 (FlashAttention-3, Hopper only)")
+      ->check(CLI::IsMember({"stack", "profile", "flash2", "flash3"}))->capture_default_str();
   app.add_option("--fp8-recipe", fp8_recipe,
                  "fp8 scaling: stack (the stack's own: delayed for megatron-te, current for the others) | delayed (an amax history) | current "
                  "(each tensor's own amax: Megatron's --fp8-recipe tensorwise)")
@@ -377,6 +381,7 @@ int main(int argc, char** argv) {
       t.loss = *kernel;
     }
     if (fp8_recipe != "stack") t.fp8_recipe = cm::fp8_recipe_from_name(fp8_recipe);
+    if (attention_kernel != "stack") t.attention_kernel = cm::attention_impl_from_name(attention_kernel);
     if (stack_choice) t.stack = *stack_choice;
     t.master_weights = !pure_16bit;
     req.parallel.reduce_dtype = cm::default_reduce_dtype(t);

@@ -113,10 +113,13 @@ std::string training_line(const TrainingConfig& t, const std::string& tokens_not
 
 std::string stack_line(const TrainingConfig& t) {
   std::string s = std::string(stack_name(t.stack)) + ": " + stack_spec(t.stack).summary + " [choose with --stack]";
-  // What the plan changes in the stack (--loss, --attention-mask, --pure-16bit).
+  // What the plan changes in the stack (--loss, --attention-kernel, --attention-mask, --pure-16bit).
   std::string changes;
   const auto add = [&](const std::string& what) { changes += (changes.empty() ? "" : "; ") + what; };
   if (t.loss && *t.loss != stack_spec(t.stack).loss) add(std::string("loss ") + loss_kernel_name(*t.loss));
+  if (t.attention_kernel && *t.attention_kernel != stack_spec(t.stack).attention_kernel) {
+    add(std::string("attention kernel ") + attention_impl_name(*t.attention_kernel));
+  }
   if (t.attention_mask == AttentionMask::kExplicit) add("explicit attention mask (the whole seq x seq rectangle computed)");
   if (!t.master_weights) add("pure 16-bit: no fp32 master weights, 16-bit optimizer states");
   if (t.precision == Precision::kFp8 && t.fp8_recipe && *t.fp8_recipe != stack_spec(t.stack).fp8_recipe) {

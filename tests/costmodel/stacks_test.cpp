@@ -6,12 +6,15 @@
 #include <cmath>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "test_support.hpp"
 #include "trainplan/costmodel/estimate.hpp"
 #include "trainplan/costmodel/kernels.hpp"
 #include "trainplan/costmodel/network.hpp"
+#include "trainplan/costmodel/plan.hpp"
 #include "trainplan/costmodel/stack.hpp"
+#include "trainplan/executor/capabilities.hpp"
 
 namespace trainplan {
 namespace {
@@ -48,6 +51,75 @@ TEST(Flash2Rates, ReplaceTheProfilesTableWhereTheStackRunsFlashAttention2) {
   const HardwareProfile b200 = testing::cluster("dgx-b200");
   EXPECT_DOUBLE_EQ(KernelRates(b200.gpu, Dtype::kBf16, AttentionImpl::kFlash2).attention_forward(64, 8192, 8192, 128, true),
                    KernelRates(b200.gpu, Dtype::kBf16).attention_forward(64, 8192, 8192, 128, true));
+}
+
+// Shah et al. 2024 (FlashAttention-3, arXiv 2407.08608v2), Fig. 5 and 6, FlashAttention-3 bars on
+// H100 SXM5 in bf16: 602 TFLOP/s forward causal at hd128, 8K (646 non-causal); backward 559
+// non-causal, the causal backward taken as 559 x 602 / 646; 460 forward causal at hd64, 8K; the
+// 16K rates beyond. Hopper only.
+TEST(Flash3Rates, AreThePapersFigures) {
+  EXPECT_DOUBLE_EQ(*flash3_rate(2, 128, 8192, true, false), 602e12);
+  EXPECT_DOUBLE_EQ(*flash3_rate(2, 128, 8192, false, false), 646e12);
+  EXPECT_DOUBLE_EQ(*flash3_rate(2, 128, 8192, false, true), 559e12);
+  EXPECT_NEAR(*flash3_rate(2, 128, 8192, true, true), 559e12 * 602.0 / 646.0, 1e6);
+  EXPECT_DOUBLE_EQ(*flash3_rate(2, 64, 8192, true, false), 460e12);
+  EXPECT_DOUBLE_EQ(*flash3_rate(2, 128, 131072, true, false), 616e12);
+  EXPECT_DOUBLE_EQ(*flash3_rate(2, 128, 512, false, false), 467e12);
+  EXPECT_FALSE(flash3_rate(1, 128, 8192, true, false));  // Ampere
+  EXPECT_FALSE(flash3_rate(3, 128, 8192, true, false));  // Blackwell
+}
+
+// A plan states the kernel its script runs (training.attention_kernel): FlashAttention-3 under the
+// fsdp2 stack, whose own is FlashAttention-2, runs Llama 3 8B's causal attention (32 heads, hd128)
+// at 8K on one H100 at 602 TFLOP/s forward where FlashAttention-2 runs 333: the attention time
+// of each pass shrinks by its ratio and nothing else moves. Refused off Hopper, in fp32, with a mask tensor and beside materialised scores.
+TEST(Flash3Rates, APlanThatRunsFlashAttention3) {
+  Plan p = testing::make_plan("llama3-8b", "dgx-h100", 1, 8192, 1);
+  p.training.stack = Stack::kFsdp2;
+  p.parallel.micro_batch = 1;
+  p.parallel.recompute = Recompute::kFull;
+  const Estimate fa2 = testing::checked_estimate(p);
+  p.training.attention_kernel = AttentionImpl::kFlash3;
+  const Estimate fa3 = testing::checked_estimate(p);
+  const double heads = 32, s = 8192, d = 128, layers = 32;
+  const double forward_flops = 4.0 * heads * s * s * d / 2;
+  const double backward_flops = 2.5 * forward_flops;
+  // Forward, its recompute (full recompute) and backward; FlashAttention-2's causal backward at 8K
+  // is 318 x 333 / 370 (attention_kernels.cpp).
+  const double saved = layers * (2 * (forward_flops / 333e12 - forward_flops / 602e12) + backward_flops / (318e12 * 333.0 / 370.0) -
+                                 backward_flops / (559e12 * 602.0 / 646.0));
+  EXPECT_NEAR((fa2.time.compute + fa2.time.recompute).value() - (fa3.time.compute + fa3.time.recompute).value(), saved, 1e-3 * saved);
+  EXPECT_EQ(training_to_json(p.training).at("attention_kernel"), "flash3");
+  auto parsed = parse_plan(plan_to_json(p), "fa3.json");
+  ASSERT_TRUE(parsed) << parsed.error().message;
+  EXPECT_EQ(parsed->training.attention_kernel, AttentionImpl::kFlash3);
+  // The executor runs SDPA with PyTorch's backend choice: it says it cannot run this plan as stated.
+  bool said = false;
+  for (const auto& why : executor::executor_limitations(p)) said = said || why.find("attention_kernel flash3") != std::string::npos;
+  EXPECT_TRUE(said);
+
+  Plan a100 = p;
+  a100.cluster = testing::cluster("dgx-a100-80g");
+  const auto ampere = validate_plan(a100);
+  ASSERT_FALSE(ampere);
+  EXPECT_NE(ampere.error().message.find("/training/attention_kernel: flash3 (FlashAttention-3) runs on Hopper GPUs only"), std::string::npos)
+      << ampere.error().message;
+  Plan fp32 = p;
+  fp32.training.precision = Precision::kFp32;
+  EXPECT_FALSE(validate_plan(fp32));
+  Plan masked = p;
+  masked.training.attention_mask = AttentionMask::kExplicit;
+  EXPECT_FALSE(validate_plan(masked));
+  Plan scores = p;
+  scores.training.attention = AttentionKernel::kStandard;
+  const auto standard = validate_plan(scores);
+  ASSERT_FALSE(standard);
+  EXPECT_NE(standard.error().message.find("/training/attention_kernel"), std::string::npos) << standard.error().message;
+  nlohmann::json bad = plan_to_json(p);
+  bad["training"]["attention_kernel"] = "flash4";
+  const auto unknown = parse_plan(bad, "bad.json");
+  ASSERT_FALSE(unknown);
+  EXPECT_NE(unknown.error().message.find("must be stack | profile | flash2 | flash3"), std::string::npos) << unknown.error().message;
 }
 
 Plan sharded(Stack stack, int zero, long long global_batch) {

@@ -68,6 +68,9 @@ TEST(RequestForm, EveryBadValueIsAnErrorAtItsFieldWithTheReason) {
       {"unknown loss", [](RequestForm& f) { f.loss = "softmax"; }, "loss", "fp32-logits | fused"},
       {"pure 16-bit on Megatron", [](RequestForm& f) { f.stack = "megatron-te"; f.master_weights = "none"; }, "master_weights", "keeps fp32 master weights"},
       {"explicit mask with cp", [](RequestForm& f) { f.attention_mask = "explicit"; f.fixed["cp"] = "2"; }, "attention_mask", "context parallelism"},
+      {"unknown attention kernel", [](RequestForm& f) { f.attention_kernel = "flash4"; }, "attention_kernel", "must be one of stack, profile, flash2, flash3"},
+      {"FlashAttention-3 on A100", [](RequestForm& f) { f.cluster.ref = "dgx-a100-80g"; f.attention_kernel = "flash3"; }, "attention_kernel",
+       "runs on Hopper GPUs only"},
       {"unknown fp8 recipe", [](RequestForm& f) { f.fp8_recipe = "blockwise"; }, "fp8_recipe", "must be one of stack, delayed, current"},
       {"delayed fp8 under torchtitan", [](RequestForm& f) { f.stack = "fsdp2"; f.precision = "fp8"; f.fp8_recipe = "delayed"; }, "fp8_recipe",
        "current amax only"},
@@ -92,6 +95,7 @@ TEST(RequestForm, CarriesTheStackSettingsAndTheEndStagesLayers) {
   form.attention_mask = "explicit";
   form.master_weights = "none";
   form.fp8_recipe = "current";
+  form.attention_kernel = "flash2";
   form.fixed["pp"] = "4";
   form.fixed["first_stage_layers"] = "18";
   form.fixed["last_stage_layers"] = "17";
@@ -102,6 +106,10 @@ TEST(RequestForm, CarriesTheStackSettingsAndTheEndStagesLayers) {
   EXPECT_EQ(t.attention_mask, costmodel::AttentionMask::kExplicit);
   EXPECT_FALSE(t.master_weights);
   EXPECT_EQ(t.fp8_recipe, costmodel::Fp8Recipe::kCurrent);
+  EXPECT_EQ(t.attention_kernel, costmodel::AttentionImpl::kFlash2);
+  // The command line the GUI shows carries them (planner_command).
+  const std::string command = gui::planner_command(*built.request, "throughput");
+  EXPECT_NE(command.find(" --attention-mask explicit --loss fused --attention-kernel flash2 --fp8-recipe current --pure-16bit"), std::string::npos) << command;
   EXPECT_EQ(built.request->parallel.reduce_dtype, costmodel::Dtype::kBf16);  // reduced in the parameters' dtype
   EXPECT_EQ(built.request->parallel.first_stage_layers, 18);
   EXPECT_EQ(built.request->parallel.last_stage_layers, 17);

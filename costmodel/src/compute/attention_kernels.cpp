@@ -1,4 +1,5 @@
-// FlashAttention-2's published kernel rates (KernelRates with AttentionImpl::kFlash2). The papers
+// FlashAttention-2's and FlashAttention-3's published kernel rates (KernelRates with
+// AttentionImpl::kFlash2, kFlash3). The papers
 // count a forward as 4 s^2 d heads FLOPs, half of it for a causal kernel, and a backward as 2.5
 // times its forward; the rates below are TFLOP/s on that count, at batch x seq = 16K tokens and
 // hidden 2048 (Dao 2023 and Shah et al. 2024, Sec. 4.1), for head sizes 64 and 128 at seq 512,
@@ -40,6 +41,17 @@ constexpr Row kH100BackwardFull128 = {214, 260, 291, 310, 318, 322};
 // forward + backward rate of 298, against 308 in the FlashAttention-2 paper's H100 chart
 // (Dao 2023, Fig. 7: causal, hd128, 8K).
 
+// H100 SXM5: FlashAttention-3 in bf16/fp16, the same figures of Shah et al. 2024 (Fig. 5 forward,
+// causal and not; Fig. 6 backward, non-causal), FlashAttention-3 bars. At 512 non-causal hd128
+// the chart's labels of FlashAttention-3 (467) and cuDNN (497) stand close; as at every other
+// head size at 512, cuDNN's is the higher.
+constexpr Row kFa3ForwardCausal64 = {197, 265, 371, 420, 460, 473};
+constexpr Row kFa3ForwardCausal128 = {292, 423, 521, 579, 602, 616};
+constexpr Row kFa3ForwardFull64 = {333, 392, 460, 476, 496, 497};
+constexpr Row kFa3ForwardFull128 = {467, 565, 625, 638, 646, 648};
+constexpr Row kFa3BackwardFull64 = {272, 363, 422, 453, 472, 474};
+constexpr Row kFa3BackwardFull128 = {316, 424, 501, 542, 559, 561};
+
 double at_seq(const Row& r, double seq) {
   if (seq <= kSeqs.front()) return r.front();
   if (seq >= kSeqs.back()) return r.back();
@@ -72,5 +84,43 @@ std::optional<double> flash2_rate(int generation, double d, double seq, bool cau
   }
   return tflops * 1e12;
 }
+
+std::optional<double> flash3_rate(int generation, double d, double seq, bool causal, bool backward) {
+  if (generation != 2) return std::nullopt;
+  double tflops = 0;
+  if (!backward) {
+    tflops = causal ? at(kFa3ForwardCausal64, kFa3ForwardCausal128, d, seq) : at(kFa3ForwardFull64, kFa3ForwardFull128, d, seq);
+  } else {
+    // No causal backward is published for FlashAttention-3 either: the non-causal backward times
+    // the forward's causal / non-causal ratio, as for FlashAttention-2 above.
+    tflops = at(kFa3BackwardFull64, kFa3BackwardFull128, d, seq);
+    if (causal) tflops *= at(kFa3ForwardCausal64, kFa3ForwardCausal128, d, seq) / at(kFa3ForwardFull64, kFa3ForwardFull128, d, seq);
+  }
+  return tflops * 1e12;
+}
+
+namespace {
+struct ImplName {
+  AttentionImpl impl;
+  const char* name;
+};
+constexpr ImplName kImplNames[] = {{AttentionImpl::kProfile, "profile"}, {AttentionImpl::kFlash2, "flash2"}, {AttentionImpl::kFlash3, "flash3"}};
+}  // namespace
+
+const char* attention_impl_name(AttentionImpl impl) {
+  for (const ImplName& n : kImplNames) {
+    if (n.impl == impl) return n.name;
+  }
+  return "profile";
+}
+
+std::optional<AttentionImpl> attention_impl_from_name(const std::string& name) {
+  for (const ImplName& n : kImplNames) {
+    if (name == n.name) return n.impl;
+  }
+  return std::nullopt;
+}
+
+const char* attention_impl_choices() { return "profile | flash2 | flash3"; }
 
 }  // namespace trainplan::costmodel

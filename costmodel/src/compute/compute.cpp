@@ -60,6 +60,7 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
   // fp8's casts under the plan's recipe (validate_plan refuses one the stack does not run).
   StackSpec stack = spec;
   if (const Fp8Casting* casts = fp8_casting(spec, s.fp8_recipe)) stack.fp8 = *casts;
+  if (s.attention_kernel) stack.attention_kernel = *s.attention_kernel;  // the plan's own (training.attention_kernel)
   const ModelFeatures feat = mdl.features();
   const bool fp8 = s.precision == Precision::kFp8;
   const Dtype act_dtype = activation_dtype(s.precision);

@@ -342,6 +342,9 @@ double KernelRates::attention_forward(double batch_heads, double s_q, double s_k
   if (attention_impl_ == AttentionImpl::kFlash2) {
     if (const auto rate = flash2_rate(generation_, d, s_q, causal, false)) return latency_ + attention_scale_ * flops / *rate;
   }
+  if (attention_impl_ == AttentionImpl::kFlash3) {
+    if (const auto rate = flash3_rate(generation_, d, s_q, causal, false)) return latency_ + attention_scale_ * flops / *rate;
+  }
   if (tables_ != nullptr && !tables_->prepared.attention_head_dims.empty()) return latency_ + attention_scale_ * flops / attention_rate(s_q, d, false);
   return latency_ + attention_scale_ * flops / (peak_ * gpu_.attention_efficiency);
 }
@@ -351,6 +354,9 @@ double KernelRates::attention_backward(double batch_heads, double s_q, double s_
   const double flops = 2.5 * 4.0 * batch_heads * s_q * s_k * d * (causal ? 0.5 : 1.0);
   if (attention_impl_ == AttentionImpl::kFlash2) {
     if (const auto rate = flash2_rate(generation_, d, s_q, causal, true)) return latency_ + attention_scale_ * flops / *rate;
+  }
+  if (attention_impl_ == AttentionImpl::kFlash3) {
+    if (const auto rate = flash3_rate(generation_, d, s_q, causal, true)) return latency_ + attention_scale_ * flops / *rate;
   }
   if (tables_ != nullptr && !tables_->prepared.attention_head_dims.empty()) return latency_ + attention_scale_ * flops / attention_rate(s_q, d, true);
   return latency_ + attention_scale_ * flops / (peak_ * gpu_.attention_efficiency * 0.8);

@@ -245,6 +245,13 @@ TrainingConfig parse_training(ObjectReader r) {
       t.loss = *loss;
     }
   }
+  if (const auto name = r.optional_string("attention_kernel")) {
+    if (*name != "stack") {
+      const auto impl = attention_impl_from_name(*name);
+      if (!impl) r.fail("attention_kernel", std::string("must be stack | ") + attention_impl_choices() + " (got \"" + *name + "\")");
+      t.attention_kernel = *impl;
+    }
+  }
   if (const auto name = r.optional_string("fp8_recipe")) {
     if (*name != "stack") {
       const auto recipe = fp8_recipe_from_name(*name);
@@ -348,6 +355,13 @@ std::string training_error(const ModelSpec& m, const TrainingConfig& t) {
            (*t.fp8_recipe == Fp8Recipe::kDelayed ? "their current amax only (no delayed scaling)" : "an amax history only (delayed scaling)") +
            "; \"" + fp8_recipe_name(stack_spec(t.stack).fp8_recipe) + "\" is what it runs";
   }
+  if (t.attention_kernel && t.attention == AttentionKernel::kStandard) {
+    return std::string("/training/attention_kernel: ") + attention_impl_name(*t.attention_kernel) +
+           " is a fused attention kernel; attention \"standard\" materialises the scores instead (attention \"flash\", or no attention_kernel)";
+  }
+  if (t.attention_kernel == AttentionImpl::kFlash3 && t.attention_mask == AttentionMask::kExplicit) {
+    return "/training/attention_kernel: flash3 (FlashAttention-3) takes no mask tensor (its causal flag only): attention_mask \"causal\"";
+  }
   if (!t.master_weights) {
     if (t.precision != Precision::kBf16 && t.precision != Precision::kFp16) {
       return std::string("/training/master_weights: false (pure 16-bit training) needs precision bf16 or fp16 (got ") + precision_name(t.precision) + ")";
@@ -357,6 +371,16 @@ std::string training_error(const ModelSpec& m, const TrainingConfig& t) {
              " stack keeps fp32 master weights; pure 16-bit training runs on pytorch-eager, torch-compile, fsdp1, fsdp2 and fsdp2-compile";
     }
   }
+  return "";
+}
+
+// FlashAttention-3 runs on Hopper only (its kernels are sm90's TMA and WGMMA), in 16-bit dtypes.
+std::string attention_kernel_error(const TrainingConfig& t, const GpuSpec& gpu) {
+  if (t.attention_kernel != AttentionImpl::kFlash3) return "";
+  if (gpu_generation(gpu) != 2) {
+    return "/training/attention_kernel: flash3 (FlashAttention-3) runs on Hopper GPUs only (H100, H200), not on " + gpu.name;
+  }
+  if (t.precision == Precision::kFp32) return "/training/attention_kernel: flash3 (FlashAttention-3) runs in bf16 or fp16, not fp32";
   return "";
 }
 
@@ -425,6 +449,7 @@ Result<bool> validate_request(const PlanRequest& req) {
   if (req.training.precision == Precision::kFp8 && req.cluster.gpu.peak_for(Dtype::kFp8).value() <= 0) {
     return err("/training/precision: fp8 is not supported by " + req.cluster.gpu.name);
   }
+  if (const std::string e = attention_kernel_error(req.training, req.cluster.gpu); !e.empty()) return err(e);
   if (req.training.seq_len < 1) return err("/training/seq_len: must be >= 1");
   return true;
 }
@@ -521,7 +546,7 @@ Result<bool> validate_plan(const Plan& plan) {
       return err(e);
     }
     if (const std::string e = mask_error(plan.training, p.cp); !e.empty()) return err(e);
-    if (p.zero_stage == 1 && p.dp > 1 && !stack.optimizer_only_sharding) {
+    if (p.zero_stage == 1 && p.dp * p.cp > 1 && !stack.optimizer_only_sharding) {  // sharded over dp x cp (torchtitan's dp_shard_cp)
       return err("/parallel/zero_stage: the " + std::string(stack.name) +
                  " stack has no optimizer-only sharding (FSDP shards gradients with the optimizer states): zero_stage 0, 2 or 3");
     }
@@ -558,6 +583,7 @@ Result<bool> validate_plan(const Plan& plan) {
   if (plan.training.precision == Precision::kFp8 && plan.cluster.gpu.peak_for(Dtype::kFp8).value() <= 0) {
     return err("/training/precision: fp8 is not supported by " + plan.cluster.gpu.name);
   }
+  if (const std::string e = attention_kernel_error(plan.training, plan.cluster.gpu); !e.empty()) return err(e);
   return true;
 }
 
@@ -586,6 +612,7 @@ nlohmann::json training_to_json(const TrainingConfig& t) {
   // Written only where they differ from their defaults, so documents of earlier versions stay as they were.
   if (t.attention_mask == AttentionMask::kExplicit) j["attention_mask"] = "explicit";
   if (t.loss) j["loss"] = loss_kernel_name(*t.loss);
+  if (t.attention_kernel) j["attention_kernel"] = attention_impl_name(*t.attention_kernel);
   if (t.fp8_recipe) j["fp8_recipe"] = fp8_recipe_name(*t.fp8_recipe);
   if (!t.master_weights) j["master_weights"] = false;
   if (t.mode == TrainingMode::kLora || t.mode == TrainingMode::kQlora) {

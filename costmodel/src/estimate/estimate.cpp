@@ -51,6 +51,7 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
   s.attention = tr.attention;
   s.attention_mask = tr.attention_mask;
   s.loss = tr.loss;
+  s.attention_kernel = tr.attention_kernel;
   s.fp8_recipe = tr.fp8_recipe;
   s.cp_comm = p.cp_comm;
   s.stack = tr.stack;

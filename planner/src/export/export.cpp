@@ -204,6 +204,10 @@ std::vector<std::string> stack_setting_refusals(const Plan& plan, ExportTarget t
     r.push_back(std::string("fp8_recipe=") + costmodel::fp8_recipe_name(*t.fp8_recipe) + ": " + entry(target).name + " scales fp8 tensors the " +
                 costmodel::fp8_recipe_name(runs.fp8_recipe) + " way only");
   }
+  if (!own_script && t.attention_kernel && *t.attention_kernel != runs.attention_kernel) {
+    r.push_back(std::string("attention_kernel=") + costmodel::attention_impl_name(*t.attention_kernel) + ": " + entry(target).name +
+                " picks its own attention kernel (" + costmodel::attention_impl_name(runs.attention_kernel) + ")");
+  }
   if (!own_script && t.loss && *t.loss != runs.loss) {
     r.push_back(std::string("loss=") + costmodel::loss_kernel_name(*t.loss) + ": " + entry(target).name + " computes the loss its own way (" +
                 costmodel::loss_kernel_name(runs.loss) + ")");
@@ -219,6 +223,11 @@ std::vector<std::string> script_notes(const Plan& plan, ExportTarget target) {
     notes.push_back(std::string("loss=") + costmodel::loss_kernel_name(*t.loss) +
                     ": the training script computes the loss (fused: flash-attn's CrossEntropyLoss(inplace_backward=True); chunked-linear: "
                     "Liger-Kernel's LigerFusedLinearCrossEntropyLoss); the config carries none");
+  }
+  if (t.attention_kernel) {
+    notes.push_back(std::string("attention_kernel=") + costmodel::attention_impl_name(*t.attention_kernel) +
+                    ": predicted for a script whose model runs that kernel (a Hugging Face model's attn_implementation; flash3: "
+                    "FlashAttention-3's hopper/ build); the config carries none");
   }
   if (t.attention_mask == costmodel::AttentionMask::kExplicit) {
     notes.push_back("attention_mask=explicit: predicted for a script that hands attention a mask tensor (the whole seq x seq rectangle computed)");

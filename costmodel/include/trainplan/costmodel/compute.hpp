@@ -30,6 +30,7 @@ struct LayerSetting {
   AttentionKernel attention = AttentionKernel::kFlash;
   AttentionMask attention_mask = AttentionMask::kCausal;
   std::optional<LossKernel> loss;  // empty: the stack's
+  std::optional<AttentionImpl> attention_kernel;  // empty: the stack's
   std::optional<Fp8Recipe> fp8_recipe;  // empty: the stack's
   std::optional<ContextAttention> cp_comm;  // empty: the stack's
   Stack stack = Stack::kTrainplan;

@@ -32,7 +32,15 @@ enum class AttentionImpl {
   // from PyTorch 2.2): its published rates on Ampere and Hopper (attention_kernels.cpp), the
   // profile's figures on other GPUs.
   kFlash2,
+  // FlashAttention-3 (the flash-attn package's hopper/ build, flash_attn_interface): Hopper only
+  // (sm90: its warp-specialised TMA/WGMMA kernels), its published bf16/fp16 rates there
+  // (attention_kernels.cpp); a plan asking for it on another GPU is refused.
+  kFlash3,
 };
+// Plan key training.attention_kernel, planner --attention-kernel: "profile", "flash2", "flash3".
+[[nodiscard]] const char* attention_impl_name(AttentionImpl impl);
+[[nodiscard]] std::optional<AttentionImpl> attention_impl_from_name(const std::string& name);
+[[nodiscard]] const char* attention_impl_choices();  // "profile | flash2 | flash3"
 
 // Memory-bound operations a training step runs, as PyTorch runs them eagerly (one or more ATen
 // kernels each). `elements` of an op is the size its bytes are counted on (kElementwiseOps).
@@ -179,5 +187,7 @@ class KernelRates {
 // `generation` (gpu_generation: 1 Ampere, 2 Hopper); nullopt on other GPUs. attention_kernels.cpp
 // cites each figure.
 [[nodiscard]] std::optional<double> flash2_rate(int generation, double d, double seq, bool causal, bool backward);
+// FlashAttention-3's, likewise, in bf16/fp16; nullopt off Hopper (generation 2).
+[[nodiscard]] std::optional<double> flash3_rate(int generation, double d, double seq, bool causal, bool backward);
 
 }  // namespace trainplan::costmodel

@@ -77,6 +77,10 @@ struct TrainingConfig {
   // The loss kernel (stack.hpp LossKernel); empty: the stack's own. A plan states its own where
   // the training script swaps it (flash-attn's or Liger's fused cross-entropy on an FSDP stack).
   std::optional<LossKernel> loss;
+  // The fused attention kernel (kernels.hpp AttentionImpl: the profile's measured table,
+  // FlashAttention-2 or -3); empty: the stack's own. A plan states its own where the training
+  // script picks another (flash-attn's hopper/ build, Hugging Face's attn_implementation).
+  std::optional<AttentionImpl> attention_kernel;
   // fp8 training's scaling recipe (stack.hpp Fp8Recipe); empty: the stack's own (delayed for
   // megatron-te, Megatron's default; current for the others).
   std::optional<Fp8Recipe> fp8_recipe;

@@ -45,6 +45,7 @@ struct RequestForm {
   std::string dropout = "off";      // on | off: the model has dropout layers
   std::string attention_mask = "causal";  // causal | explicit (plan.hpp AttentionMask)
   std::string loss = "stack";              // stack | fp32-logits | fused | chunked-linear | vocab-parallel-fp32
+  std::string attention_kernel = "stack";  // stack | profile | flash2 | flash3 (kernels.hpp AttentionImpl)
   std::string fp8_recipe = "stack";        // stack | delayed | current (stack.hpp Fp8Recipe)
   std::string master_weights = "fp32";    // fp32 | none (pure 16-bit training)
   std::string stack = "trainplan";  // trainplan | trainplan-reference | pytorch-eager | torch-compile | megatron-te
@@ -56,7 +57,7 @@ struct RequestForm {
 
 // An input that is wrong, and why. `field` names it: "model", "cluster", "model/layers" (a
 // document field: the document and its pointer), "gpus", "seq_len", "global_batch",
-// "train_tokens", "precision", "lora_rank", "attention", "dropout", "attention_mask", "loss", "fp8_recipe",
+// "train_tokens", "precision", "lora_rank", "attention", "dropout", "attention_mask", "loss", "attention_kernel", "fp8_recipe",
 // "master_weights", "stack", "memory_headroom",
 // "fix/tp" (a constraint), "fix"
 // (the constraints together).
