@@ -430,6 +430,8 @@ Result<ValidationTable> validate_llama3_405b_h100() {
     table.id = "llama3_405b_h100";
     table.run_kind = "production";
     table.title = "Llama 3 405B on H100 (held out)";
+    table.missing = "a measured sustained clock of these H100s under months of load; Table 4's attention-FLOP convention at 131K "
+                    "tokens (counted here as non-causal)";
     table.quantity = "MFU, %";
     table.source = "Dubey et al. 2024, The Llama 3 Herd of Models, Table 4 (bf16 MFU on 8K and 16K H100, tp/cp/pp/dp as published; "
                    "a production run, so the sustained step, which waits for the slowest GPU, is predicted); "
@@ -513,6 +515,8 @@ Result<ValidationTable> validate_nccl_tests() {
     table.id = "nccl_tests_published";
     table.run_kind = "microbenchmark";
     table.title = "nccl-tests, published";
+    table.missing = "latency at small sizes: EFA's per-step latency (aws-ofi-nccl's 75 us is a tuning value, two p5 nodes measure "
+                    "less), NVLS at mid sizes, the A100 node's older NCCL from 32 KiB to 256 MiB; every bandwidth-bound row is within 10%";
     table.quantity = "time per collective, us";
     table.source = "nccl-tests output printed by stas00/ml-engineering (network/README.md: 8xA100 all_reduce; 8xH200 with NVLS off) and "
                    "aws-samples/awsome-distributed-training (2x p4de, 2x p5 and 1x p5 all_reduce); predicted by network.hpp's NCCL "

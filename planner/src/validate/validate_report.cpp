@@ -73,11 +73,13 @@ std::string summary_section(const std::vector<ValidationTable>& tables, bool mar
   std::vector<Row> rows;
   for (const ValidationTable& t : tables) {
     const ValidationRow* worst = worst_row(t);
-    rows.push_back(Row{{t.title, t.run_kind, t.quantity, std::to_string(t.rows.size()), percent(t.mape), worst ? signed_percent(worst->error) : "-"}});
+    rows.push_back(Row{{t.title, t.run_kind, t.quantity, std::to_string(t.rows.size()), percent(t.mape), worst ? signed_percent(worst->error) : "-",
+                        t.mape > kValidationMapeGoal ? t.missing : ""}});
   }
   std::ostringstream out;
   out << (markdown ? "## Summary\n\n" : "Summary\n");
-  out << detail::table({"table", "runs", "quantity", "rows", "MAPE", "worst"}, rows, markdown, {false, false, false, true, true, true});
+  out << detail::table({"table", "runs", "quantity", "rows", "MAPE", "worst", "still missing (MAPE above 10%)"}, rows, markdown,
+                       {false, false, false, true, true, true, false});
   return out.str();
 }
 
@@ -97,6 +99,7 @@ nlohmann::json validation_to_json(const std::vector<ValidationTable>& tables) {
                           {"source", t.source},
                           {"reference", t.reference},
                           {"run_kind", t.run_kind},
+                          {"missing", t.missing},
                           {"mape", t.mape},
                           {"max_abs_error", t.max_abs_error},
                           {"rows", std::move(rows)}});

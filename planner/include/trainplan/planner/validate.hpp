@@ -38,10 +38,17 @@ struct ValidationTable {
   // which waits for the slowest GPU), "measured" (this project's executor), "microbenchmark"
   // (one collective or kernel), "analytic" (a paper's formula).
   std::string run_kind = "benchmark";
+  // The mechanisms the model still lacks for these rows, said where the table's MAPE is above
+  // kValidationMapeGoal (the summary's "still missing" column); "" where none is known.
+  std::string missing;
   std::vector<ValidationRow> rows;
   double mape = 0;           // mean of |error| over the rows (a fraction: 0.064 is 6.4%)
   double max_abs_error = 0;  // largest |error| (a fraction)
 };
+
+// The MAPE a table is held to (issue 32: every table within 10%, or the summary says what is
+// still missing for it).
+inline constexpr double kValidationMapeGoal = 0.10;
 
 // A row with error = predicted / published - 1. REQUIRES: published != 0.
 [[nodiscard]] ValidationRow validation_row(std::string label, double published, double predicted, std::string note = "", bool fits = true);
