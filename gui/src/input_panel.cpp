@@ -219,7 +219,7 @@ InputPanel::InputPanel(QWidget* parent) : QWidget(parent) {
       combo({{tr("the stack's"), QStringLiteral("stack")}, {tr("fp32 logits"), QStringLiteral("fp32-logits")},
              {tr("fused cross-entropy"), QStringLiteral("fused")}, {tr("chunked linear cross-entropy"), QStringLiteral("chunked-linear")},
              {tr("vocab-parallel fp32 (Megatron)"), QStringLiteral("vocab-parallel-fp32")}}));
-  row(tr("Attention kernel"), QStringLiteral("attention_kernel"),
+  row(tr("Fused attention kernel"), QStringLiteral("attention_kernel"),
       combo({{tr("the stack's"), QStringLiteral("stack")}, {tr("profile's measured (cuDNN on H100/H200)"), QStringLiteral("profile")},
              {QStringLiteral("FlashAttention-2"), QStringLiteral("flash2")}, {tr("FlashAttention-3 (Hopper)"), QStringLiteral("flash3")}}));
   row(tr("fp8 scaling"), QStringLiteral("fp8_recipe"),

@@ -330,6 +330,7 @@ Result<SearchResult> search(const PlanRequest& req, const SearchOptions& options
   // Searched where the stack runs them.
   const bool hybrid_shard = stack_spec(req.training.stack).hybrid_shard;
   const bool interleaved_pipeline = stack_spec(req.training.stack).interleaved_pipeline;
+  const bool stack_sequence_parallel = stack_spec(req.training.stack).sequence_parallel;
   // Searches the units handed out by `next` with the given optimizer offloads.
   const auto work = [&](Partial& part, std::atomic<std::size_t>& next, const std::vector<Offload>& offloads) {
     // One plan per thread, reused: only its parallel layout changes in the loops below.
@@ -390,7 +391,7 @@ Result<SearchResult> search(const PlanRequest& req, const SearchOptions& options
                     for (Offload off : fixed_or(c.offload_optimizer, offloads)) {
                       ParallelConfig& p = plan.parallel;
                       p.tp = tp; p.cp = cp; p.pp = pp; p.dp = dp; p.ep = ep;
-                      p.sequence_parallel = c.sequence_parallel.value_or(tp > 1);
+                      p.sequence_parallel = c.sequence_parallel.value_or(tp > 1 && stack_sequence_parallel);
                       p.zero_stage = zero; p.shard_group = group; p.micro_batch = mb;
                       p.virtual_stages = v; p.schedule = schedule; p.recompute = rc;
                       p.offload_optimizer = off; p.offload_params = c.offload_params;

@@ -4,6 +4,7 @@
 // stack.cpp cites it.
 
 #include <cmath>
+#include <utility>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -72,7 +73,8 @@ TEST(Flash3Rates, AreThePapersFigures) {
 // A plan states the kernel its script runs (training.attention_kernel): FlashAttention-3 under the
 // fsdp2 stack, whose own is FlashAttention-2, runs Llama 3 8B's causal attention (32 heads, hd128)
 // at 8K on one H100 at 602 TFLOP/s forward where FlashAttention-2 runs 333: the attention time
-// of each pass shrinks by its ratio and nothing else moves. Refused off Hopper, in fp32, with a mask tensor and beside materialised scores.
+// of each pass shrinks by its ratio and nothing else moves. Refused off Hopper, in fp32, with a mask tensor, with dropout (it has none), under PyTorch's
+// context parallelism (which splits SDPA calls) and beside materialised scores.
 TEST(Flash3Rates, APlanThatRunsFlashAttention3) {
   Plan p = testing::make_plan("llama3-8b", "dgx-h100", 1, 8192, 1);
   p.training.stack = Stack::kFsdp2;
@@ -110,6 +112,21 @@ TEST(Flash3Rates, APlanThatRunsFlashAttention3) {
   Plan masked = p;
   masked.training.attention_mask = AttentionMask::kExplicit;
   EXPECT_FALSE(validate_plan(masked));
+  Plan dropout = p;
+  dropout.training.dropout = true;
+  const auto no_dropout = validate_plan(dropout);
+  ASSERT_FALSE(no_dropout);
+  EXPECT_NE(no_dropout.error().message.find("flash3 (FlashAttention-3) has no attention dropout"), std::string::npos) << no_dropout.error().message;
+  Plan split = testing::make_plan("llama3-8b", "dgx-h100", 2, 8192, 1);
+  split.training.stack = Stack::kFsdp2;
+  split.training.attention_kernel = AttentionImpl::kFlash3;
+  split.parallel.dp = 1;
+  split.parallel.cp = 2;
+  const auto no_cp = validate_plan(split);
+  ASSERT_FALSE(no_cp);
+  EXPECT_NE(no_cp.error().message.find("under context parallelism runs on megatron-te only"), std::string::npos) << no_cp.error().message;
+  split.training.stack = Stack::kMegatronTe;
+  EXPECT_TRUE(validate_plan(split)) << validate_plan(split).error().message;
   Plan scores = p;
   scores.training.attention = AttentionKernel::kStandard;
   const auto standard = validate_plan(scores);
@@ -314,19 +331,21 @@ TEST(DeepspeedV03Stack, GathersTensorByTensorWithTheDeviceSynced) {
 }
 
 // What a pipeline stage sends, by hand: GPT-3 175B on two DGX A100 nodes, tp 8 within each, pp 2
-// across them, 8 micro-batches of one 2,048-token sequence in 1F1B, no sequence parallelism. An
-// activation is 2,048 x 12,288 x 2 bytes = 50,331,648; a GPU's share of its node's NICs is
-// 200 Gb/s x 8 / 8 = 25 GB/s at the profile's efficiency 0.9, plus 6 us (send_recv_time):
-// the whole tensor takes 2.2430 ms, an eighth 0.2856 ms. Each micro-batch crosses twice (after
-// its forward and its backward), m + pp - 1 = 9 times in all.
+// across them, 8 micro-batches of one 2,048-token sequence in 1F1B. An activation is 2,048 x
+// 12,288 x 2 bytes = 50,331,648; a GPU's share of its node's NICs is 200 Gb/s x 8 / 8 = 25 GB/s at
+// the profile's efficiency 0.9, plus 6 us (send_recv_time): the whole tensor takes 2.2430 ms, an
+// eighth 0.2856 ms. Each micro-batch crosses twice (after its forward and its backward), m + pp - 1
+// = 9 times in all. Without sequence parallelism:
 //  - megatron-te (Megatron-LM's scatter-gather): an eighth, sent and received at once, then
-//    all-gathered over the 8 tensor-parallel GPUs, both ways.
-//  - deepspeed (PipelineEngine: pipe_partitioned, grad_partitioned, blocking send then recv): an
-//    eighth each way, one after the other, gathered both ways.
-//  - deepspeed-v0.3 (gradients sent whole until v0.5.10): an eighth forward, gathered; the whole
-//    gradient back, one after the other.
+//    all-gathered over the 8 tensor-parallel GPUs, both ways: 2 gathers.
+//  - deepspeed (PipelineEngine: blocking send then recv, pipe_partitioned and grad_partitioned):
+//    an eighth each way, one after the other; 3 gathers (the received activation, the stage's own
+//    output before its backward, the received gradient).
+//  - deepspeed-v0.3 (gradients sent whole before v0.5.4): an eighth forward, the whole gradient
+//    back, one after the other; 2 gathers (the received activation, the stage's own output).
 //  - the executor (trainplan): the whole tensor from each rank, both ways at once, no gather.
-// With sequence parallelism every stack sends the eighth it holds, nothing to gather.
+// With sequence parallelism Megatron and the executor send the eighth they hold and gather
+// nothing; DeepSpeed splits that eighth again (1/64 sent) and gathers it back three times.
 TEST(PipelineSend, AsEachStacksEngineSendsIt) {
   const auto pp_comm = [](Stack stack, bool sequence_parallel) {
     Plan p = testing::make_plan("gpt3-175b", "dgx-a100-80g", 16, 2048, 8);
@@ -339,22 +358,24 @@ TEST(PipelineSend, AsEachStacksEngineSendsIt) {
     return testing::checked_estimate(p).time.pp_comm.value();
   };
   const double link = 22.5e9, latency = 6e-6, whole = 2048.0 * 12288 * 2;
-  const double eighth = whole / 8 / link + latency, all = whole / link + latency;
+  const double eighth = whole / 8 / link + latency, all = whole / link + latency, sixty_fourth = whole / 64 / link + latency;
   const HardwareProfile a100 = testing::cluster("dgx-a100-80g");
   const double gather = collective_time(a100, Collective::kAllGather, Bytes(whole), CollectiveGroup{8, 8}).value();
-  ASSERT_GT(gather, 0.0);
+  const double gather_shard = collective_time(a100, Collective::kAllGather, Bytes(whole / 8), CollectiveGroup{8, 8}).value();
+  ASSERT_GT(gather_shard, 0.0);
   EXPECT_NEAR(pp_comm(Stack::kMegatronTe, false), 9 * (2 * eighth + 2 * gather), 1e-9);
-  EXPECT_NEAR(pp_comm(Stack::kDeepspeed, false), 9 * (2 * (eighth + eighth) + 2 * gather), 1e-9);
-  EXPECT_NEAR(pp_comm(Stack::kDeepspeedV03, false), 9 * (2 * (eighth + all) + gather), 1e-9);
+  EXPECT_NEAR(pp_comm(Stack::kDeepspeed, false), 9 * (2 * (eighth + eighth) + 3 * gather), 1e-9);
+  EXPECT_NEAR(pp_comm(Stack::kDeepspeedV03, false), 9 * (2 * (eighth + all) + 2 * gather), 1e-9);
   EXPECT_NEAR(pp_comm(Stack::kTrainplan, false), 9 * (2 * all), 1e-9);
   EXPECT_NEAR(pp_comm(Stack::kMegatronTe, true), 9 * (2 * eighth), 1e-9);
   EXPECT_NEAR(pp_comm(Stack::kTrainplan, true), 9 * (2 * eighth), 1e-9);
-  EXPECT_NEAR(pp_comm(Stack::kDeepspeed, true), 9 * (2 * (eighth + eighth)), 1e-9);
+  EXPECT_NEAR(pp_comm(Stack::kDeepspeed, true), 9 * (2 * (sixty_fourth + sixty_fourth) + 3 * gather_shard), 1e-9);
 }
 
 // DeepSpeed's PipelineEngine runs TrainSchedule only (runtime/pipe/schedule.py): an interleaved
-// plan is refused, naming the field; Megatron runs it.
-TEST(PipelineSchedule, DeepspeedRunsOneChunkPerStage) {
+// or GPipe plan is refused, naming the field; Megatron runs interleaving. DeepSpeed v0.3 ran
+// before Megatron's sequence parallelism (2022).
+TEST(PipelineSchedule, DeepspeedRunsOneFOneBWithOneChunkPerStage) {
   Plan p = testing::make_plan("gpt3-175b", "dgx-a100-80g", 16, 2048, 8);
   p.parallel.tp = 8;
   p.parallel.pp = 2;
@@ -362,16 +383,52 @@ TEST(PipelineSchedule, DeepspeedRunsOneChunkPerStage) {
   p.parallel.micro_batch = 1;
   p.parallel.schedule = Schedule::kInterleaved;
   p.parallel.virtual_stages = 2;
+  Plan gpipe = p;
+  gpipe.parallel.schedule = Schedule::kGpipe;
+  gpipe.parallel.virtual_stages = 1;
   for (Stack stack : {Stack::kDeepspeed, Stack::kDeepspeedV03}) {
-    p.training.stack = stack;
-    const auto refused = validate_plan(p);
-    ASSERT_FALSE(refused);
-    EXPECT_NE(refused.error().message.find("/parallel/schedule: the " + std::string(stack_name(stack)) + " stack's pipeline engine runs one chunk"),
-              std::string::npos)
-        << refused.error().message;
+    for (Plan* plan : {&p, &gpipe}) {
+      plan->training.stack = stack;
+      const auto refused = validate_plan(*plan);
+      ASSERT_FALSE(refused);
+      EXPECT_NE(refused.error().message.find("/parallel/schedule: the " + std::string(stack_name(stack)) + " stack's pipeline engine runs 1F1B"),
+                std::string::npos)
+          << refused.error().message;
+    }
   }
   p.training.stack = Stack::kMegatronTe;
   EXPECT_TRUE(validate_plan(p));
+  Plan sp = gpipe;
+  sp.parallel.schedule = Schedule::kOneFOneB;
+  sp.parallel.sequence_parallel = true;
+  sp.training.stack = Stack::kDeepspeedV03;
+  const auto no_sp = validate_plan(sp);
+  ASSERT_FALSE(no_sp);
+  EXPECT_NE(no_sp.error().message.find("/parallel/sequence_parallel: the deepspeed-v0.3 stack has no sequence parallelism"), std::string::npos)
+      << no_sp.error().message;
+  sp.parallel.sequence_parallel = false;
+  EXPECT_TRUE(validate_plan(sp));
+}
+
+// FSDP has no optimizer-only sharding (torch/distributed/fsdp api.py ShardingStrategy; FSDP2's
+// fully_shard): ZeRO-1 is refused wherever it would shard, over data-parallel ranks or, as
+// torchtitan's dp_shard_cp mesh does, over context-parallel ones; with one rank it shards nothing.
+TEST(OptimizerOnlySharding, IsRefusedForFsdpOverDataAndContextRanks) {
+  Plan p = testing::make_plan("llama3-8b", "dgx-h100", 2, 8192, 2);
+  p.training.stack = Stack::kFsdp2;
+  p.parallel.zero_stage = 1;
+  for (const auto& [dp, cp] : {std::pair{2, 1}, std::pair{1, 2}}) {
+    p.parallel.dp = dp;
+    p.parallel.cp = cp;
+    const auto refused = validate_plan(p);
+    ASSERT_FALSE(refused) << dp << " " << cp;
+    EXPECT_NE(refused.error().message.find("/parallel/zero_stage: the fsdp2 stack has no optimizer-only sharding"), std::string::npos)
+        << refused.error().message;
+  }
+  Plan one = testing::make_plan("llama3-8b", "dgx-h100", 1, 8192, 1);
+  one.training.stack = Stack::kFsdp2;
+  one.parallel.zero_stage = 1;
+  EXPECT_TRUE(validate_plan(one));
 }
 
 // A host-bound step under ZeRO-1 (a tiny model, each eager kernel's 9.2 us of host time above its

@@ -237,7 +237,7 @@ TEST_F(PlannerCli, BadInputExitsTwoWithOneLineMessage) {
        "/parallel/shard_group: the deepspeed-v0.3 stack has no hybrid sharding"},
       // DeepSpeed's PipelineEngine runs TrainSchedule only (runtime/pipe/schedule.py).
       {"no interleaved pipeline", "--model 70b --gpus 64 --stack deepspeed --fix pp=4 --fix schedule=interleaved",
-       "/parallel/schedule: the deepspeed stack's pipeline engine runs one chunk per stage (1F1B)"},
+       "/parallel/schedule: the deepspeed stack's pipeline engine runs 1F1B with one chunk per stage"},
       {"FlashAttention-3 off Hopper", "--model 8b --gpus 8 --cluster dgx-a100-80g --attention-kernel flash3",
        "/training/attention_kernel: flash3 (FlashAttention-3) runs on Hopper GPUs only (H100, H200), not on A100 SXM4 80GB"},
       {"unknown stack", "--model 8b --gpus 8 --stack jax", "--stack: must be one of trainplan | trainplan-reference | pytorch-eager | torch-compile | megatron-te | fsdp1 | fsdp2 | fsdp2-compile | deepspeed | deepspeed-v0.3 (got \"jax\")"},

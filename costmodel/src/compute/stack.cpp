@@ -263,11 +263,10 @@ constexpr StackSpec kDeepspeed = [] {
   // (p2p.py: dist.send, dist.recv, each waited for; engine.py _exec_send_grads then
   // _exec_recv_activations in a forward step, _exec_recv_grads then _exec_send_activations in a
   // backward one); the activation and its gradient partitioned over the tensor-parallel group
-  // and gathered after the receive (pipe_partitioned, grad_partitioned: true by default,
-  // runtime/config.py).
+  // and gathered again (pipe_partitioned, grad_partitioned: true by default, runtime/config.py).
   s.interleaved_pipeline = false;
   s.pipeline_send_recv_together = false;
-  s.pipeline_send = PipelineSend::kScatterGather;
+  s.pipeline_send = PipelineSend::kPartitioned;
   s.source = "microsoft/DeepSpeed 38327e07 (v0.16.5) deepspeed/runtime/zero/config.py, stage3.py, stage_1_and_2.py, "
              "partitioned_param_coordinator.py, partition_parameters.py, runtime/comm/coalesced_collectives.py, runtime/engine.py, "
              "runtime/pipe/schedule.py, p2p.py, engine.py, runtime/config.py";
@@ -323,9 +322,10 @@ constexpr StackSpec kDeepspeedV03 = [] {
   s.max_zero_with_tensor_parallel = 3;
   s.expert_parallel = false;
   // Its PipelineEngine as kDeepspeed's, but its gradients between stages sent whole (engine.py:
-  // is_grad_partitioned = False until v0.5.10) and through a broadcast in a two-rank group
-  // (p2p.py), a transfer all the same.
-  s.pipeline_send = PipelineSend::kScatterGatherActivation;
+  // is_grad_partitioned = False until v0.5.4) and through a broadcast in a two-rank group
+  // (p2p.py), a transfer all the same. Megatron's sequence parallelism came in 2022, after it.
+  s.pipeline_send = PipelineSend::kPartitionedActivation;
+  s.sequence_parallel = false;
   s.source = "microsoft/DeepSpeed v0.3.16 deepspeed/runtime/zero/partition_parameters.py (_allgather_param, _all_gather), stage3.py "
              "(fetch_sub_module, _synchronize_communication, average_tensor, buffered_reduce_fallback), constants.py, "
              "runtime/pipe/engine.py, p2p.py; "
@@ -492,10 +492,23 @@ std::string unsupported_parallelism(Stack stack, int tp, int cp, int pp, int ep,
   return "";
 }
 
-std::string unsupported_interleaving(Stack stack, bool interleaved) {
+std::string unsupported_schedule(Stack stack, bool gpipe, bool interleaved, bool sequence_parallel) {
   const StackSpec& s = stack_spec(stack);
-  if (!interleaved || s.interleaved_pipeline) return "";
-  return std::string("/parallel/schedule: the ") + s.name + " stack's pipeline engine runs one chunk per stage (1F1B): schedule 1f1b, virtual_stages 1";
+  if ((gpipe || interleaved) && !s.interleaved_pipeline) {
+    return std::string("/parallel/schedule: the ") + s.name + " stack's pipeline engine runs 1F1B with one chunk per stage: schedule 1f1b, virtual_stages 1";
+  }
+  if (sequence_parallel && !s.sequence_parallel) return std::string("/parallel/sequence_parallel: the ") + s.name + " stack has no sequence parallelism";
+  return "";
+}
+
+int pipeline_gathers(PipelineSend send, bool sequence_parallel) {
+  switch (send) {
+    case PipelineSend::kAsHeld: return 0;
+    case PipelineSend::kScatterGather: return sequence_parallel ? 0 : 2;
+    case PipelineSend::kPartitioned: return 3;
+    case PipelineSend::kPartitionedActivation: return 2;
+  }
+  return 0;
 }
 
 std::optional<Stack> stack_from_name(const std::string& name) {

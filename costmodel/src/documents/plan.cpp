@@ -362,6 +362,10 @@ std::string training_error(const ModelSpec& m, const TrainingConfig& t) {
   if (t.attention_kernel == AttentionImpl::kFlash3 && t.attention_mask == AttentionMask::kExplicit) {
     return "/training/attention_kernel: flash3 (FlashAttention-3) takes no mask tensor (its causal flag only): attention_mask \"causal\"";
   }
+  if (t.attention_kernel == AttentionImpl::kFlash3 && t.dropout) {
+    // Dao-AILab/flash-attention hopper/ (flash_attn_interface): no dropout_p argument.
+    return "/training/attention_kernel: flash3 (FlashAttention-3) has no attention dropout: dropout false, or attention_kernel flash2";
+  }
   if (!t.master_weights) {
     if (t.precision != Precision::kBf16 && t.precision != Precision::kFp16) {
       return std::string("/training/master_weights: false (pure 16-bit training) needs precision bf16 or fp16 (got ") + precision_name(t.precision) + ")";
@@ -374,9 +378,15 @@ std::string training_error(const ModelSpec& m, const TrainingConfig& t) {
   return "";
 }
 
-// FlashAttention-3 runs on Hopper only (its kernels are sm90's TMA and WGMMA), in 16-bit dtypes.
-std::string attention_kernel_error(const TrainingConfig& t, const GpuSpec& gpu) {
+// FlashAttention-3 runs on Hopper only (its kernels are sm90's TMA and WGMMA), in 16-bit dtypes;
+// context parallelism reaches it only through Megatron-Core's (Transformer Engine's attention
+// calls it per chunk), PyTorch's splits SDPA calls and the executor's runs SDPA.
+std::string attention_kernel_error(const TrainingConfig& t, const GpuSpec& gpu, int cp) {
   if (t.attention_kernel != AttentionImpl::kFlash3) return "";
+  if (cp > 1 && t.stack != Stack::kMegatronTe) {
+    return std::string("/training/attention_kernel: flash3 (FlashAttention-3) under context parallelism runs on megatron-te only; the ") +
+           stack_name(t.stack) + " stack's context parallelism splits SDPA calls";
+  }
   if (gpu_generation(gpu) != 2) {
     return "/training/attention_kernel: flash3 (FlashAttention-3) runs on Hopper GPUs only (H100, H200), not on " + gpu.name;
   }
@@ -406,7 +416,8 @@ Result<bool> validate_request(const PlanRequest& req) {
       !e.empty()) {
     return err(e);
   }
-  if (const std::string e = unsupported_interleaving(req.training.stack, c.schedule == Schedule::kInterleaved || c.virtual_stages.value_or(1) > 1);
+  if (const std::string e = unsupported_schedule(req.training.stack, c.schedule == Schedule::kGpipe,
+                                                 c.schedule == Schedule::kInterleaved || c.virtual_stages.value_or(1) > 1, c.sequence_parallel.value_or(false));
       !e.empty()) {
     return err(e);
   }
@@ -449,7 +460,7 @@ Result<bool> validate_request(const PlanRequest& req) {
   if (req.training.precision == Precision::kFp8 && req.cluster.gpu.peak_for(Dtype::kFp8).value() <= 0) {
     return err("/training/precision: fp8 is not supported by " + req.cluster.gpu.name);
   }
-  if (const std::string e = attention_kernel_error(req.training, req.cluster.gpu); !e.empty()) return err(e);
+  if (const std::string e = attention_kernel_error(req.training, req.cluster.gpu, c.cp.value_or(1)); !e.empty()) return err(e);
   if (req.training.seq_len < 1) return err("/training/seq_len: must be >= 1");
   return true;
 }
@@ -465,7 +476,7 @@ Result<Plan> plan_with_defaults(const PlanRequest& request) {
   c.shard_group = c.shard_group.value_or(0);
   c.micro_batch = c.micro_batch.value_or(1);
   c.virtual_stages = c.virtual_stages.value_or(1);
-  c.sequence_parallel = c.sequence_parallel.value_or(*c.tp > 1);
+  c.sequence_parallel = c.sequence_parallel.value_or(*c.tp > 1 && stack_spec(request.training.stack).sequence_parallel);
   c.schedule = c.schedule.value_or(*c.virtual_stages > 1 ? Schedule::kInterleaved : Schedule::kOneFOneB);
   c.recompute = c.recompute.value_or(Recompute::kNone);
   c.offload_optimizer = c.offload_optimizer.value_or(Offload::kNone);
@@ -541,7 +552,8 @@ Result<bool> validate_plan(const Plan& plan) {
   {
     const StackSpec& stack = stack_spec(plan.training.stack);
     if (const std::string e = unsupported_parallelism(plan.training.stack, p.tp, p.cp, p.pp, p.ep, p.shard_group); !e.empty()) return err(e);
-    if (const std::string e = unsupported_interleaving(plan.training.stack, p.schedule == Schedule::kInterleaved || p.virtual_stages > 1);
+    if (const std::string e = unsupported_schedule(plan.training.stack, p.pp > 1 && p.schedule == Schedule::kGpipe,
+                                                   p.schedule == Schedule::kInterleaved || p.virtual_stages > 1, p.sequence_parallel && p.tp > 1);
         !e.empty()) {
       return err(e);
     }
@@ -583,7 +595,7 @@ Result<bool> validate_plan(const Plan& plan) {
   if (plan.training.precision == Precision::kFp8 && plan.cluster.gpu.peak_for(Dtype::kFp8).value() <= 0) {
     return err("/training/precision: fp8 is not supported by " + plan.cluster.gpu.name);
   }
-  if (const std::string e = attention_kernel_error(plan.training, plan.cluster.gpu); !e.empty()) return err(e);
+  if (const std::string e = attention_kernel_error(plan.training, plan.cluster.gpu, p.cp); !e.empty()) return err(e);
   return true;
 }
 

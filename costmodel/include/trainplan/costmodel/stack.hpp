@@ -83,25 +83,37 @@ enum class ContextAttention {
   kAllGatherRotate,
 };
 
-// What a pipeline stage sends its neighbour under tensor parallelism without sequence
-// parallelism, where every tensor-parallel rank holds the whole activation (with sequence
-// parallelism each rank sends the sequence shard it holds, in every stack).
+// What a pipeline stage sends its neighbour under tensor parallelism, and the all-gathers over the
+// tensor-parallel group that puts back together (exposed: the next pass takes the gathered tensor).
 enum class PipelineSend {
-  // The tensor as the rank holds it, each tensor-parallel rank sending the same whole tensor over
-  // its own link: Megatron-Core since 3c92fa93 (2023-03, pipeline_parallel/p2p_communication.py),
-  // torch.distributed.pipelining, the executor (executor/src/train/trainer.cpp activation_shape).
+  // The tensor as the rank holds it: its sequence shard under sequence parallelism, else the whole
+  // tensor, each tensor-parallel rank sending the same one over its own link. Megatron-Core since
+  // 3c92fa93 (2023-03, pipeline_parallel/p2p_communication.py), torch.distributed.pipelining, the
+  // executor (executor/src/train/trainer.cpp activation_shape).
   kAsHeld,
-  // Split over the tensor-parallel group, each rank sending 1/t, and all-gathered over that
-  // group after the receive: Megatron-LM's scatter_gather_tensors_in_pipeline, on by default
-  // from 72e4230b (2021-02) until its move into Megatron-Core (megatron/p2p_communication.py
-  // _communicate: split_tensor_into_1d_equal_chunks, gather_split_1d_tensor), as the published
-  // Megatron-LM runs of 2021-2022 ran; DeepSpeed's PipelineEngine with its defaults
-  // pipe_partitioned and grad_partitioned (runtime/pipe/engine.py: PartitionedTensor, .full()).
+  // Without sequence parallelism, split over the tensor-parallel group, each rank sending 1/t, and
+  // all-gathered after the receive: the activation and its gradient, 2 gathers a micro-batch.
+  // Megatron-LM's scatter_gather_tensors_in_pipeline, on by default from 72e4230b (2021-02) until
+  // its move into Megatron-Core (megatron/p2p_communication.py _communicate:
+  // split_tensor_into_1d_equal_chunks, gather_split_1d_tensor; off under sequence parallelism
+  // from 739cb43d, 2022), as the published Megatron-LM runs of 2021-2022 ran. Under sequence
+  // parallelism as kAsHeld.
   kScatterGather,
-  // The activation split and gathered so, its gradient sent whole: DeepSpeed's PipelineEngine
-  // before v0.5.10 (is_grad_partitioned = False).
-  kScatterGatherActivation,
+  // DeepSpeed's PipelineEngine (runtime/pipe/engine.py, pipe_partitioned and grad_partitioned
+  // true by default: v0.5.4 on, in the config from v0.12.3): whatever the rank holds split into
+  // 1/t (PartitionedTensor), sequence parallel or not, and 3 gathers a micro-batch on a stage:
+  // the received activation (_exec_forward_pass), the stage's own output, kept split after it was
+  // sent and put back before its backward (_exec_backward_pass), and the received gradient.
+  kPartitioned,
+  // DeepSpeed before v0.5.4 (is_grad_partitioned = False): the activation split so, its gradient
+  // sent whole; 2 gathers (the received activation, and the stage's own output in
+  // _exec_recv_grads).
+  kPartitionedActivation,
 };
+// All-gathers over the tensor-parallel group a stage runs per micro-batch (and model chunk) for
+// what it sends and receives, under `send` with sequence parallelism or not: 0 where nothing is split.
+[[nodiscard]] int pipeline_gathers(PipelineSend send, bool sequence_parallel);
+
 
 // What quantising a linear layer's GEMM operands to fp8 moves, in bytes per element beyond the
 // bf16 path: its input (an amax pass where the scale is computed from the tensor itself, then the
@@ -305,6 +317,9 @@ struct StackSpec {
   // waited for (DeepSpeed's PipelineEngine: p2p.send then p2p.recv, runtime/pipe/p2p.py, in the
   // order TrainSchedule lists them): 2 transfers' time.
   bool pipeline_send_recv_together = true;
+  // Runs Megatron's sequence parallelism (Korthikanti et al. 2022): false where the stack predates
+  // it (Megatron-DeepSpeed of 2021 under DeepSpeed v0.3).
+  bool sequence_parallel = true;
   PipelineSend pipeline_send = PipelineSend::kAsHeld;
   // Runs ZeRO-3 sharded within groups and replicated across them (FSDP's HYBRID_SHARD, DeepSpeed's
   // MiCS, plan key shard_group).
@@ -328,9 +343,11 @@ struct StackSpec {
 // not run, as a plan error naming the field ("/parallel/cp: the fsdp1 stack has no context
 // parallelism (ring attention)"); "" when it runs them all.
 [[nodiscard]] std::string unsupported_parallelism(Stack stack, int tp, int cp, int pp, int ep, int shard_group);
-// "/parallel/schedule: ..." where `interleaved` (the plan asks for schedule interleaved or
-// virtual_stages > 1) and the stack's pipeline engine runs one chunk per stage; "" otherwise.
-[[nodiscard]] std::string unsupported_interleaving(Stack stack, bool interleaved);
+// "/parallel/schedule: ..." where the stack's pipeline engine runs 1F1B only (interleaved_pipeline
+// false: DeepSpeed's TrainSchedule) and the plan asks for another schedule (gpipe, interleaved,
+// virtual_stages > 1); "/parallel/sequence_parallel: ..." where it asks for sequence parallelism
+// the stack lacks; "" otherwise.
+[[nodiscard]] std::string unsupported_schedule(Stack stack, bool gpipe, bool interleaved, bool sequence_parallel);
 [[nodiscard]] const char* stack_name(Stack stack);
 // The loss kernels by their document names: "fp32-logits", "fused", "chunked-linear",
 // "vocab-parallel-fp32" (plan key training.loss, planner --loss).
