@@ -9,6 +9,8 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -78,19 +80,24 @@ TEST(ValidationTable, MapeIsTheMeanAbsoluteErrorOfItsRows) {
   EXPECT_EQ(empty.max_abs_error, 0);
 }
 
+// A made-up table of `rows`, summarised.
+planner::ValidationTable made_up_table(const std::string& id, const std::string& title, std::vector<planner::ValidationRow> rows,
+                                       const std::string& missing = "") {
+  planner::ValidationTable t;
+  t.id = id;
+  t.title = title;
+  t.quantity = "seconds";
+  t.source = "made up";
+  t.missing = missing;
+  t.rows = std::move(rows);
+  planner::summarise(t);
+  return t;
+}
+
 TEST(ValidationReport, TextAndMarkdownEndWithTheSummaryOfEveryTable) {
-  planner::ValidationTable a;
-  a.id = "a_table";
-  a.title = "Table A";
-  a.quantity = "seconds";
-  a.source = "made up";
-  a.rows = {planner::validation_row("row one", 100, 110, "plan x"), planner::validation_row("row two", 200, 180)};
-  planner::summarise(a);
-  planner::ValidationTable b = a;
-  b.id = "b_table";
-  b.title = "Table B";
-  b.rows = {planner::validation_row("only row", 4, 5)};
-  planner::summarise(b);
+  const planner::ValidationTable a =
+      made_up_table("a_table", "Table A", {planner::validation_row("row one", 100, 110, "plan x"), planner::validation_row("row two", 200, 180)});
+  const planner::ValidationTable b = made_up_table("b_table", "Table B", {planner::validation_row("only row", 4, 5)});
 
   const std::string text = planner::render_validation({a, b}, planner::Format::kText);
   EXPECT_NE(text.find("row one"), std::string::npos) << text;
@@ -118,19 +125,8 @@ TEST(ValidationReport, EveryTableAboveTenPercentSaysWhatIsStillMissing) {
   for (const auto& t : *tables) {
     if (t.mape > planner::kValidationMapeGoal) EXPECT_FALSE(t.missing.empty()) << t.id << ": MAPE " << t.mape;
   }
-  planner::ValidationTable off;
-  off.id = "off";
-  off.title = "Off";
-  off.quantity = "seconds";
-  off.source = "made up";
-  off.missing = "the mechanism X";
-  off.rows = {planner::validation_row("r", 100, 150)};
-  planner::summarise(off);
-  planner::ValidationTable close = off;
-  close.title = "Close";
-  close.missing = "nothing to say";
-  close.rows = {planner::validation_row("r", 100, 105)};
-  planner::summarise(close);
+  const planner::ValidationTable off = made_up_table("off", "Off", {planner::validation_row("r", 100, 150)}, "the mechanism X");
+  const planner::ValidationTable close = made_up_table("close", "Close", {planner::validation_row("r", 100, 105)}, "nothing to say");
   const std::string md = planner::render_validation({off, close}, planner::Format::kMarkdown);
   const auto summary = md.find("## Summary");
   ASSERT_NE(summary, std::string::npos) << md;
