@@ -267,6 +267,9 @@ constexpr StackSpec kDeepspeed = [] {
   s.interleaved_pipeline = false;
   s.pipeline_send_recv_together = false;
   s.pipeline_send = PipelineSend::kPartitioned;
+  // AutoTP (runtime/tensor_parallel, module_inject/auto_tp.py) shards the linear layers only:
+  // no Megatron-style sequence parallelism, as the DeepSpeed export says.
+  s.sequence_parallel = false;
   s.source = "microsoft/DeepSpeed 38327e07 (v0.16.5) deepspeed/runtime/zero/config.py, stage3.py, stage_1_and_2.py, "
              "partitioned_param_coordinator.py, partition_parameters.py, runtime/comm/coalesced_collectives.py, runtime/engine.py, "
              "runtime/pipe/schedule.py, p2p.py, engine.py, runtime/config.py";
@@ -323,9 +326,9 @@ constexpr StackSpec kDeepspeedV03 = [] {
   s.expert_parallel = false;
   // Its PipelineEngine as kDeepspeed's, but its gradients between stages sent whole (engine.py:
   // is_grad_partitioned = False until v0.5.4) and through a broadcast in a two-rank group
-  // (p2p.py), a transfer all the same. Megatron's sequence parallelism came in 2022, after it.
+  // (p2p.py), a transfer all the same. No sequence parallelism (kDeepspeed's; Megatron's came in
+  // 2022, after it).
   s.pipeline_send = PipelineSend::kPartitionedActivation;
-  s.sequence_parallel = false;
   s.source = "microsoft/DeepSpeed v0.3.16 deepspeed/runtime/zero/partition_parameters.py (_allgather_param, _all_gather), stage3.py "
              "(fetch_sub_module, _synchronize_communication, average_tensor, buffered_reduce_fallback), constants.py, "
              "runtime/pipe/engine.py, p2p.py; "
