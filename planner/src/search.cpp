@@ -328,9 +328,8 @@ Result<SearchResult> search(const PlanRequest& req, const SearchOptions& options
   };
 
   // Searched where the stack runs them.
-  const bool hybrid_shard = stack_spec(req.training.stack).hybrid_shard;
-  const bool interleaved_pipeline = stack_spec(req.training.stack).interleaved_pipeline;
-  const bool stack_sequence_parallel = stack_spec(req.training.stack).sequence_parallel;
+  const StackSpec& runs = stack_spec(req.training.stack);
+  const bool hybrid_shard = runs.hybrid_shard, interleaved_pipeline = runs.interleaved_pipeline, stack_sequence_parallel = runs.sequence_parallel;
   // Searches the units handed out by `next` with the given optimizer offloads.
   const auto work = [&](Partial& part, std::atomic<std::size_t>& next, const std::vector<Offload>& offloads) {
     // One plan per thread, reused: only its parallel layout changes in the loops below.

@@ -484,7 +484,7 @@ const StackSpec& stack_spec(Stack stack) {
 
 const char* stack_name(Stack stack) { return stack_spec(stack).name; }
 
-std::string unsupported_parallelism(Stack stack, int tp, int cp, int pp, int ep, int shard_group) {
+std::string unsupported_parallelism(Stack stack, int tp, int cp, int pp, int ep, int shard_group, bool sequence_parallel) {
   const StackSpec& s = stack_spec(stack);
   const std::string lacks = std::string(": the ") + s.name + " stack has no ";
   if (tp > 1 && !s.tensor_parallel) return "/parallel/tp" + lacks + "tensor parallelism";
@@ -492,26 +492,26 @@ std::string unsupported_parallelism(Stack stack, int tp, int cp, int pp, int ep,
   if (pp > 1 && !s.pipeline_parallel) return "/parallel/pp" + lacks + "pipeline parallelism";
   if (ep > 1 && !s.expert_parallel) return "/parallel/ep" + lacks + "expert parallelism";
   if (shard_group > 0 && !s.hybrid_shard) return "/parallel/shard_group" + lacks + "hybrid sharding (ZeRO-3 within groups): shard_group 0";
+  if (sequence_parallel && !s.sequence_parallel) return "/parallel/sequence_parallel" + lacks + "sequence parallelism";
   return "";
 }
 
-std::string unsupported_schedule(Stack stack, bool gpipe, bool interleaved, bool sequence_parallel) {
+std::string unsupported_schedule(Stack stack, bool gpipe, bool interleaved) {
   const StackSpec& s = stack_spec(stack);
   if ((gpipe || interleaved) && !s.interleaved_pipeline) {
     return std::string("/parallel/schedule: the ") + s.name + " stack's pipeline engine runs 1F1B with one chunk per stage: schedule 1f1b, virtual_stages 1";
   }
-  if (sequence_parallel && !s.sequence_parallel) return std::string("/parallel/sequence_parallel: the ") + s.name + " stack has no sequence parallelism";
   return "";
 }
 
-int pipeline_gathers(PipelineSend send, bool sequence_parallel) {
+PipelineSplit pipeline_split(PipelineSend send, bool sequence_parallel) {
   switch (send) {
-    case PipelineSend::kAsHeld: return 0;
-    case PipelineSend::kScatterGather: return sequence_parallel ? 0 : 2;
-    case PipelineSend::kPartitioned: return 3;
-    case PipelineSend::kPartitionedActivation: return 2;
+    case PipelineSend::kAsHeld: return {};
+    case PipelineSend::kScatterGather: return sequence_parallel ? PipelineSplit{} : PipelineSplit{true, true, 2};
+    case PipelineSend::kPartitioned: return {true, true, 3};
+    case PipelineSend::kPartitionedActivation: return {true, false, 2};
   }
-  return 0;
+  return {};
 }
 
 std::optional<Stack> stack_from_name(const std::string& name) {

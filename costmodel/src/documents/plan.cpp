@@ -412,12 +412,12 @@ Result<bool> validate_request(const PlanRequest& req) {
   if (const std::string e = training_error(m, req.training); !e.empty()) return err(e);
   // What the stack cannot run, named before any search.
   if (const std::string e = unsupported_parallelism(req.training.stack, c.tp.value_or(1), c.cp.value_or(1), c.pp.value_or(1), c.ep.value_or(1),
-                                                    c.shard_group.value_or(0));
+                                                    c.shard_group.value_or(0), c.sequence_parallel.value_or(false));
       !e.empty()) {
     return err(e);
   }
   if (const std::string e = unsupported_schedule(req.training.stack, c.schedule == Schedule::kGpipe,
-                                                 c.schedule == Schedule::kInterleaved || c.virtual_stages.value_or(1) > 1, c.sequence_parallel.value_or(false));
+                                                 c.schedule == Schedule::kInterleaved || c.virtual_stages.value_or(1) > 1);
       !e.empty()) {
     return err(e);
   }
@@ -551,9 +551,12 @@ Result<bool> validate_plan(const Plan& plan) {
   if (p.offload_params != Offload::kNone && p.zero_stage != 3) return err("/parallel/offload_params: needs zero_stage 3");
   {
     const StackSpec& stack = stack_spec(plan.training.stack);
-    if (const std::string e = unsupported_parallelism(plan.training.stack, p.tp, p.cp, p.pp, p.ep, p.shard_group); !e.empty()) return err(e);
+    if (const std::string e = unsupported_parallelism(plan.training.stack, p.tp, p.cp, p.pp, p.ep, p.shard_group, p.sequence_parallel && p.tp > 1);
+        !e.empty()) {
+      return err(e);
+    }
     if (const std::string e = unsupported_schedule(plan.training.stack, p.pp > 1 && p.schedule == Schedule::kGpipe,
-                                                   p.schedule == Schedule::kInterleaved || p.virtual_stages > 1, p.sequence_parallel && p.tp > 1);
+                                                   p.schedule == Schedule::kInterleaved || p.virtual_stages > 1);
         !e.empty()) {
       return err(e);
     }

@@ -489,20 +489,18 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
     // What a tensor-parallel rank sends (StackSpec::pipeline_send): what it holds (its sequence
     // shard under sequence parallelism, else the whole activation), or 1/t of it where the stack
     // splits it over the tensor-parallel group, with the all-gathers over that group that put it
-    // back together (pipeline_gathers, exposed: the next pass takes the gathered tensor).
+    // back together (pipeline_split, exposed: the next pass takes the gathered tensor).
     const double held = tokens * h * e / (s.sequence_parallel ? t : 1.0);
-    const int gathers = p.tp > 1 ? pipeline_gathers(stack.pipeline_send, s.sequence_parallel) : 0;
-    const bool split = gathers > 0;
-    const bool split_gradient = split && stack.pipeline_send != PipelineSend::kPartitionedActivation;
-    const double activation = send_recv_time(hw, Bytes(split ? held / t : held), across).value();
-    const double gradient = send_recv_time(hw, Bytes(split_gradient ? held / t : held), across).value();
-    const double gather = split ? collective_time(hw, Collective::kAllGather, Bytes(held), s.tp_group).value() : 0.0;
+    const PipelineSplit split = p.tp > 1 ? pipeline_split(stack.pipeline_send, s.sequence_parallel) : PipelineSplit{};
+    const double activation = send_recv_time(hw, Bytes(split.activation ? held / t : held), across).value();
+    const double gradient = send_recv_time(hw, Bytes(split.gradient ? held / t : held), across).value();
+    const double gather = split.gathers > 0 ? collective_time(hw, Collective::kAllGather, Bytes(held), s.tp_group).value() : 0.0;
     // After each pass a stage sends its output and receives its neighbour's: both at once
     // (Megatron's batch_isend_irecv), or one after the other (DeepSpeed's blocking send and recv).
     const double exchange = stack.pipeline_send_recv_together ? std::max(activation, gradient) : activation + gradient;
     // The timeline's hop: the exchange and the gather after the receive.
     p2p = exchange + gather;
-    tm.pp_comm = Seconds((2.0 * exchange + gathers * gather) * (static_cast<double>(p.virtual_stages) * m + stages - 1));
+    tm.pp_comm = Seconds((2.0 * exchange + split.gathers * gather) * (static_cast<double>(p.virtual_stages) * m + stages - 1));
     tm.bubble = Seconds((stages - 1.0) / p.virtual_stages * stage_sum / stages);
   }
 

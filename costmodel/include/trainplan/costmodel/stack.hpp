@@ -110,9 +110,14 @@ enum class PipelineSend {
   // _exec_recv_grads).
   kPartitionedActivation,
 };
-// All-gathers over the tensor-parallel group a stage runs per micro-batch (and model chunk) for
-// what it sends and receives, under `send` with sequence parallelism or not: 0 where nothing is split.
-[[nodiscard]] int pipeline_gathers(PipelineSend send, bool sequence_parallel);
+// What `send` splits over the tensor-parallel group, with sequence parallelism or not: the
+// activation, its gradient, and the all-gathers a stage runs per micro-batch (and model chunk)
+// to put them back together (0 where nothing is split).
+struct PipelineSplit {
+  bool activation = false, gradient = false;
+  int gathers = 0;
+};
+[[nodiscard]] PipelineSplit pipeline_split(PipelineSend send, bool sequence_parallel);
 
 
 // What quantising a linear layer's GEMM operands to fp8 moves, in bytes per element beyond the
@@ -339,15 +344,14 @@ struct StackSpec {
 };
 
 [[nodiscard]] const StackSpec& stack_spec(Stack stack);
-// The first of tp, cp, pp and ep above 1, and a hybrid shard group above 0, that `stack` does
-// not run, as a plan error naming the field ("/parallel/cp: the fsdp1 stack has no context
-// parallelism (ring attention)"); "" when it runs them all.
-[[nodiscard]] std::string unsupported_parallelism(Stack stack, int tp, int cp, int pp, int ep, int shard_group);
+// The first of tp, cp, pp and ep above 1, a hybrid shard group above 0 and sequence parallelism
+// that `stack` does not run, as a plan error naming the field ("/parallel/cp: the fsdp1 stack
+// has no context parallelism (ring attention)"); "" when it runs them all.
+[[nodiscard]] std::string unsupported_parallelism(Stack stack, int tp, int cp, int pp, int ep, int shard_group, bool sequence_parallel);
 // "/parallel/schedule: ..." where the stack's pipeline engine runs 1F1B only (interleaved_pipeline
 // false: DeepSpeed's TrainSchedule) and the plan asks for another schedule (gpipe, interleaved,
-// virtual_stages > 1); "/parallel/sequence_parallel: ..." where it asks for sequence parallelism
-// the stack lacks; "" otherwise.
-[[nodiscard]] std::string unsupported_schedule(Stack stack, bool gpipe, bool interleaved, bool sequence_parallel);
+// virtual_stages > 1); "" otherwise.
+[[nodiscard]] std::string unsupported_schedule(Stack stack, bool gpipe, bool interleaved);
 [[nodiscard]] const char* stack_name(Stack stack);
 // The loss kernels by their document names: "fp32-logits", "fused", "chunked-linear",
 // "vocab-parallel-fp32" (plan key training.loss, planner --loss).
