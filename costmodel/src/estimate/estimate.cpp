@@ -19,25 +19,10 @@ namespace trainplan::costmodel {
 
 using namespace estimate_detail;
 
-Estimate estimate(const Plan& plan, const EstimateOptions& options) {
-  const ModelSpec& mdl = plan.model;
-  const HardwareProfile& hw = plan.cluster;
+LayerSetting layer_setting(const Plan& plan) {
   const TrainingConfig& tr = plan.training;
   const ParallelConfig& p = plan.parallel;
-  const ParameterCounts pc = count_parameters(mdl);
-  const bool lora = tr.mode == TrainingMode::kLora || tr.mode == TrainingMode::kQlora;
-  const bool fp32 = tr.precision == Precision::kFp32;
-  const double e = fp32 ? 4.0 : 2.0;
-  const int gpn = hw.gpus_per_node;
-  // Ranks of each axis that share one NVLink domain (a node, or an NVL72 rack of 18 nodes).
-  const int domain = hw.nvlink_domain_gpus();
-  const NodeShare share = node_share(p, domain);
-
-  Estimate est;
-  est.parameters = pc.total(mdl.layers);
-  est.micro_batches = static_cast<int>(tr.global_batch / (static_cast<std::int64_t>(p.dp) * p.micro_batch));
-  const int m = est.micro_batches;
-
+  const NodeShare share = node_share(p, plan.cluster.nvlink_domain_gpus());
   LayerSetting s;
   s.micro_batch = p.micro_batch;
   s.seq_len = static_cast<double>(tr.seq_len);
@@ -61,6 +46,31 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
   s.tp_group = {p.tp, share.tp};
   s.cp_group = {p.cp, share.cp};
   s.ep_group = {p.ep, std::min(p.ep, share.dp)};
+  return s;
+}
+
+LayerCost plan_layer_cost(const Plan& plan) { return transformer_layer_cost(plan.model, plan.cluster, layer_setting(plan)); }
+
+Estimate estimate(const Plan& plan, const EstimateOptions& options) {
+  const ModelSpec& mdl = plan.model;
+  const HardwareProfile& hw = plan.cluster;
+  const TrainingConfig& tr = plan.training;
+  const ParallelConfig& p = plan.parallel;
+  const ParameterCounts pc = count_parameters(mdl);
+  const bool lora = tr.mode == TrainingMode::kLora || tr.mode == TrainingMode::kQlora;
+  const bool fp32 = tr.precision == Precision::kFp32;
+  const double e = fp32 ? 4.0 : 2.0;
+  const int gpn = hw.gpus_per_node;
+  // Ranks of each axis that share one NVLink domain (a node, or an NVL72 rack of 18 nodes).
+  const int domain = hw.nvlink_domain_gpus();
+  const NodeShare share = node_share(p, domain);
+
+  Estimate est;
+  est.parameters = pc.total(mdl.layers);
+  est.micro_batches = static_cast<int>(tr.global_batch / (static_cast<std::int64_t>(p.dp) * p.micro_batch));
+  const int m = est.micro_batches;
+
+  const LayerSetting s = layer_setting(plan);
   LayerCost lc = transformer_layer_cost(mdl, hw, s);
   const int max_stage_layers = (mdl.layers + p.pp - 1) / p.pp;
   const bool partial = p.recompute == Recompute::kFull && p.recompute_layers > 0 && p.recompute_layers < max_stage_layers;

@@ -282,6 +282,59 @@ Result<ValidationTable> validate_korthikanti2022_table3() {
   });
 }
 
+Result<ValidationTable> validate_korthikanti2022_table4() {
+  return reproduce([] {
+    const PublishedTable layers = load_table("korthikanti2022_table4_layer");
+    const PublishedTable models = load_table("korthikanti2022");
+    // Table 4 times one transformer layer of Table 3's 22B model (tp 8 on one DGX A100, micro-batch 4).
+    const CsvRow* row22 = nullptr;
+    for (const CsvRow& row : models.rows) {
+      if (models.text(row, "model") == "22B") row22 = &row;
+    }
+    if (row22 == nullptr) throw TableError(models.file + ": no 22B row (Table 4 times one layer of it)");
+    const CsvRow& m = *row22;
+    ValidationTable table;
+    table.id = "korthikanti2022_table4";
+    table.title = "Korthikanti 2022, Table 4";
+    table.quantity = "milliseconds per layer";
+    table.source = "Korthikanti et al. 2022, Reducing Activation Recomputation in Large Transformer Models, Table 4 "
+                   "(forward and backward time of one transformer layer of the 22B GPT, tp 8 on 8 A100-80GB, micro-batch 4, seq 2048; "
+                   "predicted: the layer the step estimate prices, tensor-parallel communication included, the backward with its recompute)";
+    const costmodel::ModelSpec model = gpt_model(models, m, "22B");
+    struct Setting {
+      const char* experiment;
+      const char* label;
+      costmodel::Recompute recompute;
+      bool sequence_parallel;
+    };
+    const Setting settings[] = {
+        {"baseline_no_recompute", "no recompute", costmodel::Recompute::kNone, false},
+        {"sequence_parallel", "sequence parallelism", costmodel::Recompute::kNone, true},
+        {"full_recompute", "full recompute", costmodel::Recompute::kFull, false},
+        {"selective_recompute", "selective recompute", costmodel::Recompute::kSelective, false},
+        {"selective_plus_sequence", "selective + sequence parallelism", costmodel::Recompute::kSelective, true},
+    };
+    for (const CsvRow& row : layers.rows) {
+      const std::string experiment = layers.text(row, "experiment");
+      const Setting* setting = nullptr;
+      for (const Setting& candidate : settings) {
+        if (experiment == candidate.experiment) setting = &candidate;
+      }
+      if (setting == nullptr) layers.fail(row, "unknown experiment \"" + experiment + "\"");
+      const Found best = best_megatron_plan(model, models.integer(m, "gpus"), static_cast<long long>(models.number(m, "global_batch")),
+                                            models.integer(m, "tp"), models.integer(m, "pp"), setting->recompute, setting->sequence_parallel,
+                                            models.integer(m, "micro_batch"), 1, layers.file + ": " + setting->label);
+      // The paper timed one layer, not the whole model: whether all 48 layers fit at this setting
+      // (without recompute they do not) is no part of the row.
+      const costmodel::LayerCost layer = costmodel::plan_layer_cost(best.plan());
+      const std::string note = layout_note(best.plan().parallel);
+      table.rows.push_back(validation_row(std::string(setting->label) + ": forward", layers.number(row, "fwd_ms"), layer.forward_total() * 1e3, note));
+      table.rows.push_back(validation_row(std::string(setting->label) + ": backward", layers.number(row, "bwd_ms"), layer.backward_total() * 1e3, note));
+    }
+    return table;
+  });
+}
+
 Result<ValidationTable> validate_zero2020_table1() {
   return reproduce([] {
     const PublishedTable t = load_table("zero2020_table1");
@@ -552,6 +605,7 @@ Result<ValidationTable> validate_nccl_tests() {
 Result<std::vector<ValidationTable>> validate_published() {
   std::vector<ValidationTable> tables;
   for (auto validate : {validate_h100_runs, validate_h100_stacks, validate_megatron2021_table1, validate_korthikanti2022_table3,
+                        validate_korthikanti2022_table4,
                         validate_zero2020_table1, validate_fsdp_runs_a100, validate_torchtitan_a100, validate_llama3_405b_h100,
                         validate_nemo_h100_fp8, validate_nccl_tests}) {
     auto table = validate();

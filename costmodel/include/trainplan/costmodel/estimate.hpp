@@ -8,6 +8,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "trainplan/costmodel/compute.hpp"
 #include "trainplan/costmodel/plan.hpp"
 #include "trainplan/costmodel/units.hpp"
 
@@ -169,6 +170,13 @@ struct EstimateOptions {
 // REQUIRES: validate_plan(plan) is ok. Never fails: a plan that does not fit has fits == false
 // and the reason in `reasons`; a tight one has tight == true and the reason there too.
 [[nodiscard]] Estimate estimate(const Plan& plan, const EstimateOptions& options = {});
+
+// The setting of one transformer layer of `plan` (its micro-batch, parallelism, precision, stack,
+// recompute and the groups' placement in the NVLink domain) and that layer's cost for one
+// micro-batch on one GPU: the layer estimate() prices (before partial recompute is blended in).
+// REQUIRES: validate_plan(plan) is ok.
+[[nodiscard]] LayerSetting layer_setting(const Plan& plan);
+[[nodiscard]] LayerCost plan_layer_cost(const Plan& plan);
 
 // Cost of a run given a step time; exposed for tests of the Young/Daly model.
 [[nodiscard]] RunCost run_cost(const Plan& plan, Seconds step, double checkpoint_bytes);

@@ -67,6 +67,9 @@ void summarise(ValidationTable& table);
 [[nodiscard]] costmodel::Result<ValidationTable> validate_megatron2021_table1();
 // Korthikanti et al. 2022, Table 3: iteration seconds, full recompute and SP + selective recompute.
 [[nodiscard]] costmodel::Result<ValidationTable> validate_korthikanti2022_table3();
+// Korthikanti et al. 2022, Table 4: forward and backward milliseconds of one layer of the 22B
+// model (Table 3's configuration) under each recompute and sequence-parallel setting.
+[[nodiscard]] costmodel::Result<ValidationTable> validate_korthikanti2022_table4();
 // Rajbhandari et al. 2020 (ZeRO), Table 1: model-state GB per device, 3 models x 3 stages x 6 DP degrees.
 [[nodiscard]] costmodel::Result<ValidationTable> validate_zero2020_table1();
 // Dubey et al. 2024 (Llama 3), Table 4: MFU of Llama 3 405B on 8K and 16K H100 with the
