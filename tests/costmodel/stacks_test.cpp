@@ -177,6 +177,37 @@ TEST(DeepspeedStack, Zero2ReducesEveryMicroBatchExposed) {
   EXPECT_NEAR(z1_four.time.dp_comm_total.value(), z1_one.time.dp_comm_total.value(), 1e-9);
 }
 
+// DeepSpeed at ZeRO stage 0 in bf16 runs its BF16_Optimizer (engine.py get_data_types and
+// _do_optimizer_sanity_check; bf16_optimizer.py): the optimizer states are partitioned over the
+// data-parallel ranks as under ZeRO-1, the bf16 gradients stay whole beside an unsharded fp32
+// buffer (6 bytes per parameter), its all-reduce and the parameters' all-gather are ZeRO-1's,
+// and while the buffer is all-reduced a bf16 copy of it is alive (2 bytes per parameter, after
+// the activations are freed). Llama 3 8B on 8 GPUs: 2 + 6 + 12 / 8 bytes per parameter.
+TEST(DeepspeedStack, Zero0InBf16IsTheBf16OptimizerWithAnFp32GradientBuffer) {
+  const Estimate z0 = testing::checked_estimate(sharded(Stack::kDeepspeed, 0, 8));
+  const Estimate z1 = testing::checked_estimate(sharded(Stack::kDeepspeed, 1, 8));
+  const double params = z0.parameters;
+  EXPECT_NEAR(z0.memory.weights.value(), 2.0 * params, 1.0);
+  EXPECT_NEAR(z0.memory.gradients.value(), 6.0 * params, 1.0);
+  EXPECT_NEAR(z0.memory.optimizer.value(), 12.0 * params / 8, 1.0);
+  EXPECT_NEAR(z0.memory.optimizer.value(), z1.memory.optimizer.value(), 1.0);
+  EXPECT_NEAR(z0.time.dp_comm_total.value(), z1.time.dp_comm_total.value(), 1e-9);
+  // No ipg bucket: the reduction's temporary is the bf16 copy of the whole buffer, larger than
+  // the activations at micro-batch 1 with full recompute.
+  const double states = z0.memory.weights.value() + z0.memory.gradients.value() + z0.memory.optimizer.value() + z0.memory.buffers.value();
+  ASSERT_LT(z0.memory.activations.value(), 2.0 * params);
+  EXPECT_NEAR(z0.memory.total.value(), states + 2.0 * params, 1.0);
+  EXPECT_LT(z0.memory.buffers.value(), z1.memory.buffers.value() - 0.9e9);
+  // Each micro-batch adds its bf16 gradient into the fp32 buffer: slower than ZeRO-1.
+  EXPECT_GT(z0.time.step.value(), z1.time.step.value());
+  // Plain data parallelism where DeepSpeed runs no BF16_Optimizer: fp16 (FP16_Optimizer), and
+  // v0.3.16, which had no bf16 mode.
+  Plan fp16 = sharded(Stack::kDeepspeed, 0, 8);
+  fp16.training.precision = Precision::kFp16;
+  EXPECT_NEAR(testing::checked_estimate(fp16).memory.optimizer.value(), 12.0 * params, 1.0);
+  EXPECT_NEAR(testing::checked_estimate(sharded(Stack::kDeepspeedV03, 0, 8)).memory.optimizer.value(), 12.0 * params, 1.0);
+}
+
 // FSDP2 copies every gathered parameter out of the all-gather buffer (2 bytes read, 2 written),
 // twice per micro-batch under FULL_SHARD, and copies each gradient into the fp32 reduce-scatter
 // buffer (2 read, 4 written): 2 x 4 + 6 = 14 bytes per parameter per micro-batch, at the copy

@@ -124,7 +124,9 @@ TEST(ValidationReport, EveryTableAboveTenPercentSaysWhatIsStillMissing) {
   auto tables = planner::validate_published();
   ASSERT_TRUE(tables.ok()) << tables.error().message;
   for (const auto& t : *tables) {
-    if (t.mape > planner::kValidationMapeGoal) EXPECT_FALSE(t.missing.empty()) << t.id << ": MAPE " << t.mape;
+    if (t.mape > planner::kValidationMapeGoal) {
+      EXPECT_FALSE(t.missing.empty()) << t.id << ": MAPE " << t.mape;
+    }
   }
   const planner::ValidationTable off = made_up_table("off", "Off", {planner::validation_row("r", 100, 150)}, "the mechanism X");
   const planner::ValidationTable close = made_up_table("close", "Close", {planner::validation_row("r", 100, 105)}, "nothing to say");

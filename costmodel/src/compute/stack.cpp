@@ -224,7 +224,8 @@ constexpr StackSpec kDeepspeed = [] {
   s.stack = Stack::kDeepspeed;
   s.name = "deepspeed";
   s.summary = "DeepSpeed v0.16.5 ZeRO-1/2/3 (for 2021's v0.3: deepspeed-v0.3): per-submodule coalesced all-gathers with a 5e7 prefetch bucket, 5e8-element gradient buckets "
-              "(all-reduced under ZeRO-1/2, every micro-batch under ZeRO-2), gradients kept in bf16, FusedAdam, eager modules "
+              "(all-reduced under ZeRO-1/2, every micro-batch under ZeRO-2), gradients kept in bf16 (ZeRO-0 in bf16: BF16_Optimizer, states "
+              "sharded as ZeRO-1 beside an fp32 gradient buffer), FusedAdam, eager modules "
               "with FlashAttention-2 and fp32 logits for the loss";
   s.optimizer_kernels_per_tensor = 0.3;
   s.attention_kernel = AttentionImpl::kFlash2;
@@ -270,9 +271,10 @@ constexpr StackSpec kDeepspeed = [] {
   // AutoTP (runtime/tensor_parallel, module_inject/auto_tp.py) shards the linear layers only:
   // no Megatron-style sequence parallelism, as the DeepSpeed export says.
   s.sequence_parallel = false;
+  s.bf16_optimizer_at_zero0 = true;
   s.source = "microsoft/DeepSpeed 38327e07 (v0.16.5) deepspeed/runtime/zero/config.py, stage3.py, stage_1_and_2.py, "
              "partitioned_param_coordinator.py, partition_parameters.py, runtime/comm/coalesced_collectives.py, runtime/engine.py, "
-             "runtime/pipe/schedule.py, p2p.py, engine.py, runtime/config.py";
+             "runtime/bf16_optimizer.py, runtime/pipe/schedule.py, p2p.py, engine.py, runtime/config.py";
   return s;
 }();
 
@@ -305,6 +307,9 @@ constexpr StackSpec kDeepspeedV03 = [] {
   s.summary = "DeepSpeed v0.3.16 (2021) with PyTorch 1.8: ZeRO-3 gathers each parameter on its own after a device sync, through "
               "list all-gathers that copy every rank's chunk with a kernel of its own, and all-reduces its gradient buckets; "
               "ZeRO-1/2 with deepspeed's buckets";
+  // v0.3.16 has no bf16 mode (BF16_Optimizer came with v0.6.2, 56c52238): its ZeRO-0 is plain
+  // data parallelism.
+  s.bf16_optimizer_at_zero0 = false;
   s.dp.gather_per_tensor = true;
   s.dp.gather_host_seconds_per_rank_per_tensor = 3.5e-6;
   s.dp.gather_host_seconds_per_rank_per_call = 0;

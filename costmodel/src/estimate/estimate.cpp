@@ -134,6 +134,10 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
     return k;
   };
   const double reduce_bytes = fp32 ? 4.0 : dtype_bytes(p.reduce_dtype);
+  // DeepSpeed's BF16_Optimizer at ZeRO-0 in bf16 (stack.hpp bf16_optimizer_at_zero0): optimizer
+  // states sharded as under ZeRO-1, an unsharded fp32 gradient buffer beside the bf16 gradients.
+  const bool bf16_optimizer = stack.bf16_optimizer_at_zero0 && p.zero_stage == 0 && tr.precision == Precision::kBf16 && w.master;
+  const bool shard_states = p.zero_stage >= 1 || bf16_optimizer;
   const double grad_width = std::max(w.gradients, reduce_bytes);  // grads are accumulated in the reduce dtype
   const int dense_shard = p.zero_stage == 3 ? p.shard_size() * p.cp : p.dp * p.cp;
   const int expert_shard = std::max(1, (p.zero_stage == 3 ? p.shard_size() : p.dp) / p.ep) * p.cp;
@@ -180,7 +184,7 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
       x.frozen_linear = layers[i] * (pc.attention / t + (mdl.moe ? expert_layer : pc.mlp / t));  // quantized in QLoRA
       const double other = base - x.frozen_linear;
       const double frozen_bytes = x.frozen_linear * frozen_width + other * e;
-      const double adapters_shard = p.zero_stage >= 1 ? static_cast<double>(dense_shard) : 1.0;
+      const double adapters_shard = shard_states ? static_cast<double>(dense_shard) : 1.0;
       x.weights = frozen_bytes / (p.zero_stage == 3 ? dense_shard : 1) + x.trainable * w.weights / (p.zero_stage == 3 ? dense_shard : 1);
       x.gradients = x.trainable * stack_grad_width / (p.zero_stage >= 2 ? dense_shard : 1);
       x.optimizer = x.trainable * w.optimizer / adapters_shard;
@@ -189,7 +193,7 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
       x.weights = x.dense * w.weights / (p.zero_stage == 3 ? dense_shard : 1) + x.expert * w.weights / (p.zero_stage == 3 ? expert_shard : 1);
       x.gradients = x.dense * stack_grad_width / (p.zero_stage >= 2 ? dense_shard : 1) +
                     x.expert * stack_grad_width / (p.zero_stage >= 2 ? expert_shard : 1);
-      x.optimizer = x.dense * w.optimizer / (p.zero_stage >= 1 ? dense_shard : 1) + x.expert * w.optimizer / (p.zero_stage >= 1 ? expert_shard : 1);
+      x.optimizer = x.dense * w.optimizer / (shard_states ? dense_shard : 1) + x.expert * w.optimizer / (shard_states ? expert_shard : 1);
       if (tr.precision == Precision::kFp8 && stack.fp8.weight_forward == 0 && p.zero_stage < 3) {
         // fp8 weights cached for the step (stack.hpp Fp8Casting: Transformer Engine casts each
         // linear layer's weight on the first micro-batch and keeps it and its transpose): 2 bytes
@@ -197,12 +201,14 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
         x.weights += 2.0 * (layers[i] * (pc.attention + pc.mlp - pc.routed_experts - pc.router) / t + x.expert);
       }
     }
+    // BF16_Optimizer: each parameter's bf16 gradient and its slice of the fp32 buffer, both whole.
+    if (bf16_optimizer) x.gradients = x.trainable * (w.gradients + 4.0);
     if (p.offload_optimizer != Offload::kNone) {
       // ZeRO-Offload keeps a float32 master copy with the moments on the host even in fp32
       // training (the device's weights are the compute copy), and stages each unit's float32
       // gradient shard there for the CPU update (the executor's buffer holds the largest unit's).
       const double master_in_states = fp32 ? 0.0 : 4.0;
-      const double shard = p.zero_stage >= 1 ? static_cast<double>(dense_shard) : 1.0;
+      const double shard = shard_states ? static_cast<double>(dense_shard) : 1.0;
       const double largest_unit = std::max({lora ? lora_layer : dense_layer + expert_layer, first && !lora ? pc.embedding / t : 0.0,
                                             last && !lora && (!mdl.tied_embeddings || stages > 1) ? pc.embedding / t : 0.0});
       x.host += x.optimizer + x.trainable * (4.0 - master_in_states) / shard + 4.0 * largest_unit / shard;
@@ -224,7 +230,10 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
     // (and so the embedding's), one add is left: the head's final norm.
     const double units = layers[i] + (first ? 1 : 0) + (last ? 1 : 0);
     const double pass_kernels = lc.gradients_in_gemm ? (last ? 1.0 : 0.0) : units * 9;
-    switch (stack.grads) {
+    // BF16_Optimizer's update_hp_grads after each backward: per parameter tensor its bf16
+    // gradient cast to fp32 (2 bytes read, 4 written) and added into the buffer (8 read, 4 written).
+    if (bf16_optimizer) x.grad_pass = rates.stream(grads_local * 18.0, static_cast<int>(std::lround(units * 9 * 2)));
+    else switch (stack.grads) {
       case GradAccumulation::kFp32Buffer:  // 16-bit gradient read, fp32 buffer read and written
       case GradAccumulation::kFusedInGemmUnsharded:  // where it does not apply, or what it leaves (the final norm)
         x.grad_pass = pass_kernels > 0 ? rates.stream(grads_local * (e + 8.0), static_cast<int>(std::lround(pass_kernels))) : 0.0;
@@ -246,7 +255,13 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
     // (stack.hpp DataParallelSpec): copies into and out of all-gather buffers (twice under ZeRO-3,
     // forward and backward; once under SHARD_GRAD_OP), the gradient's copy into the reduce buffer
     // and pre-divide, and its cast to the reduce dtype.
-    if (sharded_dp && !lora) {
+    if (bf16_optimizer) {
+      // Its reduction once per step, on any number of ranks (engine.py allreduce_gradients runs
+      // whenever backward all-reduce is on): the fp32 buffer cast to bf16 (4 bytes read, 2
+      // written), averaged after the all-reduce (2 + 2), copied back (2 read, 4 written).
+      x.dp_copies = rates.stream(x.trainable * 16.0 / m, 3);
+      x.backward += x.dp_copies;
+    } else if (sharded_dp && !lora) {
       const double gathers = p.zero_stage == 3 ? 2.0 : grad_op_units ? 1.0 : 0.0;
       double bytes = (gathers * (x.dense + x.expert) - kept.layers * (dense_layer + expert_layer)) * stack.dp.gather_copy_bytes;
       if (stack.dp.reduce_copy_bytes > 0) {
@@ -342,7 +357,8 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
       x.buffers += 2.0 * 25.0 * 1048576.0;  // two 25 MiB gradient buckets in flight
     }
     // The stack's gradient bucket buffers (DeepSpeed's ipg buckets), in the reduce dtype.
-    if (p.dp * p.cp > 1 && stack.dp.buckets > 0) x.buffers += stack.dp.buckets * std::min(stack.dp.bucket_params, x.trainable) * reduce_bytes;
+    // BF16_Optimizer reduces its flat buffer instead (below, with the step's temporaries).
+    if (p.dp * p.cp > 1 && stack.dp.buckets > 0 && !bf16_optimizer) x.buffers += stack.dp.buckets * std::min(stack.dp.bucket_params, x.trainable) * reduce_bytes;
     // The gathered input of a column-parallel GEMM, where the stack gathers it again in backward
     // (kept as an activation otherwise).
     if (s.sequence_parallel && !stack.sequence_parallel_keeps_gathered_input) x.buffers += tokens * h * e;
@@ -375,12 +391,14 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
     // The optimizer step's temporaries (activations are freed by then).
     double optimizer_temporaries = 0;
     if (p.offload_optimizer == Offload::kNone) {
-      const double shard = p.zero_stage >= 1 ? static_cast<double>(dense_shard) : 1.0;
+      const double shard = shard_states ? static_cast<double>(dense_shard) : 1.0;
       // trainplan's fused AdamW (at::_fused_adamw_) needs no fp32 temporaries; its plain path does.
       if (stack.stack == Stack::kTrainplanReference) {  // per unit: g * c, sqrt and the division, fp32
         const double embedding_unit = (first || (last && mdl.tied_embeddings && stages > 1) || (last && !mdl.tied_embeddings))
                                           ? pc.embedding / t : 0.0;
         optimizer_temporaries = 3.0 * 4.0 * std::max(embedding_unit, lora ? lora_layer : dense_layer + expert_layer) / shard;
+      } else if (bf16_optimizer) {  // the bf16 copy of the whole fp32 buffer being all-reduced; the step needs no cast
+        optimizer_temporaries = 2.0 * x.trainable;
       } else if (stack.grads == GradAccumulation::kParamDtype) {  // master.grad = w.grad.float() for every tensor
         optimizer_temporaries = 4.0 * x.trainable / shard;
       }
@@ -456,7 +474,7 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
   // compute they hide behind (ring kernels run on ~8-16 of 108-132 SMs).
   constexpr double kOverlapSlowdown = 0.1;
   const StageTailInputs tail_inputs{plan, p, tr, mdl, hw, stack, st, layers, share, pc, lc, ec, w, rates, reuse_kept,
-                                    LayerTensors{tensors.all, gathered}, lora, grad_op_units, frozen_width, e, reduce_bytes, dense_layer, expert_layer, lora_layer,
+                                    LayerTensors{tensors.all, gathered}, lora, grad_op_units, bf16_optimizer, frozen_width, e, reduce_bytes, dense_layer, expert_layer, lora_layer,
                                     largest_linear, t, grad_width, stages, dense_shard, gpn, m};
   const auto stage_tail = [&](int i) { return stage_tail_of(tail_inputs, i); };
   std::vector<StageTail> tails;

@@ -91,6 +91,7 @@ struct StageTailInputs {
   std::function<ReuseKept(int, bool, bool)> reuse_kept;
   LayerTensors tensors;  // a layer's parameter tensors, where the stack loops over them (else zero)
   bool lora, grad_op_units;
+  bool bf16_optimizer;  // DeepSpeed's BF16_Optimizer at ZeRO-0 (estimate.cpp)
   double frozen_width, e, reduce_bytes, dense_layer, expert_layer, lora_layer, largest_linear, t, grad_width;
   int stages, dense_shard, gpn, m;
 };

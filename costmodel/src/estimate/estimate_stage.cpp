@@ -34,7 +34,7 @@ StageTail stage_tail_of(const StageTailInputs& in, int i) {
   const StateWidths& w = in.w;
   const KernelRates& rates = in.rates;
   const auto& reuse_kept = in.reuse_kept;
-  const bool lora = in.lora, grad_op_units = in.grad_op_units;
+  const bool lora = in.lora, grad_op_units = in.grad_op_units, bf16_optimizer = in.bf16_optimizer;
   const double frozen_width = in.frozen_width, e = in.e, reduce_bytes = in.reduce_bytes, dense_layer = in.dense_layer,
                expert_layer = in.expert_layer, lora_layer = in.lora_layer, largest_linear = in.largest_linear, t = in.t,
                grad_width = in.grad_width;
@@ -186,7 +186,7 @@ StageTail stage_tail_of(const StageTailInputs& in, int i) {
     // Overlaps the last micro-batch's backward, except the last bucket (where the stack overlaps).
     dp_exposed += times * (p.overlap_grad_reduce && stack.dp.zero12_overlap && overlap ? std::max(0.0, red - X.backward) + red / units : red);
     dp_total += times * red;
-    if (p.zero_stage >= 1) {  // gather updated parameters after the sharded step
+    if (p.zero_stage >= 1 || bf16_optimizer) {  // gather updated parameters after the sharded step
       const double ag = collective_time(hw, Collective::kAllGather, Bytes(dense_trainable * w.weights), dp_group).value() +
                         collective_time(hw, Collective::kAllGather, Bytes(expert_trainable * w.weights), edp_group).value();
       // Overlaps the next step's first forward; DeepSpeed gathers in its step (all_gather_dp_groups).
@@ -198,9 +198,10 @@ StageTail stage_tail_of(const StageTailInputs& in, int i) {
   out.dp_total = dp_total;
 
   // Optimizer step (memory-bound), possibly on the host.
-  const double opt_shard = p.zero_stage >= 1 ? static_cast<double>(dense_shard) : 1.0;
+  const double opt_shard = p.zero_stage >= 1 || bf16_optimizer ? static_cast<double>(dense_shard) : 1.0;
   const double local = (dense_trainable + expert_trainable) / opt_shard;
-  const double touched = 2.0 * w.optimizer + grad_width + 2.0 * w.weights;  // read+write states, read grad, write weights
+  // Read and write the states, read the gradient (BF16_Optimizer's fp32 partition), write the weights.
+  const double touched = 2.0 * w.optimizer + (bf16_optimizer ? 4.0 : grad_width) + 2.0 * w.weights;
   if (p.offload_optimizer == Offload::kNone) {
     // The stack's update (fused kernel or ATen ops) and the rest of its step (stack.hpp).
     const double tensors = Li * (mdl.architecture == Architecture::kGpt ? 16.0 : 9.0) + 3.0;

@@ -340,6 +340,16 @@ struct StackSpec {
   // always keep fp32 main parameters (Float16OptimizerWithFloat16Params; ZeRO's fp32 partitions),
   // and the executor trains with fp32 masters.
   bool pure_16bit = false;
+  // ZeRO-0 in bf16 runs DeepSpeed's BF16_Optimizer (runtime/engine.py get_data_types: bf16
+  // without ZeRO accumulates gradients in fp32, so _do_optimizer_sanity_check picks BFLOAT16;
+  // runtime/bf16_optimizer.py): fp32 master weights and optimizer states partitioned over the
+  // data-parallel ranks as under ZeRO-1; each backward's bf16 param.grad (freed only when the
+  // next backward starts, clear_lp_grads) added into an unsharded fp32 gradient buffer
+  // (update_hp_grads: a cast, then an add); after the last micro-batch that buffer all-reduced
+  // whole in bf16 (engine.py allreduce_bucket: a bf16 copy of it alive during the all-reduce,
+  // the average and the copy back) and its partition stepped with no cast; the bf16 parameters
+  // then all-gathered (update_lp_params). False: ZeRO-0 is plain data parallelism.
+  bool bf16_optimizer_at_zero0 = false;
   const char* source;
 };
 
