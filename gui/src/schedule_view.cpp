@@ -211,7 +211,7 @@ void PipelineScheduleView::paintEvent(QPaintEvent* /*event*/) {
   };
   std::vector<Entry> legend = {{bar_color({0, BarKind::kForward, 0, 0, 0, 0}, 1), tr("forward (micro-batch number)")},
                                {bar_color({0, BarKind::kBackward, 0, 0, 0, 0}, 1), tr("backward")},
-                               {QColor("#e6e6e6"), tr("idle (bubble)")}};
+                               {QColor("#e6e6e6"), tr("idle (bubble, pipeline exchanges)")}};
   const bool has_other = std::any_of(data_.bars.begin(), data_.bars.end(), [](const ScheduleBar& b) {
     return b.kind != BarKind::kForward && b.kind != BarKind::kBackward;
   });

@@ -115,6 +115,22 @@ TEST(SimulatePipeline, TransfersAndSlowStageStretchTheStep) {
   EXPECT_FALSE(simulate_pipeline(PipelineTimeline{2, 1, 4, Schedule::kOneFOneB, {1}, {1}, 0, {}}));
 }
 
+// A stage that exchanges after each pass (pass_comm_seconds) computes nothing meanwhile. By hand
+// (p = 2, m = 2, forward 1 s, backward 2 s, exchange 0.5 s, hop 0.5 s; stage: pass [start, end]):
+// 0: F0 [0,1] F1 [1.5,2.5]; 1: F0 [1.5,2.5] B0 [3,5]; 0: B0 [5.5,7.5]; 1: F1 [5.5,6.5]
+// B1 [7,9]; 0: B1 [9.5,11.5]. The step charges the same: compute 6, exchanges 2 x 0.5 x
+// (m + p - 1) = 3, bubble 3, less the last backward's exchange that nothing waits for (0.5).
+TEST(SimulatePipeline, BlockingExchangesHoldTheStage) {
+  auto t = balanced(Schedule::kOneFOneB, 2, 1, 2);
+  t.p2p_seconds = 0.5;
+  t.pass_comm_seconds = 0.5;
+  auto sim = simulate_pipeline(t);
+  ASSERT_TRUE(sim);
+  EXPECT_DOUBLE_EQ(sim->makespan, 11.5);
+  for (double busy : sim->busy_seconds) EXPECT_DOUBLE_EQ(busy, 6.0);  // the exchanges are not busy time
+  EXPECT_DOUBLE_EQ(sim->bubble_fraction, 5.5 / 6.0);
+}
+
 }  // namespace
 }  // namespace trainplan::costmodel
 

@@ -14,6 +14,7 @@
 #include "trainplan/costmodel/kernels.hpp"
 #include "trainplan/costmodel/network.hpp"
 #include "trainplan/costmodel/plan.hpp"
+#include "trainplan/costmodel/schedule.hpp"
 #include "trainplan/costmodel/stack.hpp"
 #include "trainplan/executor/capabilities.hpp"
 
@@ -399,6 +400,35 @@ TEST(PipelineSend, AsEachStacksEngineSendsIt) {
   EXPECT_NEAR(pp_comm(Stack::kTrainplan, false), 9 * (2 * all), 1e-9);
   EXPECT_NEAR(pp_comm(Stack::kMegatronTe, true), 9 * (2 * eighth), 1e-9);
   EXPECT_NEAR(pp_comm(Stack::kTrainplan, true), 9 * (2 * eighth), 1e-9);
+}
+
+// The pipeline the GUI draws (simulate_pipeline) holds each stage for its exchange after every
+// pass, so the drawing's step is the step's pipeline part: compute, pp_comm and the bubble, less
+// the last pass's exchange (nothing waits for it). Before, the drawing charged only the hop
+// between dependent passes, and a stage was free again at once: shorter than the step, most of
+// all for DeepSpeed's blocking exchanges and three gathers a micro-batch.
+TEST(PipelineSend, TheDrawnScheduleTakesWhatTheStepCharges) {
+  for (Stack stack : {Stack::kDeepspeed, Stack::kMegatronTe, Stack::kTrainplan}) {
+    Plan p = testing::make_plan("gpt3-175b", "dgx-a100-80g", 16, 2048, 8);
+    p.training.stack = stack;
+    p.parallel.tp = 8;
+    p.parallel.pp = 2;
+    p.parallel.dp = 1;
+    p.parallel.sequence_parallel = false;
+    p.parallel.micro_batch = 1;
+    const Estimate e = testing::checked_estimate(p);
+    ASSERT_GT(e.pipeline.pass_comm_seconds, 0.0);
+    // 2 exchanges and all the gathers of each of the (m + p - 1) slots the step charges.
+    EXPECT_NEAR(2.0 * e.pipeline.pass_comm_seconds * (e.micro_batches + 1), e.time.pp_comm.value(), 1e-9) << stack_name(stack);
+    const auto sim = simulate_pipeline(e.pipeline);
+    ASSERT_TRUE(sim.ok());
+    double stage_sum = 0;
+    for (int s = 0; s < 2; ++s) stage_sum = std::max(stage_sum, e.pipeline.forward_seconds[s] + e.pipeline.backward_seconds[s]);
+    // Two stages of nearly equal time (the head makes the last one longer): within 2% of
+    // m + p - 1 slots of the slowest stage's pass pair plus its exchanges.
+    const double charged = (e.micro_batches + 1) * (stage_sum + 2.0 * e.pipeline.pass_comm_seconds) - e.pipeline.pass_comm_seconds;
+    EXPECT_NEAR(sim->makespan / charged, 1.0, 0.02) << stack_name(stack);
+  }
 }
 
 // DeepSpeed's PipelineEngine runs TrainSchedule only (runtime/pipe/schedule.py): an interleaved

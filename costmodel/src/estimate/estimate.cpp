@@ -511,7 +511,7 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
   est.communication.cp_sent = Bytes(static_cast<double>(m) * *std::max_element(layers.begin(), layers.end()) * lc.cp_bytes);
   est.communication.ep_sent = Bytes(static_cast<double>(m) * *std::max_element(layers.begin(), layers.end()) * lc.ep_bytes);
   tm.ep_comm = Seconds(static_cast<double>(m) * L * lc.ep_comm);
-  double p2p = 0;
+  double p2p = 0, pass_comm = 0;
   if (stages > 1) {
     const bool across = static_cast<long long>(p.tp) * p.cp * p.pp > domain;
     // What a tensor-parallel rank sends (StackSpec::pipeline_send): what it holds (its sequence
@@ -528,6 +528,7 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
     const double exchange = stack.pipeline_send_recv_together ? std::max(activation, gradient) : activation + gradient;
     // The timeline's hop: the exchange and the gather after the receive.
     p2p = exchange + gather;
+    pass_comm = exchange + 0.5 * split.gathers * gather;
     tm.pp_comm = Seconds((2.0 * exchange + split.gathers * gather) * (static_cast<double>(p.virtual_stages) * m + stages - 1));
     tm.bubble = Seconds((stages - 1.0) / p.virtual_stages * stage_sum / stages);
   }
@@ -585,6 +586,7 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
   pl.micro_batches = m;
   pl.schedule = p.schedule;
   pl.p2p_seconds = p2p;
+  pl.pass_comm_seconds = pass_comm;
   pl.chunk_layers = chunk_layers;
   for (const auto& x : st) {
     pl.forward_seconds.push_back(x.forward);

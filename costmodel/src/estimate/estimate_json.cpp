@@ -31,6 +31,7 @@ nlohmann::json estimate_to_json(const Plan& plan, const Estimate& e) {
       {"forward_seconds", e.pipeline.forward_seconds},
       {"backward_seconds", e.pipeline.backward_seconds},
       {"p2p_seconds", e.pipeline.p2p_seconds},
+      {"pass_comm_seconds", e.pipeline.pass_comm_seconds},
       {"chunk_layers", e.pipeline.chunk_layers},
   };
   return {

@@ -126,7 +126,7 @@ Result<ScheduleSimulation> simulate_pipeline(const PipelineTimeline& t) {
         const double length = (pass.kind == PassKind::kForward ? t.forward_seconds[s] : t.backward_seconds[s]) / v;
         ScheduledPass sp{s, pass, std::max(ready, free_at[s]), 0};
         sp.end = sp.start + length;
-        free_at[s] = sp.end;
+        free_at[s] = sp.end + t.pass_comm_seconds;  // the stage's exchange after the pass
         (pass.kind == PassKind::kForward ? fwd_end : bwd_end)[pos][i] = sp.end;
         per_stage[s].push_back(sp);
         ++next[s];

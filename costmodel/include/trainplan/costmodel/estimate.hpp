@@ -120,6 +120,10 @@ struct PipelineTimeline {
   std::vector<double> forward_seconds;   // per stage, one micro-batch through all its chunks
   std::vector<double> backward_seconds;  // per stage, recompute included
   double p2p_seconds = 0;                // one hop between stages: the exchange after a pass and the gather after it
+  // What a stage spends after each pass on its exchange with its neighbours and the all-gathers
+  // over TP that rebuild what it received, not computing (the step's pp_comm, per pass): the
+  // exchange plus half of a micro-batch's gathers.
+  double pass_comm_seconds = 0;
   // Transformer layers of each model chunk in pipeline order (stages * virtual_stages entries;
   // chunk c of stage s is entry c * stages + s): partition_layers with the layer, embedding and
   // head times of this plan. The executor partitions its stages with these counts.

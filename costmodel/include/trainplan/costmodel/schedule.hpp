@@ -65,8 +65,9 @@ struct ScheduleSimulation {
 [[nodiscard]] double micro_batches_in_flight(const ParallelConfig& parallel, int stage, int micro_batches);
 
 // Simulates pipeline_order(timeline.schedule, ...) with a pass of chunk c on stage s taking
-// forward_seconds[s] / v (backward likewise) and each transfer between stages p2p_seconds.
-// A pass starts when its stage is free and its input has arrived.
+// forward_seconds[s] / v (backward likewise), the stage then held pass_comm_seconds by its
+// exchange (idle, not computing), and each transfer between stages arriving p2p_seconds after
+// the pass that sent it ended. A pass starts when its stage is free and its input has arrived.
 [[nodiscard]] Result<ScheduleSimulation> simulate_pipeline(const PipelineTimeline& timeline);
 
 }  // namespace trainplan::costmodel
