@@ -265,6 +265,9 @@ constexpr StackSpec kDeepspeed = [] {
   // _exec_recv_activations in a forward step, _exec_recv_grads then _exec_send_activations in a
   // backward one); the activation and its gradient partitioned over the tensor-parallel group
   // and gathered again (pipe_partitioned, grad_partitioned: true by default, runtime/config.py).
+  // The tensors' metadata goes once, before the first send of the run (engine.py
+  // _exec_send_activations: first_output_send, unless the module's shapes are dynamic): no cost
+  // per step.
   s.interleaved_pipeline = false;
   s.pipeline_send_recv_together = false;
   s.pipeline_send = PipelineSend::kPartitioned;
