@@ -71,6 +71,24 @@ TEST(Flash3Rates, AreThePapersFigures) {
   EXPECT_FALSE(flash3_rate(3, 128, 8192, true, false));  // Blackwell
 }
 
+// Fig. 5's head-size-256 forward panels (H100, bf16), 8K: FlashAttention-3 628 causal and 746 not,
+// FlashAttention-2 297 and 324. Head size 192 (MLA's query-key size) lies 0.585 of the way from
+// 128 to 256 in log2. No backward is published at 256: above 128 the backward keeps
+// 128's rate.
+TEST(Flash3Rates, HeadSize256ForwardIsPublished) {
+  EXPECT_DOUBLE_EQ(*flash3_rate(2, 256, 8192, true, false), 628e12);
+  EXPECT_DOUBLE_EQ(*flash3_rate(2, 256, 8192, false, false), 746e12);
+  EXPECT_DOUBLE_EQ(*flash2_rate(2, 256, 8192, true, false), 297e12);
+  EXPECT_DOUBLE_EQ(*flash2_rate(2, 256, 8192, false, false), 324e12);
+  EXPECT_DOUBLE_EQ(*flash3_rate(2, 512, 16384, false, false), 756e12);  // clamped at 256
+  const double f = std::log2(192.0 / 128.0);
+  EXPECT_NEAR(*flash3_rate(2, 192, 8192, true, false), (602 + f * (628 - 602)) * 1e12, 1e6);
+  EXPECT_DOUBLE_EQ(*flash3_rate(2, 256, 8192, false, true), 559e12);
+  EXPECT_DOUBLE_EQ(*flash2_rate(2, 256, 8192, false, true), 318e12);
+  // A100 (Dao 2023, Fig. 4): 64 and 128 only; 256 takes 128's rate.
+  EXPECT_DOUBLE_EQ(*flash2_rate(1, 256, 8192, true, false), 182e12);
+}
+
 // A plan states the kernel its script runs (training.attention_kernel): FlashAttention-3 under the
 // fsdp2 stack, whose own is FlashAttention-2, runs Llama 3 8B's causal attention (32 heads, hd128)
 // at 8K on one H100 at 602 TFLOP/s forward where FlashAttention-2 runs 333: the attention time

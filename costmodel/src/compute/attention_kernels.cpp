@@ -3,8 +3,10 @@
 // count a forward as 4 s^2 d heads FLOPs, half of it for a causal kernel, and a backward as 2.5
 // times its forward; the rates below are TFLOP/s on that count, at batch x seq = 16K tokens and
 // hidden 2048 (Dao 2023 and Shah et al. 2024, Sec. 4.1), for head sizes 64 and 128 at seq 512,
-// 1K, 2K, 4K, 8K and 16K. Longer sequences take the 16K rate (the kernels are compute-bound
-// there); other head sizes interpolate in log d between 64 and 128 and clamp outside.
+// 1K, 2K, 4K, 8K and 16K, and on H100 the forward at head size 256 too. Longer sequences take
+// the 16K rate (the kernels are compute-bound there); other head sizes interpolate in log d
+// between the published ones and clamp outside (a backward above 128 takes 128's rate: no
+// backward at 256 is published).
 
 #include <algorithm>
 #include <array>
@@ -34,6 +36,8 @@ constexpr Row kH100ForwardCausal64 = {180, 229, 262, 284, 295, 299};
 constexpr Row kH100ForwardCausal128 = {191, 260, 298, 319, 333, 335};
 constexpr Row kH100ForwardFull64 = {282, 306, 318, 321, 322, 324};
 constexpr Row kH100ForwardFull128 = {309, 350, 362, 368, 370, 370};
+constexpr Row kH100ForwardCausal256 = {208, 251, 278, 293, 297, 298};
+constexpr Row kH100ForwardFull256 = {275, 313, 321, 323, 324, 326};
 constexpr Row kH100BackwardFull64 = {198, 238, 264, 279, 287, 291};
 constexpr Row kH100BackwardFull128 = {214, 260, 291, 310, 318, 322};
 // No causal backward is published; it is taken as the non-causal backward times the forward's
@@ -44,11 +48,14 @@ constexpr Row kH100BackwardFull128 = {214, 260, 291, 310, 318, 322};
 // H100 SXM5: FlashAttention-3 in bf16/fp16, the same figures of Shah et al. 2024 (Fig. 5 forward,
 // causal and not; Fig. 6 backward, non-causal), FlashAttention-3 bars. At 512 non-causal hd128
 // the chart's labels of FlashAttention-3 (467) and cuDNN (497) stand close; as at every other
-// head size at 512, cuDNN's is the higher.
+// head size at 512, cuDNN's is the higher. Fig. 5's head-size-256 panels were read the same way;
+// their FlashAttention-2 bars are the ones above.
 constexpr Row kFa3ForwardCausal64 = {197, 265, 371, 420, 460, 473};
 constexpr Row kFa3ForwardCausal128 = {292, 423, 521, 579, 602, 616};
 constexpr Row kFa3ForwardFull64 = {333, 392, 460, 476, 496, 497};
 constexpr Row kFa3ForwardFull128 = {467, 565, 625, 638, 646, 648};
+constexpr Row kFa3ForwardCausal256 = {286, 427, 537, 612, 628, 642};
+constexpr Row kFa3ForwardFull256 = {482, 639, 707, 736, 746, 756};
 constexpr Row kFa3BackwardFull64 = {272, 363, 422, 453, 472, 474};
 constexpr Row kFa3BackwardFull128 = {316, 424, 501, 542, 559, 561};
 
@@ -60,8 +67,12 @@ double at_seq(const Row& r, double seq) {
   return r[hi - 1] + f * (r[hi] - r[hi - 1]);
 }
 
-// Between head sizes 64 and 128 in log d, clamped.
-double at(const Row& r64, const Row& r128, double d, double seq) {
+// Between head sizes 64 and 128 in log d, and on to 256 where that row is published; clamped.
+double at(const Row& r64, const Row& r128, double d, double seq, const Row* r256 = nullptr) {
+  if (r256 != nullptr && d > 128.0) {
+    const double f = std::min(1.0, std::log2(d / 128.0));
+    return at_seq(r128, seq) + f * (at_seq(*r256, seq) - at_seq(r128, seq));
+  }
   const double f = std::clamp(std::log2(std::max(d, 1.0) / 64.0), 0.0, 1.0);
   return at_seq(r64, seq) + f * (at_seq(r128, seq) - at_seq(r64, seq));
 }
@@ -74,7 +85,8 @@ std::optional<double> flash2_rate(int generation, double d, double seq, bool cau
     tflops = causal ? at(kA100Causal64, kA100Causal128, d, seq) : at(kA100Full64, kA100Full128, d, seq);
   } else if (generation == 2) {
     if (!backward) {
-      tflops = causal ? at(kH100ForwardCausal64, kH100ForwardCausal128, d, seq) : at(kH100ForwardFull64, kH100ForwardFull128, d, seq);
+      tflops = causal ? at(kH100ForwardCausal64, kH100ForwardCausal128, d, seq, &kH100ForwardCausal256)
+                      : at(kH100ForwardFull64, kH100ForwardFull128, d, seq, &kH100ForwardFull256);
     } else {
       tflops = at(kH100BackwardFull64, kH100BackwardFull128, d, seq);
       if (causal) tflops *= at(kH100ForwardCausal64, kH100ForwardCausal128, d, seq) / at(kH100ForwardFull64, kH100ForwardFull128, d, seq);
@@ -89,7 +101,8 @@ std::optional<double> flash3_rate(int generation, double d, double seq, bool cau
   if (generation != 2) return std::nullopt;
   double tflops = 0;
   if (!backward) {
-    tflops = causal ? at(kFa3ForwardCausal64, kFa3ForwardCausal128, d, seq) : at(kFa3ForwardFull64, kFa3ForwardFull128, d, seq);
+    tflops = causal ? at(kFa3ForwardCausal64, kFa3ForwardCausal128, d, seq, &kFa3ForwardCausal256)
+                    : at(kFa3ForwardFull64, kFa3ForwardFull128, d, seq, &kFa3ForwardFull256);
   } else {
     // No causal backward is published for FlashAttention-3 either: the non-causal backward times
     // the forward's causal / non-causal ratio, as for FlashAttention-2 above.
