@@ -143,7 +143,7 @@ TEST(Flash3Rates, APlanThatRunsFlashAttention3) {
   split.parallel.cp = 2;
   const auto no_cp = validate_plan(split);
   ASSERT_FALSE(no_cp);
-  EXPECT_NE(no_cp.error().message.find("under context parallelism runs on megatron-te only"), std::string::npos) << no_cp.error().message;
+  EXPECT_NE(no_cp.error().message.find("does not run under the fsdp2 stack's context parallelism"), std::string::npos) << no_cp.error().message;
   split.training.stack = Stack::kMegatronTe;
   EXPECT_TRUE(validate_plan(split)) << validate_plan(split).error().message;
   Plan scores = p;

@@ -471,6 +471,7 @@ constexpr StackSpec kSpecs[] = {
      // the bytes (PipelineSend): a megatron-te plan without sequence parallelism is priced as the
      // former. Under sequence parallelism (the default beside tp > 1) both send the shard.
      .pipeline_send = PipelineSend::kScatterGather,
+     .context_parallel_calls_kernel = true,
      .source = "Megatron-LM (NVIDIA/Megatron-LM: --make-vocab-size-divisible-by 128, gradient_accumulation_fusion, "
                "distributed optimizer, vocab_parallel_cross_entropy in fp32); Transformer Engine LayerNormLinear, "
                "fused RoPE and SwiGLU; Narayanan et al. 2021, Korthikanti et al. 2022"},

@@ -379,13 +379,13 @@ std::string training_error(const ModelSpec& m, const TrainingConfig& t) {
 }
 
 // FlashAttention-3 runs on Hopper only (its kernels are sm90's TMA and WGMMA), in 16-bit dtypes;
-// context parallelism reaches it only through Megatron-Core's (Transformer Engine's attention
-// calls it per chunk), PyTorch's splits SDPA calls and the executor's runs SDPA.
+// under context parallelism only where the stack's calls the plan's kernel on each chunk
+// (StackSpec::context_parallel_calls_kernel).
 std::string attention_kernel_error(const TrainingConfig& t, const GpuSpec& gpu, int cp) {
   if (t.attention_kernel != AttentionImpl::kFlash3) return "";
-  if (cp > 1 && t.stack != Stack::kMegatronTe) {
-    return std::string("/training/attention_kernel: flash3 (FlashAttention-3) under context parallelism runs on megatron-te only; the ") +
-           stack_name(t.stack) + " stack's context parallelism splits SDPA calls";
+  if (cp > 1 && !stack_spec(t.stack).context_parallel_calls_kernel) {
+    return std::string("/training/attention_kernel: flash3 (FlashAttention-3) does not run under the ") + stack_name(t.stack) +
+           " stack's context parallelism, which splits SDPA calls (megatron-te's calls the kernel on each chunk)";
   }
   if (gpu_generation(gpu) != 2) {
     return "/training/attention_kernel: flash3 (FlashAttention-3) runs on Hopper GPUs only (H100, H200), not on " + gpu.name;

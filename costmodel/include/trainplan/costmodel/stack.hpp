@@ -350,6 +350,10 @@ struct StackSpec {
   // the average and the copy back) and its partition stepped with no cast; the bf16 parameters
   // then all-gathered (update_lp_params). False: ZeRO-0 is plain data parallelism.
   bool bf16_optimizer_at_zero0 = false;
+  // Its context parallelism calls the attention kernel the plan names on each chunk (Megatron-Core:
+  // Transformer Engine's attention, FlashAttention-3 among its backends). False: it splits SDPA
+  // calls (PyTorch's context_parallel, the executor), so FlashAttention-3 cannot run under it.
+  bool context_parallel_calls_kernel = false;
   const char* source;
 };
 
