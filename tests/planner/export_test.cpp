@@ -115,6 +115,15 @@ TEST(ExportPlan, NotesSayWhatTheFileLeavesToTheTrainingScript) {
   EXPECT_TRUE(contains(notes, "deepspeed: mode=lora: add the rank-16 adapters (q, k, v, o) in the training script")) << notes;
   EXPECT_TRUE(contains(notes, "deepspeed: recompute=selective:")) << notes;
   EXPECT_TRUE(contains(notes, "deepspeed --num_nodes 1 --num_gpus 8")) << notes;
+  // Stage 0 in bf16 (this plan's) is DeepSpeed's BF16_Optimizer (engine.py
+  // _do_optimizer_sanity_check), which the prediction prices: said, since the states are
+  // partitioned though the stage is 0. Not at stage 1.
+  EXPECT_TRUE(contains(notes, "deepspeed: stage 0 in bf16 runs DeepSpeed's BF16_Optimizer")) << notes;
+  costmodel::Plan stage1 = load(testing::source_path("samples/plans/llama3-8b-lora-8xh100.json"));
+  stage1.parallel.zero_stage = 1;
+  auto zero1 = planner::export_plan(stage1, ExportTarget::kDeepspeed);
+  ASSERT_TRUE(zero1.ok()) << zero1.error().message;
+  for (const auto& n : zero1->notes) EXPECT_FALSE(contains(n, "BF16_Optimizer")) << n;
   // Expert parallelism is AutoEP: autoep_size ranks share each MoE layer's experts, the model type
   // picks the preset (docs: deepspeed/module_inject/auto_ep_config.py).
   costmodel::Plan moe = load(testing::data_path("export/mixtral-8x7b-ep8-fp8.plan.json"));

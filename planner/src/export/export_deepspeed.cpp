@@ -130,6 +130,12 @@ PlanExport deepspeed_export(const Plan& plan, const Derived& d) {
                       "model.gradient_checkpointing_enable() recomputes whole layers (full), which the plan did not assume");
   }
   if (t.mode == cm::TrainingMode::kLora || t.mode == cm::TrainingMode::kQlora) e.notes.push_back("deepspeed: " + lora_note(plan));
+  if (p.zero_stage == 0 && t.precision == cm::Precision::kBf16 && t.master_weights) {
+    // runtime/engine.py _do_optimizer_sanity_check (costmodel stack.hpp bf16_optimizer_at_zero0).
+    e.notes.push_back("deepspeed: stage 0 in bf16 runs DeepSpeed's BF16_Optimizer: optimizer states partitioned over the data-parallel "
+                      "ranks as under ZeRO-1, and an fp32 gradient buffer beside the bf16 gradients (6 bytes per parameter), as predicted; "
+                      "stage 1 keeps the gradients in bf16 only");
+  }
   if (p.offload_optimizer == cm::Offload::kNvme || p.offload_params == cm::Offload::kNvme) {
     e.notes.push_back("deepspeed: nvme_path /local_nvme stands for your NVMe mount");
   }
