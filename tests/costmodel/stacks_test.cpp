@@ -396,17 +396,20 @@ TEST(DeepspeedV03Stack, GathersTensorByTensorWithTheDeviceSynced) {
 //  - the executor (trainplan): the whole tensor from each rank, both ways at once, no gather.
 // With sequence parallelism Megatron and the executor send the eighth they hold and gather
 // nothing (DeepSpeed's AutoTP has no sequence parallelism).
+// GPT-3 175B on 16 A100s: tp 8, two pipeline stages, 8 micro-batches of one sequence.
+Estimate two_stage_estimate(Stack stack, bool sequence_parallel) {
+  Plan p = testing::make_plan("gpt3-175b", "dgx-a100-80g", 16, 2048, 8);
+  p.training.stack = stack;
+  p.parallel.tp = 8;
+  p.parallel.pp = 2;
+  p.parallel.dp = 1;
+  p.parallel.sequence_parallel = sequence_parallel;
+  p.parallel.micro_batch = 1;
+  return testing::checked_estimate(p);
+}
+
 TEST(PipelineSend, AsEachStacksEngineSendsIt) {
-  const auto pp_comm = [](Stack stack, bool sequence_parallel) {
-    Plan p = testing::make_plan("gpt3-175b", "dgx-a100-80g", 16, 2048, 8);
-    p.training.stack = stack;
-    p.parallel.tp = 8;
-    p.parallel.pp = 2;
-    p.parallel.dp = 1;
-    p.parallel.sequence_parallel = sequence_parallel;
-    p.parallel.micro_batch = 1;
-    return testing::checked_estimate(p).time.pp_comm.value();
-  };
+  const auto pp_comm = [](Stack stack, bool sequence_parallel) { return two_stage_estimate(stack, sequence_parallel).time.pp_comm.value(); };
   const double link = 22.5e9, latency = 6e-6, whole = 2048.0 * 12288 * 2;
   const double eighth = whole / 8 / link + latency, all = whole / link + latency;
   const HardwareProfile a100 = testing::cluster("dgx-a100-80g");
@@ -427,14 +430,7 @@ TEST(PipelineSend, AsEachStacksEngineSendsIt) {
 // all for DeepSpeed's blocking exchanges and three gathers a micro-batch.
 TEST(PipelineSend, TheDrawnScheduleTakesWhatTheStepCharges) {
   for (Stack stack : {Stack::kDeepspeed, Stack::kMegatronTe, Stack::kTrainplan}) {
-    Plan p = testing::make_plan("gpt3-175b", "dgx-a100-80g", 16, 2048, 8);
-    p.training.stack = stack;
-    p.parallel.tp = 8;
-    p.parallel.pp = 2;
-    p.parallel.dp = 1;
-    p.parallel.sequence_parallel = false;
-    p.parallel.micro_batch = 1;
-    const Estimate e = testing::checked_estimate(p);
+    const Estimate e = two_stage_estimate(stack, false);
     ASSERT_GT(e.pipeline.pass_comm_seconds, 0.0);
     // 2 exchanges and all the gathers of each of the (m + p - 1) slots the step charges.
     EXPECT_NEAR(2.0 * e.pipeline.pass_comm_seconds * (e.micro_batches + 1), e.time.pp_comm.value(), 1e-9) << stack_name(stack);
