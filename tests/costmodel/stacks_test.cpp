@@ -219,12 +219,38 @@ TEST(DeepspeedStack, Zero0InBf16IsTheBf16OptimizerWithAnFp32GradientBuffer) {
   EXPECT_LT(z0.memory.buffers.value(), z1.memory.buffers.value() - 0.9e9);
   // Each micro-batch adds its bf16 gradient into the fp32 buffer: slower than ZeRO-1.
   EXPECT_GT(z0.time.step.value(), z1.time.step.value());
+  // The reduction's copies once per step, 3 launches each micro-batch's share: the buffer cast to
+  // bf16 (4 + 2 bytes), averaged (2 + 2), copied back (2 + 4): 16 bytes per parameter.
+  Plan plan = sharded(Stack::kDeepspeed, 0, 8);
+  const KernelRates rates(plan.cluster.gpu, Dtype::kBf16);
+  const int m = z0.micro_batches;
+  EXPECT_NEAR(z0.time.dp_copies.value(), 3.0 * m * rates.latency() + 16.0 * params / rates.copy_bandwidth(), 1e-9);
+  // Reduced in fp32 (communication_data_type fp32): no 16-bit copy, only the average in place
+  // (8 bytes per parameter), and no transient beyond the activations.
+  plan.parallel.reduce_dtype = Dtype::kFp32;
+  const Estimate fp32 = testing::checked_estimate(plan);
+  EXPECT_NEAR(fp32.time.dp_copies.value(), 3.0 * m * rates.latency() + 8.0 * params / rates.copy_bandwidth(), 1e-9);
+  const double fp32_states = fp32.memory.weights.value() + fp32.memory.gradients.value() + fp32.memory.optimizer.value() + fp32.memory.buffers.value();
+  EXPECT_NEAR(fp32.memory.total.value(), fp32_states + fp32.memory.activations.value(), 1.0);
+  // The step's norm and zeroing run over the whole fp32 buffer (8 bytes per parameter, 2
+  // launches), not over the partition as the update does.
+  EXPECT_NEAR(z0.time.optimizer.value() - z1.time.optimizer.value(), 2.0 * rates.latency() + 8.0 * params / rates.copy_bandwidth(),
+              0.02 * z0.time.optimizer.value());
   // Plain data parallelism where DeepSpeed runs no BF16_Optimizer: fp16 (FP16_Optimizer), and
   // v0.3.16, which had no bf16 mode.
   Plan fp16 = sharded(Stack::kDeepspeed, 0, 8);
   fp16.training.precision = Precision::kFp16;
   EXPECT_NEAR(testing::checked_estimate(fp16).memory.optimizer.value(), 12.0 * params, 1.0);
   EXPECT_NEAR(testing::checked_estimate(sharded(Stack::kDeepspeedV03, 0, 8)).memory.optimizer.value(), 12.0 * params, 1.0);
+  // DeepSpeed offloads the optimizer through ZeRO only (ZeRO-Offload): refused at stage 0.
+  Plan offload = sharded(Stack::kDeepspeed, 0, 8);
+  offload.parallel.offload_optimizer = Offload::kCpu;
+  const auto refused = validate_plan(offload);
+  ASSERT_FALSE(refused);
+  EXPECT_NE(refused.error().message.find("/parallel/offload_optimizer: the deepspeed stack offloads the optimizer through ZeRO"), std::string::npos)
+      << refused.error().message;
+  offload.parallel.zero_stage = 1;
+  EXPECT_TRUE(validate_plan(offload));
 }
 
 // FSDP2 copies every gathered parameter out of the all-gather buffer (2 bytes read, 2 written),

@@ -275,6 +275,7 @@ constexpr StackSpec kDeepspeed = [] {
   // no Megatron-style sequence parallelism, as the DeepSpeed export says.
   s.sequence_parallel = false;
   s.bf16_optimizer_at_zero0 = true;
+  s.offload_needs_zero = true;
   s.source = "microsoft/DeepSpeed 38327e07 (v0.16.5) deepspeed/runtime/zero/config.py, stage3.py, stage_1_and_2.py, "
              "partitioned_param_coordinator.py, partition_parameters.py, runtime/comm/coalesced_collectives.py, runtime/engine.py, "
              "runtime/bf16_optimizer.py, runtime/pipe/schedule.py, p2p.py, engine.py, runtime/config.py";

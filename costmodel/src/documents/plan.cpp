@@ -551,6 +551,9 @@ Result<bool> validate_plan(const Plan& plan) {
   if (p.offload_params != Offload::kNone && p.zero_stage != 3) return err("/parallel/offload_params: needs zero_stage 3");
   {
     const StackSpec& stack = stack_spec(plan.training.stack);
+    if (stack.offload_needs_zero && p.offload_optimizer != Offload::kNone && p.zero_stage == 0) {
+      return err(std::string("/parallel/offload_optimizer: the ") + stack.name + " stack offloads the optimizer through ZeRO (ZeRO-Offload): needs zero_stage >= 1");
+    }
     if (const std::string e = unsupported_parallelism(plan.training.stack, p.tp, p.cp, p.pp, p.ep, p.shard_group, p.sequence_parallel && p.tp > 1);
         !e.empty()) {
       return err(e);

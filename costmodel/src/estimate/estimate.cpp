@@ -136,7 +136,9 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
   const double reduce_bytes = fp32 ? 4.0 : dtype_bytes(p.reduce_dtype);
   // DeepSpeed's BF16_Optimizer at ZeRO-0 in bf16 (stack.hpp bf16_optimizer_at_zero0): optimizer
   // states sharded as under ZeRO-1, an unsharded fp32 gradient buffer beside the bf16 gradients.
-  const bool bf16_optimizer = stack.bf16_optimizer_at_zero0 && p.zero_stage == 0 && tr.precision == Precision::kBf16 && w.master;
+  // (fp8 too: DeepSpeed's engine runs bf16, the fp8 GEMMs are the script's modules'.)
+  const bool bf16_optimizer = stack.bf16_optimizer_at_zero0 && p.zero_stage == 0 &&
+                              (tr.precision == Precision::kBf16 || tr.precision == Precision::kFp8) && w.master;
   const bool shard_states = p.zero_stage >= 1 || bf16_optimizer;
   const double grad_width = std::max(w.gradients, reduce_bytes);  // grads are accumulated in the reduce dtype
   const int dense_shard = p.zero_stage == 3 ? p.shard_size() * p.cp : p.dp * p.cp;
@@ -257,9 +259,10 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
     // and pre-divide, and its cast to the reduce dtype.
     if (bf16_optimizer) {
       // Its reduction once per step, on any number of ranks (engine.py allreduce_gradients runs
-      // whenever backward all-reduce is on): the fp32 buffer cast to bf16 (4 bytes read, 2
-      // written), averaged after the all-reduce (2 + 2), copied back (2 read, 4 written).
-      x.dp_copies = rates.stream(x.trainable * 16.0 / m, 3);
+      // whenever backward all-reduce is on): in a 16-bit reduce dtype the fp32 buffer cast to it
+      // (4 bytes read, r written), averaged after the all-reduce (r + r), copied back (r read,
+      // 4 written): 8 + 4r; in fp32 only the average in place (4 + 4).
+      x.dp_copies = rates.stream(x.trainable * (reduce_bytes < 4.0 ? 8.0 + 4.0 * reduce_bytes : 8.0) / m, 3);
       x.backward += x.dp_copies;
     } else if (sharded_dp && !lora) {
       const double gathers = p.zero_stage == 3 ? 2.0 : grad_op_units ? 1.0 : 0.0;
@@ -397,8 +400,8 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
         const double embedding_unit = (first || (last && mdl.tied_embeddings && stages > 1) || (last && !mdl.tied_embeddings))
                                           ? pc.embedding / t : 0.0;
         optimizer_temporaries = 3.0 * 4.0 * std::max(embedding_unit, lora ? lora_layer : dense_layer + expert_layer) / shard;
-      } else if (bf16_optimizer) {  // the bf16 copy of the whole fp32 buffer being all-reduced; the step needs no cast
-        optimizer_temporaries = 2.0 * x.trainable;
+      } else if (bf16_optimizer) {  // the 16-bit copy of the whole fp32 buffer being all-reduced; the step needs no cast
+        optimizer_temporaries = reduce_bytes < 4.0 ? reduce_bytes * x.trainable : 0.0;
       } else if (stack.grads == GradAccumulation::kParamDtype) {  // master.grad = w.grad.float() for every tensor
         optimizer_temporaries = 4.0 * x.trainable / shard;
       }

@@ -209,6 +209,10 @@ StageTail stage_tail_of(const StageTailInputs& in, int i) {
     const double update = stack.fused_optimizer ? rates.adamw_fused(local * touched / 32.0, 0)
                                                 : rates.stream(local * touched * stack.optimizer_update_factor, 0);
     out.optimizer = update + rates.stream(local * stack.optimizer_overhead_bytes, launches);
+    // BF16_Optimizer's passes over its whole fp32 gradient buffer, not the partition: the norm
+    // (get_grads_for_norm, 4 bytes read) and the zeroing after the step (clear_hp_grads, 4
+    // written); clipping, when the norm is above the limit, multiplies it too (not counted).
+    if (bf16_optimizer) out.optimizer += rates.stream((dense_trainable + expert_trainable) * 8.0, 2);
   } else {
     const double host_bw = 0.5 * hw.cpu_memory_bandwidth.value() / gpn;  // a GPU's share, at 50% efficiency
     out.optimizer = local * touched / host_bw;

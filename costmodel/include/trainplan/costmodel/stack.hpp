@@ -346,10 +346,15 @@ struct StackSpec {
   // data-parallel ranks as under ZeRO-1; each backward's bf16 param.grad (freed only when the
   // next backward starts, clear_lp_grads) added into an unsharded fp32 gradient buffer
   // (update_hp_grads: a cast, then an add); after the last micro-batch that buffer all-reduced
-  // whole in bf16 (engine.py allreduce_bucket: a bf16 copy of it alive during the all-reduce,
-  // the average and the copy back) and its partition stepped with no cast; the bf16 parameters
-  // then all-gathered (update_lp_params). False: ZeRO-0 is plain data parallelism.
+  // whole in the reduce dtype (engine.py allreduce_bucket, communication_data_type: in bf16 a
+  // bf16 copy of it alive during the all-reduce, the average and the copy back; in fp32 the
+  // average in place), its norm taken and the whole buffer zeroed after the step
+  // (get_grads_for_norm, clear_hp_grads), and its partition stepped with no cast; the bf16
+  // parameters then all-gathered (update_lp_params). False: ZeRO-0 is plain data parallelism.
   bool bf16_optimizer_at_zero0 = false;
+  // Offloads the optimizer only through ZeRO (DeepSpeed's ZeRO-Offload: zero_optimization's
+  // offload_optimizer, runtime/zero/offload_config.py): a plan at ZeRO-0 with offload is refused.
+  bool offload_needs_zero = false;
   // Its context parallelism calls the attention kernel the plan names on each chunk (Megatron-Core:
   // Transformer Engine's attention, FlashAttention-3 among its backends). False: it splits SDPA
   // calls (PyTorch's context_parallel, the executor), so FlashAttention-3 cannot run under it.
