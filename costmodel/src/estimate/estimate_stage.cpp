@@ -35,6 +35,7 @@ StageTail stage_tail_of(const StageTailInputs& in, int i) {
   const KernelRates& rates = in.rates;
   const auto& reuse_kept = in.reuse_kept;
   const bool lora = in.lora, grad_op_units = in.grad_op_units, bf16_optimizer = in.bf16_optimizer;
+  const bool shard_states = p.zero_stage >= 1 || bf16_optimizer;  // optimizer states partitioned over DP (estimate.cpp)
   const double frozen_width = in.frozen_width, e = in.e, reduce_bytes = in.reduce_bytes, dense_layer = in.dense_layer,
                expert_layer = in.expert_layer, lora_layer = in.lora_layer, largest_linear = in.largest_linear, t = in.t,
                grad_width = in.grad_width;
@@ -186,7 +187,7 @@ StageTail stage_tail_of(const StageTailInputs& in, int i) {
     // Overlaps the last micro-batch's backward, except the last bucket (where the stack overlaps).
     dp_exposed += times * (p.overlap_grad_reduce && stack.dp.zero12_overlap && overlap ? std::max(0.0, red - X.backward) + red / units : red);
     dp_total += times * red;
-    if (p.zero_stage >= 1 || bf16_optimizer) {  // gather updated parameters after the sharded step
+    if (shard_states) {  // gather updated parameters after the sharded step
       const double ag = collective_time(hw, Collective::kAllGather, Bytes(dense_trainable * w.weights), dp_group).value() +
                         collective_time(hw, Collective::kAllGather, Bytes(expert_trainable * w.weights), edp_group).value();
       // Overlaps the next step's first forward; DeepSpeed gathers in its step (all_gather_dp_groups).
@@ -198,7 +199,7 @@ StageTail stage_tail_of(const StageTailInputs& in, int i) {
   out.dp_total = dp_total;
 
   // Optimizer step (memory-bound), possibly on the host.
-  const double opt_shard = p.zero_stage >= 1 || bf16_optimizer ? static_cast<double>(dense_shard) : 1.0;
+  const double opt_shard = shard_states ? static_cast<double>(dense_shard) : 1.0;
   const double local = (dense_trainable + expert_trainable) / opt_shard;
   // Read and write the states, read the gradient (BF16_Optimizer's fp32 partition), write the weights.
   const double touched = 2.0 * w.optimizer + (bf16_optimizer ? 4.0 : grad_width) + 2.0 * w.weights;
