@@ -59,6 +59,9 @@ MATRIX = {
     "8b-tp2-ddp": "--model 8b --gpus 16 --fix tp=2 --fix pp=1 --fix zero=0 --fix recompute=full --seq-len 2048",
     "8b-cp2": "--model 8b --gpus 16 --fix tp=1 --fix pp=1 --fix cp=2 --fix zero=3 --fix recompute=full --seq-len 32768",
     "8b-hsdp": "--model 8b --gpus 32 --fix tp=1 --fix pp=1 --fix zero=3 --fix shard_group=8 --fix recompute=full",
+    # Planned for FSDP1 (Accelerate writes fsdp_version 1): SHARD_GRAD_OP, and HYBRID_SHARD within a node.
+    "8b-fsdp1-zero2": "--model 8b --gpus 16 --stack fsdp1 --fix tp=1 --fix pp=1 --fix zero=2 --fix recompute=full --seq-len 4096",
+    "8b-fsdp1-hybrid": "--model 8b --gpus 16 --stack fsdp1 --fix tp=1 --fix pp=1 --fix zero=3 --fix shard_group=8 --fix recompute=full --seq-len 4096",
     "8b-fp8": "--model 8b --gpus 8 --precision fp8 --fix tp=1 --fix pp=1 --fix zero=3 --fix recompute=full",
     "8b-fp8-current": "--model 8b --gpus 8 --precision fp8 --fp8-recipe current --fix tp=1 --fix pp=1 --fix zero=3 --fix recompute=full",
     "70b-tp8-pp4-1f1b": "--model 70b --gpus 64 --fix tp=8 --fix pp=4 --fix zero=1 --fix schedule=1f1b --fix recompute=selective",
@@ -72,10 +75,10 @@ MATRIX = {
     "mixtral-ep8": "--model mixtral --gpus 64 --fix tp=1 --fix pp=1 --fix ep=8 --fix zero=1 --fix recompute=full --seq-len 4096",
     "mixtral-tp2-ep4-pp2": "--model mixtral --gpus 64 --fix tp=2 --fix pp=2 --fix ep=4 --fix zero=1 --fix schedule=1f1b --fix recompute=full --seq-len 4096",
     # The layouts LitGPT's recipes fix in code: pretrain HYBRID_SHARD within a node without
-    # recompute, finetune_full FULL_SHARD and finetune_lora fully_shard with every block recomputed,
-    # QLoRA on one GPU.
-    "8b-pretrain-hybrid": "--model 8b --gpus 16 --fix tp=1 --fix pp=1 --fix zero=3 --fix shard_group=8 --fix recompute=none --seq-len 2048",
-    "8b-full-fsdp16": "--model 8b --gpus 16 --mode full --fix tp=1 --fix pp=1 --fix zero=3 --fix shard_group=16 --fix recompute=full --seq-len 4096",
+    # recompute, finetune_full FULL_SHARD (both FSDP1 reducing in bf16: planned for fsdp1) and
+    # finetune_lora fully_shard with every block recomputed, QLoRA on one GPU.
+    "8b-pretrain-hybrid": "--model 8b --gpus 16 --stack fsdp1 --fix tp=1 --fix pp=1 --fix zero=3 --fix shard_group=8 --fix recompute=none --seq-len 2048",
+    "8b-full-fsdp16": "--model 8b --gpus 16 --stack fsdp1 --mode full --fix tp=1 --fix pp=1 --fix zero=3 --fix shard_group=16 --fix recompute=full --seq-len 4096",
     "8b-lora-fsdp8": "--model 8b --gpus 8 --mode lora --fix tp=1 --fix pp=1 --fix zero=3 --fix shard_group=8 --fix recompute=full --seq-len 4096",
     "8b-qlora-1gpu": "--model 8b --gpus 1 --mode qlora --fix recompute=none --seq-len 2048",
 }
@@ -95,7 +98,8 @@ def plan_values(plan):
         "schedule": p.get("schedule", "1f1b"), "virtual_stages": p.get("virtual_stages", 1), "recompute": p.get("recompute", "none"),
         "sequence_parallel": p.get("sequence_parallel", p.get("tp", 1) > 1), "mode": t.get("mode", "pretrain"),
         "master_weights": t.get("master_weights", True), "lora_rank": t.get("lora", {}).get("rank", 16),
-        "fp8_recipe": t.get("fp8_recipe", "stack"),
+        "fp8_recipe": t.get("fp8_recipe", "stack"), "stack": t.get("stack", "trainplan"),
+        "reduce_dtype": p.get("reduce_dtype", "fp32"),
     }
     pv["arch"] = cluster_arch(plan.get("cluster", ""))
     pv["accumulation"] = pv["global_batch"] // (pv["micro_batch"] * pv["dp"])
@@ -239,12 +243,42 @@ def check_accelerate(path, pv):
         precision = {"bf16": "bf16", "fp16": "fp16", "fp32": "no", "fp8": "fp8"}[pv["precision"]]
         expect(errors, "mixed_precision", env.get("ACCELERATE_MIXED_PRECISION", args.mixed_precision), precision)
         if env.get("ACCELERATE_USE_FSDP") == "true":
+            import torch
             from accelerate.parallelism_config import ParallelismConfig
             from accelerate.utils import FullyShardedDataParallelPlugin
 
-            plugin = FullyShardedDataParallelPlugin()
+            # FSDP1 with sync_module_states (launch's default) asks for the device rank 0 broadcasts
+            # from (only to build param_init_fn): on this CPU-only check, CUDA device 0.
+            import accelerate.utils.dataclasses as accelerate_dataclasses
+
+            saved_cuda = accelerate_dataclasses.is_cuda_available, torch.cuda.current_device
+            accelerate_dataclasses.is_cuda_available, torch.cuda.current_device = (lambda: True), (lambda: 0)
+            try:
+                plugin = FullyShardedDataParallelPlugin()
+            finally:
+                accelerate_dataclasses.is_cuda_available, torch.cuda.current_device = saved_cuda
+            # The FSDP version follows the stack the plan was made for: FSDP1 for fsdp1, else FSDP2.
+            expect(errors, "fsdp_version", plugin.fsdp_version, 1 if pv["stack"] == "fsdp1" else 2)
             if plugin.fsdp_version == 2:
                 expect(errors, "fsdp_reshard_after_forward", bool(plugin.reshard_after_forward), pv["zero"] == 3)
+            else:  # the ShardingStrategy the Accelerator hands FSDP1 (accelerator.py: sharding_strategy or
+                # reshard_after_forward); HYBRID_* shards within a node, as FSDP1 builds its groups
+                hybrid = 0 < pv["shard_group"] < pv["dp"]  # a ZeRO-3 plan's shard group
+                want = {(3, False): "FULL_SHARD", (3, True): "HYBRID_SHARD", (2, False): "SHARD_GRAD_OP"}[(pv["zero"], hybrid and pv["zero"] == 3)]
+                expect(errors, "FSDP1 sharding strategy", (plugin.sharding_strategy or plugin.reshard_after_forward).name, want)
+                expect(errors, "limit_all_gathers", plugin.limit_all_gathers, True)
+                expect(errors, "fsdp_backward_prefetch", getattr(plugin.backward_prefetch, "name", None), "BACKWARD_PRE")
+            # The gradients' reduction: in the dtype Accelerate's policy gives (set_mixed_precision, as
+            # AcceleratorState calls it), or the plan's fp32 with a note that the script sets it.
+            mp = env.get("ACCELERATE_MIXED_PRECISION", "no")
+            if mp != "no":
+                plugin.set_mixed_precision(mp)
+            policy = plugin.mixed_precision_policy
+            runs = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", None: None}[getattr(policy, "reduce_dtype", None)]
+            runs = runs or ("fp32" if pv["precision"] == "fp32" else {"bf16": "bf16", "fp16": "fp16"}.get(pv["precision"]))
+            if pv["reduce_dtype"] != runs:
+                note = f"reduce_dtype={pv['reduce_dtype']}: Accelerate's FSDP reduces in {runs} unless the script sets"
+                expect(errors, f"a note that the script reduces in {pv['reduce_dtype']} (Accelerate: {runs})", note in open(path).read(), True)
             expect(errors, "fsdp_activation_checkpointing", bool(plugin.activation_checkpointing), pv["recompute"] != "none")
             if env.get("ACCELERATE_USE_PARALLELISM_CONFIG", "false") == "true":
                 pc = ParallelismConfig()  # from the environment, as the Accelerator builds it
@@ -298,6 +332,17 @@ def check_litgpt(path, pv):
         expect(errors, "zero stage (FSDP)", pv["zero"], 3)
         shard = pv["shard_group"] or pv["dp"]
         expect(errors, "FSDP shard group", shard, devices if command == "pretrain" else world)
+        # The gradients' reduction: FSDPStrategy (pretrain, finetune_full) takes Lightning's
+        # FSDPPrecision policy; finetune_lora's fully_shard gets none and reduces in the
+        # parameters' dtype, fp32 unless the precision is "-true".
+        import torch
+        from lightning.fabric.plugins.precision.fsdp import FSDPPrecision
+
+        if command == "finetune_lora":
+            reduce = torch.bfloat16 if init.precision == "bf16-true" else torch.float32
+        else:
+            reduce = FSDPPrecision(init.precision).mixed_precision_config.reduce_dtype
+        expect(errors, "FSDP reduce dtype", {torch.bfloat16: "bf16", torch.float32: "fp32", torch.float16: "fp16"}[reduce], pv["reduce_dtype"])
     expect(errors, "recompute", pv["recompute"], "full" if world > 1 and command != "pretrain" else "none")
     if command == "pretrain":
         from litgpt import Config

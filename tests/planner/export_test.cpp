@@ -67,6 +67,7 @@ const Golden kGoldens[] = {
     {"tests/data/export/llama3-8b-fsdp8.plan.json", ExportTarget::kAccelerate, "llama3-8b-fsdp8.accelerate.yaml"},
     {"tests/data/export/llama3-8b-hsdp16-offload.plan.json", ExportTarget::kAccelerate, "llama3-8b-hsdp16-offload.accelerate.yaml"},
     {"tests/data/export/llama3.2-1b-zero2-cp2.plan.json", ExportTarget::kAccelerate, "llama3.2-1b-zero2-cp2.accelerate.yaml"},
+    {"tests/data/export/llama3-8b-fsdp1-hybrid16.plan.json", ExportTarget::kAccelerate, "llama3-8b-fsdp1-hybrid16.accelerate.yaml"},
     {"tests/data/export/llama3-8b-pretrain-hybrid16.plan.json", ExportTarget::kLitgpt, "llama3-8b-pretrain-hybrid16.litgpt.yaml"},
     {"tests/data/export/llama3-8b-lora-fsdp8.plan.json", ExportTarget::kLitgpt, "llama3-8b-lora-fsdp8.litgpt.yaml"},
 };
@@ -401,6 +402,84 @@ TEST(ExportPlan, StatesThePredictionForTheStackThatRunsIt) {
       EXPECT_NE(exported->text.find("# " + note + ".\n"), std::string::npos);
     }
   }
+}
+
+// Accelerate follows the plan's FSDP version (issue 32): a plan made for the fsdp1 stack is
+// written as fsdp_version 1 and predicted for fsdp1, any other sharded plan as fsdp_version 2 and
+// fsdp2. FSDP1's HYBRID_SHARD builds its shard group from the node's devices and Accelerate's
+// parallelism_config needs FSDP2, so an fsdp1 plan sharded over another group is refused
+// (accelerate 1.15.0 utils/dataclasses.py, commands/launch.py).
+TEST(ExportPlan, AccelerateFollowsThePlansFsdpVersion) {
+  costmodel::Plan plan = load(testing::data_path("export/llama3-8b-fsdp1-hybrid16.plan.json"));
+  EXPECT_EQ(planner::export_stack(plan, ExportTarget::kAccelerate), costmodel::Stack::kFsdp1);
+  plan.training.stack = costmodel::Stack::kFsdp2;
+  EXPECT_EQ(planner::export_stack(plan, ExportTarget::kAccelerate), costmodel::Stack::kFsdp2);
+  auto v2 = planner::export_plan(plan, ExportTarget::kAccelerate);
+  ASSERT_TRUE(v2.ok()) << v2.error().message;
+  EXPECT_TRUE(contains(v2->text, "  fsdp_version: 2\n"));
+  EXPECT_TRUE(contains(v2->text, "parallelism_config_dp_shard_size: 8\n"));
+  plan.training.stack = costmodel::Stack::kFsdp1;
+  plan.parallel.shard_group = 16;  // the whole data-parallel group
+  auto whole = planner::export_plan(plan, ExportTarget::kAccelerate);
+  ASSERT_TRUE(whole.ok()) << whole.error().message;
+  EXPECT_TRUE(contains(whole->text, "  fsdp_sharding_strategy: FULL_SHARD\n"));
+  EXPECT_FALSE(contains(whole->text, "parallelism_config"));
+  plan.parallel.zero_stage = 2;
+  auto zero2 = planner::export_plan(plan, ExportTarget::kAccelerate);
+  ASSERT_TRUE(zero2.ok()) << zero2.error().message;
+  EXPECT_TRUE(contains(zero2->text, "  fsdp_sharding_strategy: SHARD_GRAD_OP\n  fsdp_reshard_after_forward: SHARD_GRAD_OP\n"));
+  plan.parallel.zero_stage = 3;
+  plan.parallel.shard_group = 4;  // half a node: FSDP1 cannot be told
+  auto refused = planner::export_plan(plan, ExportTarget::kAccelerate);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_TRUE(contains(refused.error().message, "accelerate: shard_group=4 (stack fsdp1): FSDP1's HYBRID_SHARD shards within each node of 8 GPUs"))
+      << refused.error().message;
+}
+
+// Accelerate's FSDP reduces gradients in the mixed-precision dtype: set_mixed_precision makes
+// reduce_dtype the param dtype for FSDP1 and FSDP2 (accelerate 1.15.0 utils/dataclasses.py, called
+// from state.py). A bf16 reduction is what the config runs; fp32 is the script's, said in a note;
+// fp16 under bf16 is refused.
+TEST(ExportPlan, AccelerateReducesInTheMixedPrecisionDtype) {
+  costmodel::Plan plan = load(testing::data_path("export/llama3-8b-fsdp8.plan.json"));
+  plan.parallel.reduce_dtype = costmodel::Dtype::kBf16;
+  auto bf16 = planner::export_plan(plan, ExportTarget::kAccelerate);
+  ASSERT_TRUE(bf16.ok()) << bf16.error().message;
+  EXPECT_FALSE(contains(bf16->text, "reduce_dtype"));
+  plan.parallel.reduce_dtype = costmodel::Dtype::kFp32;
+  auto fp32 = planner::export_plan(plan, ExportTarget::kAccelerate);
+  ASSERT_TRUE(fp32.ok()) << fp32.error().message;
+  EXPECT_TRUE(contains(fp32->text, "# reduce_dtype=fp32: Accelerate's FSDP reduces in bf16 unless the script sets FullyShardedDataParallelPlugin("
+                                   "mixed_precision_policy={\"param_dtype\": torch.bfloat16, \"reduce_dtype\": torch.float32"));
+  plan.parallel.reduce_dtype = costmodel::Dtype::kFp16;
+  auto fp16 = planner::export_plan(plan, ExportTarget::kAccelerate);
+  ASSERT_FALSE(fp16.ok());
+  EXPECT_TRUE(contains(fp16.error().message, "accelerate: reduce_dtype=fp16: Accelerate's FSDP reduces gradients in bf16")) << fp16.error().message;
+}
+
+// LitGPT's recipes reduce in what Lightning gives them (lightning 2.6.6): pretrain's and
+// finetune_full's FSDPStrategy the precision's dtype (fabric/plugins/precision/fsdp.py: bf16 for
+// bf16-mixed), finetune_lora's fully_shard the parameters' dtype (fp32 under bf16-mixed, which
+// also keeps the frozen weights in fp32: a note). A plan reducing otherwise is refused.
+TEST(ExportPlan, LitgptReducesAsLightningDoes) {
+  costmodel::Plan plan = load(testing::data_path("export/llama3-8b-pretrain-hybrid16.plan.json"));
+  ASSERT_EQ(plan.parallel.reduce_dtype, costmodel::Dtype::kBf16);
+  ASSERT_TRUE(planner::export_plan(plan, ExportTarget::kLitgpt).ok());
+  plan.parallel.reduce_dtype = costmodel::Dtype::kFp32;
+  auto refused = planner::export_plan(plan, ExportTarget::kLitgpt);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.error().message, "litgpt: reduce_dtype=fp32: litgpt pretrain reduces gradients in bf16 (Lightning's FSDPPrecision: the precision's "
+                                     "dtype; --stack fsdp1 plans so)");
+  costmodel::Plan lora = load(testing::data_path("export/llama3-8b-lora-fsdp8.plan.json"));
+  ASSERT_EQ(lora.parallel.reduce_dtype, costmodel::Dtype::kFp32);
+  auto written = planner::export_plan(lora, ExportTarget::kLitgpt);
+  ASSERT_TRUE(written.ok()) << written.error().message;
+  EXPECT_TRUE(contains(written->text, "# litgpt: precision bf16-mixed builds the model in fp32, so the frozen weights take 4 bytes a parameter"));
+  lora.parallel.reduce_dtype = costmodel::Dtype::kBf16;
+  auto bf16 = planner::export_plan(lora, ExportTarget::kLitgpt);
+  ASSERT_FALSE(bf16.ok());
+  EXPECT_TRUE(contains(bf16.error().message, "litgpt: reduce_dtype=bf16: litgpt finetune_lora reduces gradients in fp32 (FSDP2 without a mixed-precision policy"))
+      << bf16.error().message;
 }
 
 // Uneven pipelines (issue 32): the plan's first and last stage layers, or a split the layers do

@@ -172,8 +172,9 @@ costmodel::Stack export_stack(const Plan& plan, ExportTarget target) {
     case ExportTarget::kMegatron: return costmodel::Stack::kMegatronTe;
     case ExportTarget::kTorchtitan: return costmodel::Stack::kFsdp2;
     case ExportTarget::kDeepspeed: return costmodel::Stack::kDeepspeed;
-    case ExportTarget::kAccelerate:  // FSDP (written as fsdp_version 2) where the plan shards, else DDP on an eager module
-      return plan.parallel.dp > 1 && plan.parallel.zero_stage >= 2 ? costmodel::Stack::kFsdp2 : costmodel::Stack::kPytorchEager;
+    case ExportTarget::kAccelerate:  // FSDP where the plan shards, in its FSDP version (fsdp_version 1 for fsdp1, else 2); else DDP
+      if (plan.parallel.dp <= 1 || plan.parallel.zero_stage < 2) return costmodel::Stack::kPytorchEager;
+      return plan.training.stack == costmodel::Stack::kFsdp1 ? costmodel::Stack::kFsdp1 : costmodel::Stack::kFsdp2;
     case ExportTarget::kLitgpt:  // Lightning Fabric's FSDPStrategy (FSDP1) or, for LoRA, ModelParallelStrategy (FSDP2)
       if (plan.gpus == 1) return costmodel::Stack::kPytorchEager;
       return plan.training.mode == costmodel::TrainingMode::kLora || plan.training.mode == costmodel::TrainingMode::kQlora ? costmodel::Stack::kFsdp2

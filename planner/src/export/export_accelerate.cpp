@@ -7,7 +7,15 @@
 // _dp_shard_size / _tp_size / _cp_size / _cp_comm_strategy, mixed_precision, num_machines,
 // num_processes (all machines), machine_rank, main_training_function, rdzv_backend, same_network),
 // src/accelerate/commands/config/config_args.py (ClusterConfig), src/accelerate/commands/launch.py
-// (parallelism_config needs fsdp_version 2) and docs/source/usage_guides/fsdp.md.
+// (parallelism_config needs fsdp_version 2) and docs/source/usage_guides/fsdp.md. Read from
+// accelerate 1.15.0 (the version tests/export checks with): utils/constants.py
+// (FSDP_SHARDING_STRATEGY: FSDP1's fsdp_reshard_after_forward names a ShardingStrategy,
+// FSDP_BACKWARD_PREFETCH), utils/dataclasses.py FullyShardedDataParallelPlugin (backward_prefetch
+// absent: NO_PREFETCH; limit_all_gathers True, which the config cannot change; set_mixed_precision:
+// param_dtype and reduce_dtype both the mixed-precision dtype, FSDP1 and FSDP2 alike), state.py
+// (set_mixed_precision called whenever mixed_precision is not "no"), utils/launch.py
+// (FSDP_SHARDING_STRATEGY from fsdp_sharding_strategy, default FULL_SHARD, which the Accelerator
+// prefers to fsdp_reshard_after_forward for FSDP1: accelerator.py prepare_model).
 
 #include <sstream>
 
@@ -28,12 +36,31 @@ const char* layer_class(const cm::ModelSpec& m) {
 // ZeRO stage as Accelerate sees it: with one data-parallel rank nothing is sharded.
 int effective_zero(const cm::ParallelConfig& p) { return p.dp > 1 ? p.zero_stage : 0; }
 
+// The dtype Accelerate's FSDP reduces gradients in: set_mixed_precision makes reduce_dtype the
+// mixed-precision dtype; with mixed_precision "no" (fp32, or a model loaded in 16 bits) FSDP's
+// default reduces in the parameters' own dtype.
+cm::Dtype fsdp_reduce_dtype(const cm::TrainingConfig& t) {
+  if (t.precision == cm::Precision::kFp16) return cm::Dtype::kFp16;
+  if (t.precision == cm::Precision::kFp32) return cm::Dtype::kFp32;
+  return cm::Dtype::kBf16;
+}
+
+// FSDP1's sharding strategy for a plan Accelerate runs with fsdp_version 1 (ZeRO-2/3, dp > 1).
+// A plan shards over a smaller group under ZeRO-3 only: HYBRID_SHARD, within each node (FSDP1
+// builds the intra-node group from the node's devices; Accelerate gives it no other, its
+// parallelism_config needs FSDP2), which the refusals hold the plan to.
+const char* fsdp1_strategy(const cm::ParallelConfig& p) {
+  if (p.zero_stage == 2) return "SHARD_GRAD_OP";
+  return p.shard_size() < p.dp ? "HYBRID_SHARD" : "FULL_SHARD";
+}
+
 }  // namespace
 
 std::vector<std::string> accelerate_refusals(const Plan& plan) {
   const auto& p = plan.parallel;
   const auto& t = plan.training;
   const auto n = [](long long x) { return std::to_string(x); };
+  const bool fsdp1 = t.stack == cm::Stack::kFsdp1;
   std::vector<std::string> r;
   if (p.pp > 1) r.push_back("pp=" + n(p.pp) + ": Accelerate has no pipeline parallelism for FSDP training");
   if (p.tp > 1) {
@@ -59,9 +86,15 @@ std::vector<std::string> accelerate_refusals(const Plan& plan) {
   }
   if (both_cpu && effective_zero(p) < 2) r.push_back("offload_params=cpu: Accelerate's CPU offload is FSDP's; it needs zero_stage 2 or 3");
   if (t.precision == cm::Precision::kFp8) r.push_back("precision=fp8: Accelerate's fp8 needs a backend config (Transformer Engine, MS-AMP or torchao) this export does not write");
-  // Pure 16-bit training reduces in the parameters' own dtype, with no policy to set.
-  if (p.reduce_dtype != cm::Dtype::kFp32 && t.master_weights) {
-    r.push_back("reduce_dtype: FSDP2's reduce dtype is set in the training script (MixedPrecisionPolicy), not in the config");
+  // FSDP reduces in the mixed-precision dtype; an fp32 reduction is the script's (a note), any other is refused.
+  const cm::Dtype reduce = fsdp_reduce_dtype(t);
+  if (effective_zero(p) >= 2 && p.reduce_dtype != reduce && p.reduce_dtype != cm::Dtype::kFp32) {
+    r.push_back(std::string("reduce_dtype=") + cm::dtype_name(p.reduce_dtype) + ": Accelerate's FSDP reduces gradients in " +
+                cm::dtype_name(reduce) + " (its set_mixed_precision), or in fp32 where the script sets a mixed_precision_policy");
+  }
+  if (fsdp1 && effective_zero(p) >= 2 && p.shard_size() < p.dp && p.shard_size() != plan.cluster.gpus_per_node) {
+    r.push_back("shard_group=" + n(p.shard_size()) + " (stack fsdp1): FSDP1's HYBRID_SHARD shards within each node of " +
+                n(plan.cluster.gpus_per_node) + " GPUs, and Accelerate's parallelism_config (any other shard group) needs FSDP2: plan for the fsdp2 stack");
   }
   return r;
 }
@@ -72,8 +105,16 @@ PlanExport accelerate_export(const Plan& plan, const Derived& d) {
   const int zero = effective_zero(p);
   const int shard = p.shard_size();
   const int replicate = p.dp / shard;
+  const bool fsdp1 = zero >= 2 && t.stack == cm::Stack::kFsdp1;
   PlanExport e;
   if (t.mode == cm::TrainingMode::kLora || t.mode == cm::TrainingMode::kQlora) e.notes.push_back(lora_note(plan));
+  if (zero >= 2 && p.reduce_dtype != fsdp_reduce_dtype(t)) {
+    e.notes.push_back(std::string("reduce_dtype=fp32: Accelerate's FSDP reduces in ") + cm::dtype_name(fsdp_reduce_dtype(t)) +
+                      " unless the script sets FullyShardedDataParallelPlugin(mixed_precision_policy={\"param_dtype\": torch." +
+                      (t.precision == cm::Precision::kFp16 ? "float16" : "bfloat16") + ", \"reduce_dtype\": torch.float32" +
+                      (fsdp1 ? ", \"buffer_dtype\": torch." : ", \"output_dtype\": torch.") + (t.precision == cm::Precision::kFp16 ? "float16" : "bfloat16") +
+                      "}); predicted for the fp32 reduction the plan asks for");
+  }
   std::ostringstream o;
   o << "# Accelerate config for the trainplan plan \"" << plan.name << "\":\n";
   o << "#   " << plan.model.name << " on " << plan.cluster.name << ", " << d.nodes_text << "; " << (p.cp > 1 ? "cp " + std::to_string(p.cp) + ", " : "")
@@ -100,10 +141,24 @@ PlanExport accelerate_export(const Plan& plan, const Derived& d) {
   o << "compute_environment: LOCAL_MACHINE\ndebug: false\n";
   o << "distributed_type: " << (zero == 0 ? "MULTI_GPU" : "FSDP") << "\n";
   o << "downcast_bf16: 'no'\n";
-  if (zero >= 2) {
+  if (fsdp1) {
+    // FSDP1 (the plan's fsdp1 stack): a FlatParameter per wrapped layer, limit_all_gathers on.
+    const char* strategy = fsdp1_strategy(p);
+    o << "fsdp_config:\n  fsdp_version: 1\n";
+    o << "  # ZeRO-" << zero << (zero == 3 ? ": parameters resharded after forward" : ": parameters kept gathered from forward to backward")
+      << (shard < p.dp ? ", sharded within each node and replicated across nodes" : "") << "\n";
+    // launch.py always sets FSDP_SHARDING_STRATEGY (FULL_SHARD unless the config says), and the
+    // Accelerator hands FSDP1 sharding_strategy before reshard_after_forward: both are written.
+    o << "  fsdp_sharding_strategy: " << strategy << "\n  fsdp_reshard_after_forward: " << strategy << "\n";
+    o << (p.prefetch ? "  # The next layer's all-gather issued before this layer's backward\n  fsdp_backward_prefetch: BACKWARD_PRE\n"
+                     : "  fsdp_backward_prefetch: NO_PREFETCH\n");
+    o << "  fsdp_forward_prefetch: false\n  fsdp_use_orig_params: true\n";
+  } else if (zero >= 2) {
     o << "fsdp_config:\n  fsdp_version: 2\n";
     o << (zero == 3 ? "  # ZeRO-3: parameters resharded after forward (FULL_SHARD)\n  fsdp_reshard_after_forward: true\n"
                     : "  # ZeRO-2: parameters kept gathered from forward to backward (SHARD_GRAD_OP)\n  fsdp_reshard_after_forward: false\n");
+  }
+  if (zero >= 2) {
     if (p.offload_params == cm::Offload::kCpu) {
       o << "  # Parameters, gradients and the optimizer step on the CPU\n  fsdp_offload_params: true\n";
     } else {
@@ -113,7 +168,7 @@ PlanExport accelerate_export(const Plan& plan, const Derived& d) {
     o << "  fsdp_transformer_layer_cls_to_wrap: " << layer_class(plan.model) << "\n";
     o << "  fsdp_state_dict_type: SHARDED_STATE_DICT\n";
     o << "  fsdp_activation_checkpointing: " << (p.recompute == cm::Recompute::kFull ? "true" : "false") << "\n";
-    if (replicate > 1 || p.cp > 1) {
+    if (!fsdp1 && (replicate > 1 || p.cp > 1)) {
       o << "parallelism_config:\n";
       if (replicate > 1) o << "  # Hybrid sharding (HSDP): " << replicate << " replicas of " << shard << "-way shards\n";
       o << "  parallelism_config_dp_replicate_size: " << replicate << "\n";

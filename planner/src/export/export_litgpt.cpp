@@ -15,6 +15,11 @@
 //   linear over all GPUs with checkpoint_wrapper round each block (finetune/lora.py); QLoRA
 //   (quantize: bnb.nf4) raises NotImplementedError on more than one GPU;
 // - on one GPU, no strategy: no sharding and no recompute.
+// What each reduces gradients in (lightning 2.6.6): FSDPStrategy takes its MixedPrecision from
+// fabric/plugins/precision/fsdp.py (mixed_precision_config: param, reduce and buffer dtype all the
+// precision's, bf16 for bf16-mixed and bf16-true); ModelParallelStrategy's fully_shard gets no
+// mp_policy, so FSDP2 reduces in the parameters' dtype, which under bf16-mixed is fp32 (the
+// module is built in fp32 and autocast runs the 16-bit math; the frozen weights of LoRA too).
 
 #include <algorithm>
 #include <cstdio>
@@ -42,6 +47,13 @@ Recipe recipe_of(const Plan& plan) {
 }
 
 const char* command_of(Recipe r) { return r == Recipe::kPretrain ? "pretrain" : r == Recipe::kFull ? "finetune_full" : "finetune_lora"; }
+
+// The dtype a recipe's FSDP reduces gradients in on more than one GPU (see the top of this file).
+cm::Dtype recipe_reduce_dtype(Recipe r, const cm::TrainingConfig& t) {
+  if (t.precision == cm::Precision::kFp32) return cm::Dtype::kFp32;
+  if (r == Recipe::kLora && t.master_weights) return cm::Dtype::kFp32;  // bf16-mixed: fp32 parameters
+  return cm::Dtype::kBf16;
+}
 
 // The recompute a recipe runs with on `gpus` GPUs.
 cm::Recompute recipe_recompute(Recipe r, int gpus) { return gpus > 1 && r != Recipe::kPretrain ? cm::Recompute::kFull : cm::Recompute::kNone; }
@@ -90,6 +102,12 @@ std::vector<std::string> litgpt_refusals(const Plan& plan) {
     r.push_back(std::string("precision=") + cm::precision_name(t.precision) + ": " + cmd + " trains in bf16-mixed, bf16-true or 32-true");
   }
   if (!t.master_weights && t.precision != cm::Precision::kBf16) r.push_back("master_weights=false: LitGPT's pure 16-bit precision is bf16-true");
+  if (plan.gpus > 1 && p.reduce_dtype != recipe_reduce_dtype(recipe, t)) {
+    r.push_back(std::string("reduce_dtype=") + cm::dtype_name(p.reduce_dtype) + ": " + cmd + " reduces gradients in " +
+                cm::dtype_name(recipe_reduce_dtype(recipe, t)) +
+                (recipe == Recipe::kLora ? " (FSDP2 without a mixed-precision policy: the parameters' dtype)"
+                                         : " (Lightning's FSDPPrecision: the precision's dtype; --stack fsdp1 plans so)"));
+  }
   if (t.optimizer != cm::OptimizerKind::kAdamW) r.push_back(std::string("optimizer=") + cm::optimizer_name(t.optimizer) + ": this export writes AdamW only");
   if (t.mode == cm::TrainingMode::kQlora && plan.gpus > 1) r.push_back("mode=qlora on " + n(plan.gpus) + " GPUs: LitGPT quantizes on one GPU only");
   if (t.mode == cm::TrainingMode::kQlora && t.lora.base_format != cm::QuantFormat::kNf4) {
@@ -115,6 +133,10 @@ PlanExport litgpt_export(const Plan& plan, const Derived& d) {
                     (recipe == Recipe::kPretrain ? "pretrain reads TinyLlama's dataset unless the config names one (data: class_path litgpt.data.TextFiles ...)"
                                                  : "finetuning reads Alpaca unless the config names a dataset (data: class_path litgpt.data.JSON ...)"));
   if (recipe != Recipe::kPretrain) e.notes.push_back("litgpt: checkpoint_dir: the model's shape comes from its checkpoint (litgpt download), not this file");
+  if (recipe == Recipe::kLora && plan.gpus > 1 && t.master_weights && t.precision == cm::Precision::kBf16) {
+    e.notes.push_back("litgpt: precision bf16-mixed builds the model in fp32, so the frozen weights take 4 bytes a parameter and FSDP2 gathers "
+                      "them in fp32, twice what the prediction has; bf16-true (a plan with master_weights false) runs them in bf16");
+  }
   std::ostringstream o;
   o << "# LitGPT config for the trainplan plan " << double_quoted(plan.name) << ":\n";
   o << "#   " << m.name << " on " << plan.cluster.name << ", " << d.nodes_text << "; dp " << p.dp

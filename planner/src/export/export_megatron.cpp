@@ -53,7 +53,7 @@ std::vector<std::string> megatron_refusals(const Plan& plan) {
     r.push_back(std::string("optimizer=") + cm::optimizer_name(t.optimizer) + ": Megatron-LM's --optimizer has adam (AdamW) and sgd, not this one");
   }
   if (p.reduce_dtype != cm::Dtype::kFp32 && p.reduce_dtype != cm::Dtype::kBf16) {
-    r.push_back("reduce_dtype: Megatron-LM reduces gradients in fp32 or (--grad-reduce-in-bf16) bf16");
+    r.push_back(std::string("reduce_dtype=") + cm::dtype_name(p.reduce_dtype) + ": Megatron-LM reduces gradients in fp32 or (--grad-reduce-in-bf16) bf16");
   }
   return r;
 }

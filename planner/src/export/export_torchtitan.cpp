@@ -109,7 +109,10 @@ std::vector<std::string> torchtitan_refusals(const Plan& plan) {
                 ": torchtitan offloads parameters, gradients and optimizer states to the CPU together (training.enable_cpu_offload) or nothing");
   }
   if (both_cpu && p.zero_stage < 2) r.push_back("offload_params=cpu: torchtitan's CPU offload is FSDP's; it needs zero_stage 2 or 3");
-  if (p.reduce_dtype != cm::Dtype::kFp32) r.push_back("reduce_dtype: torchtitan's mixed_precision_reduce is float32 only");
+  if (p.reduce_dtype != cm::Dtype::kFp32) {
+    r.push_back(std::string("reduce_dtype=") + cm::dtype_name(p.reduce_dtype) +
+                ": torchtitan's mixed_precision_reduce is float32 only (config/job_config.py: Literal[\"float32\"])");
+  }
   return r;
 }
 
