@@ -253,6 +253,32 @@ TEST(DeepspeedStack, Zero0InBf16IsTheBf16OptimizerWithAnFp32GradientBuffer) {
   EXPECT_TRUE(validate_plan(offload));
 }
 
+// Megatron's step outside the optimizer's shard: zero_grad_buffer zeroes the whole fp32 main-grad
+// buffer every iteration (grad_data.zero_(): 4 bytes per parameter, one launch; its shard only
+// under Megatron FSDP's optim_grads), and in fp16 the optimizer unscales its shard of the main
+// grads and checks them for inf first (_amp_foreach_non_finite_check_and_unscale_: a read and
+// a write of 4 bytes each, one launch). NVIDIA/Megatron-LM d98e8a64dd training.py train_step,
+// core/distributed/param_and_grad_buffer.py reset, core/optimizer/optimizer.py.
+TEST(MegatronStack, ZeroesTheWholeGradientBufferAndUnscalesInFp16) {
+  const Plan z1 = sharded(Stack::kMegatronTe, 1, 8);
+  const KernelRates rates(z1.cluster.gpu, Dtype::kBf16);
+  const Estimate bf16 = testing::checked_estimate(z1);
+  const double params = bf16.parameters;
+  Plan fp16_plan = z1;
+  fp16_plan.training.precision = Precision::kFp16;
+  const Estimate fp16 = testing::checked_estimate(fp16_plan);
+  EXPECT_NEAR(fp16.time.optimizer.value() - bf16.time.optimizer.value(), rates.latency() + 8.0 * params / 8 / rates.copy_bandwidth(), 1e-9);
+  // Under optim_grads (ZeRO-2) the buffer is sharded like the optimizer: the zeroing moves 1/8.
+  const Estimate z2 = testing::checked_estimate(sharded(Stack::kMegatronTe, 2, 8));
+  EXPECT_NEAR(bf16.time.optimizer.value() - z2.time.optimizer.value(), 4.0 * params * (1.0 - 1.0 / 8) / rates.copy_bandwidth(), 1e-9);
+  // The PyTorch stacks' GradScaler runs the same unscale; their gradients are freed, not zeroed.
+  const Plan eager = sharded(Stack::kPytorchEager, 1, 8);
+  Plan eager_fp16 = eager;
+  eager_fp16.training.precision = Precision::kFp16;
+  EXPECT_NEAR(testing::checked_estimate(eager_fp16).time.optimizer.value() - testing::checked_estimate(eager).time.optimizer.value(),
+              rates.latency() + 8.0 * params / 8 / rates.copy_bandwidth(), 1e-9);
+}
+
 // FSDP2 copies every gathered parameter out of the all-gather buffer (2 bytes read, 2 written),
 // twice per micro-batch under FULL_SHARD, and copies each gradient into the fp32 reduce-scatter
 // buffer (2 read, 4 written): 2 x 4 + 6 = 14 bytes per parameter per micro-batch, at the copy

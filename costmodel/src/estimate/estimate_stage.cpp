@@ -214,12 +214,20 @@ StageTail stage_tail_of(const StageTailInputs& in, int i) {
     // (get_grads_for_norm, 4 bytes read) and the zeroing after the step (clear_hp_grads, 4
     // written); clipping, when the norm is above the limit, multiplies it too (not counted).
     if (bf16_optimizer) out.optimizer += rates.stream((dense_trainable + expert_trainable) * 8.0, 2);
+    // fp16's loss scaling: the gradients unscaled and checked for inf before the step (stack.hpp).
+    if (tr.precision == Precision::kFp16 && stack.fp16_unscale_bytes > 0) out.optimizer += rates.stream(local * stack.fp16_unscale_bytes, 1);
   } else {
     const double host_bw = 0.5 * hw.cpu_memory_bandwidth.value() / gpn;  // a GPU's share, at 50% efficiency
     out.optimizer = local * touched / host_bw;
     double offload = std::max(local * grad_width, local * w.weights) / hw.pcie_bandwidth.value();
     if (p.offload_optimizer == Offload::kNvme) offload += 2.0 * local * w.optimizer / (hw.nvme_bandwidth.value() / gpn);
     out.offload = offload;
+  }
+  // The gradient buffer zeroed for the next step (Megatron's zero_grad_buffer), on the GPU
+  // wherever the optimizer runs: the whole local buffer, or its shard under ZeRO-2/3.
+  if (stack.grad_buffer_zero_bytes > 0) {
+    const double buffer = p.zero_stage >= 2 ? local : dense_trainable + expert_trainable;
+    out.optimizer += rates.stream(buffer * stack.grad_buffer_zero_bytes, 1);
   }
   if (p.offload_params != Offload::kNone) {
     const double shard_bytes = (X.dense + X.expert) * w.weights / p.shard_size();

@@ -250,6 +250,15 @@ struct StackSpec {
   // masters into the 16-bit weights, zeroing.
   double optimizer_overhead_bytes;
   double optimizer_kernels_per_tensor;  // launches per parameter tensor in the whole optimizer step
+  // Bytes per parameter of the whole local gradient buffer (its shard under ZeRO-2/3, not the
+  // optimizer's shard under ZeRO-1) that the step moves besides the optimizer: Megatron's
+  // zero_grad_buffer, grad_data.zero_() over the fp32 main grads at the start of every iteration
+  // (4); 0: gradients freed (zero_grad(set_to_none=True)) or zeroed within the optimizer's bytes.
+  double grad_buffer_zero_bytes = 0;
+  // fp16 with loss scaling: bytes per optimizer-shard parameter of the unscale and inf check,
+  // torch._amp_foreach_non_finite_check_and_unscale_ reading and writing each fp32 gradient (8);
+  // 0: the stack folds the scale into its norm and update (the executor passes it to fused AdamW).
+  double fp16_unscale_bytes = 0;
   // MLP tensors autograd keeps per token, in units of the MLP width: eager SwiGLU keeps the gate
   // and up outputs, silu(gate) and the product (4); a fused SwiGLU its two inputs and the down
   // projection's input (3); Inductor's partitioner recomputes the product (2). GELU MLPs keep the
