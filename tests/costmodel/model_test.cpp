@@ -56,6 +56,24 @@ TEST(ParameterCount, PresetsMatchHandCountsAndPublishedFigures) {
 
 // Mixtral of Experts (Jiang et al. 2024), Sec. 2: "47B parameters, 13B active per token";
 // hand count of the active ones: 32 * (41,943,040 + 2 * 176,160,768 + 32,768 + 8,192) + 2 * 131,072,000 + 4,096.
+// The parameter tensors of a block, counted by hand: Llama's q, k, v, o, gate, up, down and two
+// RMSNorm weights (9; 6 with Q/K/V and gate/up fused, as Megatron's linear_qkv and linear_fc1);
+// GPT's q, k, v, o, fc1, fc2 weights and biases and two LayerNorms' weight and bias (16; 12 with
+// Q/K/V fused); Qwen2's Llama block with Q, K and V biases (12).
+TEST(ParameterCount, BlockTensorsMatchHandCounts) {
+  const ModelSpec llama = testing::model("llama3-8b");
+  const ModelSpec gpt = testing::model("gpt3-175b");
+  EXPECT_EQ(block_parameter_tensors(llama, false, false), 9);
+  EXPECT_EQ(block_parameter_tensors(llama, true, true), 6);
+  EXPECT_EQ(block_parameter_tensors(gpt, false, false), 16);
+  EXPECT_EQ(block_parameter_tensors(gpt, true, true), 12);
+  ModelSpec qwen = llama;
+  ModelFeatures f = qwen.features();
+  f.qkv_bias = true;
+  qwen.feature_overrides = f;
+  EXPECT_EQ(block_parameter_tensors(qwen, false, false), 12);
+}
+
 TEST(ParameterCount, MixtralActiveParametersAreTopTwoOfEightExperts) {
   const ModelSpec m = testing::model("mixtral-8x7b");
   const ParameterCounts c = count_parameters(m);

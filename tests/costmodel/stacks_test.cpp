@@ -253,17 +253,21 @@ TEST(DeepspeedStack, Zero0InBf16IsTheBf16OptimizerWithAnFp32GradientBuffer) {
   EXPECT_TRUE(validate_plan(offload));
 }
 
-// Megatron's step outside the optimizer's shard: zero_grad_buffer zeroes the whole fp32 main-grad
-// buffer every iteration (grad_data.zero_(): 4 bytes per parameter, one launch; its shard only
-// under Megatron FSDP's optim_grads), and in fp16 the optimizer unscales its shard of the main
-// grads and checks them for inf first (_amp_foreach_non_finite_check_and_unscale_: a read and
-// a write of 4 bytes each, one launch). NVIDIA/Megatron-LM d98e8a64dd training.py train_step,
-// core/distributed/param_and_grad_buffer.py reset, core/optimizer/optimizer.py.
+// Megatron's step outside the optimizer's shard: zero_grad_buffer zeroes the whole main-grad
+// buffer every iteration (grad_data.zero_(), one launch; its shard only under Megatron FSDP's
+// optim_grads). The buffer is in the reduce dtype: fp32 (4 bytes) unless the gradients are
+// reduced in bf16 (--grad-reduce-in-bf16: 2 bytes, and the optimizer copies its shard to fp32
+// first, .float(): 2 read + 4 written). In fp16 the optimizer unscales the fp32 main grads of its
+// shard and checks them for inf (_amp_foreach_non_finite_check_and_unscale_: 8 bytes, one launch).
+// NVIDIA/Megatron-LM d98e8a64dd training.py train_step, core/distributed/param_and_grad_buffer.py
+// reset, core/optimizer/distrib_optimizer.py and optimizer.py, arguments.py.
 TEST(MegatronStack, ZeroesTheWholeGradientBufferAndUnscalesInFp16) {
   const Plan z1 = sharded(Stack::kMegatronTe, 1, 8);
+  ASSERT_EQ(z1.parallel.reduce_dtype, Dtype::kFp32);
   const KernelRates rates(z1.cluster.gpu, Dtype::kBf16);
   const Estimate bf16 = testing::checked_estimate(z1);
   const double params = bf16.parameters;
+  EXPECT_NEAR(bf16.memory.gradients.value(), 4.0 * params, 1.0);
   Plan fp16_plan = z1;
   fp16_plan.training.precision = Precision::kFp16;
   const Estimate fp16 = testing::checked_estimate(fp16_plan);
@@ -271,12 +275,46 @@ TEST(MegatronStack, ZeroesTheWholeGradientBufferAndUnscalesInFp16) {
   // Under optim_grads (ZeRO-2) the buffer is sharded like the optimizer: the zeroing moves 1/8.
   const Estimate z2 = testing::checked_estimate(sharded(Stack::kMegatronTe, 2, 8));
   EXPECT_NEAR(bf16.time.optimizer.value() - z2.time.optimizer.value(), 4.0 * params * (1.0 - 1.0 / 8) / rates.copy_bandwidth(), 1e-9);
-  // The PyTorch stacks' GradScaler runs the same unscale; their gradients are freed, not zeroed.
+  // Reduced in bf16: a 2-byte buffer, zeroed whole (2 bytes less per parameter), and its shard
+  // copied to fp32 for the step (6 bytes per parameter of the shard, one launch).
+  Plan bf16_reduce = z1;
+  bf16_reduce.parallel.reduce_dtype = Dtype::kBf16;
+  const Estimate half = testing::checked_estimate(bf16_reduce);
+  EXPECT_NEAR(half.memory.gradients.value(), 2.0 * params, 1.0);
+  EXPECT_NEAR(half.time.optimizer.value() - bf16.time.optimizer.value(),
+              rates.latency() + 6.0 * params / 8 / rates.copy_bandwidth() - 2.0 * params / rates.copy_bandwidth(), 1e-9);
+  // The PyTorch stacks' GradScaler runs the same unscale over the fp32 gradients; their
+  // gradients are freed, not zeroed.
   const Plan eager = sharded(Stack::kPytorchEager, 1, 8);
   Plan eager_fp16 = eager;
   eager_fp16.training.precision = Precision::kFp16;
   EXPECT_NEAR(testing::checked_estimate(eager_fp16).time.optimizer.value() - testing::checked_estimate(eager).time.optimizer.value(),
               rates.latency() + 8.0 * params / 8 / rates.copy_bandwidth(), 1e-9);
+}
+
+// The optimizer's shard of the expert parameters is over their own data-parallel group (dp / ep),
+// as their states are in memory: Mixtral on 16 GPUs with ep 8 under ZeRO-1 updates an eighth of
+// each expert where the dense parameters are split 16 ways.
+TEST(OptimizerStep, ShardsExpertParametersOverTheirOwnGroup) {
+  Plan plan = testing::make_plan("mixtral-8x7b", "dgx-h100", 16, 4096, 16);
+  plan.parallel.ep = 8;
+  plan.parallel.zero_stage = 1;
+  plan.parallel.micro_batch = 1;
+  plan.parallel.recompute = Recompute::kFull;
+  plan.training.stack = Stack::kMegatronTe;
+  plan.parallel.reduce_dtype = Dtype::kFp32;
+  const Estimate e = testing::checked_estimate(plan);
+  const ParameterCounts pc = count_parameters(plan.model);
+  const double experts = plan.model.layers * pc.routed_experts;
+  const double dense = e.parameters - experts;
+  // States: 12 bytes per parameter of each shard.
+  EXPECT_NEAR(e.memory.optimizer.value(), 12.0 * (dense / 16 + experts / 8 / 2), 1e-3 * e.memory.optimizer.value());
+  // fp16's unscale moves 8 bytes per parameter of the same shards.
+  Plan fp16 = plan;
+  fp16.training.precision = Precision::kFp16;
+  const KernelRates rates(plan.cluster.gpu, Dtype::kBf16);
+  EXPECT_NEAR(testing::checked_estimate(fp16).time.optimizer.value() - e.time.optimizer.value(),
+              rates.latency() + 8.0 * (dense / 16 + experts / 8 / 2) / rates.copy_bandwidth(), 1e-9);
 }
 
 // FSDP2 copies every gathered parameter out of the all-gather buffer (2 bytes read, 2 written),

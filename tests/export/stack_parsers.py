@@ -88,6 +88,15 @@ PLAN_FILES = [os.path.join(ROOT, "samples", "plans", f) for f in sorted(os.listd
 ]
 
 
+def default_reduce_dtype(training):
+    """The planner's default_reduce_dtype (costmodel/src/documents/plan.cpp): the 16-bit dtype in
+    pure 16-bit training, else the stack's (StackSpec::reduce_dtype: bf16 for fsdp1 and the
+    deepspeed stacks, fp32 for the others)."""
+    if not training.get("master_weights", True):
+        return "fp16" if training.get("precision") == "fp16" else "bf16"
+    return "bf16" if training.get("stack", "trainplan") in ("fsdp1", "deepspeed", "deepspeed-v0.3") else "fp32"
+
+
 def plan_values(plan):
     """What every export must give back: the plan's own numbers."""
     p, t = plan["parallel"], plan["training"]
@@ -99,7 +108,7 @@ def plan_values(plan):
         "sequence_parallel": p.get("sequence_parallel", p.get("tp", 1) > 1), "mode": t.get("mode", "pretrain"),
         "master_weights": t.get("master_weights", True), "lora_rank": t.get("lora", {}).get("rank", 16),
         "fp8_recipe": t.get("fp8_recipe", "stack"), "stack": t.get("stack", "trainplan"),
-        "reduce_dtype": p.get("reduce_dtype", "fp32"),
+        "reduce_dtype": p.get("reduce_dtype", default_reduce_dtype(t)), "prefetch": p.get("prefetch", True),
     }
     pv["arch"] = cluster_arch(plan.get("cluster", ""))
     pv["accumulation"] = pv["global_batch"] // (pv["micro_batch"] * pv["dp"])
@@ -267,7 +276,7 @@ def check_accelerate(path, pv):
                 want = {(3, False): "FULL_SHARD", (3, True): "HYBRID_SHARD", (2, False): "SHARD_GRAD_OP"}[(pv["zero"], hybrid and pv["zero"] == 3)]
                 expect(errors, "FSDP1 sharding strategy", (plugin.sharding_strategy or plugin.reshard_after_forward).name, want)
                 expect(errors, "limit_all_gathers", plugin.limit_all_gathers, True)
-                expect(errors, "fsdp_backward_prefetch", getattr(plugin.backward_prefetch, "name", None), "BACKWARD_PRE")
+                expect(errors, "fsdp_backward_prefetch", getattr(plugin.backward_prefetch, "name", None), "BACKWARD_PRE" if pv["prefetch"] else None)
             # The gradients' reduction: in the dtype Accelerate's policy gives (set_mixed_precision, as
             # AcceleratorState calls it), or the plan's fp32 with a note that the script sets it.
             mp = env.get("ACCELERATE_MIXED_PRECISION", "no")
@@ -276,9 +285,12 @@ def check_accelerate(path, pv):
             policy = plugin.mixed_precision_policy
             runs = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", None: None}[getattr(policy, "reduce_dtype", None)]
             runs = runs or ("fp32" if pv["precision"] == "fp32" else {"bf16": "bf16", "fp16": "fp16"}.get(pv["precision"]))
-            if pv["reduce_dtype"] != runs:
-                note = f"reduce_dtype={pv['reduce_dtype']}: Accelerate's FSDP reduces in {runs} unless the script sets"
-                expect(errors, f"a note that the script reduces in {pv['reduce_dtype']} (Accelerate: {runs})", note in open(path).read(), True)
+            if pv["reduce_dtype"] != runs:  # the script's policy, which the file's note must name
+                torch_dtype = {"bf16": "torch.bfloat16", "fp16": "torch.float16", "fp32": "torch.float32"}[pv["reduce_dtype"]]
+                note = f"reduce_dtype={pv['reduce_dtype']}: predicted for a script that passes FullyShardedDataParallelPlugin(mixed_precision_policy="
+                text = open(path).read()
+                expect(errors, f"a note naming the script's policy (Accelerate reduces in {runs})",
+                       note in text and f'"reduce_dtype": {torch_dtype}' in text, True)
             expect(errors, "fsdp_activation_checkpointing", bool(plugin.activation_checkpointing), pv["recompute"] != "none")
             if env.get("ACCELERATE_USE_PARALLELISM_CONFIG", "false") == "true":
                 pc = ParallelismConfig()  # from the environment, as the Accelerator builds it
@@ -293,6 +305,12 @@ def check_accelerate(path, pv):
             expect(errors, "ACCELERATE_GRADIENT_ACCUMULATION_STEPS", int(env.get("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "1")), pv["accumulation"])
         else:
             expect(errors, "distributed type (DDP)", args.multi_gpu or world == 1, True)
+            # DDP all-reduces the gradients in the parameters' dtype (fp32 beside autocast) unless
+            # the script registers a communication hook, which the file's note must name.
+            runs = "fp32" if pv["master_weights"] or pv["precision"] == "fp32" else pv["precision"]
+            if world > 1 and pv["reduce_dtype"] != runs:
+                hook = f"DistributedDataParallelKwargs(comm_hook=DDPCommunicationHookType.{pv['reduce_dtype'].upper()})"
+                expect(errors, f"a note naming the DDP communication hook (DDP reduces in {runs})", hook in open(path).read(), True)
     finally:
         os.environ.clear()
         os.environ.update(saved)
@@ -323,8 +341,11 @@ def check_litgpt(path, pv):
     expect(errors, "train.global_batch_size", train.global_batch_size, pv["global_batch"])
     expect(errors, "gradient_accumulation_iters", train.gradient_accumulation_iters(devices, nodes), pv["accumulation"])
     expect(errors, "train.max_seq_length", train.max_seq_length, pv["seq_len"])
-    precision = "bf16-true" if not pv["master_weights"] else {"bf16": "bf16-mixed", "fp32": "32-true"}.get(pv["precision"])
+    qlora_true = pv["mode"] == "qlora" and pv["precision"] == "bf16"  # LitGPT quantizes only without mixed precision
+    precision = "bf16-true" if not pv["master_weights"] or qlora_true else {"bf16": "bf16-mixed", "fp32": "32-true"}.get(pv["precision"])
     expect(errors, "precision", init.precision, precision)
+    if getattr(init, "quantize", None) is not None and "mixed" in init.precision:  # litgpt/finetune/lora.py setup() raises
+        errors.append("quantize with a mixed precision: LitGPT raises 'Quantization and mixed precision is not supported.'")
     want_mode = {"pretrain": "pretrain", "finetune_full": "full", "finetune_lora": "lora"}[command]
     expect(errors, "recipe", want_mode, "lora" if pv["mode"] == "qlora" else pv["mode"])
     # The layout each recipe's setup() builds on world > 1 GPUs (see planner/src/export/export_litgpt.cpp).
@@ -338,8 +359,13 @@ def check_litgpt(path, pv):
         import torch
         from lightning.fabric.plugins.precision.fsdp import FSDPPrecision
 
-        if command == "finetune_lora":
-            reduce = torch.bfloat16 if init.precision == "bf16-true" else torch.float32
+        if command == "finetune_lora":  # FSDP2 without a policy: the dtype Fabric builds the module in
+            from lightning.fabric.plugins.precision import HalfPrecision, MixedPrecision, Precision
+
+            plugin = {"bf16-true": lambda: HalfPrecision("bf16-true"), "bf16-mixed": lambda: MixedPrecision("bf16-mixed", "cuda"),
+                      "32-true": Precision}[init.precision]()
+            with plugin.module_init_context():
+                reduce = torch.nn.Linear(1, 1).weight.dtype
         else:
             reduce = FSDPPrecision(init.precision).mixed_precision_config.reduce_dtype
         expect(errors, "FSDP reduce dtype", {torch.bfloat16: "bf16", torch.float32: "fp32", torch.float16: "fp16"}[reduce], pv["reduce_dtype"])

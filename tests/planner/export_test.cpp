@@ -438,8 +438,10 @@ TEST(ExportPlan, AccelerateFollowsThePlansFsdpVersion) {
 
 // Accelerate's FSDP reduces gradients in the mixed-precision dtype: set_mixed_precision makes
 // reduce_dtype the param dtype for FSDP1 and FSDP2 (accelerate 1.15.0 utils/dataclasses.py, called
-// from state.py). A bf16 reduction is what the config runs; fp32 is the script's, said in a note;
-// fp16 under bf16 is refused.
+// from state.py when mixed_precision is not "no"); its DDP all-reduces the parameters' (fp32)
+// gradients unless a communication hook casts them. The config cannot say another dtype; the
+// script can, and the note names what it passes. Pure 16-bit DDP gradients cannot be reduced in
+// fp32 by a hook: refused.
 TEST(ExportPlan, AccelerateReducesInTheMixedPrecisionDtype) {
   costmodel::Plan plan = load(testing::data_path("export/llama3-8b-fsdp8.plan.json"));
   plan.parallel.reduce_dtype = costmodel::Dtype::kBf16;
@@ -449,12 +451,24 @@ TEST(ExportPlan, AccelerateReducesInTheMixedPrecisionDtype) {
   plan.parallel.reduce_dtype = costmodel::Dtype::kFp32;
   auto fp32 = planner::export_plan(plan, ExportTarget::kAccelerate);
   ASSERT_TRUE(fp32.ok()) << fp32.error().message;
-  EXPECT_TRUE(contains(fp32->text, "# reduce_dtype=fp32: Accelerate's FSDP reduces in bf16 unless the script sets FullyShardedDataParallelPlugin("
-                                   "mixed_precision_policy={\"param_dtype\": torch.bfloat16, \"reduce_dtype\": torch.float32"));
-  plan.parallel.reduce_dtype = costmodel::Dtype::kFp16;
-  auto fp16 = planner::export_plan(plan, ExportTarget::kAccelerate);
-  ASSERT_FALSE(fp16.ok());
-  EXPECT_TRUE(contains(fp16.error().message, "accelerate: reduce_dtype=fp16: Accelerate's FSDP reduces gradients in bf16")) << fp16.error().message;
+  EXPECT_TRUE(contains(fp32->text, "# reduce_dtype=fp32: predicted for a script that passes FullyShardedDataParallelPlugin(mixed_precision_policy="
+                                   "{\"param_dtype\": torch.bfloat16, \"reduce_dtype\": torch.float32, \"output_dtype\": torch.bfloat16}) "
+                                   "(Accelerate's FSDP reduces in bf16, its set_mixed_precision's policy).\n"));
+  plan.parallel.zero_stage = 0;  // DDP
+  plan.parallel.reduce_dtype = costmodel::Dtype::kBf16;
+  auto ddp = planner::export_plan(plan, ExportTarget::kAccelerate);
+  ASSERT_TRUE(ddp.ok()) << ddp.error().message;
+  EXPECT_TRUE(contains(ddp->text, "# reduce_dtype=bf16: predicted for a script that passes Accelerator(kwargs_handlers=[DistributedDataParallelKwargs("
+                                  "comm_hook=DDPCommunicationHookType.BF16)]) (Accelerate's DDP all-reduces the fp32 gradients).\n"));
+  plan.parallel.reduce_dtype = costmodel::Dtype::kFp32;
+  auto ddp_fp32 = planner::export_plan(plan, ExportTarget::kAccelerate);
+  ASSERT_TRUE(ddp_fp32.ok()) << ddp_fp32.error().message;
+  EXPECT_FALSE(contains(ddp_fp32->text, "reduce_dtype"));
+  plan.training.master_weights = false;  // a bf16 model: its DDP gradients are bf16
+  auto pure = planner::export_plan(plan, ExportTarget::kAccelerate);
+  ASSERT_FALSE(pure.ok());
+  EXPECT_TRUE(contains(pure.error().message, "accelerate: reduce_dtype=fp32: Accelerate's DDP all-reduces the bf16 gradients in their own dtype"))
+      << pure.error().message;
 }
 
 // LitGPT's recipes reduce in what Lightning gives them (lightning 2.6.6): pretrain's and

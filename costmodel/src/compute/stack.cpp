@@ -18,15 +18,19 @@ namespace {
 //    master.grad = w.grad.float() (6), clip_grad_norm_ foreach norm and scale (4 + 8),
 //    _foreach_copy_ into the bf16 weights (6) = 24.
 //  megatron-te: distributed fused Adam (32); the rest: norm (4), copy of the main params into the
-//    bf16 weights (6) = 10; and over the whole local gradient buffer, zero_grad_buffer at the start of
-//    each iteration (grad_data.zero_(), 4 bytes of fp32 main grad: NVIDIA/Megatron-LM d98e8a64dd
-//    megatron/training/training.py train_step, core/distributed/distributed_data_parallel.py
-//    zero_grad_buffer, param_and_grad_buffer.py reset; the same in 2022's f0d181e346
-//    megatron/model/distributed.py). In fp16 its optimizer unscales the main grads and checks them
-//    for inf before the step (core/optimizer/optimizer.py _unscale_main_grads_and_check_for_nan,
-//    2022's megatron/optimizer/optimizer.py too): one more read and write of each, 8.
+//    bf16 weights (6) = 10; and over the whole local main-grad buffer (in the reduce dtype:
+//    arguments.py, --bf16 sets accumulate_allreduce_grads_in_fp32 unless --grad-reduce-in-bf16),
+//    zero_grad_buffer at the start of each iteration (grad_data.zero_(): NVIDIA/Megatron-LM
+//    d98e8a64dd megatron/training/training.py train_step, core/distributed/
+//    distributed_data_parallel.py zero_grad_buffer, param_and_grad_buffer.py reset; the same in
+//    2022's f0d181e346 megatron/model/distributed.py); a 16-bit buffer's shard copied to fp32 before
+//    the step (distrib_optimizer.py _copy_model_grads_to_main_grads, .float(): 6). In fp16 its
+//    optimizer unscales the fp32 main grads and checks them for inf before the step
+//    (core/optimizer/optimizer.py _unscale_main_grads_and_check_for_nan, 2022's
+//    megatron/optimizer/optimizer.py too): one more read and write of each, 8.
 //  fp16 in the PyTorch stacks: GradScaler.unscale_ (torch/amp/grad_scaler.py _unscale_grads_;
-//    FSDP's ShardedGradScaler alike) runs the same kernel over the fp32 gradients, 8.
+//    FSDP's ShardedGradScaler alike) runs the same kernel over the gradients the optimizer steps
+//    on: 8 bytes each in fp32, 4 in pure fp16 (ShardedGradScaler; GradScaler refuses fp16 ones).
 // Host time per kernel: 9.2 us for one eager op issued from Python on the H100 host
 // (shared/data/measured/h100-llama3.2-1b/h100_elementwise.csv, launch_tiny_add); LibTorch from
 // C++ skips the interpreter: 5 us assumed; Inductor's generated wrapper: 4 us assumed.
@@ -100,7 +104,7 @@ constexpr StackSpec kPytorchEager = {
     .optimizer_update_factor = 1,
     .optimizer_overhead_bytes = 24,
     .optimizer_kernels_per_tensor = 0.5,
-    .fp16_unscale_bytes = 8,
+    .fp16_unscale = true,
     .swiglu_saved = 4,
     .norm_recomputed = false,
     .gemm_sums_input_gradients = false,
@@ -237,7 +241,7 @@ constexpr StackSpec kDeepspeed = [] {
               "sharded as ZeRO-1 beside an fp32 gradient buffer), FusedAdam, eager modules "
               "with FlashAttention-2 and fp32 logits for the loss";
   s.optimizer_kernels_per_tensor = 0.3;
-  s.fp16_unscale_bytes = 0;  // its fp16 optimizers' overflow check and unscale are not read here: not priced
+  s.fp16_unscale = false;  // its fp16 optimizers' overflow check and unscale are not read here: not priced
   s.attention_kernel = AttentionImpl::kFlash2;
   s.op_level_selective = false;
   s.dp = {.gather_bucket_params = 5e7, .max_reuse_distance_params = 1e9, .gather_copy_bytes = 4, .reduce_copy_bytes = 8,
@@ -436,7 +440,7 @@ constexpr StackSpec kSpecs[] = {
      .optimizer_update_factor = 1,
      .optimizer_overhead_bytes = 24,
      .optimizer_kernels_per_tensor = 0.5,
-     .fp16_unscale_bytes = 8,
+     .fp16_unscale = true,
      .swiglu_saved = 2,
      .norm_recomputed = false,
      .gemm_sums_input_gradients = false,
@@ -465,8 +469,8 @@ constexpr StackSpec kSpecs[] = {
      .optimizer_update_factor = 1,
      .optimizer_overhead_bytes = 10,
      .optimizer_kernels_per_tensor = 0.3,
-     .grad_buffer_zero_bytes = 4,
-     .fp16_unscale_bytes = 8,
+     .main_grad_buffer = true,
+     .fp16_unscale = true,
      .swiglu_saved = 3,
      .norm_recomputed = false,
      .gemm_sums_input_gradients = false,

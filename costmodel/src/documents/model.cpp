@@ -74,6 +74,13 @@ double mlp_matmul_params(const ModelSpec& m, double ffn) {
   return (m.features().gated_mlp ? 3.0 : 2.0) * static_cast<double>(m.hidden) * ffn;
 }
 
+int block_parameter_tensors(const ModelSpec& m, bool fused_qkv, bool fused_gate_up) {
+  const ModelFeatures f = m.features();
+  const int qkv = fused_qkv ? 1 : 3;
+  const int mlp = f.gated_mlp && !fused_gate_up ? 3 : 2;
+  return qkv + 1 + mlp + (f.qkv_bias ? qkv : 0) + (f.o_bias ? 1 : 0) + (f.mlp_bias ? mlp : 0) + (f.layer_norm ? 4 : 2);
+}
+
 ParameterCounts count_parameters(const ModelSpec& m) {
   const ModelFeatures feat = m.features();
   const double h = static_cast<double>(m.hidden);

@@ -148,15 +148,15 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
                                   : e;
 
   const KernelRates rates(hw.gpu, compute_dtype(tr.precision));
-  // Gradients this rank keeps between micro-batches: the executor's fp32 buffer; Megatron's fp32
-  // main_grad; PyTorch modules' param.grad in the compute dtype (the reduce dtype once sharded).
+  // Gradients this rank keeps between micro-batches: the executor's fp32 buffer; Megatron's
+  // main_grad in the reduce dtype (fp32 unless it reduces in 16 bits); PyTorch modules' param.grad in the compute dtype (the reduce dtype once sharded).
   // FSDP's sharded gradient takes the sharded parameter's dtype: fp32 beside fp32 parameters,
   // the 16-bit dtype in pure 16-bit training (pytorch v2.8.0 _runtime_utils.py
   // _accumulate_sharded_grad casts to the flat parameter's dtype).
   const double sharded_grad_bytes = w.master ? stack.dp.sharded_grad_bytes : std::min(stack.dp.sharded_grad_bytes, w.gradients);
   const double stack_grad_width = stack.grads == GradAccumulation::kParamDtype && p.zero_stage < 2 ? w.gradients
                                   : p.zero_stage >= 2 && sharded_grad_bytes > 0                  ? std::max(sharded_grad_bytes, w.gradients)
-                                  : stack.grads == GradAccumulation::kParamDtype                 ? grad_width
+                                  : stack.grads == GradAccumulation::kParamDtype || stack.main_grad_buffer ? grad_width
                                                                                                  : std::max(4.0, w.gradients);
   // Where the stack's data parallelism reduces every micro-batch (stack.hpp DataParallelSpec):
   // ZeRO-3, FSDP's SHARD_GRAD_OP, DeepSpeed's ZeRO-2.
@@ -228,13 +228,15 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
     const double in_gemm = (lc.gradients_in_gemm ? layers[i] * dense_layer : 0.0) + (first ? ec.fused_embedding_params : 0.0) +
                            (last && !one_table ? ec.fused_accumulation_params : 0.0);
     const double grads_local = std::max(0.0, x.trainable - in_gemm);
-    // About 9 adds per unit (a Llama block's tensors); with the layers' gradients in the GEMMs
-    // (and so the embedding's), one add is left: the head's final norm.
+    // An add per parameter tensor (block_parameter_tensors: 9 for an unfused Llama block, 16 for GPT's;
+    // the embedding's and the head's units counted as blocks); with the layers' gradients in the
+    // GEMMs (and so the embedding's), one add is left: the head's final norm.
     const double units = layers[i] + (first ? 1 : 0) + (last ? 1 : 0);
-    const double pass_kernels = lc.gradients_in_gemm ? (last ? 1.0 : 0.0) : units * 9;
+    const double per_unit = block_parameter_tensors(mdl, stack.fused_qkv, stack.fused_gate_up);
+    const double pass_kernels = lc.gradients_in_gemm ? (last ? 1.0 : 0.0) : units * per_unit;
     // BF16_Optimizer's update_hp_grads after each backward: per parameter tensor its bf16
     // gradient cast to fp32 (2 bytes read, 4 written) and added into the buffer (8 read, 4 written).
-    if (bf16_optimizer) x.grad_pass = rates.stream(grads_local * 18.0, static_cast<int>(std::lround(units * 9 * 2)));
+    if (bf16_optimizer) x.grad_pass = rates.stream(grads_local * 18.0, static_cast<int>(std::lround(units * per_unit * 2)));
     else switch (stack.grads) {
       case GradAccumulation::kFp32Buffer:  // 16-bit gradient read, fp32 buffer read and written
       case GradAccumulation::kFusedInGemmUnsharded:  // where it does not apply, or what it leaves (the final norm)
@@ -246,7 +248,7 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
           // (FSDP: cast to fp32 and added; DeepSpeed: added into its partition).
           x.grad_pass = (m - 1.0) / m * rates.stream(grads_local / dense_shard * 3.0 * sharded_grad_bytes, static_cast<int>(std::lround(units)));
         } else {  // param.grad += from the second micro-batch on
-          x.grad_pass = (m - 1.0) / m * rates.stream(grads_local * 3.0 * e, static_cast<int>(std::lround(units * 9)));
+          x.grad_pass = (m - 1.0) / m * rates.stream(grads_local * 3.0 * e, static_cast<int>(std::lround(units * per_unit)));
         }
         break;
       case GradAccumulation::kFusedInGemm:
@@ -478,7 +480,7 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
   constexpr double kOverlapSlowdown = 0.1;
   const StageTailInputs tail_inputs{plan, p, tr, mdl, hw, stack, st, layers, share, pc, lc, ec, w, rates, reuse_kept,
                                     LayerTensors{tensors.all, gathered}, lora, grad_op_units, bf16_optimizer, frozen_width, e, reduce_bytes, dense_layer, expert_layer, lora_layer,
-                                    largest_linear, t, grad_width, stages, dense_shard, gpn, m};
+                                    largest_linear, t, grad_width, stages, dense_shard, expert_shard, gpn, m};
   const auto stage_tail = [&](int i) { return stage_tail_of(tail_inputs, i); };
   std::vector<StageTail> tails;
   int critical = slowest;

@@ -93,7 +93,7 @@ struct StageTailInputs {
   bool lora, grad_op_units;
   bool bf16_optimizer;  // DeepSpeed's BF16_Optimizer at ZeRO-0 (estimate.cpp)
   double frozen_width, e, reduce_bytes, dense_layer, expert_layer, lora_layer, largest_linear, t, grad_width;
-  int stages, dense_shard, gpn, m;
+  int stages, dense_shard, expert_shard, gpn, m;
 };
 
 // Stage i's data-parallel traffic and optimizer step (estimate_stage.cpp).

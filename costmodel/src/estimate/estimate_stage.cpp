@@ -39,7 +39,7 @@ StageTail stage_tail_of(const StageTailInputs& in, int i) {
   const double frozen_width = in.frozen_width, e = in.e, reduce_bytes = in.reduce_bytes, dense_layer = in.dense_layer,
                expert_layer = in.expert_layer, lora_layer = in.lora_layer, largest_linear = in.largest_linear, t = in.t,
                grad_width = in.grad_width;
-  const int stages = in.stages, dense_shard = in.dense_shard, gpn = in.gpn, m = in.m;
+  const int stages = in.stages, dense_shard = in.dense_shard, expert_shard = in.expert_shard, gpn = in.gpn, m = in.m;
   const StageState& X = st[i];
   const int Li = layers[i];
   StageTail out;
@@ -199,13 +199,16 @@ StageTail stage_tail_of(const StageTailInputs& in, int i) {
   out.dp_total = dp_total;
 
   // Optimizer step (memory-bound), possibly on the host.
-  const double opt_shard = shard_states ? static_cast<double>(dense_shard) : 1.0;
-  const double local = (dense_trainable + expert_trainable) / opt_shard;
-  // Read and write the states, read the gradient (BF16_Optimizer's fp32 partition), write the weights.
-  const double touched = 2.0 * w.optimizer + (bf16_optimizer ? 4.0 : grad_width) + 2.0 * w.weights;
+  // Expert parameters are sharded over their own data-parallel group (dp / ep), as in memory.
+  const double local = shard_states ? dense_trainable / dense_shard + expert_trainable / expert_shard : dense_trainable + expert_trainable;
+  // Megatron's 16-bit main-grad buffer: its shard copied to fp32 for the step (stack.hpp).
+  const bool fp32_copy_of_grads = stack.main_grad_buffer && w.master && grad_width < 4.0;
+  // Read and write the states, read the gradient (BF16_Optimizer's fp32 partition, Megatron's fp32
+  // copy), write the weights.
+  const double touched = 2.0 * w.optimizer + (bf16_optimizer || fp32_copy_of_grads ? 4.0 : grad_width) + 2.0 * w.weights;
   if (p.offload_optimizer == Offload::kNone) {
     // The stack's update (fused kernel or ATen ops) and the rest of its step (stack.hpp).
-    const double tensors = Li * (mdl.architecture == Architecture::kGpt ? 16.0 : 9.0) + 3.0;
+    const double tensors = Li * block_parameter_tensors(mdl, stack.fused_qkv, stack.fused_gate_up) + 3.0;
     const int launches = static_cast<int>(std::lround(tensors * stack.optimizer_kernels_per_tensor));
     const double update = stack.fused_optimizer ? rates.adamw_fused(local * touched / 32.0, 0)
                                                 : rates.stream(local * touched * stack.optimizer_update_factor, 0);
@@ -214,8 +217,10 @@ StageTail stage_tail_of(const StageTailInputs& in, int i) {
     // (get_grads_for_norm, 4 bytes read) and the zeroing after the step (clear_hp_grads, 4
     // written); clipping, when the norm is above the limit, multiplies it too (not counted).
     if (bf16_optimizer) out.optimizer += rates.stream((dense_trainable + expert_trainable) * 8.0, 2);
-    // fp16's loss scaling: the gradients unscaled and checked for inf before the step (stack.hpp).
-    if (tr.precision == Precision::kFp16 && stack.fp16_unscale_bytes > 0) out.optimizer += rates.stream(local * stack.fp16_unscale_bytes, 1);
+    if (fp32_copy_of_grads) out.optimizer += rates.stream(local * 6.0, 1);
+    // fp16's loss scaling: the gradients the optimizer steps on unscaled and checked for inf
+    // (stack.hpp), fp32 beside master weights, fp16 in pure fp16.
+    if (tr.precision == Precision::kFp16 && stack.fp16_unscale) out.optimizer += rates.stream(local * 2.0 * (w.master ? 4.0 : 2.0), 1);
   } else {
     const double host_bw = 0.5 * hw.cpu_memory_bandwidth.value() / gpn;  // a GPU's share, at 50% efficiency
     out.optimizer = local * touched / host_bw;
@@ -223,11 +228,11 @@ StageTail stage_tail_of(const StageTailInputs& in, int i) {
     if (p.offload_optimizer == Offload::kNvme) offload += 2.0 * local * w.optimizer / (hw.nvme_bandwidth.value() / gpn);
     out.offload = offload;
   }
-  // The gradient buffer zeroed for the next step (Megatron's zero_grad_buffer), on the GPU
-  // wherever the optimizer runs: the whole local buffer, or its shard under ZeRO-2/3.
-  if (stack.grad_buffer_zero_bytes > 0) {
+  // Megatron's main-grad buffer zeroed for the next step (zero_grad_buffer), on the GPU wherever
+  // the optimizer runs: the whole local buffer in the reduce dtype, its shard under Megatron FSDP.
+  if (stack.main_grad_buffer) {
     const double buffer = p.zero_stage >= 2 ? local : dense_trainable + expert_trainable;
-    out.optimizer += rates.stream(buffer * stack.grad_buffer_zero_bytes, 1);
+    out.optimizer += rates.stream(buffer * grad_width, 1);
   }
   if (p.offload_params != Offload::kNone) {
     const double shard_bytes = (X.dense + X.expert) * w.weights / p.shard_size();

@@ -36,13 +36,46 @@ const char* layer_class(const cm::ModelSpec& m) {
 // ZeRO stage as Accelerate sees it: with one data-parallel rank nothing is sharded.
 int effective_zero(const cm::ParallelConfig& p) { return p.dp > 1 ? p.zero_stage : 0; }
 
-// The dtype Accelerate's FSDP reduces gradients in: set_mixed_precision makes reduce_dtype the
-// mixed-precision dtype; with mixed_precision "no" (fp32, or a model loaded in 16 bits) FSDP's
-// default reduces in the parameters' own dtype.
-cm::Dtype fsdp_reduce_dtype(const cm::TrainingConfig& t) {
-  if (t.precision == cm::Precision::kFp16) return cm::Dtype::kFp16;
-  if (t.precision == cm::Precision::kFp32) return cm::Dtype::kFp32;
-  return cm::Dtype::kBf16;
+// The dtype the parameters train in under Accelerate: fp32 beside autocast (mixed_precision
+// bf16 or fp16) and in fp32; the 16-bit dtype when the model is loaded in it (no master weights).
+cm::Dtype param_dtype(const cm::TrainingConfig& t) {
+  if (t.master_weights || t.precision == cm::Precision::kFp32) return cm::Dtype::kFp32;
+  return t.precision == cm::Precision::kFp16 ? cm::Dtype::kFp16 : cm::Dtype::kBf16;
+}
+
+// The dtype Accelerate reduces gradients in. FSDP: with mixed_precision bf16 or fp16,
+// set_mixed_precision makes reduce_dtype that dtype; with "no" (fp32, or a model loaded in 16
+// bits) FSDP reduces in the parameters' dtype. DDP (no FSDP): the gradients' own dtype, the
+// parameters', as no communication hook is registered unless the script asks.
+cm::Dtype accelerate_reduce_dtype(const cm::TrainingConfig& t, bool fsdp) {
+  if (fsdp && t.master_weights && t.precision != cm::Precision::kFp32) {
+    return t.precision == cm::Precision::kFp16 ? cm::Dtype::kFp16 : cm::Dtype::kBf16;
+  }
+  return param_dtype(t);
+}
+
+const char* torch_dtype(cm::Dtype d) { return d == cm::Dtype::kFp32 ? "torch.float32" : d == cm::Dtype::kFp16 ? "torch.float16" : "torch.bfloat16"; }
+
+// What the training script must pass for Accelerate to reduce in the plan's dtype, where the
+// config cannot say it; empty where the script cannot (DDP reducing 16-bit gradients in another dtype).
+std::string reduce_dtype_setting(const Plan& plan, bool fsdp1) {
+  const auto& p = plan.parallel;
+  const auto& t = plan.training;
+  const bool fsdp = effective_zero(p) >= 2;
+  const cm::Dtype runs = accelerate_reduce_dtype(t, fsdp);
+  const std::string want = cm::dtype_name(p.reduce_dtype);
+  if (fsdp) {
+    const cm::Dtype compute = t.precision == cm::Precision::kFp16 ? cm::Dtype::kFp16 : t.precision == cm::Precision::kFp32 ? cm::Dtype::kFp32 : cm::Dtype::kBf16;
+    return std::string("FullyShardedDataParallelPlugin(mixed_precision_policy={\"param_dtype\": ") + torch_dtype(compute) + ", \"reduce_dtype\": " +
+           torch_dtype(p.reduce_dtype) + (fsdp1 ? ", \"buffer_dtype\": " : ", \"output_dtype\": ") + torch_dtype(compute) +
+           "}) (Accelerate's FSDP reduces in " + cm::dtype_name(runs) +
+           (t.master_weights && t.precision != cm::Precision::kFp32 ? ", its set_mixed_precision's policy" : ", the parameters' dtype") + ")";
+  }
+  if (runs == cm::Dtype::kFp32 && p.reduce_dtype != cm::Dtype::kFp32) {
+    return std::string("Accelerator(kwargs_handlers=[DistributedDataParallelKwargs(comm_hook=DDPCommunicationHookType.") +
+           (p.reduce_dtype == cm::Dtype::kFp16 ? "FP16" : "BF16") + ")]) (Accelerate's DDP all-reduces the fp32 gradients)";
+  }
+  return {};
 }
 
 // FSDP1's sharding strategy for a plan Accelerate runs with fsdp_version 1 (ZeRO-2/3, dp > 1).
@@ -86,11 +119,10 @@ std::vector<std::string> accelerate_refusals(const Plan& plan) {
   }
   if (both_cpu && effective_zero(p) < 2) r.push_back("offload_params=cpu: Accelerate's CPU offload is FSDP's; it needs zero_stage 2 or 3");
   if (t.precision == cm::Precision::kFp8) r.push_back("precision=fp8: Accelerate's fp8 needs a backend config (Transformer Engine, MS-AMP or torchao) this export does not write");
-  // FSDP reduces in the mixed-precision dtype; an fp32 reduction is the script's (a note), any other is refused.
-  const cm::Dtype reduce = fsdp_reduce_dtype(t);
-  if (effective_zero(p) >= 2 && p.reduce_dtype != reduce && p.reduce_dtype != cm::Dtype::kFp32) {
-    r.push_back(std::string("reduce_dtype=") + cm::dtype_name(p.reduce_dtype) + ": Accelerate's FSDP reduces gradients in " +
-                cm::dtype_name(reduce) + " (its set_mixed_precision), or in fp32 where the script sets a mixed_precision_policy");
+  // A reduction in another dtype than Accelerate's is the script's to set (a note), where it can.
+  if (p.dp > 1 && p.reduce_dtype != accelerate_reduce_dtype(t, effective_zero(p) >= 2) && reduce_dtype_setting(plan, fsdp1).empty()) {
+    r.push_back(std::string("reduce_dtype=") + cm::dtype_name(p.reduce_dtype) + ": Accelerate's DDP all-reduces the " +
+                cm::dtype_name(param_dtype(t)) + " gradients in their own dtype, and no communication hook casts them to " + cm::dtype_name(p.reduce_dtype));
   }
   if (fsdp1 && effective_zero(p) >= 2 && p.shard_size() < p.dp && p.shard_size() != plan.cluster.gpus_per_node) {
     r.push_back("shard_group=" + n(p.shard_size()) + " (stack fsdp1): FSDP1's HYBRID_SHARD shards within each node of " +
@@ -108,12 +140,9 @@ PlanExport accelerate_export(const Plan& plan, const Derived& d) {
   const bool fsdp1 = zero >= 2 && t.stack == cm::Stack::kFsdp1;
   PlanExport e;
   if (t.mode == cm::TrainingMode::kLora || t.mode == cm::TrainingMode::kQlora) e.notes.push_back(lora_note(plan));
-  if (zero >= 2 && p.reduce_dtype != fsdp_reduce_dtype(t)) {
-    e.notes.push_back(std::string("reduce_dtype=fp32: Accelerate's FSDP reduces in ") + cm::dtype_name(fsdp_reduce_dtype(t)) +
-                      " unless the script sets FullyShardedDataParallelPlugin(mixed_precision_policy={\"param_dtype\": torch." +
-                      (t.precision == cm::Precision::kFp16 ? "float16" : "bfloat16") + ", \"reduce_dtype\": torch.float32" +
-                      (fsdp1 ? ", \"buffer_dtype\": torch." : ", \"output_dtype\": torch.") + (t.precision == cm::Precision::kFp16 ? "float16" : "bfloat16") +
-                      "}); predicted for the fp32 reduction the plan asks for");
+  if (p.dp > 1 && p.reduce_dtype != accelerate_reduce_dtype(t, zero >= 2)) {
+    e.notes.push_back(std::string("reduce_dtype=") + cm::dtype_name(p.reduce_dtype) + ": predicted for a script that passes " +
+                      reduce_dtype_setting(plan, fsdp1));
   }
   std::ostringstream o;
   o << "# Accelerate config for the trainplan plan \"" << plan.name << "\":\n";

@@ -133,9 +133,16 @@ PlanExport litgpt_export(const Plan& plan, const Derived& d) {
                     (recipe == Recipe::kPretrain ? "pretrain reads TinyLlama's dataset unless the config names one (data: class_path litgpt.data.TextFiles ...)"
                                                  : "finetuning reads Alpaca unless the config names a dataset (data: class_path litgpt.data.JSON ...)"));
   if (recipe != Recipe::kPretrain) e.notes.push_back("litgpt: checkpoint_dir: the model's shape comes from its checkpoint (litgpt download), not this file");
-  if (recipe == Recipe::kLora && plan.gpus > 1 && t.master_weights && t.precision == cm::Precision::kBf16) {
-    e.notes.push_back("litgpt: precision bf16-mixed builds the model in fp32, so the frozen weights take 4 bytes a parameter and FSDP2 gathers "
-                      "them in fp32, twice what the prediction has; bf16-true (a plan with master_weights false) runs them in bf16");
+  // QLoRA: LitGPT refuses quantization under mixed precision (finetune/lora.py: "Quantization and
+  // mixed precision is not supported."), so the recipe runs in bf16-true.
+  const bool qlora_true = t.mode == cm::TrainingMode::kQlora && t.master_weights && t.precision == cm::Precision::kBf16;
+  if (qlora_true) {
+    e.notes.push_back("litgpt: precision bf16-true, as LitGPT quantizes only without mixed precision: the adapters and their AdamW states in "
+                      "bf16, not beside fp32 masters as predicted (a few bytes a parameter of the adapters)");
+  } else if (recipe == Recipe::kLora && t.master_weights && t.precision == cm::Precision::kBf16) {
+    e.notes.push_back(std::string("litgpt: precision bf16-mixed builds the model in fp32, so the frozen weights take 4 bytes a parameter") +
+                      (plan.gpus > 1 ? " and FSDP2 gathers them in fp32" : "") +
+                      ", twice what the prediction has; bf16-true (a plan with master_weights false) keeps them in bf16");
   }
   std::ostringstream o;
   o << "# LitGPT config for the trainplan plan " << double_quoted(plan.name) << ":\n";
@@ -176,7 +183,7 @@ PlanExport litgpt_export(const Plan& plan, const Derived& d) {
     o << "# The base model's LitGPT checkpoint (litgpt download <repo>): replace with yours\n";
     o << "checkpoint_dir: " << double_quoted("checkpoints/" + m.name) << "\n";
   }
-  o << "precision: " << (!t.master_weights ? "bf16-true" : t.precision == cm::Precision::kBf16 ? "bf16-mixed" : "32-true") << "\n";
+  o << "precision: " << (!t.master_weights || qlora_true ? "bf16-true" : t.precision == cm::Precision::kBf16 ? "bf16-mixed" : "32-true") << "\n";
   if (t.mode == cm::TrainingMode::kQlora) o << "quantize: bnb.nf4\n";
   if (recipe == Recipe::kLora) {
     o << "lora_r: " << t.lora.rank << "\n";

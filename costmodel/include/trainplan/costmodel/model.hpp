@@ -163,6 +163,13 @@ struct ParameterCounts {
 
 [[nodiscard]] ParameterCounts count_parameters(const ModelSpec& model);
 
+// Parameter tensors of one dense transformer block: the Q, K, V and O weights (Q, K and V one
+// tensor where the stack fuses them), the MLP's matrices (3 gated, 2 plain; gate and up one where
+// fused), their biases where the model has them, and the two norms' weights (and biases under
+// LayerNorm). A Llama block has 9 unfused, 6 fused; a GPT block 16 unfused, 12 fused. What
+// per-tensor launches (optimizers, gradient adds) are counted with.
+[[nodiscard]] int block_parameter_tensors(const ModelSpec& model, bool fused_qkv, bool fused_gate_up);
+
 // Model FLOPs per token of one training step (forward + backward, no recompute), counting
 // matrix multiplies only: 6 * (active matmul parameters) + 12 * L * s * h for attention
 // (non-causal convention, Korthikanti 2022 §6 / PaLM App. B); in general the attention term is

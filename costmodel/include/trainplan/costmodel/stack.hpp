@@ -49,7 +49,7 @@ enum class LossKernel {
 enum class GradAccumulation {
   kFp32Buffer,     // autograd's 16-bit gradients added into an fp32 buffer per micro-batch (a pass)
   kParamDtype,     // autograd accumulates into param.grad in the compute dtype (a pass from the 2nd)
-  kFusedInGemm,    // the weight-gradient GEMM accumulates into fp32 main_grad (no extra pass)
+  kFusedInGemm,    // the weight-gradient GEMM accumulates into main_grad (no extra pass), in the reduce dtype
   // The executor's fused path (engine.cpp fused_accumulation): as kFusedInGemm where its fp32
   // buffer holds the whole step's gradient and TP is off (ZeRO-0/1, tp 1, and cp 1, which the
   // executor does not run yet), for the Llama-style blocks' weights (the norms' too), the
@@ -250,15 +250,18 @@ struct StackSpec {
   // masters into the 16-bit weights, zeroing.
   double optimizer_overhead_bytes;
   double optimizer_kernels_per_tensor;  // launches per parameter tensor in the whole optimizer step
-  // Bytes per parameter of the whole local gradient buffer (its shard under ZeRO-2/3, not the
-  // optimizer's shard under ZeRO-1) that the step moves besides the optimizer: Megatron's
-  // zero_grad_buffer, grad_data.zero_() over the fp32 main grads at the start of every iteration
-  // (4); 0: gradients freed (zero_grad(set_to_none=True)) or zeroed within the optimizer's bytes.
-  double grad_buffer_zero_bytes = 0;
-  // fp16 with loss scaling: bytes per optimizer-shard parameter of the unscale and inf check,
-  // torch._amp_foreach_non_finite_check_and_unscale_ reading and writing each fp32 gradient (8);
-  // 0: the stack folds the scale into its norm and update (the executor passes it to fused AdamW).
-  double fp16_unscale_bytes = 0;
+  // Megatron's contiguous main-grad buffer, in the reduce dtype (fp32 with
+  // accumulate_allreduce_grads_in_fp32, bf16 with --grad-reduce-in-bf16, the parameters' dtype
+  // otherwise): zero_grad_buffer zeroes all of it at the start of every iteration (its shard under
+  // Megatron FSDP), and where it is 16-bit the optimizer first copies its shard to fp32
+  // (main_param.grad = main_grad.float(): 2 bytes read, 4 written). false: gradients freed
+  // (zero_grad(set_to_none=True)) or zeroed within the optimizer's bytes.
+  bool main_grad_buffer = false;
+  // fp16 with loss scaling unscales the gradients the optimizer steps on and checks them for inf
+  // first (torch._amp_foreach_non_finite_check_and_unscale_: each read and written once, 8 bytes
+  // per fp32 gradient); false: the stack folds the scale into its norm and update (the executor
+  // passes it to fused AdamW) or its fp16 path is not priced.
+  bool fp16_unscale = false;
   // MLP tensors autograd keeps per token, in units of the MLP width: eager SwiGLU keeps the gate
   // and up outputs, silu(gate) and the product (4); a fused SwiGLU its two inputs and the down
   // projection's input (3); Inductor's partitioner recomputes the product (2). GELU MLPs keep the
