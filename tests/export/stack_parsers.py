@@ -62,6 +62,7 @@ MATRIX = {
     # Planned for FSDP1 (Accelerate writes fsdp_version 1): SHARD_GRAD_OP, and HYBRID_SHARD within a node.
     "8b-fsdp1-zero2": "--model 8b --gpus 16 --stack fsdp1 --fix tp=1 --fix pp=1 --fix zero=2 --fix recompute=full --seq-len 4096",
     "8b-fsdp1-hybrid": "--model 8b --gpus 16 --stack fsdp1 --fix tp=1 --fix pp=1 --fix zero=3 --fix shard_group=8 --fix recompute=full --seq-len 4096",
+    "8b-fp16-tp2": "--model 8b --gpus 16 --precision fp16 --fix tp=2 --fix pp=1 --fix zero=1 --fix recompute=selective --seq-len 4096",
     "8b-fp8": "--model 8b --gpus 8 --precision fp8 --fix tp=1 --fix pp=1 --fix zero=3 --fix recompute=full",
     "8b-fp8-current": "--model 8b --gpus 8 --precision fp8 --fp8-recipe current --fix tp=1 --fix pp=1 --fix zero=3 --fix recompute=full",
     "70b-tp8-pp4-1f1b": "--model 70b --gpus 64 --fix tp=8 --fix pp=4 --fix zero=1 --fix schedule=1f1b --fix recompute=selective",
@@ -471,6 +472,15 @@ def check_megatron(path, pv, megatron_lm=None):
     # Megatron's batch arithmetic (validate_args): dp = world / (tp pp cp); global = mb x dp x accumulation.
     dp = pv["gpus"] // (config.tensor_model_parallel_size * config.pipeline_model_parallel_size * config.context_parallel_size)
     expect(errors, "data-parallel size", dp, pv["dp"])
+    # The gradients' reduction dtype as Megatron-LM's validate_args settles it: --bf16 reduces in
+    # fp32 unless --grad-reduce-in-bf16, --fp16 in fp16 unless --accumulate-allreduce-grads-in-fp32.
+    if "bf16" in f:
+        reduces = "bf16" if "grad_reduce_in_bf16" in f else "fp32"
+    elif "fp16" in f:
+        reduces = "fp32" if "accumulate_allreduce_grads_in_fp32" in f else "fp16"
+    else:
+        reduces = "fp32"
+    expect(errors, "gradient reduction dtype", reduces, pv["reduce_dtype"])
     expect(errors, "micro_batch_size", integer("micro_batch_size"), pv["micro_batch"])
     expect(errors, "global_batch_size", integer("global_batch_size"), pv["global_batch"])
     if integer("global_batch_size") % (integer("micro_batch_size") * dp):
@@ -508,7 +518,8 @@ def megatron_lm_validate(checkout, args, script_env, pv):
         "a = parse_args()\n"
         "validate_args(a, {})\n"
         "print('MEGATRON', a.tensor_model_parallel_size, a.pipeline_model_parallel_size, a.context_parallel_size, a.data_parallel_size, "
-        "a.micro_batch_size, a.global_batch_size, a.virtual_pipeline_model_parallel_size)\n"
+        "a.micro_batch_size, a.global_batch_size, a.virtual_pipeline_model_parallel_size, "
+        "'fp32' if a.accumulate_allreduce_grads_in_fp32 else 'bf16' if a.bf16 else 'fp16' if a.fp16 else 'fp32')\n"
     )
     env = dict(os.environ, WORLD_SIZE=str(pv["gpus"]), RANK="0", LOCAL_RANK="0")
     for key, value in script_env.items():
@@ -522,6 +533,7 @@ def megatron_lm_validate(checkout, args, script_env, pv):
     got = next(line for line in run.stdout.splitlines() if line.startswith("MEGATRON")).split()[1:]
     errors = []
     expect(errors, "Megatron-LM data_parallel_size", int(got[3]), pv["dp"])
+    expect(errors, "Megatron-LM main-grad (reduction) dtype", got[7], pv["reduce_dtype"])
     return errors
 
 

@@ -471,6 +471,34 @@ TEST(ExportPlan, AccelerateReducesInTheMixedPrecisionDtype) {
       << pure.error().message;
 }
 
+// Megatron-LM reduces in its main-grad buffer's dtype, which validate_args sets from the
+// precision flags (NVIDIA/Megatron-LM d98e8a64dd megatron/training/arguments.py): --bf16 keeps it
+// in fp32 unless --grad-reduce-in-bf16; --fp16 keeps it in fp16 unless
+// --accumulate-allreduce-grads-in-fp32. The export writes the flag the plan's dtype needs and
+// refuses one Megatron cannot reduce in (bf16 beside fp16 parameters).
+TEST(ExportPlan, MegatronWritesTheFlagForThePlansReductionDtype) {
+  costmodel::Plan plan = testing::make_plan("llama3-8b", "dgx-h100", 8, 4096, 64);
+  plan.training.precision = costmodel::Precision::kFp16;
+  plan.parallel.reduce_dtype = costmodel::Dtype::kFp32;
+  auto fp32 = planner::export_plan(plan, ExportTarget::kMegatron);
+  ASSERT_TRUE(fp32.ok()) << fp32.error().message;
+  EXPECT_TRUE(contains(fp32->text, "--accumulate-allreduce-grads-in-fp32"));
+  plan.parallel.reduce_dtype = costmodel::Dtype::kFp16;
+  auto fp16 = planner::export_plan(plan, ExportTarget::kMegatron);
+  ASSERT_TRUE(fp16.ok()) << fp16.error().message;
+  EXPECT_FALSE(contains(fp16->text, "--accumulate-allreduce-grads-in-fp32"));
+  EXPECT_FALSE(contains(fp16->text, "--grad-reduce-in-bf16"));
+  plan.parallel.reduce_dtype = costmodel::Dtype::kBf16;
+  auto bf16 = planner::export_plan(plan, ExportTarget::kMegatron);
+  ASSERT_FALSE(bf16.ok());
+  EXPECT_TRUE(contains(bf16.error().message, "megatron: reduce_dtype=bf16: Megatron-LM reduces fp16 gradients in fp32 or fp16")) << bf16.error().message;
+  plan.training.precision = costmodel::Precision::kBf16;
+  auto bf16_bf16 = planner::export_plan(plan, ExportTarget::kMegatron);
+  ASSERT_TRUE(bf16_bf16.ok()) << bf16_bf16.error().message;
+  EXPECT_TRUE(contains(bf16_bf16->text, "--grad-reduce-in-bf16"));
+  EXPECT_FALSE(contains(bf16_bf16->text, "--accumulate-allreduce-grads-in-fp32"));
+}
+
 // LitGPT's recipes reduce in what Lightning gives them (lightning 2.6.6): pretrain's and
 // finetune_full's FSDPStrategy the precision's dtype (fabric/plugins/precision/fsdp.py: bf16 for
 // bf16-mixed), finetune_lora's fully_shard the parameters' dtype (fp32 under bf16-mixed, which

@@ -52,8 +52,13 @@ std::vector<std::string> megatron_refusals(const Plan& plan) {
   if (t.optimizer == cm::OptimizerKind::kAdafactor || t.optimizer == cm::OptimizerKind::kAdam8bit) {
     r.push_back(std::string("optimizer=") + cm::optimizer_name(t.optimizer) + ": Megatron-LM's --optimizer has adam (AdamW) and sgd, not this one");
   }
-  if (p.reduce_dtype != cm::Dtype::kFp32 && p.reduce_dtype != cm::Dtype::kBf16) {
-    r.push_back(std::string("reduce_dtype=") + cm::dtype_name(p.reduce_dtype) + ": Megatron-LM reduces gradients in fp32 or (--grad-reduce-in-bf16) bf16");
+  // Megatron reduces in its main-grad buffer's dtype (arguments.py validate_args): --bf16 in fp32
+  // unless --grad-reduce-in-bf16; --fp16 in fp16 unless --accumulate-allreduce-grads-in-fp32;
+  // fp32 parameters in fp32.
+  const cm::Dtype half = t.precision == cm::Precision::kFp16 ? cm::Dtype::kFp16 : cm::Dtype::kBf16;
+  if (p.reduce_dtype != cm::Dtype::kFp32 && (t.precision == cm::Precision::kFp32 || p.reduce_dtype != half)) {
+    r.push_back(std::string("reduce_dtype=") + cm::dtype_name(p.reduce_dtype) + ": Megatron-LM reduces " + cm::precision_name(t.precision) +
+                " gradients in fp32" + (t.precision == cm::Precision::kFp32 ? std::string() : std::string(" or ") + cm::dtype_name(half)));
   }
   return r;
 }
@@ -201,6 +206,10 @@ PlanExport megatron_export(const Plan& plan, const Derived& d) {
     if (zero >= 1) line("--overlap-param-gather");
   }
   if (p.reduce_dtype == cm::Dtype::kBf16) line("--grad-reduce-in-bf16");
+  if (t.precision == cm::Precision::kFp16 && p.reduce_dtype == cm::Dtype::kFp32) {
+    line("# Gradients accumulated and reduced in fp32 (--fp16 alone keeps them in fp16)");
+    line("--accumulate-allreduce-grads-in-fp32");
+  }
   if (p.offload_optimizer == cm::Offload::kCpu) {
     line("# Optimizer states and step on the CPU (the CPU offload needs the precision-aware optimizer)");
     line("--optimizer-cpu-offload");
