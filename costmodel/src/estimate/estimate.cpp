@@ -149,7 +149,8 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
 
   const KernelRates rates(hw.gpu, compute_dtype(tr.precision));
   // Gradients this rank keeps between micro-batches: the executor's fp32 buffer; Megatron's
-  // main_grad in the reduce dtype (fp32 unless it reduces in 16 bits); PyTorch modules' param.grad in the compute dtype (the reduce dtype once sharded).
+  // main_grad in the reduce dtype (fp32 unless it reduces in 16 bits); PyTorch modules' param.grad
+  // in the compute dtype (the reduce dtype once sharded).
   // FSDP's sharded gradient takes the sharded parameter's dtype: fp32 beside fp32 parameters,
   // the 16-bit dtype in pure 16-bit training (pytorch v2.8.0 _runtime_utils.py
   // _accumulate_sharded_grad casts to the flat parameter's dtype).

@@ -36,23 +36,21 @@ const char* layer_class(const cm::ModelSpec& m) {
 // ZeRO stage as Accelerate sees it: with one data-parallel rank nothing is sharded.
 int effective_zero(const cm::ParallelConfig& p) { return p.dp > 1 ? p.zero_stage : 0; }
 
-// The dtype the parameters train in under Accelerate: fp32 beside autocast (mixed_precision
-// bf16 or fp16) and in fp32; the 16-bit dtype when the model is loaded in it (no master weights).
-cm::Dtype param_dtype(const cm::TrainingConfig& t) {
-  if (t.master_weights || t.precision == cm::Precision::kFp32) return cm::Dtype::kFp32;
+// The dtype the model computes in: Accelerate's mixed_precision dtype (fp8 computes in bf16 there).
+cm::Dtype compute_dtype(const cm::TrainingConfig& t) {
+  if (t.precision == cm::Precision::kFp32) return cm::Dtype::kFp32;
   return t.precision == cm::Precision::kFp16 ? cm::Dtype::kFp16 : cm::Dtype::kBf16;
 }
+
+// The dtype the parameters train in under Accelerate: fp32 beside autocast (mixed_precision
+// bf16 or fp16) and in fp32; the 16-bit dtype when the model is loaded in it (no master weights).
+cm::Dtype param_dtype(const cm::TrainingConfig& t) { return t.master_weights ? cm::Dtype::kFp32 : compute_dtype(t); }
 
 // The dtype Accelerate reduces gradients in. FSDP: with mixed_precision bf16 or fp16,
 // set_mixed_precision makes reduce_dtype that dtype; with "no" (fp32, or a model loaded in 16
 // bits) FSDP reduces in the parameters' dtype. DDP (no FSDP): the gradients' own dtype, the
 // parameters', as no communication hook is registered unless the script asks.
-cm::Dtype accelerate_reduce_dtype(const cm::TrainingConfig& t, bool fsdp) {
-  if (fsdp && t.master_weights && t.precision != cm::Precision::kFp32) {
-    return t.precision == cm::Precision::kFp16 ? cm::Dtype::kFp16 : cm::Dtype::kBf16;
-  }
-  return param_dtype(t);
-}
+cm::Dtype accelerate_reduce_dtype(const cm::TrainingConfig& t, bool fsdp) { return fsdp ? compute_dtype(t) : param_dtype(t); }
 
 const char* torch_dtype(cm::Dtype d) { return d == cm::Dtype::kFp32 ? "torch.float32" : d == cm::Dtype::kFp16 ? "torch.float16" : "torch.bfloat16"; }
 
@@ -63,9 +61,8 @@ std::string reduce_dtype_setting(const Plan& plan, bool fsdp1) {
   const auto& t = plan.training;
   const bool fsdp = effective_zero(p) >= 2;
   const cm::Dtype runs = accelerate_reduce_dtype(t, fsdp);
-  const std::string want = cm::dtype_name(p.reduce_dtype);
   if (fsdp) {
-    const cm::Dtype compute = t.precision == cm::Precision::kFp16 ? cm::Dtype::kFp16 : t.precision == cm::Precision::kFp32 ? cm::Dtype::kFp32 : cm::Dtype::kBf16;
+    const cm::Dtype compute = compute_dtype(t);
     return std::string("FullyShardedDataParallelPlugin(mixed_precision_policy={\"param_dtype\": ") + torch_dtype(compute) + ", \"reduce_dtype\": " +
            torch_dtype(p.reduce_dtype) + (fsdp1 ? ", \"buffer_dtype\": " : ", \"output_dtype\": ") + torch_dtype(compute) +
            "}) (Accelerate's FSDP reduces in " + cm::dtype_name(runs) +
