@@ -105,11 +105,11 @@ auto fold_key(const ParallelConfig& p) {
 // The ranking: plans with memory to spare before tight ones, then the objective's score, ties
 // broken by the layout, so that the ranking is one total order and does not depend on how the
 // search was split over threads.
-bool ranked_before(const Candidate& a, const Candidate& b, Objective objective) {
-  if (a.estimate.tight != b.estimate.tight) return !a.estimate.tight;
-  const double sa = objective_score(a.estimate, objective), sb = objective_score(b.estimate, objective);
+bool ranked_before(const Estimate& a, const ParallelConfig& pa, const Estimate& b, const ParallelConfig& pb, Objective objective) {
+  if (a.tight != b.tight) return !a.tight;
+  const double sa = objective_score(a, objective), sb = objective_score(b, objective);
   if (sa != sb) return sa < sb;
-  return layout_key(a.plan.parallel) < layout_key(b.plan.parallel);
+  return layout_key(pa) < layout_key(pb);
 }
 
 // The time component that grew most against the best plan, for "why it loses".
@@ -266,40 +266,72 @@ Result<SearchResult> search(const PlanRequest& req, const SearchOptions& options
   // shape, which one thread searches at a time, so it does not depend on the threads.
   // Fitting plans are kept by layout (fold_key), the best `keep` variants of each, so that
   // neither mode loses a plan it would rank.
+  // Plans differ only in their layout while searched: each is kept as its layout and estimate,
+  // and made a whole plan (a copy of `base`, model and cluster included) once it is in the result.
   using FoldKey = decltype(fold_key(ParallelConfig{}));
-  using Folded = FoldedVariants;  // here `best` holds the layout's best variant too, first
+  struct Scored {
+    ParallelConfig parallel;
+    Estimate estimate;
+  };
+  struct Kept {  // a layout's best variants, best first, and how many fit
+    std::vector<Scored> best;
+    std::int64_t count = 0;
+  };
   struct Partial {
-    std::map<FoldKey, Folded> layouts;
+    std::map<FoldKey, Kept> layouts;
     std::int64_t evaluated = 0, fitting_count = 0;
   };
-  const std::size_t keep = static_cast<std::size_t>(options.distinct_layouts ? kFoldedVariantsKept : std::max(1, options.top));
-  using Shapes = std::map<std::string, Candidate>;
+  Plan base;
+  base.name = req.name;
+  base.model_ref = req.model_ref;
+  base.cluster_ref = req.cluster_ref;
+  base.model = req.model;
+  base.cluster = req.cluster;
+  base.gpus = gpus;
+  base.training = req.training;
   EstimateOptions estimate_options;
   estimate_options.memory_headroom = options.memory_headroom;
-  const auto ranks_before = [&](const Candidate& a, const Candidate& b) { return ranked_before(a, b, options.objective); };
+  // Plans are estimated without their reasons, which are written for those kept.
+  const auto to_candidate = [&](Scored&& x) {
+    Candidate cand{base, std::move(x.estimate)};
+    cand.plan.parallel = x.parallel;
+    explain_memory(cand.plan, estimate_options, cand.estimate);
+    return cand;
+  };
+  const std::size_t keep = static_cast<std::size_t>(options.distinct_layouts ? kFoldedVariantsKept : std::max(1, options.top));
+  const auto ranks_before = [&](const Scored& a, const Scored& b) {
+    return ranked_before(a.estimate, a.parallel, b.estimate, b.parallel, options.objective);
+  };
 
-  const auto consider = [&](Partial& part, Shapes& shapes, const Plan& plan) {
+  // Each plan estimated; kept as its unit's (shape's) best so far, or among the best variants of
+  // its layout.
+  const auto consider = [&](Partial& part, std::optional<Scored>& shape_best, const Plan& plan, EstimateMemo& memo) {
     ++part.evaluated;
-    Estimate e = estimate(plan, estimate_options);
-    const std::string shape = shape_of(plan.parallel);
-    auto it = shapes.find(shape);
+    EstimateOptions priced = estimate_options;
+    priced.memo = &memo;
+    priced.explain = false;
+    Estimate e = estimate(plan, priced);
     const auto better = [&](const Estimate& a, const Estimate& b) {
       if (a.fits != b.fits) return a.fits;
       if (!a.fits) return a.memory.required < b.memory.required;
       if (a.tight != b.tight) return !a.tight;
       return objective_score(a, options.objective) < objective_score(b, options.objective);
     };
-    if (it == shapes.end()) shapes.emplace(shape, Candidate{plan, e});
-    else if (better(e, it->second.estimate)) it->second = Candidate{plan, e};
+    const bool shape_kept = !shape_best || better(e, shape_best->estimate);
+    Kept* layout = nullptr;
     if (e.fits) {
       ++part.fitting_count;
-      Folded& f = part.layouts[fold_key(plan.parallel)];
+      Kept& f = part.layouts[fold_key(plan.parallel)];
       ++f.count;
-      Candidate cand{plan, std::move(e)};
-      if (f.best.size() < keep || ranks_before(cand, f.best.back())) {
-        f.best.insert(std::upper_bound(f.best.begin(), f.best.end(), cand, ranks_before), std::move(cand));
-        if (f.best.size() > keep) f.best.pop_back();
-      }
+      if (f.best.size() < keep || ranked_before(e, plan.parallel, f.best.back().estimate, f.best.back().parallel, options.objective)) layout = &f;
+    }
+    if (shape_kept) shape_best = Scored{plan.parallel, layout ? e : std::move(e)};
+    if (layout) {
+      std::vector<Scored>& best = layout->best;
+      if (keep <= kFoldedVariantsKept && best.capacity() < keep + 1) best.reserve(keep + 1);  // no regrowth
+      Scored x{plan.parallel, std::move(e)};
+      best.insert(std::upper_bound(best.begin(), best.end(), x, ranks_before), std::move(x));
+      if (best.size() > keep) best.pop_back();
     }
   };
 
@@ -314,7 +346,7 @@ Result<SearchResult> search(const PlanRequest& req, const SearchOptions& options
       for (int pp : divisors(gpus / (tp * cp), m.layers)) units.push_back({tp, cp, pp});
     }
   }
-  std::vector<Shapes> shapes_by_unit(units.size());
+  std::vector<std::optional<Scored>> best_by_unit(units.size());  // each shape's best plan
   std::atomic<bool> stopped{false};
   std::mutex progress_mutex;
   std::size_t units_done = 0;
@@ -333,18 +365,13 @@ Result<SearchResult> search(const PlanRequest& req, const SearchOptions& options
   // Searches the units handed out by `next` with the given optimizer offloads.
   const auto work = [&](Partial& part, std::atomic<std::size_t>& next, const std::vector<Offload>& offloads) {
     // One plan per thread, reused: only its parallel layout changes in the loops below.
-    Plan plan;
-    plan.name = req.name;
-    plan.model_ref = req.model_ref;
-    plan.cluster_ref = req.cluster_ref;
-    plan.model = req.model;
-    plan.cluster = req.cluster;
-    plan.gpus = gpus;
-    plan.training = req.training;
+    Plan plan = base;
+    // Its layer settings priced once (plan.model and plan.cluster do not change).
+    EstimateMemo memo;
     for (std::size_t i = next++; i < units.size(); i = next++) {
       if (!checkpoint()) return;
       const auto [tp, cp, pp] = units[i];
-      Shapes& shapes = shapes_by_unit[i];
+      std::optional<Scored>& shape_best = best_by_unit[i];
       {
         if (c.pp && pp != *c.pp) continue;
         const int dp = gpus / (tp * cp * pp);
@@ -402,7 +429,7 @@ Result<SearchResult> search(const PlanRequest& req, const SearchOptions& options
                       p.first_stage_layers = c.first_stage_layers;
                       p.last_stage_layers = c.last_stage_layers;
                       if (!validate_plan(plan)) continue;
-                      consider(part, shapes, plan);
+                      consider(part, shape_best, plan, memo);
                     }
                   }
                 }
@@ -438,13 +465,13 @@ Result<SearchResult> search(const PlanRequest& req, const SearchOptions& options
   }
   if (stopped) return Error{kSearchStopped};
   if (options.progress) options.progress(1.0);
-  std::map<FoldKey, Folded> layouts;
-  std::map<std::string, Candidate> best_by_shape;
+  std::map<FoldKey, Kept> layouts;
+  std::map<std::string, Scored> best_by_shape;
   for (auto& part : parts) {
     result.evaluated += part.evaluated;
     result.fitting += part.fitting_count;
     for (auto& [key, f] : part.layouts) {
-      Folded& all = layouts[key];
+      Kept& all = layouts[key];
       all.count += f.count;
       std::move(f.best.begin(), f.best.end(), std::back_inserter(all.best));
     }
@@ -453,7 +480,9 @@ Result<SearchResult> search(const PlanRequest& req, const SearchOptions& options
     std::sort(f.best.begin(), f.best.end(), ranks_before);
     if (f.best.size() > keep) f.best.resize(keep);
   }
-  for (auto& shapes : shapes_by_unit) best_by_shape.merge(shapes);
+  for (auto& cand : best_by_unit) {
+    if (cand) best_by_shape.emplace(shape_of(cand->parallel), std::move(*cand));
+  }
   if (result.evaluated == 0) {
     return Error{"no valid plan: no combination of tp, cp, pp and dp fits " + std::to_string(gpus) +
                  " GPUs with the fixed values (" + fixed_values_text(c) + "), heads (" + std::to_string(m.heads) + ") and global batch (" +
@@ -462,29 +491,32 @@ Result<SearchResult> search(const PlanRequest& req, const SearchOptions& options
 
   if (options.distinct_layouts) {
     // Layouts ranked by their best variant; the others fold under it.
-    std::vector<Folded*> order;
+    std::vector<Kept*> order;
     for (auto& [key, f] : layouts) order.push_back(&f);
-    std::sort(order.begin(), order.end(), [&](const Folded* a, const Folded* b) { return ranks_before(a->best.front(), b->best.front()); });
+    std::sort(order.begin(), order.end(), [&](const Kept* a, const Kept* b) { return ranks_before(a->best.front(), b->best.front()); });
     if (static_cast<int>(order.size()) > options.top) order.resize(static_cast<std::size_t>(options.top));
-    for (Folded* f : order) {
-      result.ranked.push_back(std::move(f->best.front()));
-      f->best.erase(f->best.begin());
-      result.variants.push_back(std::move(*f));
+    for (Kept* f : order) {
+      result.ranked.push_back(to_candidate(std::move(f->best.front())));
+      FoldedVariants others;
+      others.count = f->count;
+      for (std::size_t i = 1; i < f->best.size(); ++i) others.best.push_back(to_candidate(std::move(f->best[i])));
+      result.variants.push_back(std::move(others));
     }
   } else {
-    std::vector<Candidate> fitting;
+    std::vector<Scored> fitting;
     for (auto& [key, f] : layouts) std::move(f.best.begin(), f.best.end(), std::back_inserter(fitting));
     std::sort(fitting.begin(), fitting.end(), ranks_before);
     if (static_cast<int>(fitting.size()) > options.top) fitting.resize(static_cast<std::size_t>(options.top));
-    result.ranked = std::move(fitting);
+    for (Scored& x : fitting) result.ranked.push_back(to_candidate(std::move(x)));
     result.variants.resize(result.ranked.size());
   }
 
   // Alternatives: the best of every other shape, and why it loses.
   const Candidate* best = result.ranked.empty() ? nullptr : &result.ranked.front();
-  for (auto& [shape, cand] : best_by_shape) {
+  for (auto& [shape, scored] : best_by_shape) {
     if (best && shape == shape_of(best->plan.parallel)) continue;
-    Alternative alt{cand, shape, ""};
+    Alternative alt{to_candidate(std::move(scored)), shape, ""};
+    const Candidate& cand = alt.candidate;
     if (!cand.estimate.fits || cand.estimate.tight) alt.reason = cand.estimate.reasons.empty() ? "does not fit" : cand.estimate.reasons.front();
     else if (best) alt.reason = slower_reason(cand.estimate, best->estimate);
     result.alternatives.push_back(std::move(alt));

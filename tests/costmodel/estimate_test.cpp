@@ -366,7 +366,7 @@ LayerSetting one_sequence_of_8192(Stack stack) {
   s.micro_batch = 1;
   s.seq_len = 8192;
   s.stack = stack;
-  s.zero_stage = 1;
+  s.sharded_gradients = false;  // ZeRO-1
   return s;
 }
 
@@ -677,6 +677,54 @@ TEST(Straggler, SustainedStepWaitsForTheSlowestGpu) {
   // One GPU waits for nobody.
   const Estimate one = checked_estimate(make_plan("llama3.2-1b", "dgx-h100", 1, 2048, 8));
   EXPECT_EQ(one.time.straggler.value(), 0.0);
+}
+
+// EstimateMemo: each distinct setting priced once, by the very functions it stands for; a call
+// for another model bypasses it; settings that differ in any field are told apart.
+TEST(EstimateMemo, PricesEachSettingOnceAsTheFunctionsDo) {
+  const Plan plan = make_plan("llama3-8b", "dgx-h100", 16, 8192, 64);
+  const LayerSetting s = layer_setting(plan);
+  EstimateMemo memo;
+  const LayerCost direct = transformer_layer_cost(plan.model, plan.cluster, s);
+  for (int i = 0; i < 3; ++i) {
+    const LayerCost memoised = memo.layer(plan.model, plan.cluster, s);
+    EXPECT_EQ(memoised.forward, direct.forward);
+    EXPECT_EQ(memoised.backward, direct.backward);
+    EXPECT_EQ(memoised.activation_bytes, direct.activation_bytes);
+    EXPECT_EQ(memo.ends(plan.model, plan.cluster, s).head_forward, ends_cost(plan.model, plan.cluster, s).head_forward);
+  }
+  EXPECT_EQ(memo.settings(), 1u);
+  // Each field of the setting is part of the key.
+  std::vector<LayerSetting> others(12, s);
+  others[0].micro_batch = 2;
+  others[1].tp = 2;
+  others[2].sequence_parallel = !s.sequence_parallel;
+  others[3].sharded_gradients = !s.sharded_gradients;
+  others[4].recompute = Recompute::kFull;
+  others[5].stack = Stack::kFsdp2;
+  others[6].attention_mask = AttentionMask::kExplicit;
+  others[7].lora.rank = 8;
+  others[8].tp_group.per_node = 2;
+  others[9].loss = LossKernel::kChunkedFused;
+  others[10].dropout = !s.dropout;
+  others[11].precision = Precision::kFp8;
+  for (std::size_t i = 0; i < others.size(); ++i) {
+    EXPECT_FALSE(same_setting(s, others[i])) << i;
+    (void)memo.layer(plan.model, plan.cluster, others[i]);
+  }
+  EXPECT_EQ(memo.settings(), 1u + others.size());
+  // Another model (by name) is priced without the memo: its own cost, nothing stored.
+  const ModelSpec other = testing::model("llama3-70b");
+  EXPECT_EQ(memo.layer(other, plan.cluster, s).forward, transformer_layer_cost(other, plan.cluster, s).forward);
+  EXPECT_EQ(memo.settings(), 1u + others.size());
+  // Collectives and pipeline splits, likewise.
+  const CollectiveGroup g{16, 8, 1, 1};
+  EXPECT_EQ(memo.collective(plan.cluster, Collective::kReduceScatter, Bytes(3e8), g).value(),
+            collective_time(plan.cluster, Collective::kReduceScatter, Bytes(3e8), g).value());
+  (void)memo.collective(plan.cluster, Collective::kReduceScatter, Bytes(3e8), g);
+  (void)memo.collective(plan.cluster, Collective::kAllGather, Bytes(3e8), g);
+  EXPECT_EQ(memo.collectives(), 2u);
+  EXPECT_EQ(memo.partition(32, 4, 1.0, 2.5, 3.0), partition_layers(32, 4, 1.0, 2.5, 3.0));
 }
 
 }  // namespace

@@ -112,7 +112,7 @@ TEST(SimulatePipeline, TransfersAndSlowStageStretchTheStep) {
   ASSERT_TRUE(sim);
   // The slow last stage bounds the step: the first forward (1), then 4 * (2 + 4), then stage 0's last backward (2).
   EXPECT_DOUBLE_EQ(sim->makespan, 27.0);
-  EXPECT_FALSE(simulate_pipeline(PipelineTimeline{2, 1, 4, Schedule::kOneFOneB, {1}, {1}, 0, {}}));
+  EXPECT_FALSE(simulate_pipeline(PipelineTimeline{2, 1, 4, Schedule::kOneFOneB, {1}, {1}, 0, 0, {}}));
 }
 
 // A stage that exchanges after each pass (pass_comm_seconds) computes nothing meanwhile. By hand

@@ -93,7 +93,7 @@ TEST(AttentionMask, ExplicitComputesTheWholeRectangleAndKeepsTheMask) {
   LayerSetting s;
   s.seq_len = 8192;
   s.stack = Stack::kFsdp1;
-  s.zero_stage = 3;
+  s.sharded_gradients = true;  // ZeRO-3
   LayerSetting x = s;
   x.attention_mask = AttentionMask::kExplicit;
   const LayerCost causal = transformer_layer_cost(plan.model, hw, s);

@@ -336,6 +336,70 @@ TEST(Search, ThreadsGiveTheResultOfOneThread) {
   }
 }
 
+// The search prices each distinct layer setting, collective and pipeline split once
+// (EstimateMemo) and writes the reasons of the plans it keeps only: every plan it returns must
+// carry, bit for bit, the estimate estimate() gives that plan on its own.
+void expect_own_estimate(const planner::Candidate& c, const std::string& where) {
+  const Estimate e = estimate(c.plan);
+  const Estimate& got = c.estimate;
+  EXPECT_EQ(got.fits, e.fits) << where;
+  EXPECT_EQ(got.tight, e.tight) << where;
+  EXPECT_EQ(got.reasons, e.reasons) << where;
+  EXPECT_EQ(got.time.step.value(), e.time.step.value()) << where;
+  EXPECT_EQ(got.time.sustained_step.value(), e.time.sustained_step.value()) << where;
+  EXPECT_EQ(got.time.clock.value(), e.time.clock.value()) << where;
+  EXPECT_EQ(got.time.dp_comm_exposed.value(), e.time.dp_comm_exposed.value()) << where;
+  EXPECT_EQ(got.time.dp_comm_total.value(), e.time.dp_comm_total.value()) << where;
+  EXPECT_EQ(got.memory.required.value(), e.memory.required.value()) << where;
+  EXPECT_EQ(got.memory.reserved.value(), e.memory.reserved.value()) << where;
+  EXPECT_EQ(got.memory.activations.value(), e.memory.activations.value()) << where;
+  EXPECT_EQ(got.pipeline.chunk_layers, e.pipeline.chunk_layers) << where;
+  EXPECT_EQ(got.throughput.mfu, e.throughput.mfu) << where;
+}
+
+TEST(Search, EveryPlanReturnedCarriesItsOwnEstimate) {
+  struct Case {
+    const char* label;
+    PlanRequest request;
+    bool distinct_layouts;
+  };
+  std::vector<Case> cases;
+  cases.push_back({"llama3-70b on 64 H100", request("llama3-70b", "dgx-h100", 64), true});
+  cases.push_back({"llama3-70b on 64 H100, top plans", request("llama3-70b", "dgx-h100", 64), false});
+  cases.push_back({"mixtral on 32 H100 (experts)", request("mixtral-8x7b", "dgx-h100", 32), true});
+  cases.push_back({"405b on 8 A100 40GB (nothing fits: offload, reasons)", request("llama3-405b", "dgx-a100-40g", 8), true});
+  {
+    PlanRequest r = request("llama3-8b", "dgx-h100", 16);  // DeepSpeed's per-tensor loops, LoRA
+    r.training.stack = Stack::kDeepspeed;
+    r.training.mode = TrainingMode::kLora;
+    cases.push_back({"llama3-8b LoRA under DeepSpeed on 16 H100", r, true});
+  }
+  {
+    PlanRequest r = request("llama3-8b", "dgx-h100", 16);  // the sustained clock: a second estimate per plan
+    r.cluster.gpu.peak_clock_mhz = 1830;
+    r.cluster.gpu.sustained_clock_mhz = 1525;
+    cases.push_back({"llama3-8b on 16 H100 held to 1525 MHz", r, true});
+  }
+  {
+    PlanRequest r = request("llama3-70b", "dgx-h100", 32);  // some layers of each stage recomputed: two layer settings
+    r.parallel.recompute = Recompute::kFull;
+    r.parallel.recompute_layers = 2;
+    cases.push_back({"llama3-70b on 32 H100, 2 layers recomputed per stage", r, true});
+  }
+  for (const Case& c : cases) {
+    SearchOptions options;
+    options.distinct_layouts = c.distinct_layouts;
+    options.top = 6;
+    const SearchResult s = run_search(c.request, options);
+    ASSERT_FALSE(s.ranked.empty() && s.alternatives.empty()) << c.label;
+    for (std::size_t i = 0; i < s.ranked.size(); ++i) {
+      expect_own_estimate(s.ranked[i], std::string(c.label) + ", rank " + std::to_string(i));
+      for (const auto& v : s.variants[i].best) expect_own_estimate(v, std::string(c.label) + ", a variant of rank " + std::to_string(i));
+    }
+    for (const auto& a : s.alternatives) expect_own_estimate(a.candidate, std::string(c.label) + ", alternative " + a.shape);
+  }
+}
+
 // Plans of equal score are ranked by their layout, not by the order the search met them.
 TEST(Search, EqualScoresAreRankedSimplerPlanFirst) {
   // A tie goes to the plan that is easier to run: no context, expert or pipeline parallelism

@@ -140,7 +140,7 @@ inline bool is_trainplan(Stack stack) { return stack == Stack::kTrainplan || sta
 // (with or without context parallelism: engine.cpp fused_accumulation).
 inline bool gradients_in_gemm(const StackSpec& stack, const LayerSetting& s) {
   const bool lora = s.mode == TrainingMode::kLora || s.mode == TrainingMode::kQlora;
-  return stack.grads == GradAccumulation::kFusedInGemmUnsharded && s.zero_stage <= 1 && s.tp == 1 && !lora;
+  return stack.grads == GradAccumulation::kFusedInGemmUnsharded && !s.sharded_gradients && s.tp == 1 && !lora;
 }
 
 }  // namespace trainplan::costmodel::compute_detail

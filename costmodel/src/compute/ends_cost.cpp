@@ -117,7 +117,7 @@ EndsCost ends_cost(const ModelSpec& mdl, const HardwareProfile& hw, const LayerS
       const double fp32_block = s.precision == Precision::kFp16 ? 4.0 * v_local * std::min(chunk, std::max(16.0, std::floor(256.0 * kMiB / (4.0 * v_local)))) : 0.0;
       const double full = std::floor(T / chunk);
       const double rest = T - full * chunk;
-      const bool into_gradient = !frozen && s.zero_stage <= 1;
+      const bool into_gradient = !frozen && !s.sharded_gradients;
       const auto run_chunk = [&](double tokens, double count) {
         if (tokens <= 0 || count <= 0) return;
         Pass q{rates, rates, stack, e, e};

@@ -32,7 +32,7 @@ LayerSetting layer_setting(const Plan& plan) {
   s.sequence_parallel = p.sequence_parallel && p.tp > 1;
   s.precision = tr.precision;
   s.dropout = tr.dropout;
-  s.zero_stage = p.zero_stage;
+  s.sharded_gradients = p.zero_stage >= 2;
   s.attention = tr.attention;
   s.attention_mask = tr.attention_mask;
   s.loss = tr.loss;
@@ -47,6 +47,86 @@ LayerSetting layer_setting(const Plan& plan) {
   s.cp_group = {p.cp, share.cp};
   s.ep_group = {p.ep, std::min(p.ep, share.dp)};
   return s;
+}
+
+namespace {
+
+// Whether the plan fits (est.fits, est.tight), from est.memory and the host memory offload
+// needs, and why not in est.reasons unless options.explain is off.
+void judge_memory(const Plan& plan, const EstimateOptions& options, Estimate& est) {
+  const MemoryBreakdown& mem = est.memory;
+  const double capacity = mem.capacity.value(), required = mem.required.value();
+  // The reason, appended piece by piece into one string (the search estimates thousands).
+  const auto where = [&](std::string& out) {
+    if (plan.parallel.pp > 1) {
+      out += "stage ";
+      out += std::to_string(mem.worst_stage);
+      out += ' ';
+    }
+    out += "needs ";
+  };
+  if (required > capacity) {
+    est.fits = false;
+    if (options.explain) {
+      std::string why;
+      why.reserve(160);
+      where(why);
+      const std::pair<const char*, double> parts[] = {{"", required},
+                                                      {" > ", capacity},
+                                                      {" (weights ", mem.weights.value()},
+                                                      {", gradients ", mem.gradients.value()},
+                                                      {", optimizer ", mem.optimizer.value()},
+                                                      {", activations ", mem.activations.value()},
+                                                      {", allocator cache ", (mem.reserved - mem.total).value()}};
+      for (const auto& [label, bytes] : parts) {
+        why += label;
+        append_gib(why, bytes);
+      }
+      why += ')';
+      est.reasons.push_back(std::move(why));
+    }
+  } else if (required > (1.0 - options.memory_headroom) * capacity) {
+    est.tight = true;
+    if (options.explain) {
+      char headroom[32];
+      std::snprintf(headroom, sizeof headroom, "%.0f%%", 100 * options.memory_headroom);
+      std::string why = "tight: ";
+      where(why);
+      append_gib(why, required);
+      why += " of ";
+      append_gib(why, capacity);
+      why += ", within the ";
+      why += headroom;
+      why += " memory headroom";
+      est.reasons.push_back(std::move(why));
+    }
+  }
+  const ParallelConfig& p = plan.parallel;
+  const HardwareProfile& hw = plan.cluster;
+  if (p.offload_optimizer == Offload::kCpu || p.offload_params == Offload::kCpu) {
+    if (mem.cpu_offload_per_node.value() > 0.9 * hw.cpu_memory.value()) {
+      if (est.tight) {  // it does not fit at all: the reason is the host's memory
+        est.tight = false;
+        est.reasons.clear();
+      }
+      est.fits = false;
+      if (options.explain) {
+        est.reasons.push_back("offload needs " + gib_text(mem.cpu_offload_per_node.value()) + " of host memory per node > 90% of " +
+                              gib_text(hw.cpu_memory.value()));
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void explain_memory(const Plan& plan, const EstimateOptions& options, Estimate& est) {
+  EstimateOptions explained = options;
+  explained.explain = true;
+  est.fits = true;
+  est.tight = false;
+  est.reasons.clear();
+  judge_memory(plan, explained, est);
 }
 
 LayerCost plan_layer_cost(const Plan& plan) { return transformer_layer_cost(plan.model, plan.cluster, layer_setting(plan)); }
@@ -71,23 +151,27 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
   const int m = est.micro_batches;
 
   const LayerSetting s = layer_setting(plan);
-  LayerCost lc = transformer_layer_cost(mdl, hw, s);
+  EstimateMemo* const memo = options.memo;
+  const auto layer_cost = [&](const LayerSetting& x) { return memo ? memo->layer(mdl, hw, x) : transformer_layer_cost(mdl, hw, x); };
+  LayerCost lc = layer_cost(s);
   const int max_stage_layers = (mdl.layers + p.pp - 1) / p.pp;
   const bool partial = p.recompute == Recompute::kFull && p.recompute_layers > 0 && p.recompute_layers < max_stage_layers;
   if (partial) {  // Megatron --recompute-num-layers: only some layers of each stage are recomputed
     LayerSetting none = s;
     none.recompute = Recompute::kNone;
-    lc = blend(transformer_layer_cost(mdl, hw, none), lc, static_cast<double>(p.recompute_layers) / max_stage_layers);
+    lc = blend(layer_cost(none), lc, static_cast<double>(p.recompute_layers) / max_stage_layers);
   }
-  const EndsCost ec = ends_cost(mdl, hw, s);
+  const EndsCost ec = memo ? memo->ends(mdl, hw, s) : ends_cost(mdl, hw, s);
 
   // --- per-stage layers, parameters and times ---
   const int stages = p.pp;
   const std::vector<int> chunk_layers =
       p.first_stage_layers > 0 || p.last_stage_layers > 0
           ? partition_with_ends(mdl.layers, stages, p.virtual_stages, p.first_stage_layers, p.last_stage_layers)
-          : partition_layers(mdl.layers, stages * p.virtual_stages, lc.forward_total() + lc.backward_total(),
-                             ec.embedding_forward + ec.embedding_backward, ec.head_forward + ec.head_backward);
+      : memo ? memo->partition(mdl.layers, stages * p.virtual_stages, lc.forward_total() + lc.backward_total(),
+                               ec.embedding_forward + ec.embedding_backward, ec.head_forward + ec.head_backward)
+             : partition_layers(mdl.layers, stages * p.virtual_stages, lc.forward_total() + lc.backward_total(),
+                                ec.embedding_forward + ec.embedding_backward, ec.head_forward + ec.head_backward);
   std::vector<int> layers(stages, 0);
   for (std::size_t c = 0; c < chunk_layers.size(); ++c) layers[c % stages] += chunk_layers[c];
   const double t = p.tp;
@@ -170,7 +254,8 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
   for (int i = 0; i < stages; ++i) {
     StageState& x = st[i];
     const bool first = i == 0, last = i == stages - 1;
-    const ReuseKept kept = reuse_kept(layers[i], first, last);  // ZeRO-3 layers kept gathered to their backward
+    x.kept = reuse_kept(layers[i], first, last);  // ZeRO-3 layers kept gathered to their backward
+    const ReuseKept& kept = x.kept;
     x.dense = layers[i] * dense_layer;
     x.expert = layers[i] * expert_layer;
     if (first) x.dense += pc.embedding / t;
@@ -447,31 +532,7 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
   mem.cpu_offload_per_node = Bytes(host * gpn);
   mem.cpu_offload_per_gpu = Bytes(host);
 
-  const std::string where = stages > 1 ? "stage " + std::to_string(worst) + " needs " : "needs ";
-  if (W.required > mem.capacity.value()) {
-    est.fits = false;
-    est.reasons.push_back(where + gib_text(W.required) + " > " + gib_text(mem.capacity.value()) + " (weights " +
-                          gib_text(W.weights) + ", gradients " + gib_text(W.gradients) + ", optimizer " +
-                          gib_text(W.optimizer) + ", activations " + gib_text(W.activations) + ", allocator cache " +
-                          gib_text(W.reserved - W.total) + ")");
-  } else if (W.required > (1.0 - options.memory_headroom) * mem.capacity.value()) {
-    est.tight = true;
-    char headroom[32];
-    std::snprintf(headroom, sizeof headroom, "%.0f%%", 100 * options.memory_headroom);
-    est.reasons.push_back("tight: " + where + gib_text(W.required) + " of " + gib_text(mem.capacity.value()) +
-                          ", within the " + headroom + " memory headroom");
-  }
-  if (p.offload_optimizer == Offload::kCpu || p.offload_params == Offload::kCpu) {
-    if (mem.cpu_offload_per_node.value() > 0.9 * hw.cpu_memory.value()) {
-      if (est.tight) {  // it does not fit at all: the reason is the host's memory
-        est.tight = false;
-        est.reasons.clear();
-      }
-      est.fits = false;
-      est.reasons.push_back("offload needs " + gib_text(mem.cpu_offload_per_node.value()) + " of host memory per node > 90% of " +
-                            gib_text(hw.cpu_memory.value()));
-    }
-  }
+  judge_memory(plan, options, est);
 
   // Per stage: data-parallel traffic (what overlaps and what is exposed) and the optimizer step.
   // Stages differ (the first holds the embedding, the last the output layer), so the step is set
@@ -479,11 +540,12 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
   // Overlapped collectives are not free: NCCL kernels take SMs and HBM bandwidth from the
   // compute they hide behind (ring kernels run on ~8-16 of 108-132 SMs).
   constexpr double kOverlapSlowdown = 0.1;
-  const StageTailInputs tail_inputs{plan, p, tr, mdl, hw, stack, st, layers, share, pc, lc, ec, w, rates, reuse_kept,
+  const StageTailInputs tail_inputs{plan, p, tr, mdl, hw, stack, st, layers, share, pc, lc, ec, w, rates,
                                     LayerTensors{tensors.all, gathered}, lora, grad_op_units, bf16_optimizer, frozen_width, e, reduce_bytes, dense_layer, expert_layer, lora_layer,
-                                    largest_linear, t, grad_width, stages, dense_shard, expert_shard, gpn, m};
+                                    largest_linear, t, grad_width, stages, dense_shard, expert_shard, gpn, m, memo};
   const auto stage_tail = [&](int i) { return stage_tail_of(tail_inputs, i); };
   std::vector<StageTail> tails;
+  tails.reserve(static_cast<std::size_t>(stages));
   int critical = slowest;
   double critical_time = -1;
   for (int i = 0; i < stages; ++i) {
@@ -528,7 +590,7 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
     const PipelineSplit split = p.tp > 1 ? pipeline_split(stack.pipeline_send, s.sequence_parallel) : PipelineSplit{};
     const double activation = send_recv_time(hw, Bytes(split.activation ? held / t : held), across).value();
     const double gradient = send_recv_time(hw, Bytes(split.gradient ? held / t : held), across).value();
-    const double gather = split.gathers > 0 ? collective_time(hw, Collective::kAllGather, Bytes(held), s.tp_group).value() : 0.0;
+    const double gather = split.gathers > 0 ? tail_inputs.collective(Collective::kAllGather, held, s.tp_group) : 0.0;
     // After each pass a stage sends its output and receives its neighbour's: both at once
     // (Megatron's batch_isend_irecv), or one after the other (DeepSpeed's blocking send and recv).
     const double exchange = stack.pipeline_send_recv_together ? std::max(activation, gradient) : activation + gradient;
@@ -567,7 +629,9 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
     g.calibration.gemm_time_scale *= slowdown;
     g.calibration.attention_time_scale *= slowdown;
     g.sustained_clock_mhz = g.peak_clock_mhz;
-    tm.clock = Seconds(std::max(0.0, estimate(slowed, options).time.step.value() - tm.step.value()));
+    EstimateOptions at_sustained_clock = options;
+    if (memo) at_sustained_clock.memo = &memo->sustained();
+    tm.clock = Seconds(std::max(0.0, estimate(slowed, at_sustained_clock).time.step.value() - tm.step.value()));
   }
   tm.sustained_step = tm.step + tm.clock + tm.straggler;
 
@@ -594,6 +658,8 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
   pl.p2p_seconds = p2p;
   pl.pass_comm_seconds = pass_comm;
   pl.chunk_layers = chunk_layers;
+  pl.forward_seconds.reserve(st.size());
+  pl.backward_seconds.reserve(st.size());
   for (const auto& x : st) {
     pl.forward_seconds.push_back(x.forward);
     pl.backward_seconds.push_back(x.backward);

@@ -3,7 +3,6 @@
 // the data-parallel traffic and optimizer step each stage adds (estimate_stage.cpp), and the
 // helpers both use (estimate_support.cpp).
 
-#include <functional>
 #include <string>
 #include <vector>
 
@@ -42,6 +41,7 @@ struct LayerTensors {
 
 // "%.1f GiB" without printf (the search formats a reason for each plan that does not fit).
 [[nodiscard]] std::string gib_text(double bytes);
+void append_gib(std::string& out, double bytes);  // gib_text(bytes) appended to out
 
 // ZeRO-3 under a stack that keeps parameters gathered for reuse: the layers (and ends) of a stage
 // kept gathered from their forward to their backward.
@@ -58,6 +58,7 @@ struct StageState {
   double total = 0, reserved = 0, required = 0;
   double in_flight = 0;
   double host = 0;
+  ReuseKept kept;  // ZeRO-3 layers kept gathered to their backward
 };
 
 // What a stage adds to its compute: data-parallel traffic (exposed and total) and the optimizer
@@ -88,12 +89,17 @@ struct StageTailInputs {
   const EndsCost& ec;
   const StateWidths& w;
   const KernelRates& rates;
-  std::function<ReuseKept(int, bool, bool)> reuse_kept;
   LayerTensors tensors;  // a layer's parameter tensors, where the stack loops over them (else zero)
   bool lora, grad_op_units;
   bool bf16_optimizer;  // DeepSpeed's BF16_Optimizer at ZeRO-0 (estimate.cpp)
   double frozen_width, e, reduce_bytes, dense_layer, expert_layer, lora_layer, largest_linear, t, grad_width;
   int stages, dense_shard, expert_shard, gpn, m;
+  EstimateMemo* memo;  // EstimateOptions::memo (may be null)
+
+  // collective_time, through the memo where there is one.
+  [[nodiscard]] double collective(Collective kind, double bytes, const CollectiveGroup& g) const {
+    return (memo ? memo->collective(hw, kind, Bytes(bytes), g) : collective_time(hw, kind, Bytes(bytes), g)).value();
+  }
 };
 
 // Stage i's data-parallel traffic and optimizer step (estimate_stage.cpp).

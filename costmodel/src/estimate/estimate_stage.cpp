@@ -33,7 +33,6 @@ StageTail stage_tail_of(const StageTailInputs& in, int i) {
   const EndsCost& ec = in.ec;
   const StateWidths& w = in.w;
   const KernelRates& rates = in.rates;
-  const auto& reuse_kept = in.reuse_kept;
   const bool lora = in.lora, grad_op_units = in.grad_op_units, bf16_optimizer = in.bf16_optimizer;
   const bool shard_states = p.zero_stage >= 1 || bf16_optimizer;  // optimizer states partitioned over DP (estimate.cpp)
   const double frozen_width = in.frozen_width, e = in.e, reduce_bytes = in.reduce_bytes, dense_layer = in.dense_layer,
@@ -85,14 +84,14 @@ StageTail stage_tail_of(const StageTailInputs& in, int i) {
     const double bucket = stack.dp.reduce_bucket_params > 0 ? std::min(stack.dp.reduce_bucket_params, X.trainable) : 0.0;
     // DeepSpeed v0.3.16 all-reduces its buckets whole (DataParallelSpec::zero3_all_reduce).
     const Collective rs = stack.dp.zero3_all_reduce ? Collective::kAllReduce : Collective::kReduceScatter;
-    const double bucket_reduce = bucket > 0 ? collective_time(hw, rs, Bytes(bucket * reduce_bytes), shard).value() : 0.0;
+    const double bucket_reduce = bucket > 0 ? in.collective(rs, bucket * reduce_bytes, shard) : 0.0;
     // A list all-gather's copy per rank (DataParallelSpec::list_copy_host_seconds): a kernel per
     // rank on the communication stream, after the collective, moving the gathered tensor once.
     const bool list_copies = stack.dp.list_copy_host_seconds > 0;
     const auto add_unit = [&](double params, double trainable, double forward, double backward) {
       const double reduce = bucket > trainable ? bucket_reduce * trainable / bucket
-                                               : collective_time(hw, rs, Bytes(trainable * reduce_bytes), shard).value();
-      const double gather = collective_time(hw, Collective::kAllGather, Bytes(params * gather_width), shard).value() +
+                                               : in.collective(rs, trainable * reduce_bytes, shard);
+      const double gather = in.collective(Collective::kAllGather, params * gather_width, shard) +
                             (list_copies && params > 0 ? rates.stream(2.0 * params * gather_width, shard.size) : 0.0);
       dp_units.push_back({gather, reduce, forward, backward});
     };
@@ -123,7 +122,7 @@ StageTail stage_tail_of(const StageTailInputs& in, int i) {
     double fwd = 0, bwd = 0, ag_total = 0, bwd_ag_total = 0, rs_total = 0;
     const std::size_t n = dp_units.size();
     // Units kept gathered for reuse (the last ones of the forward) are not gathered in backward.
-    const ReuseKept kept = reuse_kept(Li, i == 0, i == stages - 1);
+    const ReuseKept& kept = st[static_cast<std::size_t>(i)].kept;
     const std::size_t kept_units = std::min(n, static_cast<std::size_t>(kept.layers) * static_cast<std::size_t>(chunks) + (kept.head ? 1 : 0) +
                                                    (kept.embedding ? 1 : 0));
     const auto backward_gather = [&](std::size_t u) { return regather && u + kept_units < n ? dp_units[u].gather : 0.0; };
@@ -167,7 +166,7 @@ StageTail stage_tail_of(const StageTailInputs& in, int i) {
     if (p.shard_size() < p.dp) {  // hybrid shard: all-reduce the shards across replicas
       const int replicas = p.dp / p.shard_size();
       const CollectiveGroup rg = spread(replicas, std::max(1, share.dp / p.shard_size()), plan.gpus);
-      const double ar = collective_time(hw, Collective::kAllReduce, Bytes((dense_trainable + expert_trainable) * reduce_bytes / p.shard_size()), rg).value();
+      const double ar = in.collective(Collective::kAllReduce, (dense_trainable + expert_trainable) * reduce_bytes / p.shard_size(), rg);
       dp_exposed += overlap ? std::max(0.0, ar - X.backward) + ar / units : ar;
       dp_total += ar;
     }
@@ -176,10 +175,10 @@ StageTail stage_tail_of(const StageTailInputs& in, int i) {
     // In the stack's buckets where it has them (DeepSpeed): whole buckets, then the rest.
     const auto reduced = [&](double params, const CollectiveGroup& g) {
       const double b = stack.dp.bucket_params;
-      if (b <= 0 || params <= b) return collective_time(hw, reduce, Bytes(params * reduce_bytes), g).value();
+      if (b <= 0 || params <= b) return in.collective(reduce, params * reduce_bytes, g);
       const double full = std::floor(params / b);
-      return full * collective_time(hw, reduce, Bytes(b * reduce_bytes), g).value() +
-             collective_time(hw, reduce, Bytes((params - full * b) * reduce_bytes), g).value();
+      return full * in.collective(reduce, b * reduce_bytes, g) +
+             in.collective(reduce, (params - full * b) * reduce_bytes, g);
     };
     // DeepSpeed's ZeRO-2 reduces every micro-batch, the others once per step.
     const double times = p.zero_stage == 2 && stack.dp.zero2_every_micro_batch ? m : 1.0;
@@ -188,8 +187,8 @@ StageTail stage_tail_of(const StageTailInputs& in, int i) {
     dp_exposed += times * (p.overlap_grad_reduce && stack.dp.zero12_overlap && overlap ? std::max(0.0, red - X.backward) + red / units : red);
     dp_total += times * red;
     if (shard_states) {  // gather updated parameters after the sharded step
-      const double ag = collective_time(hw, Collective::kAllGather, Bytes(dense_trainable * w.weights), dp_group).value() +
-                        collective_time(hw, Collective::kAllGather, Bytes(expert_trainable * w.weights), edp_group).value();
+      const double ag = in.collective(Collective::kAllGather, dense_trainable * w.weights, dp_group) +
+                        in.collective(Collective::kAllGather, expert_trainable * w.weights, edp_group);
       // Overlaps the next step's first forward; DeepSpeed gathers in its step (all_gather_dp_groups).
       dp_exposed += stack.dp.zero12_overlap && overlap ? std::max(0.0, ag - X.forward) + ag / units : ag;
       dp_total += ag;

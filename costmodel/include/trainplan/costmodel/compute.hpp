@@ -26,7 +26,9 @@ struct LayerSetting {
   bool sequence_parallel = false;
   Precision precision = Precision::kBf16;
   bool dropout = false;
-  int zero_stage = 0;       // ZeRO-0/1 keep each gradient whole through the step (fused accumulation)
+  // ZeRO-2/3 shard the gradients; ZeRO-0/1 keep each whole through the step, which lets a stack
+  // add it into the fp32 gradient in the GEMM or the loss (fused accumulation). All the layer sees of ZeRO.
+  bool sharded_gradients = false;
   AttentionKernel attention = AttentionKernel::kFlash;
   AttentionMask attention_mask = AttentionMask::kCausal;
   std::optional<LossKernel> loss;  // empty: the stack's
@@ -109,6 +111,9 @@ struct EndsCost {
 
 [[nodiscard]] LayerCost transformer_layer_cost(const ModelSpec& model, const HardwareProfile& hw, const LayerSetting& s);
 [[nodiscard]] EndsCost ends_cost(const ModelSpec& model, const HardwareProfile& hw, const LayerSetting& s);
+
+// Whether two settings are the same in every field (they price the same layer and ends).
+[[nodiscard]] bool same_setting(const LayerSetting& a, const LayerSetting& b);
 
 [[nodiscard]] Dtype compute_dtype(Precision p);
 

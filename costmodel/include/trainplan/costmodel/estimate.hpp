@@ -3,6 +3,8 @@
 // training run (checkpoints, failures, GPU-hours) for one fixed Plan; the
 // `trainplan/estimate/v1` document. The executor writes measurements in the same shape.
 
+#include <cstddef>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -167,13 +169,54 @@ struct Estimate {
 // than (1 - headroom) x capacity is "tight".
 inline constexpr double kDefaultMemoryHeadroom = 0.02;
 
+// What a search prices again and again, each priced once and looked up after: a search over one
+// model on one cluster asks for a few hundred distinct layer settings (micro-batch, tp, cp, ep,
+// recompute) and data-parallel collectives for tens of thousands of plans, which differ in what
+// these do not see (the micro-batch leaves the data-parallel traffic alone; dp, pp, ZeRO and the
+// schedule leave the layer alone). Results are those of the functions named, exactly.
+// REQUIRES: every call on one memo passes the same model and hardware, unchanged (a search's
+// request): they are not part of the key. A call naming another model or profile (by name) is
+// priced without the memo. Not thread-safe: one memo per thread.
+class EstimateMemo {
+ public:
+  EstimateMemo();
+  ~EstimateMemo();
+  EstimateMemo(const EstimateMemo&) = delete;
+  EstimateMemo& operator=(const EstimateMemo&) = delete;
+
+  [[nodiscard]] LayerCost layer(const ModelSpec& model, const HardwareProfile& hw, const LayerSetting& s);  // transformer_layer_cost
+  [[nodiscard]] EndsCost ends(const ModelSpec& model, const HardwareProfile& hw, const LayerSetting& s);    // ends_cost
+  [[nodiscard]] Seconds collective(const HardwareProfile& hw, Collective kind, Bytes bytes, CollectiveGroup g);  // collective_time
+  // partition_layers (below), by its arguments. The reference is valid until the memo's next call.
+  [[nodiscard]] const std::vector<int>& partition(int layers, int chunks, double layer_seconds, double first_seconds, double last_seconds);
+  // A memo of its own for the same plans at the GPU's sustained clock (estimate.cpp), whose
+  // hardware is the one above with its tensor-core kernels slowed.
+  [[nodiscard]] EstimateMemo& sustained();
+  [[nodiscard]] std::size_t settings() const;     // distinct layer settings priced so far
+  [[nodiscard]] std::size_t collectives() const;  // distinct collectives priced so far
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
 struct EstimateOptions {
   double memory_headroom = kDefaultMemoryHeadroom;  // fraction of HBM capacity, 0 <= x < 1
+  // Layers, ends and collectives priced once each, for callers that estimate many plans of one
+  // model on one cluster (the search). Null: priced each time.
+  EstimateMemo* memo = nullptr;
+  // Write `reasons` (false: fits and tight alone, for a search that explains only the plans it
+  // keeps, with explain_memory).
+  bool explain = true;
 };
 
 // REQUIRES: validate_plan(plan) is ok. Never fails: a plan that does not fit has fits == false
 // and the reason in `reasons`; a tight one has tight == true and the reason there too.
 [[nodiscard]] Estimate estimate(const Plan& plan, const EstimateOptions& options = {});
+
+// The reasons of an estimate made with explain off, as estimate() writes them: whether `e`
+// fits and is tight again, from its memory, and why. REQUIRES: e = estimate(plan, options).
+void explain_memory(const Plan& plan, const EstimateOptions& options, Estimate& e);
 
 // The setting of one transformer layer of `plan` (its micro-batch, parallelism, precision, stack,
 // recompute and the groups' placement in the NVLink domain) and that layer's cost for one
