@@ -172,7 +172,17 @@ std::string memory_table(const Estimate& e, const TrainingConfig& t, bool md) {
                rows, md, {false, true, true, false});
 }
 
-std::string time_table(const Estimate& e, bool md) {
+// How the plan's context parallelism moves K/V, for the time table (stack.hpp ContextAttention).
+const char* cp_comm_note(const Plan& plan) {
+  switch (plan.parallel.cp_comm.value_or(stack_spec(plan.training.stack).context_attention)) {
+    case ContextAttention::kRing: return "exposed part of the ring";
+    case ContextAttention::kAllGatherKv: return "K/V all-gathered, their gradients reduce-scattered: not overlapped";
+    case ContextAttention::kAllGatherRotate: return "K/V all-gathered, their gradients passed round the ring";
+  }
+  return "";
+}
+
+std::string time_table(const Plan& plan, const Estimate& e, bool md) {
   const auto& t = e.time;
   std::vector<Row> rows;
   const auto add = [&](const char* name, Seconds s, const std::string& note) {
@@ -182,7 +192,7 @@ std::string time_table(const Estimate& e, bool md) {
   add("compute", t.compute, count_text(e.micro_batches, "micro-batch", "micro-batches"));
   add("recompute", t.recompute, "");
   add("tensor-parallel comm", t.tp_comm, "exposed");
-  add("context-parallel comm", t.cp_comm, "exposed part of the ring");
+  add("context-parallel comm", t.cp_comm, cp_comm_note(plan));
   add("expert-parallel comm", t.ep_comm, "all-to-all");
   add("pipeline p2p", t.pp_comm, "");
   add("pipeline bubble", t.bubble, "");
@@ -322,7 +332,7 @@ std::string render_evaluation(const Candidate& c, const ReportContext& ctx, Form
   out << fmt("%s tokens/s (%s per GPU), model %.0f TFLOP/s per GPU (MFU %.1f%%), hardware %.0f TFLOP/s (HFU %.1f%%)\n\n",
              si(e.throughput.tokens_per_second).c_str(), si(e.throughput.tokens_per_second_per_gpu).c_str(),
              e.throughput.model_tflops_per_gpu, 100 * e.throughput.mfu, e.throughput.hardware_tflops_per_gpu, 100 * e.throughput.hfu);
-  out << (md ? "```\n" : "") << memory_table(e, plan.training, false) << "\n" << time_table(e, false) << (md ? "```\n" : "") << "\n";
+  out << (md ? "```\n" : "") << memory_table(e, plan.training, false) << "\n" << time_table(plan, e, false) << (md ? "```\n" : "") << "\n";
   out << run_lines(plan, e);
   return out.str();
 }
@@ -448,7 +458,7 @@ std::string render_search(const PlanRequest& req, const SearchResult& result, co
              100 * ctx.memory_headroom), md ? 0 : 100, "  ");
 
   out << h2 << "Where the memory and time go (recommended plan)\n\n" << (md ? "```\n" : "");
-  out << memory_table(best->estimate, best->plan.training, false) << "\n" << time_table(best->estimate, false) << (md ? "```\n" : "") << "\n";
+  out << memory_table(best->estimate, best->plan.training, false) << "\n" << time_table(best->plan, best->estimate, false) << (md ? "```\n" : "") << "\n";
 
   if (!result.alternatives.empty()) {
     out << h2 << "Alternatives that lose\n\n";

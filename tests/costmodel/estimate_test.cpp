@@ -727,5 +727,26 @@ TEST(EstimateMemo, PricesEachSettingOnceAsTheFunctionsDo) {
   EXPECT_EQ(memo.partition(32, 4, 1.0, 2.5, 3.0), partition_layers(32, 4, 1.0, 2.5, 3.0));
 }
 
+// A memo bound to one profile is not used for another, even one put in the same object (and the
+// second estimate the sustained clock makes is not served from the first profile's either).
+TEST(EstimateMemo, AnotherProfileInTheSameObjectIsPricedAfresh) {
+  Plan plan = make_plan("llama3-8b", "dgx-h100", 16, 8192, 64);
+  plan.cluster.gpu.peak_clock_mhz = 1830;
+  plan.cluster.gpu.sustained_clock_mhz = 1525;
+  EstimateMemo memo;
+  EstimateOptions options;
+  options.memo = &memo;
+  const Estimate first = estimate(plan, options);
+  EXPECT_EQ(first.time.clock.value(), estimate(plan).time.clock.value());
+  plan.cluster.name = "dgx-h100-held-lower";
+  plan.cluster.gpu.sustained_clock_mhz = 1200;
+  plan.cluster.gpu.calibration.gemm_time_scale = 1.3;
+  const Estimate second = estimate(plan, options);
+  const Estimate alone = estimate(plan);
+  EXPECT_EQ(second.time.step.value(), alone.time.step.value());
+  EXPECT_EQ(second.time.clock.value(), alone.time.clock.value());
+  EXPECT_GT(second.time.clock.value(), first.time.clock.value());
+}
+
 }  // namespace
 }  // namespace trainplan

@@ -630,7 +630,7 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
     g.calibration.attention_time_scale *= slowdown;
     g.sustained_clock_mhz = g.peak_clock_mhz;
     EstimateOptions at_sustained_clock = options;
-    if (memo) at_sustained_clock.memo = &memo->sustained();
+    at_sustained_clock.memo = memo && memo->serves(mdl, hw) ? &memo->sustained() : nullptr;
     tm.clock = Seconds(std::max(0.0, estimate(slowed, at_sustained_clock).time.step.value() - tm.step.value()));
   }
   tm.sustained_step = tm.step + tm.clock + tm.straggler;

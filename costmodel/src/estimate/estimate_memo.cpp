@@ -22,12 +22,15 @@ bool same_lora(const LoraConfig& a, const LoraConfig& b) {
 }
 
 // A new field of LayerSetting, LoraConfig or CollectiveGroup must be compared in same_setting
-// (and may be hashed below): these sizes are the ones same_setting was written for.
-#if defined(__GLIBCXX__) && defined(__x86_64__)
-static_assert(sizeof(CollectiveGroup) == 16, "compare the new field of CollectiveGroup in same_group");
-static_assert(sizeof(LoraConfig) == 56, "compare the new field of LoraConfig in same_lora");
-static_assert(sizeof(LayerSetting) == 200, "compare the new field of LayerSetting in same_setting");
-#endif
+// (and may be hashed below). A structured binding names every field of its struct, so a field
+// added to one of them stops the build here until it is.
+[[maybe_unused]] void every_field_is_compared(const LayerSetting& s, const LoraConfig& l, const CollectiveGroup& g) {
+  [[maybe_unused]] const auto& [micro_batch, seq_len, tp, cp, ep, sequence_parallel, precision, dropout, sharded_gradients, attention,
+                                attention_mask, loss, attention_kernel, fp8_recipe, cp_comm, stack, recompute, mode, lora, tp_group,
+                                cp_group, ep_group] = s;
+  [[maybe_unused]] const auto& [rank, targets, base_format, alpha, lora_dropout] = l;
+  [[maybe_unused]] const auto& [size, per_node, pods, groups_per_pod] = g;
+}
 
 struct CollectiveKey {
   Collective kind;
@@ -112,25 +115,15 @@ struct EstimateMemo::Impl {
   std::unordered_map<PartitionKey, std::vector<int>, PartitionKeyHash> partitions;
   std::unique_ptr<EstimateMemo> sustained;
 
-  // The objects last checked: a call passing the same ones again skips comparing names.
-  const ModelSpec* last_model = nullptr;
-  const HardwareProfile* last_hw = nullptr;
-
+  // The names of the model and profile of the first call, compared on every call (a caller that
+  // reuses one object for another model would otherwise be served the first one's costs).
   bool serves(const ModelSpec& model, const HardwareProfile& hw) {
-    if (&model != last_model) {
-      if (!model_name) model_name = model.name;
-      if (*model_name != model.name) return false;
-      last_model = &model;
-    }
-    return serves(hw);
+    if (!model_name) model_name = model.name;
+    return *model_name == model.name && serves(hw);
   }
   bool serves(const HardwareProfile& hw) {
-    if (&hw != last_hw) {
-      if (!hw_name) hw_name = hw.name;
-      if (*hw_name != hw.name) return false;
-      last_hw = &hw;
-    }
-    return true;
+    if (!hw_name) hw_name = hw.name;
+    return *hw_name == hw.name;
   }
 
   Entry& entry(const LayerSetting& s) {
@@ -179,6 +172,8 @@ const std::vector<int>& EstimateMemo::partition(int layers, int chunks, double l
   }
   return it->second;
 }
+
+bool EstimateMemo::serves(const ModelSpec& model, const HardwareProfile& hw) { return impl_->serves(model, hw); }
 
 EstimateMemo& EstimateMemo::sustained() {
   if (!impl_->sustained) impl_->sustained = std::make_unique<EstimateMemo>();

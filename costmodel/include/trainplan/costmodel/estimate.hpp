@@ -187,10 +187,13 @@ class EstimateMemo {
   [[nodiscard]] LayerCost layer(const ModelSpec& model, const HardwareProfile& hw, const LayerSetting& s);  // transformer_layer_cost
   [[nodiscard]] EndsCost ends(const ModelSpec& model, const HardwareProfile& hw, const LayerSetting& s);    // ends_cost
   [[nodiscard]] Seconds collective(const HardwareProfile& hw, Collective kind, Bytes bytes, CollectiveGroup g);  // collective_time
-  // partition_layers (below), by its arguments. The reference is valid until the memo's next call.
+  // partition_layers (above), by its arguments. The reference is valid until the memo's next call.
   [[nodiscard]] const std::vector<int>& partition(int layers, int chunks, double layer_seconds, double first_seconds, double last_seconds);
+  // Whether calls for this model and hardware are memoised (their names are the first call's).
+  [[nodiscard]] bool serves(const ModelSpec& model, const HardwareProfile& hw);
   // A memo of its own for the same plans at the GPU's sustained clock (estimate.cpp), whose
-  // hardware is the one above with its tensor-core kernels slowed.
+  // hardware is the one above with its tensor-core kernels slowed. Use it only for plans this
+  // memo serves.
   [[nodiscard]] EstimateMemo& sustained();
   [[nodiscard]] std::size_t settings() const;     // distinct layer settings priced so far
   [[nodiscard]] std::size_t collectives() const;  // distinct collectives priced so far
