@@ -87,6 +87,7 @@ std::vector<std::string> executor_limitations(const Plan& plan) {
   if (p.offload_optimizer == cm::Offload::kNvme) problems.push_back("optimizer offload to NVMe is not in the executor (offload_optimizer cpu is)");
   if (p.offload_params != cm::Offload::kNone) problems.push_back("parameter offload (offload_params) is not in the executor (offload_optimizer cpu is)");
   if (p.fsdp_wrap_min_params != 0) problems.push_back("fsdp_wrap_min_params: the executor wraps one unit per block");
+  if (p.ends_in_split) problems.push_back("ends_in_pipeline_split: the executor's model chunks hold at least one layer each (the embedding and the loss are not chunks of their own)");
   if (p.reduce_dtype != cm::Dtype::kFp32) problems.push_back("reduce_dtype: the executor reduces gradients in fp32");
   if (!t.master_weights) problems.push_back("master_weights false: the executor trains with fp32 master weights (pure 16-bit training is not in it)");
   if (t.attention_mask == cm::AttentionMask::kExplicit) problems.push_back("attention_mask explicit: the executor's attention takes the kernel's causal flag");
@@ -163,6 +164,7 @@ std::string planner_command(const costmodel::PlanRequest& r, const std::string& 
   if (c.offload_optimizer) s += std::string(" --fix offload=") + costmodel::offload_name(*c.offload_optimizer);
   if (c.first_stage_layers > 0) s += " --fix first_stage_layers=" + std::to_string(c.first_stage_layers);
   if (c.last_stage_layers > 0) s += " --fix last_stage_layers=" + std::to_string(c.last_stage_layers);
+  if (c.ends_in_split) s += std::string(" --fix ends_in_split=") + (*c.ends_in_split ? "on" : "off");
   if (c.cp_comm) s += std::string(" --fix cp_comm=") + costmodel::cp_comm_type_name(*c.cp_comm);
   return s;
 }

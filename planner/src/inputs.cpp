@@ -96,6 +96,12 @@ Result<bool> apply_constraint(const std::string& key, const std::string& value, 
     if (!c.cp_comm) return Error{"cp_comm must be p2p (the ring), all_gather (K/V gathered, their gradients reduce-scattered) or allgather_rotate (PyTorch's: K/V gathered, their gradients passed round)"};
     return true;
   }
+  if (key == "ends_in_split" || key == "ends_in_pipeline_split") {
+    if (value == "on" || value == "true" || value == "1") c.ends_in_split = true;
+    else if (value == "off" || value == "false" || value == "0") c.ends_in_split = false;
+    else return Error{key + " must be on or off"};
+    return true;
+  }
   if (key == "first_stage_layers" || key == "last_stage_layers") {
     std::optional<int> layers;
     auto r = as_int(1, 100000, layers);
@@ -104,7 +110,7 @@ Result<bool> apply_constraint(const std::string& key, const std::string& value, 
     return true;
   }
   return Error{"unknown key \"" + key + "\" (tp, pp, dp, cp, ep, zero, shard_group, mb, v, sp, schedule, recompute, offload, "
-               "first_stage_layers, last_stage_layers, cp_comm)"};
+               "first_stage_layers, last_stage_layers, ends_in_split, cp_comm)"};
 }
 
 }  // namespace trainplan::planner

@@ -93,7 +93,7 @@ std::string shape_of(const ParallelConfig& p) {
 auto layout_key(const ParallelConfig& p) {
   return std::make_tuple(p.cp, p.ep, p.pp, p.tp, p.virtual_stages, p.zero_stage, static_cast<int>(p.offload_optimizer),
                          static_cast<int>(p.recompute), p.shard_group, p.sequence_parallel, static_cast<int>(p.schedule), p.dp,
-                         p.micro_batch);
+                         p.micro_batch, p.ends_in_split);
 }
 
 // What same_layout compares, as one ordered key (a search folds variants by it).
@@ -178,11 +178,16 @@ std::vector<std::string> constraint_conflicts(const PlanRequest& req, const std:
   if (c.pp && *c.pp > m.layers) out.push_back(name("pp", *c.pp) + ": more pipeline stages than the model's " + n(m.layers) + " layers");
   if (c.virtual_stages && *c.virtual_stages > 1) {
     const int v = *c.virtual_stages;
+    // The embedding and the loss may take a chunk's place each where the stack splits so.
+    const bool ends_may_split = c.ends_in_split.value_or(true) && stack_spec(req.training.stack).ends_in_pipeline_split &&
+                                c.first_stage_layers == 0 && c.last_stage_layers == 0;
+    const long long places = m.layers + (ends_may_split ? 2 : 0);
+    const std::string what = ends_may_split ? " layers + the embedding + the loss" : " layers";
     if (c.pp && *c.pp == 1) out.push_back(name("v", v) + " (interleaved chunks per stage) needs pp > 1, but " + name("pp", 1));
-    if (c.pp && static_cast<long long>(*c.pp) * v > m.layers) {
-      out.push_back(name("pp", *c.pp) + " x " + name("v", v) + " = " + n(static_cast<long long>(*c.pp) * v) + " model chunks > the model's " + n(m.layers) + " layers");
-    } else if (2LL * v > m.layers) {
-      out.push_back(name("v", v) + ": at least 2 stages x " + n(v) + " chunks > the model's " + n(m.layers) + " layers");
+    if (c.pp && static_cast<long long>(*c.pp) * v > places) {
+      out.push_back(name("pp", *c.pp) + " x " + name("v", v) + " = " + n(static_cast<long long>(*c.pp) * v) + " model chunks > the model's " + n(m.layers) + what);
+    } else if (2LL * v > places) {
+      out.push_back(name("v", v) + ": at least 2 stages x " + n(v) + " chunks > the model's " + n(m.layers) + what);
     }
     if (c.schedule && *c.schedule != Schedule::kInterleaved) {
       out.push_back(name("v", v) + " needs schedule=interleaved, but " + prefix + "schedule=" + schedule_name(*c.schedule));
@@ -205,6 +210,16 @@ std::vector<std::string> constraint_conflicts(const PlanRequest& req, const std:
     if (!m.moe) out.push_back(name("ep", *c.ep) + ": expert parallelism needs a mixture-of-experts model (" + m.name + " has no experts)");
     else if (m.moe->experts % *c.ep != 0) out.push_back(name("ep", *c.ep) + ": ep must divide the model's experts (" + n(m.moe->experts) + ")");
     if (c.dp && *c.dp % *c.ep != 0) out.push_back(name("ep", *c.ep) + " must divide " + name("dp", *c.dp));
+  }
+  if (c.ends_in_split && *c.ends_in_split) {
+    const StackSpec& stack = stack_spec(req.training.stack);
+    if (!stack.ends_in_pipeline_split) {
+      out.push_back(prefix + "ends_in_split=on: the " + stack.name + " stack does not count the embedding and the loss as layers of its pipeline split");
+    }
+    if (c.pp && *c.pp == 1) out.push_back(prefix + "ends_in_split=on needs pp > 1, but " + name("pp", 1));
+    if (c.first_stage_layers > 0 || c.last_stage_layers > 0) {
+      out.push_back(prefix + "ends_in_split=on: not with first_stage_layers or last_stage_layers (Megatron-Core refuses both at once)");
+    }
   }
   if (c.shard_group && *c.shard_group > 0) {
     if (c.zero_stage && *c.zero_stage != 3) out.push_back(name("shard_group", *c.shard_group) + " (hybrid sharding) needs zero=3, but " + name("zero", *c.zero_stage));
@@ -362,6 +377,13 @@ Result<SearchResult> search(const PlanRequest& req, const SearchOptions& options
   // Searched where the stack runs them.
   const StackSpec& runs = stack_spec(req.training.stack);
   const bool hybrid_shard = runs.hybrid_shard, interleaved_pipeline = runs.interleaved_pipeline, stack_sequence_parallel = runs.sequence_parallel;
+  // Pipeline splits: the layers alone, and, where the stack can (Megatron-Core), the embedding and
+  // the loss counted as a layer each (validate_plan keeps those that split evenly).
+  const std::vector<bool> ends_splits = c.ends_in_split ? std::vector<bool>{*c.ends_in_split}
+                                        : runs.ends_in_pipeline_split && c.first_stage_layers == 0 && c.last_stage_layers == 0
+                                            ? std::vector<bool>{false, true}
+                                            : std::vector<bool>{false};
+  const int extra_chunks = std::find(ends_splits.begin(), ends_splits.end(), true) != ends_splits.end() ? 2 : 0;
   // Searches the units handed out by `next` with the given optimizer offloads.
   const auto work = [&](Partial& part, std::atomic<std::size_t>& next, const std::vector<Offload>& offloads) {
     // One plan per thread, reused: only its parallel layout changes in the loops below.
@@ -401,35 +423,39 @@ Result<SearchResult> search(const PlanRequest& req, const SearchOptions& options
                 if (c.schedule || c.virtual_stages) {
                   const Schedule sch = c.schedule.value_or(c.virtual_stages && *c.virtual_stages > 1 ? Schedule::kInterleaved : Schedule::kOneFOneB);
                   if (sch == Schedule::kInterleaved && !c.virtual_stages) {
-                    for (int v = 2; v <= 8 && pp * v <= m.layers; ++v) schedules.push_back({sch, v});
+                    for (int v = 2; v <= 8 && pp * v <= m.layers + extra_chunks; ++v) schedules.push_back({sch, v});
                   } else {
                     schedules.push_back({sch, c.virtual_stages.value_or(1)});
                   }
                 } else {
                   schedules.push_back({Schedule::kOneFOneB, 1});
                   if (pp > 1 && micro_batches >= pp && interleaved_pipeline) {
-                    for (int v = 2; v <= 8 && pp * v <= m.layers; ++v) schedules.push_back({Schedule::kInterleaved, v});
+                    for (int v = 2; v <= 8 && pp * v <= m.layers + extra_chunks; ++v) schedules.push_back({Schedule::kInterleaved, v});
                   }
                 }
                 for (const auto& [schedule, v] : schedules) {
                   if (pp == 1 && schedule == Schedule::kInterleaved) continue;
                   for (Recompute rc : fixed_or(c.recompute, {Recompute::kNone, Recompute::kSelective, Recompute::kFull})) {
                     for (Offload off : fixed_or(c.offload_optimizer, offloads)) {
-                      ParallelConfig& p = plan.parallel;
-                      p.tp = tp; p.cp = cp; p.pp = pp; p.dp = dp; p.ep = ep;
-                      p.sequence_parallel = c.sequence_parallel.value_or(tp > 1 && stack_sequence_parallel);
-                      p.zero_stage = zero; p.shard_group = group; p.micro_batch = mb;
-                      p.virtual_stages = v; p.schedule = schedule; p.recompute = rc;
-                      p.offload_optimizer = off; p.offload_params = c.offload_params;
-                      p.fsdp_wrap_min_params = c.fsdp_wrap_min_params; p.prefetch = c.prefetch;
-                      p.reduce_dtype = c.reduce_dtype;
-                      p.overlap_grad_reduce = c.overlap_grad_reduce;
-                      p.cp_comm = c.cp_comm;
-                      p.recompute_layers = rc == Recompute::kFull ? c.recompute_layers : 0;
-                      p.first_stage_layers = c.first_stage_layers;
-                      p.last_stage_layers = c.last_stage_layers;
-                      if (!validate_plan(plan)) continue;
-                      consider(part, shape_best, plan, memo);
+                      for (const bool ends_in_split : ends_splits) {
+                        if (ends_in_split && pp == 1) continue;
+                        ParallelConfig& p = plan.parallel;
+                        p.tp = tp; p.cp = cp; p.pp = pp; p.dp = dp; p.ep = ep;
+                        p.sequence_parallel = c.sequence_parallel.value_or(tp > 1 && stack_sequence_parallel);
+                        p.zero_stage = zero; p.shard_group = group; p.micro_batch = mb;
+                        p.virtual_stages = v; p.schedule = schedule; p.recompute = rc;
+                        p.offload_optimizer = off; p.offload_params = c.offload_params;
+                        p.fsdp_wrap_min_params = c.fsdp_wrap_min_params; p.prefetch = c.prefetch;
+                        p.reduce_dtype = c.reduce_dtype;
+                        p.overlap_grad_reduce = c.overlap_grad_reduce;
+                        p.cp_comm = c.cp_comm;
+                        p.recompute_layers = rc == Recompute::kFull ? c.recompute_layers : 0;
+                        p.first_stage_layers = c.first_stage_layers;
+                        p.last_stage_layers = c.last_stage_layers;
+                        p.ends_in_split = ends_in_split;
+                        if (!validate_plan(plan)) continue;
+                        consider(part, shape_best, plan, memo);
+                      }
                     }
                   }
                 }

@@ -68,6 +68,8 @@ MATRIX = {
     "70b-tp8-pp4-1f1b": "--model 70b --gpus 64 --fix tp=8 --fix pp=4 --fix zero=1 --fix schedule=1f1b --fix recompute=selective",
     "70b-tp8-pp4-int": "--model 70b --gpus 64 --fix tp=8 --fix pp=4 --fix zero=1 --fix schedule=interleaved --fix v=2 --fix recompute=selective",
     "70b-tp8-pp4-gpipe": "--model 70b --gpus 64 --fix tp=8 --fix pp=4 --fix zero=1 --fix schedule=gpipe --fix recompute=full --global-batch 32 --seq-len 4096",
+    # Llama 3's pipeline (Dubey et al. 2024 Sec. 3.3.2): the embedding and the loss a chunk each, 126 + 2 layers in 16 x 8.
+    "405b-pp16-ends-in-split": "--model 405b --gpus 1024 --stack megatron-te --fix tp=8 --fix pp=16 --fix schedule=interleaved --fix v=8 --fix ends_in_split=on --fix zero=1 --fix recompute=selective",
     "70b-tp8-pp4-zero0": "--model 70b --gpus 64 --fix tp=8 --fix pp=4 --fix zero=0 --fix schedule=1f1b --fix recompute=full",
     "70b-tp8-fsdp": "--model 70b --gpus 64 --fix tp=8 --fix pp=1 --fix zero=3 --fix recompute=full",
     "70b-tp8-hsdp": "--model 70b --gpus 128 --fix tp=8 --fix pp=1 --fix zero=3 --fix shard_group=8 --fix recompute=full",
@@ -454,8 +456,13 @@ def check_megatron(path, pv, megatron_lm=None):
         account_for_loss_in_pipeline_split="account_for_loss_in_pipeline_split" in f,
         num_layers_in_first_pipeline_stage=int(f["decoder_first_pipeline_num_layers"]) if "decoder_first_pipeline_num_layers" in f else None,
         num_layers_in_last_pipeline_stage=int(f["decoder_last_pipeline_num_layers"]) if "decoder_last_pipeline_num_layers" in f else None,
-        cp_comm_type=f.get("cp_comm_type", "p2p"),
+        cp_comm_type=f.get("cp_comm_type", "p2p"), pipeline_model_parallel_layout=f.get("pipeline_model_parallel_layout"),
     )
+    if config.pipeline_model_parallel_layout is not None:
+        # An uneven pipeline: Megatron-Core's own parser of the layout gives the model chunks per
+        # rank (and TransformerConfig checked its layers against num_layers).
+        detected = config.pipeline_model_parallel_layout.virtual_pipeline_model_parallel_size
+        config.virtual_pipeline_model_parallel_size = detected if detected > 1 else None
     expect(errors, "tensor_model_parallel_size", config.tensor_model_parallel_size, pv["tp"])
     expect(errors, "pipeline_model_parallel_size", config.pipeline_model_parallel_size, pv["pp"])
     expect(errors, "context_parallel_size", config.context_parallel_size, pv["cp"])

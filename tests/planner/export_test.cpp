@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <algorithm>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -555,6 +556,58 @@ TEST(ExportPlan, MegatronWritesAnUnevenPipelineAsItsLayout) {
   auto plain = planner::export_plan(even, planner::ExportTarget::kMegatron);
   ASSERT_TRUE(plain.ok());
   EXPECT_FALSE(contains(plain->text, "--pipeline-model-parallel-layout"));
+}
+
+// The embedding and the loss counted as a layer each of the pipeline split (issue 32; Megatron-Core's
+// --account-for-embedding-in-pipeline-split and --account-for-loss-in-pipeline-split, Llama 3's
+// pipeline, Dubey et al. 2024 Sec. 3.3.2): Llama 3 405B's 126 layers + 2 in 16 stages x 8 chunks
+// of one layer, the first chunk holding the embedding alone, the last the loss alone; written for
+// Megatron-LM as its layout "E|t|...|t|L", and refused where it cannot be.
+TEST(ExportPlan, MegatronWritesTheEmbeddingAndTheLossAsChunksOfTheirOwn) {
+  costmodel::Plan plan = testing::make_plan("llama3-405b", "dgx-h100", 1024, 8192, 2048);
+  plan.training.stack = costmodel::Stack::kMegatronTe;
+  plan.parallel.tp = 8;
+  plan.parallel.pp = 16;
+  plan.parallel.dp = 8;
+  plan.parallel.sequence_parallel = true;
+  plan.parallel.zero_stage = 1;
+  plan.parallel.virtual_stages = 8;
+  plan.parallel.schedule = costmodel::Schedule::kInterleaved;
+  EXPECT_TRUE(contains(costmodel::validate_plan(plan).error().message, "pp(16) * virtual_stages(8) exceeds layers (126)"));
+  plan.parallel.ends_in_split = true;
+  ASSERT_TRUE(costmodel::validate_plan(plan)) << costmodel::validate_plan(plan).error().message;
+  const std::vector<int> chunks = costmodel::estimate(plan).pipeline.chunk_layers;
+  ASSERT_EQ(chunks.size(), 128u);
+  EXPECT_EQ(chunks.front(), 0);
+  EXPECT_EQ(chunks.back(), 0);
+  EXPECT_EQ(std::count(chunks.begin(), chunks.end(), 1), 126);
+  std::string layout = "E";
+  for (int c = 1; c < 127; ++c) layout += "|t";
+  layout += "|L";
+  auto exported = planner::export_plan(plan, planner::ExportTarget::kMegatron);
+  ASSERT_TRUE(exported.ok()) << exported.error().message;
+  EXPECT_TRUE(contains(exported->text, "--pipeline-model-parallel-layout \"" + layout + "\"\n")) << exported->text;
+  // The document keeps it; a fixed request reads it back.
+  const auto j = costmodel::parallel_to_json(plan.parallel);
+  EXPECT_EQ(j.at("ends_in_pipeline_split"), true);
+  EXPECT_FALSE(costmodel::parallel_to_json(costmodel::Plan{}.parallel).contains("ends_in_pipeline_split"));
+  // Refused: an uneven split, one stage, beside first_stage_layers, a stack that does not split so.
+  costmodel::Plan uneven = plan;
+  uneven.parallel.virtual_stages = 7;
+  EXPECT_TRUE(contains(costmodel::validate_plan(uneven).error().message,
+                       "/parallel/ends_in_pipeline_split: the model's 126 layers + the embedding + the loss = 128 must split evenly over pp(16) x "
+                       "virtual_stages(7) = 112 model chunks"))
+      << costmodel::validate_plan(uneven).error().message;
+  costmodel::Plan both = plan;
+  both.parallel.virtual_stages = 1;
+  both.parallel.schedule = costmodel::Schedule::kOneFOneB;
+  both.parallel.first_stage_layers = 7;
+  EXPECT_TRUE(contains(costmodel::validate_plan(both).error().message, "not with first_stage_layers"));
+  costmodel::Plan executor = plan;
+  executor.training.stack = costmodel::Stack::kTrainplan;
+  EXPECT_TRUE(contains(costmodel::validate_plan(executor).error().message,
+                       "/parallel/ends_in_pipeline_split: the trainplan stack does not count the embedding and the loss"))
+      << costmodel::validate_plan(executor).error().message;
 }
 
 // What the first and last stage layers must satisfy, each error naming the field.

@@ -400,6 +400,42 @@ TEST(Search, EveryPlanReturnedCarriesItsOwnEstimate) {
   }
 }
 
+// The search tries the pipeline split that counts the embedding and the loss as layers where the
+// stack runs it (Megatron-Core): Llama 3 405B on 16 stages of 8 chunks can only be split that way
+// (126 + 2 = 16 x 8), and a stack without it gets no such plan.
+TEST(Search, CountsTheEmbeddingAndTheLossInThePipelineSplitWhereTheStackDoes) {
+  PlanRequest r = request("llama3-405b", "dgx-h100", 1024);
+  r.training.stack = Stack::kMegatronTe;
+  r.parallel.tp = 8;
+  r.parallel.pp = 16;
+  r.parallel.virtual_stages = 8;
+  const SearchResult s = run_search(r);
+  ASSERT_FALSE(s.ranked.empty());
+  for (const auto& c : s.ranked) {
+    EXPECT_TRUE(c.plan.parallel.ends_in_split);
+    EXPECT_EQ(c.estimate.pipeline.chunk_layers.front(), 0);
+  }
+  // Unfixed virtual stages: both splits are searched, and the recommendation is the faster.
+  PlanRequest open = r;
+  open.parallel.virtual_stages.reset();
+  const SearchResult both = run_search(open);
+  ASSERT_FALSE(both.ranked.empty());
+  PlanRequest without = open;
+  without.parallel.ends_in_split = false;
+  const SearchResult plain = run_search(without);
+  ASSERT_FALSE(plain.ranked.empty());
+  EXPECT_GE(both.ranked.front().estimate.throughput.tokens_per_second, plain.ranked.front().estimate.throughput.tokens_per_second);
+  EXPECT_GT(both.evaluated, plain.evaluated);
+  // Fixed on under a stack without it: refused, naming the stack.
+  PlanRequest fsdp = r;
+  fsdp.training.stack = Stack::kFsdp2;
+  fsdp.parallel.ends_in_split = true;
+  const auto refused = planner::search(fsdp, {});
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.error().message.find("ends_in_split=on: the fsdp2 stack does not count the embedding and the loss"), std::string::npos)
+      << refused.error().message;
+}
+
 // Plans of equal score are ranked by their layout, not by the order the search met them.
 TEST(Search, EqualScoresAreRankedSimplerPlanFirst) {
   // A tie goes to the plan that is easier to run: no context, expert or pipeline parallelism

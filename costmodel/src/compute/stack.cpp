@@ -488,6 +488,7 @@ constexpr StackSpec kSpecs[] = {
      // since 2023 sends the whole tensor from each tensor-parallel rank there instead, t times
      // the bytes (PipelineSend): a megatron-te plan without sequence parallelism is priced as the
      // former. Under sequence parallelism (the default beside tp > 1) both send the shard.
+     .ends_in_pipeline_split = true,
      .pipeline_send = PipelineSend::kScatterGather,
      .context_parallel_calls_kernel = true,
      .source = "Megatron-LM (NVIDIA/Megatron-LM: --make-vocab-size-divisible-by 128, gradient_accumulation_fusion, "

@@ -78,6 +78,7 @@ ParallelConfig ParallelConstraints::fixed() const {
   p.recompute_layers = recompute_layers;
   p.first_stage_layers = first_stage_layers;
   p.last_stage_layers = last_stage_layers;
+  p.ends_in_split = ends_in_split.value_or(false);
   p.offload_params = offload_params; p.fsdp_wrap_min_params = fsdp_wrap_min_params;
   p.prefetch = prefetch; p.reduce_dtype = reduce_dtype; p.overlap_grad_reduce = overlap_grad_reduce;
   p.cp_comm = cp_comm;
@@ -93,6 +94,7 @@ ParallelConstraints ParallelConstraints::of(const ParallelConfig& p) {
   c.recompute_layers = p.recompute_layers;
   c.first_stage_layers = p.first_stage_layers;
   c.last_stage_layers = p.last_stage_layers;
+  c.ends_in_split = p.ends_in_split;
   c.offload_params = p.offload_params; c.fsdp_wrap_min_params = p.fsdp_wrap_min_params;
   c.prefetch = p.prefetch; c.reduce_dtype = p.reduce_dtype; c.overlap_grad_reduce = p.overlap_grad_reduce;
   c.cp_comm = p.cp_comm;
@@ -179,6 +181,8 @@ ParallelConstraints parse_parallel(ObjectReader r) {
   c.recompute_layers = static_cast<int>(r.optional_integer("recompute_layers", 0, 100000).value_or(0));
   c.first_stage_layers = static_cast<int>(r.optional_integer("first_stage_layers", 0, 100000).value_or(0));
   c.last_stage_layers = static_cast<int>(r.optional_integer("last_stage_layers", 0, 100000).value_or(0));
+  if (is_auto(r, "ends_in_pipeline_split")) r.optional_string("ends_in_pipeline_split");
+  else c.ends_in_split = r.boolean("ends_in_pipeline_split");
   if (is_auto(r, "offload_optimizer")) r.optional_string("offload_optimizer");
   else c.offload_optimizer = parse_offload_value(r, "offload_optimizer");
   if (r.has("offload_params")) c.offload_params = parse_offload_value(r, "offload_params");
@@ -512,8 +516,10 @@ Result<bool> validate_plan(const Plan& plan) {
     return err("/parallel/tp: tp(" + n(p.tp) + ") and kv_heads (" + n(m.kv_heads) + ") must divide one another");
   }
   if (m.ffn_hidden % p.tp != 0) return err("/parallel/tp: tp(" + n(p.tp) + ") must divide ffn_hidden (" + n(m.ffn_hidden) + ")");
-  if (p.pp * p.virtual_stages > m.layers) {
-    return err("/parallel/pp: pp(" + n(p.pp) + ") * virtual_stages(" + n(p.virtual_stages) + ") exceeds layers (" + n(m.layers) + ")");
+  // Model chunks: one layer each at least, or the embedding's or the loss's place (ends_in_split).
+  if (p.pp * p.virtual_stages > m.layers + (p.ends_in_split ? 2 : 0)) {
+    return err("/parallel/pp: pp(" + n(p.pp) + ") * virtual_stages(" + n(p.virtual_stages) + ") exceeds layers (" + n(m.layers) + ")" +
+               (p.ends_in_split ? " + the embedding + the loss" : ""));
   }
   if (p.virtual_stages > 1 && p.schedule != Schedule::kInterleaved) return err("/parallel/virtual_stages: > 1 needs schedule \"interleaved\"");
   if (p.schedule == Schedule::kInterleaved && p.pp == 1) return err("/parallel/schedule: \"interleaved\" needs pp > 1");
@@ -598,6 +604,22 @@ Result<bool> validate_plan(const Plan& plan) {
                  " x virtual_stages " + n(v) + "), each of which needs at least one" + (free_chunks == 0 ? " and none may be left" : ""));
     }
   }
+  if (p.ends_in_split) {
+    const std::string key = "/parallel/ends_in_pipeline_split";
+    const StackSpec& stack = stack_spec(plan.training.stack);
+    if (!stack.ends_in_pipeline_split) {
+      return err(key + ": the " + std::string(stack.name) + " stack does not count the embedding and the loss as layers of its pipeline split");
+    }
+    if (p.pp < 2) return err(key + ": needs pp > 1");
+    if (p.first_stage_layers > 0 || p.last_stage_layers > 0) {
+      return err(key + ": not with first_stage_layers or last_stage_layers (Megatron-Core refuses both at once)");
+    }
+    const long long chunks = static_cast<long long>(p.pp) * p.virtual_stages;
+    if ((m.layers + 2) % chunks != 0) {
+      return err(key + ": the model's " + n(m.layers) + " layers + the embedding + the loss = " + n(m.layers + 2) +
+                 " must split evenly over pp(" + n(p.pp) + ") x virtual_stages(" + n(p.virtual_stages) + ") = " + n(chunks) + " model chunks");
+    }
+  }
   if (plan.training.precision == Precision::kFp8 && plan.cluster.gpu.peak_for(Dtype::kFp8).value() <= 0) {
     return err("/training/precision: fp8 is not supported by " + plan.cluster.gpu.name);
   }
@@ -617,6 +639,7 @@ nlohmann::json parallel_to_json(const ParallelConfig& p) {
   if (p.cp_comm) j["cp_comm_type"] = cp_comm_type_name(*p.cp_comm);
   if (p.first_stage_layers > 0) j["first_stage_layers"] = p.first_stage_layers;
   if (p.last_stage_layers > 0) j["last_stage_layers"] = p.last_stage_layers;
+  if (p.ends_in_split) j["ends_in_pipeline_split"] = true;
   return j;
 }
 

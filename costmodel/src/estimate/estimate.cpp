@@ -166,7 +166,8 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
   // --- per-stage layers, parameters and times ---
   const int stages = p.pp;
   const std::vector<int> chunk_layers =
-      p.first_stage_layers > 0 || p.last_stage_layers > 0
+      p.ends_in_split ? partition_ends_in_split(mdl.layers, stages * p.virtual_stages)
+      : p.first_stage_layers > 0 || p.last_stage_layers > 0
           ? partition_with_ends(mdl.layers, stages, p.virtual_stages, p.first_stage_layers, p.last_stage_layers)
       : memo ? memo->partition(mdl.layers, stages * p.virtual_stages, lc.forward_total() + lc.backward_total(),
                                ec.embedding_forward + ec.embedding_backward, ec.head_forward + ec.head_backward)

@@ -257,6 +257,13 @@ std::vector<int> partition_with_ends(int layers, int stages, int virtual_stages,
   return n;
 }
 
+std::vector<int> partition_ends_in_split(int layers, int chunks) {
+  std::vector<int> n(static_cast<std::size_t>(chunks), (layers + 2) / chunks);
+  --n.front();
+  --n.back();
+  return n;
+}
+
 std::vector<int> partition_layers(int layers, int chunks, double layer_seconds, double first_seconds, double last_seconds) {
   std::vector<int> n(static_cast<std::size_t>(chunks), 1);
   const auto cost = [&](int c, int count) {

@@ -490,7 +490,8 @@ Result<ValidationTable> validate_llama3_405b_h100() {
                    "a production run, so the sustained step, which waits for the slowest GPU, is predicted); "
                    "predicted for the megatron-te stack on dgx-h100 with the fabric the paper describes (Sec. 3.3.1: pods of 3,072 "
                    "GPUs with full bisection, 1:7 oversubscription above them) and the published layout and 16M-token batches, "
-                   "micro-batch, interleaving, ZeRO stage and recompute searched; not used to build the model";
+                   "its pipeline (Sec. 3.3.2: 8 model chunks per stage, the first holding only the embedding and the last only the "
+                   "loss); micro-batch, ZeRO stage and recompute searched; not used to build the model";
     const costmodel::ModelSpec model = checked(costmodel::find_model("llama3-405b"));
     costmodel::HardwareProfile h100 = checked(costmodel::find_hwprofile("dgx-h100"));
     // Meta's 24K-GPU clusters (Dubey et al. 2024, Sec. 3.3.1): 192 racks of 16 GPUs form a pod of
@@ -506,6 +507,13 @@ Result<ValidationTable> validate_llama3_405b_h100() {
       // Llama 3's context parallelism all-gathers K/V and reduce-scatters their gradients (Dubey et
       // al. 2024, Sec. 3.3.2), Megatron-Core's --cp-comm-type all_gather.
       c.cp_comm = costmodel::ContextAttention::kAllGatherKv;
+      // Its pipeline (Sec. 3.3.2): interleaved, one layer less on the first and the last stage, "the
+      // first model chunk on the first stage has only the embedding, and the last model chunk on the
+      // last stage has only output projection and loss calculation": 126 layers + 2 in 16 x 8
+      // chunks of one.
+      c.schedule = costmodel::Schedule::kInterleaved;
+      c.virtual_stages = 8;
+      c.ends_in_split = true;
       const std::string label = fmt("%d GPUs, tp%d cp%d pp%d dp%d, seq %lld", req.gpus, *c.tp, *c.cp, *c.pp, *c.dp,
                                     static_cast<long long>(req.training.seq_len));
       const Found best = best_plan(req, t.file + ": " + label);

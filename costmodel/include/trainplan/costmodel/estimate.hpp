@@ -87,6 +87,12 @@ struct TimeBreakdown {
 // earlier ones a layer more. REQUIRES: validate_plan's rules for them hold.
 [[nodiscard]] std::vector<int> partition_with_ends(int layers, int stages, int virtual_stages, int first_stage_layers, int last_stage_layers);
 
+// The layers of each of `chunks` model chunks when the embedding and the loss count as a layer
+// each (ParallelConfig::ends_in_split, Megatron-Core's get_num_layers_to_build): (layers + 2) /
+// chunks each, one fewer in the first chunk and in the last (0 where a chunk holds only the
+// embedding or the loss). REQUIRES: (layers + 2) % chunks == 0, chunks >= 2.
+[[nodiscard]] std::vector<int> partition_ends_in_split(int layers, int chunks);
+
 struct Throughput {
   double tokens_per_second = 0;
   double tokens_per_second_per_gpu = 0;

@@ -112,6 +112,12 @@ struct ParallelConfig {
   // 0: every stage's layers balanced by their time, the embedding's and the loss's included.
   int first_stage_layers = 0;
   int last_stage_layers = 0;
+  // The embedding and the loss each count as one layer of the pipeline split (Megatron-Core's
+  // --account-for-embedding-in-pipeline-split and --account-for-loss-in-pipeline-split, NeMo's
+  // recipes; Llama 3, Dubey et al. 2024 Sec. 3.3.2): layers + 2 split evenly over pp x
+  // virtual_stages model chunks, the first chunk one layer short (the embedding's place), the last
+  // one too (the loss's). REQUIRES (layers + 2) % (pp x virtual_stages) == 0, pp > 1.
+  bool ends_in_split = false;
   Offload offload_optimizer = Offload::kNone;  // optimizer states (+ master weights) and step on CPU/NVMe
   Offload offload_params = Offload::kNone;     // ZeRO-Infinity: sharded parameters kept off the GPU
   std::int64_t fsdp_wrap_min_params = 0;       // FSDP unit size: 0 = one unit per transformer block
@@ -137,6 +143,7 @@ struct ParallelConstraints {
   int recompute_layers = 0;
   int first_stage_layers = 0;
   int last_stage_layers = 0;
+  std::optional<bool> ends_in_split;  // empty: searched where the stack splits that way (false in a fixed plan)
   std::optional<Offload> offload_optimizer;
   Offload offload_params = Offload::kNone;
   std::int64_t fsdp_wrap_min_params = 0;

@@ -337,6 +337,11 @@ struct StackSpec {
   // Runs Megatron's sequence parallelism (Korthikanti et al. 2022): false where the stack predates
   // it (Megatron-DeepSpeed of 2021 under DeepSpeed v0.3).
   bool sequence_parallel = true;
+  // Counts the embedding and the loss as a layer each of its pipeline split (ParallelConfig::
+  // ends_in_split): Megatron-Core's --account-for-embedding-in-pipeline-split and
+  // --account-for-loss-in-pipeline-split (megatron/core/transformer/transformer_block.py
+  // get_num_layers_to_build at d98e8a64dd), which its --pipeline-model-parallel-layout expresses too.
+  bool ends_in_pipeline_split = false;
   PipelineSend pipeline_send = PipelineSend::kAsHeld;
   // Runs ZeRO-3 sharded within groups and replicated across them (FSDP's HYBRID_SHARD, DeepSpeed's
   // MiCS, plan key shard_group).
