@@ -39,6 +39,7 @@ std::string plan_line(const ParallelConfig& p) {
   s += fmt(" micro_batch=%d recompute=%s", p.micro_batch, recompute_name(p.recompute));
   if (p.pp > 1) s += fmt(" schedule=%s", schedule_name(p.schedule));
   if (p.virtual_stages > 1) s += fmt(" virtual_stages=%d", p.virtual_stages);
+  if (p.ends_in_split) s += " ends_in_split=on";
   if (p.tp > 1) s += p.sequence_parallel ? " sp=on" : " sp=off";
   if (p.offload_optimizer != Offload::kNone) s += fmt(" offload_optimizer=%s", offload_name(p.offload_optimizer));
   return s;

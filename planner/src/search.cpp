@@ -184,8 +184,17 @@ std::vector<std::string> constraint_conflicts(const PlanRequest& req, const std:
     const long long places = m.layers + (ends_may_split ? 2 : 0);
     const std::string what = ends_may_split ? " layers + the embedding + the loss" : " layers";
     if (c.pp && *c.pp == 1) out.push_back(name("v", v) + " (interleaved chunks per stage) needs pp > 1, but " + name("pp", 1));
-    if (c.pp && static_cast<long long>(*c.pp) * v > places) {
-      out.push_back(name("pp", *c.pp) + " x " + name("v", v) + " = " + n(static_cast<long long>(*c.pp) * v) + " model chunks > the model's " + n(m.layers) + what);
+    const long long chunks = c.pp ? static_cast<long long>(*c.pp) * v : 0;
+    if (c.pp && chunks > places) {
+      out.push_back(name("pp", *c.pp) + " x " + name("v", v) + " = " + n(chunks) + " model chunks > the model's " + n(m.layers) + what);
+    } else if (c.pp && chunks > m.layers && (m.layers + 2) % chunks != 0) {
+      // Only the split with the embedding and the loss could fill more chunks than layers, and it
+      // needs layers + 2 to split evenly.
+      out.push_back(name("pp", *c.pp) + " x " + name("v", v) + " = " + n(chunks) + " model chunks > the model's " + n(m.layers) +
+                    " layers, and the layers + the embedding + the loss (" + n(m.layers + 2) + ") do not split evenly over them");
+    } else if (c.pp && c.ends_in_split.value_or(false) && ends_may_split && (m.layers + 2) % chunks != 0) {
+      out.push_back(prefix + "ends_in_split=on: the model's " + n(m.layers) + " layers + the embedding + the loss = " + n(m.layers + 2) +
+                    " do not split evenly over " + name("pp", *c.pp) + " x " + name("v", v) + " = " + n(chunks) + " model chunks");
     } else if (2LL * v > places) {
       out.push_back(name("v", v) + ": at least 2 stages x " + n(v) + " chunks > the model's " + n(m.layers) + what);
     }
@@ -240,6 +249,7 @@ std::string fixed_values_text(const ParallelConstraints& c) {
     if (value) out += (out.empty() ? "" : ", ") + std::string(key) + "=" + std::to_string(*value);
   }
   if (c.schedule) out += (out.empty() ? "" : ", ") + std::string("schedule=") + schedule_name(*c.schedule);
+  if (c.ends_in_split) out += (out.empty() ? "" : ", ") + std::string("ends_in_split=") + (*c.ends_in_split ? "on" : "off");
   return out.empty() ? "none" : out;
 }
 
@@ -565,6 +575,7 @@ std::string layout_text(const ParallelConfig& p) {
   s += " zero=" + std::to_string(p.zero_stage);
   if (p.shard_group > 0) s += "/h" + std::to_string(p.shard_group);
   s += std::string(" recompute=") + recompute_name(p.recompute);
+  if (p.ends_in_split) s += " ends_in_split=on";
   if (p.offload_optimizer != Offload::kNone) s += std::string(" offload=") + offload_name(p.offload_optimizer);
   if (p.offload_params != Offload::kNone) s += std::string(" param_offload=") + offload_name(p.offload_params);
   return s;

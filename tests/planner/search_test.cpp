@@ -426,6 +426,15 @@ TEST(Search, CountsTheEmbeddingAndTheLossInThePipelineSplitWhereTheStackDoes) {
   ASSERT_FALSE(plain.ranked.empty());
   EXPECT_GE(both.ranked.front().estimate.throughput.tokens_per_second, plain.ranked.front().estimate.throughput.tokens_per_second);
   EXPECT_GT(both.evaluated, plain.evaluated);
+  // Fixed on where layers + 2 do not split over the chunks: said so, not "no combination fits".
+  PlanRequest uneven = r;
+  uneven.parallel.virtual_stages = 7;
+  uneven.parallel.ends_in_split = true;
+  const auto odd = planner::search(uneven, {});
+  ASSERT_FALSE(odd.ok());
+  EXPECT_NE(odd.error().message.find("ends_in_split=on: the model's 126 layers + the embedding + the loss = 128 do not split evenly over pp=16 x v=7 = 112 model chunks"),
+            std::string::npos)
+      << odd.error().message;
   // Fixed on under a stack without it: refused, naming the stack.
   PlanRequest fsdp = r;
   fsdp.training.stack = Stack::kFsdp2;

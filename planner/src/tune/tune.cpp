@@ -366,6 +366,9 @@ Result<bool> Tuner::load_state() {
 Result<std::vector<Candidate>> Tuner::ranked(const HardwareProfile& profile, int top) const {
   PlanRequest req = request_;
   req.cluster = profile;
+  // The executor runs every model chunk with a layer at least: a split that gives the embedding
+  // and the loss chunks of their own is not searched unless asked (then refused by the executor).
+  if (!req.parallel.ends_in_split) req.parallel.ends_in_split = false;
   SearchOptions so;
   so.top = top;
   so.distinct_layouts = true;
