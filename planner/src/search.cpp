@@ -102,6 +102,13 @@ auto fold_key(const ParallelConfig& p) {
                          p.recompute_layers, static_cast<int>(p.offload_optimizer), static_cast<int>(p.offload_params));
 }
 
+// Whether plans of this request may count the embedding and the loss as a layer each of their
+// pipeline split: the stack does so (Megatron-Core), the request leaves it open or asks for it, and
+// fixes no first or last stage layers (validate_plan keeps the splits that come out even).
+bool ends_may_split(const ParallelConstraints& c, const StackSpec& stack) {
+  return c.ends_in_split.value_or(true) && stack.ends_in_pipeline_split && c.first_stage_layers == 0 && c.last_stage_layers == 0;
+}
+
 // The ranking: plans with memory to spare before tight ones, then the objective's score, ties
 // broken by the layout, so that the ranking is one total order and does not depend on how the
 // search was split over threads.
@@ -148,6 +155,7 @@ std::vector<std::string> constraint_conflicts(const PlanRequest& req, const std:
   const auto n = [](long long x) { return std::to_string(x); };
   const auto name = [&](const char* key, long long value) { return prefix + key + "=" + n(value); };
   std::vector<std::string> out;
+  const StackSpec& stack = stack_spec(req.training.stack);
 
   // The mesh axes: each alone, then the product of those fixed, against the GPUs.
   const std::pair<const char*, std::optional<int>> axes[] = {{"tp", c.tp}, {"cp", c.cp}, {"pp", c.pp}, {"dp", c.dp}};
@@ -179,10 +187,9 @@ std::vector<std::string> constraint_conflicts(const PlanRequest& req, const std:
   if (c.virtual_stages && *c.virtual_stages > 1) {
     const int v = *c.virtual_stages;
     // The embedding and the loss may take a chunk's place each where the stack splits so.
-    const bool ends_may_split = c.ends_in_split.value_or(true) && stack_spec(req.training.stack).ends_in_pipeline_split &&
-                                c.first_stage_layers == 0 && c.last_stage_layers == 0;
-    const long long places = m.layers + (ends_may_split ? 2 : 0);
-    const std::string what = ends_may_split ? " layers + the embedding + the loss" : " layers";
+    const bool ends_split = ends_may_split(c, stack);
+    const long long places = m.layers + (ends_split ? 2 : 0);
+    const std::string what = ends_split ? " layers + the embedding + the loss" : " layers";
     if (c.pp && *c.pp == 1) out.push_back(name("v", v) + " (interleaved chunks per stage) needs pp > 1, but " + name("pp", 1));
     const long long chunks = c.pp ? static_cast<long long>(*c.pp) * v : 0;
     if (c.pp && chunks > places) {
@@ -192,7 +199,7 @@ std::vector<std::string> constraint_conflicts(const PlanRequest& req, const std:
       // needs layers + 2 to split evenly.
       out.push_back(name("pp", *c.pp) + " x " + name("v", v) + " = " + n(chunks) + " model chunks > the model's " + n(m.layers) +
                     " layers, and the layers + the embedding + the loss (" + n(m.layers + 2) + ") do not split evenly over them");
-    } else if (c.pp && c.ends_in_split.value_or(false) && ends_may_split && (m.layers + 2) % chunks != 0) {
+    } else if (c.pp && c.ends_in_split.value_or(false) && ends_split && (m.layers + 2) % chunks != 0) {
       out.push_back(prefix + "ends_in_split=on: the model's " + n(m.layers) + " layers + the embedding + the loss = " + n(m.layers + 2) +
                     " do not split evenly over " + name("pp", *c.pp) + " x " + name("v", v) + " = " + n(chunks) + " model chunks");
     } else if (2LL * v > places) {
@@ -221,7 +228,6 @@ std::vector<std::string> constraint_conflicts(const PlanRequest& req, const std:
     if (c.dp && *c.dp % *c.ep != 0) out.push_back(name("ep", *c.ep) + " must divide " + name("dp", *c.dp));
   }
   if (c.ends_in_split && *c.ends_in_split) {
-    const StackSpec& stack = stack_spec(req.training.stack);
     if (!stack.ends_in_pipeline_split) {
       out.push_back(prefix + "ends_in_split=on: the " + stack.name + " stack does not count the embedding and the loss as layers of its pipeline split");
     }
@@ -330,11 +336,8 @@ Result<SearchResult> search(const PlanRequest& req, const SearchOptions& options
 
   // Each plan estimated; kept as its unit's (shape's) best so far, or among the best variants of
   // its layout.
-  const auto consider = [&](Partial& part, std::optional<Scored>& shape_best, const Plan& plan, EstimateMemo& memo) {
+  const auto consider = [&](Partial& part, std::optional<Scored>& shape_best, const Plan& plan, const EstimateOptions& priced) {
     ++part.evaluated;
-    EstimateOptions priced = estimate_options;
-    priced.memo = &memo;
-    priced.explain = false;
     Estimate e = estimate(plan, priced);
     const auto better = [&](const Estimate& a, const Estimate& b) {
       if (a.fits != b.fits) return a.fits;
@@ -389,17 +392,21 @@ Result<SearchResult> search(const PlanRequest& req, const SearchOptions& options
   const bool hybrid_shard = runs.hybrid_shard, interleaved_pipeline = runs.interleaved_pipeline, stack_sequence_parallel = runs.sequence_parallel;
   // Pipeline splits: the layers alone, and, where the stack can (Megatron-Core), the embedding and
   // the loss counted as a layer each (validate_plan keeps those that split evenly).
+  const bool ends_split = ends_may_split(c, runs);
   const std::vector<bool> ends_splits = c.ends_in_split ? std::vector<bool>{*c.ends_in_split}
-                                        : runs.ends_in_pipeline_split && c.first_stage_layers == 0 && c.last_stage_layers == 0
-                                            ? std::vector<bool>{false, true}
-                                            : std::vector<bool>{false};
-  const int extra_chunks = std::find(ends_splits.begin(), ends_splits.end(), true) != ends_splits.end() ? 2 : 0;
+                                        : ends_split   ? std::vector<bool>{false, true}
+                                                       : std::vector<bool>{false};
+  const int extra_chunks = ends_split ? 2 : 0;  // model chunks that may hold no layer
   // Searches the units handed out by `next` with the given optimizer offloads.
   const auto work = [&](Partial& part, std::atomic<std::size_t>& next, const std::vector<Offload>& offloads) {
     // One plan per thread, reused: only its parallel layout changes in the loops below.
     Plan plan = base;
-    // Its layer settings priced once (plan.model and plan.cluster do not change).
+    // Its layer settings priced once (plan.model and plan.cluster do not change); reasons left to
+    // the plans returned.
     EstimateMemo memo;
+    EstimateOptions priced = estimate_options;
+    priced.memo = &memo;
+    priced.explain = false;
     for (std::size_t i = next++; i < units.size(); i = next++) {
       if (!checkpoint()) return;
       const auto [tp, cp, pp] = units[i];
@@ -464,7 +471,7 @@ Result<SearchResult> search(const PlanRequest& req, const SearchOptions& options
                         p.last_stage_layers = c.last_stage_layers;
                         p.ends_in_split = ends_in_split;
                         if (!validate_plan(plan)) continue;
-                        consider(part, shape_best, plan, memo);
+                        consider(part, shape_best, plan, priced);
                       }
                     }
                   }

@@ -165,14 +165,18 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
 
   // --- per-stage layers, parameters and times ---
   const int stages = p.pp;
-  const std::vector<int> chunk_layers =
-      p.ends_in_split ? partition_ends_in_split(mdl.layers, stages * p.virtual_stages)
-      : p.first_stage_layers > 0 || p.last_stage_layers > 0
-          ? partition_with_ends(mdl.layers, stages, p.virtual_stages, p.first_stage_layers, p.last_stage_layers)
-      : memo ? memo->partition(mdl.layers, stages * p.virtual_stages, lc.forward_total() + lc.backward_total(),
-                               ec.embedding_forward + ec.embedding_backward, ec.head_forward + ec.head_backward)
-             : partition_layers(mdl.layers, stages * p.virtual_stages, lc.forward_total() + lc.backward_total(),
-                                ec.embedding_forward + ec.embedding_backward, ec.head_forward + ec.head_backward);
+  const int model_chunks = stages * p.virtual_stages;
+  std::vector<int> chunk_layers;
+  if (p.ends_in_split) {
+    chunk_layers = partition_ends_in_split(mdl.layers, model_chunks);
+  } else if (p.first_stage_layers > 0 || p.last_stage_layers > 0) {
+    chunk_layers = partition_with_ends(mdl.layers, stages, p.virtual_stages, p.first_stage_layers, p.last_stage_layers);
+  } else {
+    const double layer_seconds = lc.forward_total() + lc.backward_total();
+    const double first_seconds = ec.embedding_forward + ec.embedding_backward, last_seconds = ec.head_forward + ec.head_backward;
+    chunk_layers = memo ? memo->partition(mdl.layers, model_chunks, layer_seconds, first_seconds, last_seconds)
+                        : partition_layers(mdl.layers, model_chunks, layer_seconds, first_seconds, last_seconds);
+  }
   std::vector<int> layers(stages, 0);
   for (std::size_t c = 0; c < chunk_layers.size(); ++c) layers[c % stages] += chunk_layers[c];
   const double t = p.tp;

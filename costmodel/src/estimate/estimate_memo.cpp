@@ -64,6 +64,13 @@ std::size_t setting_hash(const LayerSetting& s) {
   return h;
 }
 
+struct SettingHash {
+  std::size_t operator()(const LayerSetting& s) const { return setting_hash(s); }
+};
+struct SameSetting {
+  bool operator()(const LayerSetting& a, const LayerSetting& b) const { return same_setting(a, b); }
+};
+
 struct PartitionKey {
   int layers, chunks;
   double layer_seconds, first_seconds, last_seconds;
@@ -103,14 +110,12 @@ bool same_setting(const LayerSetting& a, const LayerSetting& b) {
 
 struct EstimateMemo::Impl {
   struct Entry {
-    LayerSetting setting;
     std::optional<LayerCost> layer;
     std::optional<EndsCost> ends;
   };
   // The model and profile of the first call, by name: a call naming others bypasses the memo.
   std::optional<std::string> model_name, hw_name;
-  std::unordered_map<std::size_t, std::vector<Entry>> entries;
-  std::size_t count = 0;
+  std::unordered_map<LayerSetting, Entry, SettingHash, SameSetting> entries;
   std::unordered_map<CollectiveKey, Seconds, CollectiveKeyHash> collectives;
   std::unordered_map<PartitionKey, std::vector<int>, PartitionKeyHash> partitions;
   std::unique_ptr<EstimateMemo> sustained;
@@ -126,15 +131,7 @@ struct EstimateMemo::Impl {
     return *hw_name == hw.name;
   }
 
-  Entry& entry(const LayerSetting& s) {
-    std::vector<Entry>& bucket = entries[setting_hash(s)];
-    for (Entry& e : bucket) {
-      if (same_setting(e.setting, s)) return e;
-    }
-    ++count;
-    bucket.push_back(Entry{s, std::nullopt, std::nullopt});
-    return bucket.back();
-  }
+  Entry& entry(const LayerSetting& s) { return entries[s]; }
 };
 
 EstimateMemo::EstimateMemo() : impl_(std::make_unique<Impl>()) {}
@@ -180,7 +177,7 @@ EstimateMemo& EstimateMemo::sustained() {
   return *impl_->sustained;
 }
 
-std::size_t EstimateMemo::settings() const { return impl_->count; }
+std::size_t EstimateMemo::settings() const { return impl_->entries.size(); }
 std::size_t EstimateMemo::collectives() const { return impl_->collectives.size(); }
 
 }  // namespace trainplan::costmodel
