@@ -34,7 +34,8 @@ int fail(int code, const std::string& message) {
 // planner's --fix keys to the input panel's field names.
 std::string fix_field(const std::string& key) {
   static const std::map<std::string, std::string> kAliases = {{"zero_stage", "zero"}, {"micro_batch", "mb"}, {"virtual_stages", "v"},
-                                                             {"sequence_parallel", "sp"}, {"offload_optimizer", "offload"}};
+                                                             {"sequence_parallel", "sp"}, {"offload_optimizer", "offload"},
+                                                             {"cp_comm_type", "cp_comm"}, {"ends_in_pipeline_split", "ends_in_split"}};
   const auto it = kAliases.find(key);
   return "fix/" + (it == kAliases.end() ? key : it->second);
 }
@@ -141,7 +142,9 @@ int main(int argc, char** argv) {
   for (const auto& f : fixes) {
     const auto eq = f.find('=');
     if (eq == std::string::npos || !input->set_field(QString::fromStdString(fix_field(f.substr(0, eq))), QString::fromStdString(f.substr(eq + 1)))) {
-      return fail(kExitBadInput, "--fix " + f + ": expected key=value with a known key (tp, pp, dp, cp, ep, zero, mb, v, sp, schedule, recompute, offload)");
+      return fail(kExitBadInput, "--fix " + f +
+                                     ": expected key=value with a known key (tp, pp, dp, cp, ep, zero, shard_group, mb, v, sp, schedule, recompute, "
+                                     "offload, first_stage_layers, last_stage_layers, ends_in_split, cp_comm)");
     }
   }
   static const std::map<std::string, gui::MainWindow::Tab> kTabs = {{"breakdown", gui::MainWindow::kBreakdownTab},

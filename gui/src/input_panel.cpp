@@ -59,7 +59,8 @@ const Choice kFixedChoices[] = {{"schedule", "Schedule", {"auto", "1f1b", "inter
                                 {"recompute", "Recompute", {"auto", "none", "selective", "full"}},
                                 {"sp", "Sequence parallel", {"auto", "on", "off"}},
                                 {"offload", "Optimizer offload", {"auto", "none", "cpu", "nvme"}},
-                                {"cp_comm", "CP communication", {"auto", "p2p", "all_gather", "allgather_rotate"}}};
+                                {"cp_comm", "CP communication", {"auto", "p2p", "all_gather", "allgather_rotate"}},
+                                {"ends_in_split", "Embedding and loss in the pipeline split", {"auto", "on", "off"}}};
 
 QString json_text(const nlohmann::json& v) {
   if (v.is_string()) return QString::fromStdString(v.get<std::string>());
@@ -513,6 +514,7 @@ void InputPanel::load_request(const cm::PlanRequest& request, const QString& sou
   set_line("fix/cp", number(c.cp));
   set_line("fix/ep", number(c.ep));
   set_line("fix/zero", number(c.zero_stage));
+  set_line("fix/shard_group", number(c.shard_group));
   set_line("fix/mb", number(c.micro_batch));
   set_line("fix/v", number(c.virtual_stages));
   const auto layers = [](int n) { return n > 0 ? QString::number(n) : QString(); };
@@ -523,6 +525,7 @@ void InputPanel::load_request(const cm::PlanRequest& request, const QString& sou
   set_choice("fix/sp", c.sequence_parallel ? (*c.sequence_parallel ? QStringLiteral("on") : QStringLiteral("off")) : QStringLiteral("auto"));
   set_choice("fix/offload", c.offload_optimizer ? QString::fromUtf8(cm::offload_name(*c.offload_optimizer)) : QStringLiteral("auto"));
   set_choice("fix/cp_comm", c.cp_comm ? QString::fromUtf8(cm::cp_comm_type_name(*c.cp_comm)) : QStringLiteral("auto"));
+  set_choice("fix/ends_in_split", c.ends_in_split ? (*c.ends_in_split ? QStringLiteral("on") : QStringLiteral("off")) : QStringLiteral("auto"));
   update_nodes_from_gpus();
   filling_ = false;
   emit changed();

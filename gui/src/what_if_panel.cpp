@@ -68,6 +68,7 @@ WhatIfPanel::WhatIfPanel(QWidget* parent) : QWidget(parent) {
   choice("prefetch", "Prefetch next unit (ZeRO-3)", {"on", "off"});
   choice("reduce_dtype", "Gradient reduction dtype", {"fp32", "bf16", "fp16"});
   choice("overlap_grad_reduce", "Overlap gradient reduction", {"on", "off"});
+  choice("ends_in_split", "Embedding and loss in the pipeline split", {"off", "on"});
   keep_gpus_ = new QCheckBox(tr("Keep the GPU count (DP follows TP, PP, CP)"), this);
   keep_gpus_->setObjectName(QStringLiteral("whatif/keep_gpus"));
   keep_gpus_->setChecked(true);
@@ -108,6 +109,7 @@ void WhatIfPanel::set_plan(const cm::Plan& plan, const cm::Estimate& estimate) {
   choose("prefetch", p.prefetch ? "on" : "off");
   choose("reduce_dtype", cm::dtype_name(p.reduce_dtype));
   choose("overlap_grad_reduce", p.overlap_grad_reduce ? "on" : "off");
+  choose("ends_in_split", p.ends_in_split ? "on" : "off");
   filling_ = false;
   setEnabled(true);
   base_->setText(tr("%1 on %2 GPUs: %3").arg(QString::fromStdString(plan.model.name)).arg(plan.gpus).arg(layout_text(p)));
@@ -159,6 +161,7 @@ cm::Plan WhatIfPanel::edited_plan() const {
   const QString reduce = c("reduce_dtype");
   p.reduce_dtype = reduce == QStringLiteral("bf16") ? cm::Dtype::kBf16 : reduce == QStringLiteral("fp16") ? cm::Dtype::kFp16 : cm::Dtype::kFp32;
   p.overlap_grad_reduce = c("overlap_grad_reduce") == QStringLiteral("on");
+  p.ends_in_split = c("ends_in_split") == QStringLiteral("on");
   return plan;
 }
 

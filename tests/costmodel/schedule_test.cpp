@@ -115,6 +115,39 @@ TEST(SimulatePipeline, TransfersAndSlowStageStretchTheStep) {
   EXPECT_FALSE(simulate_pipeline(PipelineTimeline{2, 1, 4, Schedule::kOneFOneB, {1}, {1}, 0, 0, {}}));
 }
 
+// Chunks of a stage that hold different layers take different times (the estimate's chunk_layers,
+// ends_in_split: the first chunk holds the embedding alone). p = 2, v = 2, m = 2; a layer 1 s
+// forward, 2 s backward; the embedding 0.5 s each way, the head 1 s; chunk_layers {0, 2, 2, 1}:
+// positions 0 (stage 0) 0.5 / 0.5, 1 (stage 1) 2 / 4, 2 (stage 0) 2 / 4, 3 (stage 1) 2 / 3. By
+// hand (stage: pass mb.chunk [start, end]): 0: F0.0 [0,0.5] F1.0 [0.5,1]; 1: F0.0 [0.5,2.5]
+// F1.0 [2.5,4.5]; 0: F0.1 [2.5,4.5] F1.1 [4.5,6.5]; 1: F0.1 [4.5,6.5] B0.1 [6.5,9.5] F1.1
+// [9.5,11.5] B1.1 [11.5,14.5]; 0: B0.1 [9.5,13.5] B1.1 [14.5,18.5]; 1: B0.0 [14.5,18.5] B1.0
+// [18.5,22.5]; 0: B0.0 [18.5,19] B1.0 [22.5,23]. Stage time / v for every chunk would draw stage
+// 0's embedding chunk as long as its two-layer chunk.
+TEST(SimulatePipeline, EachChunkTakesItsOwnLayers) {
+  auto t = balanced(Schedule::kInterleaved, 2, 2, 2, 2.5, 4.5);
+  t.forward_seconds = {2.5, 4.0};
+  t.backward_seconds = {4.5, 7.0};
+  t.chunk_layers = {0, 2, 2, 1};
+  t.layer_forward_seconds = 1;
+  t.layer_backward_seconds = 2;
+  t.embedding_forward_seconds = t.embedding_backward_seconds = 0.5;
+  t.head_forward_seconds = t.head_backward_seconds = 1;
+  EXPECT_DOUBLE_EQ(t.chunk_forward_seconds(0), 0.5);
+  EXPECT_DOUBLE_EQ(t.chunk_backward_seconds(3), 3.0);
+  auto sim = simulate_pipeline(t);
+  ASSERT_TRUE(sim) << sim.error().message;
+  EXPECT_DOUBLE_EQ(sim->makespan, 23.0);
+  EXPECT_DOUBLE_EQ(sim->busy_seconds[0], 14.0);  // 2 x (0.5 + 0.5 + 2 + 4)
+  EXPECT_DOUBLE_EQ(sim->busy_seconds[1], 22.0);  // 2 x (2 + 4 + 2 + 3)
+  EXPECT_DOUBLE_EQ(sim->bubble_fraction, (9.0 / 14.0 + 1.0 / 22.0) / 2.0);
+  t.chunk_layers = {1, 2, 1};  // not stages x virtual_stages entries
+  const auto refused = simulate_pipeline(t);
+  ASSERT_FALSE(refused);
+  EXPECT_NE(refused.error().message.find("chunk_layers has 3 entries, not stages x virtual_stages = 4"), std::string::npos)
+      << refused.error().message;
+}
+
 // A stage that exchanges after each pass (pass_comm_seconds) computes nothing meanwhile. By hand
 // (p = 2, m = 2, forward 1 s, backward 2 s, exchange 0.5 s, hop 0.5 s; stage: pass [start, end]):
 // 0: F0 [0,1] F1 [1.5,2.5]; 1: F0 [1.5,2.5] B0 [3,5]; 0: B0 [5.5,7.5]; 1: F1 [5.5,6.5]

@@ -3,8 +3,10 @@
 // measurement overlays the prediction, the exports are files the planner reads back, and the
 // Launch and CLI tab shows the planner's export of the selected plan for each stack.
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <numeric>
 
 #include <QCheckBox>
 #include <QComboBox>
@@ -148,6 +150,55 @@ TEST_F(MainWindowTest, ShardingAndReductionKnobsReachTheEstimate) {
     EXPECT_DOUBLE_EQ(selected().estimate.memory.total.value(), e.memory.total.value()) << edit.knob;
   }
   EXPECT_FALSE(window_.what_if_panel()->set_knob(QStringLiteral("reduce_dtype"), QStringLiteral("int4")));
+}
+
+// The embedding and the loss counted in the pipeline split (Megatron-Core's
+// --account-for-embedding/loss-in-pipeline-split): a fixed field, a knob, kept by a plan file,
+// and drawn. TinyLlama's 22 layers + 2 over 4 stages of 3 chunks: 2 places each, so the first
+// chunk holds the embedding and a layer, the last a layer and the loss, the others 2 layers.
+TEST_F(MainWindowTest, TheEndsInThePipelineSplitAreAFieldAKnobAndDrawn) {
+  search({{QStringLiteral("model"), QStringLiteral("tinyllama-1.1b")}, {QStringLiteral("gpus"), QStringLiteral("8")},
+          {QStringLiteral("stack"), QStringLiteral("megatron-te")}, {QStringLiteral("fix/tp"), QStringLiteral("1")},
+          {QStringLiteral("fix/pp"), QStringLiteral("4")}, {QStringLiteral("fix/v"), QStringLiteral("3")},
+          {QStringLiteral("fix/ends_in_split"), QStringLiteral("on")}});
+  ASSERT_TRUE(selected().plan.parallel.ends_in_split);
+  std::vector<int> two_each(12, 2);
+  two_each.front() = two_each.back() = 1;
+  EXPECT_EQ(selected().estimate.pipeline.chunk_layers, two_each);
+  // The drawing: stage 0's embedding chunk is shorter than its other chunks, each as the estimate's.
+  const auto& schedule = window_.session()->schedule();
+  ASSERT_TRUE(schedule.has_value());
+  const costmodel::PipelineTimeline& t = selected().estimate.pipeline;
+  int drawn = 0;
+  for (const auto& pass : schedule->passes) {
+    if (pass.stage != 0 || pass.pass.kind != costmodel::PassKind::kForward) continue;
+    EXPECT_NEAR(pass.end - pass.start, t.chunk_forward_seconds(pass.pass.chunk * t.stages), 1e-12);
+    ++drawn;
+  }
+  EXPECT_EQ(drawn, 3 * t.micro_batches);
+  EXPECT_NEAR(t.chunk_forward_seconds(0) / t.chunk_forward_seconds(t.stages),
+              (t.layer_forward_seconds + t.embedding_forward_seconds) / (2 * t.layer_forward_seconds), 1e-12);
+  EXPECT_LT(t.chunk_forward_seconds(0), 0.6 * t.chunk_forward_seconds(t.stages));
+
+  // A plan file keeps it: its input shows it, and the re-plan keeps it.
+  QTemporaryDir dir;
+  ASSERT_TRUE(dir.isValid());
+  const QString path = dir.filePath(QStringLiteral("split.plan.json"));
+  ASSERT_TRUE(window_.export_plan_json(path)) << window_.last_error().toStdString();
+  ASSERT_TRUE(window_.input_panel()->set_field(QStringLiteral("fix/ends_in_split"), QStringLiteral("auto")));
+  ASSERT_TRUE(window_.session()->wait_idle(kTimeoutMs));
+  open(path.toStdString());
+  EXPECT_EQ(window_.input_panel()->field_text(QStringLiteral("fix/ends_in_split")), QStringLiteral("on"));
+  ASSERT_TRUE(selected().plan.parallel.ends_in_split);
+
+  // The knob turns it off: the estimate is the cost model's of the plan without it.
+  costmodel::Plan expected = selected().plan;
+  expected.parallel.ends_in_split = false;
+  ASSERT_TRUE(window_.what_if_panel()->set_knob(QStringLiteral("ends_in_split"), QStringLiteral("off")));
+  EXPECT_FALSE(selected().plan.parallel.ends_in_split);
+  EXPECT_DOUBLE_EQ(selected().estimate.time.step.value(), costmodel::estimate(expected).time.step.value());
+  EXPECT_EQ(std::accumulate(selected().estimate.pipeline.chunk_layers.begin(), selected().estimate.pipeline.chunk_layers.end(), 0), 22);
+  EXPECT_GE(*std::min_element(selected().estimate.pipeline.chunk_layers.begin(), selected().estimate.pipeline.chunk_layers.end()), 1);
 }
 
 TEST_F(MainWindowTest, AnInvalidKnobShowsTheValidateErrorAndKeepsTheLastEstimate) {

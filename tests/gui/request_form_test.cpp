@@ -74,6 +74,7 @@ TEST(RequestForm, EveryBadValueIsAnErrorAtItsFieldWithTheReason) {
       {"unknown fp8 recipe", [](RequestForm& f) { f.fp8_recipe = "blockwise"; }, "fp8_recipe", "must be one of stack, delayed, current"},
       {"delayed fp8 under torchtitan", [](RequestForm& f) { f.stack = "fsdp2"; f.precision = "fp8"; f.fp8_recipe = "delayed"; }, "fp8_recipe",
        "current amax only"},
+      {"ends in the split neither on nor off", [](RequestForm& f) { f.fixed["ends_in_split"] = "maybe"; }, "fix/ends_in_split", "must be on or off"},
       {"first stage with more layers than the model", [](RequestForm& f) { f.fixed["pp"] = "4"; f.fixed["first_stage_layers"] = "90"; }, "fix/first_stage_layers", ""},
   };
   for (const auto& c : cases) {

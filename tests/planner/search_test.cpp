@@ -414,6 +414,20 @@ TEST(Search, CountsTheEmbeddingAndTheLossInThePipelineSplitWhereTheStackDoes) {
   for (const auto& c : s.ranked) {
     EXPECT_TRUE(c.plan.parallel.ends_in_split);
     EXPECT_EQ(c.estimate.pipeline.chunk_layers.front(), 0);
+    // The drawn schedule's chunks: the first is the embedding alone, the last the loss alone
+    // (128 chunks of one place each), each the share of its stage's time that its part of the
+    // model takes; a stage's chunks add up to its time.
+    const PipelineTimeline& t = c.estimate.pipeline;
+    const int last = t.stages * t.virtual_stages - 1;
+    EXPECT_NEAR(t.chunk_forward_seconds(0) / t.chunk_forward_seconds(t.stages), t.embedding_forward_seconds / t.layer_forward_seconds, 1e-12);
+    EXPECT_NEAR(t.chunk_backward_seconds(last) / t.chunk_backward_seconds(last - t.stages), t.head_backward_seconds / t.layer_backward_seconds,
+                1e-12);
+    EXPECT_LT(t.chunk_forward_seconds(0), t.chunk_forward_seconds(t.stages));
+    for (int stage : {0, t.stages - 1}) {
+      double forward = 0;
+      for (int chunk = 0; chunk < t.virtual_stages; ++chunk) forward += t.chunk_forward_seconds(chunk * t.stages + stage);
+      EXPECT_NEAR(forward, t.forward_seconds[static_cast<std::size_t>(stage)], 1e-12 * forward) << "stage " << stage;
+    }
   }
   // Unfixed virtual stages: both splits are searched, and the recommendation is the faster.
   PlanRequest open = r;

@@ -663,6 +663,12 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
   pl.p2p_seconds = p2p;
   pl.pass_comm_seconds = pass_comm;
   pl.chunk_layers = chunk_layers;
+  pl.layer_forward_seconds = lc.forward_total();
+  pl.layer_backward_seconds = lc.backward_total();
+  pl.embedding_forward_seconds = ec.embedding_forward;
+  pl.embedding_backward_seconds = ec.embedding_backward;
+  pl.head_forward_seconds = ec.head_forward;
+  pl.head_backward_seconds = ec.head_backward;
   pl.forward_seconds.reserve(st.size());
   pl.backward_seconds.reserve(st.size());
   for (const auto& x : st) {

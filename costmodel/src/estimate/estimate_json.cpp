@@ -34,6 +34,14 @@ nlohmann::json estimate_to_json(const Plan& plan, const Estimate& e) {
       {"pass_comm_seconds", e.pipeline.pass_comm_seconds},
       {"chunk_layers", e.pipeline.chunk_layers},
   };
+  // Each model chunk's pass in pipeline order (the chunks of a stage differ where their layers do).
+  nlohmann::json chunk_forward = nlohmann::json::array(), chunk_backward = nlohmann::json::array();
+  for (int c = 0; c < e.pipeline.stages * e.pipeline.virtual_stages && !e.pipeline.forward_seconds.empty(); ++c) {
+    chunk_forward.push_back(e.pipeline.chunk_forward_seconds(c));
+    chunk_backward.push_back(e.pipeline.chunk_backward_seconds(c));
+  }
+  pipeline["chunk_forward_seconds"] = std::move(chunk_forward);
+  pipeline["chunk_backward_seconds"] = std::move(chunk_backward);
   return {
       {"schema", "trainplan/estimate/v1"},
       {"name", plan.name},

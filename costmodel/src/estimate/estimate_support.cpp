@@ -257,6 +257,33 @@ std::vector<int> partition_with_ends(int layers, int stages, int virtual_stages,
   return n;
 }
 
+namespace {
+
+// A stage's time shared over its chunks in proportion to each chunk's layers and ends (the
+// stage's own passes, its gradient pass, copies and host wait, scale with what it holds).
+double chunk_share(const PipelineTimeline& t, int position, const std::vector<double>& stage_seconds, double layer, double embedding,
+                   double head) {
+  const int stage = position % t.stages, chunks = t.stages * t.virtual_stages;
+  const double whole = stage_seconds[static_cast<std::size_t>(stage)];
+  if (static_cast<int>(t.chunk_layers.size()) != chunks) return whole / t.virtual_stages;
+  const auto own = [&](int pos) {
+    return t.chunk_layers[static_cast<std::size_t>(pos)] * layer + (pos == 0 ? embedding : 0.0) + (pos == chunks - 1 ? head : 0.0);
+  };
+  double sum = 0;
+  for (int c = 0; c < t.virtual_stages; ++c) sum += own(c * t.stages + stage);
+  return sum > 0 ? whole * own(position) / sum : whole / t.virtual_stages;
+}
+
+}  // namespace
+
+double PipelineTimeline::chunk_forward_seconds(int position) const {
+  return chunk_share(*this, position, forward_seconds, layer_forward_seconds, embedding_forward_seconds, head_forward_seconds);
+}
+
+double PipelineTimeline::chunk_backward_seconds(int position) const {
+  return chunk_share(*this, position, backward_seconds, layer_backward_seconds, embedding_backward_seconds, head_backward_seconds);
+}
+
 std::vector<int> partition_ends_in_split(int layers, int chunks) {
   std::vector<int> n(static_cast<std::size_t>(chunks), (layers + 2) / chunks);
   --n.front();

@@ -91,6 +91,10 @@ Result<ScheduleSimulation> simulate_pipeline(const PipelineTimeline& t) {
                  " stages"};
   }
   const int positions = p * v;  // model chunks in pipeline order
+  if (!t.chunk_layers.empty() && static_cast<int>(t.chunk_layers.size()) != positions) {
+    return Error{"pipeline simulation: chunk_layers has " + std::to_string(t.chunk_layers.size()) + " entries, not stages x virtual_stages = " +
+                 std::to_string(positions)};
+  }
   constexpr double kNotYet = -1;
   // done[kind][position][micro_batch]: when that pass ended.
   std::vector<std::vector<double>> fwd_end(positions, std::vector<double>(m, kNotYet));
@@ -123,7 +127,7 @@ Result<ScheduleSimulation> simulate_pipeline(const PipelineTimeline& t) {
             ready = std::max(ready, bwd_end[pos + 1][i] + ((pos + 1) % p != s ? t.p2p_seconds : 0.0));
           }
         }
-        const double length = (pass.kind == PassKind::kForward ? t.forward_seconds[s] : t.backward_seconds[s]) / v;
+        const double length = pass.kind == PassKind::kForward ? t.chunk_forward_seconds(pos) : t.chunk_backward_seconds(pos);
         ScheduledPass sp{s, pass, std::max(ready, free_at[s]), 0};
         sp.end = sp.start + length;
         free_at[s] = sp.end + t.pass_comm_seconds;  // the stage's exchange after the pass

@@ -136,6 +136,21 @@ struct PipelineTimeline {
   // chunk c of stage s is entry c * stages + s): partition_layers with the layer, embedding and
   // head times of this plan. The executor partitions its stages with these counts.
   std::vector<int> chunk_layers;
+  // With chunk_layers: one transformer layer's forward and backward (recompute included), and what
+  // the embedding adds to the first chunk and the output layer with the loss to the last. The
+  // chunks of a stage need not take the same time: a chunk may hold only the embedding or the
+  // loss (ends_in_split), or a layer fewer than its neighbours.
+  double layer_forward_seconds = 0, layer_backward_seconds = 0;
+  double embedding_forward_seconds = 0, embedding_backward_seconds = 0;
+  double head_forward_seconds = 0, head_backward_seconds = 0;
+
+  // One pass of model chunk `position` (pipeline order: chunk c of stage s is c * stages + s):
+  // its stage's forward_seconds (backward_seconds) shared over the stage's chunks in proportion
+  // to their layers and ends (the stage's gradient pass, copies and host wait with them), where
+  // chunk_layers names every chunk; else the stage's time / virtual_stages.
+  // REQUIRES: 0 <= position < stages * virtual_stages; forward_seconds and backward_seconds per stage.
+  [[nodiscard]] double chunk_forward_seconds(int position) const;
+  [[nodiscard]] double chunk_backward_seconds(int position) const;
 };
 
 // Splits `layers` transformer layers into `chunks` contiguous chunks (>= 1 layer each) that

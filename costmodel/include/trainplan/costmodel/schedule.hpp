@@ -65,7 +65,8 @@ struct ScheduleSimulation {
 [[nodiscard]] double micro_batches_in_flight(const ParallelConfig& parallel, int stage, int micro_batches);
 
 // Simulates pipeline_order(timeline.schedule, ...) with a pass of chunk c on stage s taking
-// forward_seconds[s] / v (backward likewise), the stage then held pass_comm_seconds by its
+// timeline.chunk_forward_seconds(c * p + s) (its share of the stage's time by its layers and ends;
+// forward_seconds[s] / v without chunk_layers; backward likewise), the stage then held pass_comm_seconds by its
 // exchange (idle, not computing), and each transfer between stages arriving p2p_seconds after
 // the pass that sent it ended. A pass starts when its stage is free and its input has arrived.
 [[nodiscard]] Result<ScheduleSimulation> simulate_pipeline(const PipelineTimeline& timeline);
