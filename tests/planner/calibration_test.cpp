@@ -209,5 +209,26 @@ TEST(TorchtitanA100, EveryRunIsPredicted) {
   EXPECT_EQ(table.rows.size(), 8u);
 }
 
+// torchtitan's community benchmarks on 500 W H100 and on H200 (benchmarks/ of pytorch/torchtitan
+// b5bcd76c6, tests/data/torchtitan_h100_h200.csv): every run predicted, and the peak reserved
+// memory the Trainy H200 runs logged (47.96 and 46.97 GiB at step 100, FSDP2 + compile, fp8, local
+// batch 2 of 8K tokens) within 10%, the fit boundary of item 4 of issue 32. The step times are
+// printed, not bounded: the 500 W clock is not published (docs/accuracy.md).
+TEST(TorchtitanH100H200, EveryRunIsPredictedAndThePeakReservedMemoryWithin10Percent) {
+  const auto table = checked(planner::validate_torchtitan_h100_h200());
+  print(table);
+  ASSERT_EQ(table.rows.size(), 8u);  // 6 runs, 2 of them with memory
+  int memory_rows = 0;
+  for (const auto& row : table.rows) {
+    EXPECT_GT(row.predicted, 0) << row.label;
+    EXPECT_TRUE(row.fits) << row.label << ": these runs ran";
+    if (row.label.find("reserved GiB") == std::string::npos) continue;
+    ++memory_rows;
+    EXPECT_NEAR(row.predicted / row.published, 1.0, 0.10) << row.label;
+  }
+  EXPECT_EQ(memory_rows, 2);
+  EXPECT_DOUBLE_EQ(table.rows[4].published, 10938);  // the first H200 run's tokens/s per GPU, as the file prints it
+}
+
 }  // namespace
 }  // namespace trainplan

@@ -94,6 +94,8 @@ void summarise(ValidationTable& table);
 [[nodiscard]] costmodel::Result<ValidationTable> validate_fsdp_runs_a100();
 // torchtitan's published A100 runs (64 x A100-80GB, FSDP): MFU in percent.
 [[nodiscard]] costmodel::Result<ValidationTable> validate_torchtitan_a100();
+// torchtitan's community benchmarks on H100 (500 W) and H200: tokens/s per GPU and peak reserved memory.
+[[nodiscard]] costmodel::Result<ValidationTable> validate_torchtitan_h100_h200();
 
 // All of the above, in that order.
 [[nodiscard]] costmodel::Result<std::vector<ValidationTable>> validate_published();
