@@ -125,8 +125,6 @@ std::string field_of_message(const std::string& message, const std::string& docu
       {"/parallel/recompute", "fix/recompute"},
       {"/parallel/recompute_layers", "fix/recompute"},
       {"/parallel/offload_optimizer", "fix/offload"},
-      {"/parallel/cp_comm_type", "fix/cp_comm"},
-      {"/parallel/ends_in_pipeline_split", "fix/ends_in_split"},
       {"/training/seq_len", "seq_len"},
       {"/training/global_batch", "global_batch"},
       {"/training/precision", "precision"},

@@ -162,6 +162,12 @@ std::string recompute_note(const costmodel::Plan& plan) {
   return s + fmt(", mb=%d", p.micro_batch);
 }
 
+// A table's model name as its preset is named ("Llama3-8B" is llama3-8b).
+std::string lowercase(std::string name) {
+  for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return name;
+}
+
 // The FSDP-style request shared by the FSDP and torchtitan tables: every GPU in data
 // parallelism with ZeRO-3 (FULL_SHARD), bf16, the rest at the search's defaults.
 costmodel::PlanRequest fsdp_request(costmodel::ModelSpec model, costmodel::HardwareProfile cluster, int gpus, long long seq_len,
@@ -448,9 +454,7 @@ Result<ValidationTable> validate_torchtitan_a100() {
       const std::string ac = t.text(row, "act_ckpt");
       if (t.text(row, "gpu") != "A100-80GB") t.fail(row, "gpu: only A100-80GB runs are reproduced (got \"" + t.text(row, "gpu") + "\")");
       if (!starts_with(t.text(row, "parallelism"), "FSDP")) t.fail(row, "parallelism: only FSDP runs are reproduced");
-      std::string preset = name;
-      for (char& c : preset) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-      costmodel::ModelSpec model = checked(costmodel::find_model(preset));
+      costmodel::ModelSpec model = checked(costmodel::find_model(lowercase(name)));
       costmodel::Recompute r = costmodel::Recompute::kNone;
       int recompute_layers = 0;
       if (ac == "full") {
@@ -498,8 +502,6 @@ Result<ValidationTable> validate_torchtitan_h100_h200() {
     teton.gpu.hbm_bandwidth = costmodel::BytesPerSecond(2.4e12);
     const costmodel::HardwareProfile h200 = checked(costmodel::find_hwprofile("dgx-h200"));
     for (const CsvRow& row : t.rows) {
-      std::string preset = t.text(row, "model");
-      for (char& c : preset) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
       const std::string gpu = t.text(row, "gpu");
       if (gpu != "H100-96GB-500W" && gpu != "H200") t.fail(row, "gpu: must be H100-96GB-500W or H200 (got \"" + gpu + "\")");
       const std::string ac = t.text(row, "act_ckpt");
@@ -509,7 +511,7 @@ Result<ValidationTable> validate_torchtitan_h100_h200() {
       const int gpus = t.integer(row, "gpus"), tp = t.integer(row, "tp"), dp = t.integer(row, "dp");
       if (tp * dp != gpus) t.fail(row, "tp x dp must be gpus");
       costmodel::PlanRequest req =
-          fsdp_request(checked(costmodel::find_model(preset)), gpu == "H200" ? h200 : teton, gpus, static_cast<long long>(t.number(row, "seq")),
+          fsdp_request(checked(costmodel::find_model(lowercase(t.text(row, "model")))), gpu == "H200" ? h200 : teton, gpus, static_cast<long long>(t.number(row, "seq")),
                        static_cast<long long>(t.number(row, "global_batch")), costmodel::Stack::kFsdp2Compile,
                        ac == "full" ? costmodel::Recompute::kFull : costmodel::Recompute::kSelective, t.integer(row, "local_batch"));
       if (precision == "fp8") {
