@@ -154,6 +154,7 @@ std::string label(const std::string& key) {
       {"compute_seconds", "compute"},
       {"recompute_seconds", "recompute"},
       {"tp_comm_seconds", "tensor-parallel comm"},
+      {"tp_copy_seconds", "of it, DTensor's sequence-shard copies"},
       {"cp_comm_seconds", "context-parallel comm"},
       {"ep_comm_seconds", "expert-parallel comm"},
       {"pp_comm_seconds", "pipeline p2p"},

@@ -192,7 +192,8 @@ std::string time_table(const Plan& plan, const Estimate& e, bool md) {
   };
   add("compute", t.compute, count_text(e.micro_batches, "micro-batch", "micro-batches"));
   add("recompute", t.recompute, "");
-  add("tensor-parallel comm", t.tp_comm, "exposed");
+  add("tensor-parallel comm", t.tp_comm,
+      t.tp_copies.value() > 0 ? "exposed, incl. " + bounded_number(t.tp_copies.value(), 3) + " s of DTensor's sequence-shard copies" : "exposed");
   add("context-parallel comm", t.cp_comm, cp_comm_note(plan));
   add("expert-parallel comm", t.ep_comm, "all-to-all");
   add("pipeline p2p", t.pp_comm, "");

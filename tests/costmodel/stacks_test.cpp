@@ -634,6 +634,93 @@ TEST(DeepspeedReuse, KeepsTheLastLayersWithinTheReuseDistance) {
 // FSDP1 and Lightning's FSDPStrategy have no TP, CP or PP with it); DeepSpeed's pipeline engine
 // asserts ZeRO below 2 (runtime/pipe/engine.py) and its Ulysses sequence parallelism is no ring;
 // torchtitan's FSDP2 composes all of them. The search never recommends what the stack lacks.
+// PyTorch's tensor parallelism (DTensor, as torchtitan runs it) shards [batch, seq, hidden]
+// activations on the sequence, while NCCL gathers and scatters along the first dimension: each
+// sequence-parallel reduce-scatter concatenates its input's chunks first, and each all-gather of
+// more than one sequence rearranges its output (torch 2.11.0 _functional_collectives.py
+// reduce_scatter_tensor and all_gather_tensor, _utils.py _maybe_view_chunk_cat: a view at batch 1).
+// Llama 3 8B, tp 2 in a node, two sequences of 4096 tokens: the gathered tensor is 8192 x 4096
+// bf16, 64 MiB, read and written by each copy; 4 copies in forward (2 reduce-scatters, 2
+// all-gathers) and 4 in backward (their conjugates); 2 and 2 at one sequence. Megatron's
+// [seq, batch, hidden] layout gathers along the first dimension and copies nothing.
+TEST(TensorParallel, DTensorCopiesTheSequenceShardsAroundEachCollective) {
+  const HardwareProfile hw = testing::cluster("dgx-h100");
+  const ModelSpec m = testing::model("llama3-8b");
+  LayerSetting s;
+  s.micro_batch = 2;
+  s.seq_len = 4096;
+  s.tp = 2;
+  s.sequence_parallel = true;
+  s.tp_group = CollectiveGroup{2, 2};
+  const KernelRates rates(hw.gpu, Dtype::kBf16);
+  const Bytes gathered(8192.0 * 4096 * 2);
+  const double copy = rates.stream(2.0 * gathered.value());
+  const auto layer = [&](Stack stack, double micro_batch, Recompute recompute, bool sp) {
+    LayerSetting x = s;
+    x.stack = stack;
+    x.micro_batch = micro_batch;
+    x.seq_len = 8192 / micro_batch;
+    x.recompute = recompute;
+    x.sequence_parallel = sp;
+    return transformer_layer_cost(m, hw, x);
+  };
+  const LayerCost megatron = layer(Stack::kMegatronTe, 2, Recompute::kNone, true);
+  for (Stack stack : {Stack::kPytorchEager, Stack::kTorchCompile, Stack::kFsdp2, Stack::kFsdp2Compile}) {
+    SCOPED_TRACE(stack_spec(stack).name);
+    const LayerCost two = layer(stack, 2, Recompute::kNone, true);
+    EXPECT_NEAR(two.tp_comm_forward - megatron.tp_comm_forward, 4 * copy, 1e-12);
+    EXPECT_NEAR(two.tp_comm_backward - megatron.tp_comm_backward, 4 * copy, 1e-12);
+    EXPECT_NEAR(two.tp_copies, 8 * copy, 1e-12);
+    const LayerCost one = layer(stack, 1, Recompute::kNone, true);
+    EXPECT_NEAR(one.tp_comm_forward - megatron.tp_comm_forward, 2 * copy, 1e-12);
+    EXPECT_NEAR(one.tp_copies, 4 * copy, 1e-12);
+    // Full recompute runs the forward's collectives, and their copies, again.
+    const LayerCost full = layer(stack, 2, Recompute::kFull, true);
+    EXPECT_NEAR(full.tp_comm_recompute, full.tp_comm_forward, 1e-15);
+    EXPECT_NEAR(full.tp_copies, 12 * copy, 1e-12);
+    // Without sequence parallelism the row-parallel outputs are all-reduced whole: no copy.
+    EXPECT_EQ(layer(stack, 2, Recompute::kNone, false).tp_copies, 0.0);
+  }
+  EXPECT_EQ(megatron.tp_copies, 0.0);
+  EXPECT_EQ(layer(Stack::kTrainplan, 2, Recompute::kNone, true).tp_copies, 0.0);
+}
+
+// torchtitan's op-level selective recompute saves the reduce-scatters' outputs but no all-gather
+// or all-reduce (torchtitan 820504e parallelize_llama.py _save_list), and torch.compile recomputes
+// a collective the checkpointed region marks for recompute (torch 2.11.0
+// _functorch/partitioners.py force_save_collectives): the recomputed wk and w3 GEMMs take their
+// gathered inputs from the two sequence-parallel all-gathers again (with their copies at two
+// sequences); without sequence parallelism the second norm's input needs the attention output's
+// all-reduce again. Megatron's selective recompute reruns no collective.
+TEST(TensorParallel, OpLevelSelectiveRecomputeGathersTheRecomputedGemmsInputsAgain) {
+  const HardwareProfile hw = testing::cluster("dgx-h100");
+  const ModelSpec m = testing::model("llama3-8b");
+  LayerSetting s;
+  s.micro_batch = 2;
+  s.seq_len = 4096;
+  s.tp = 2;
+  s.sequence_parallel = true;
+  s.tp_group = CollectiveGroup{2, 2};
+  s.recompute = Recompute::kSelective;
+  const KernelRates rates(hw.gpu, Dtype::kBf16);
+  const Bytes gathered(8192.0 * 4096 * 2);
+  const double copy = rates.stream(2.0 * gathered.value());
+  const double gather = collective_time(hw, Collective::kAllGather, gathered, s.tp_group).value();
+  for (Stack stack : {Stack::kFsdp2, Stack::kFsdp2Compile}) {
+    SCOPED_TRACE(stack_spec(stack).name);
+    s.stack = stack;
+    s.sequence_parallel = true;
+    const LayerCost sp = transformer_layer_cost(m, hw, s);
+    EXPECT_NEAR(sp.tp_comm_recompute, 2 * (gather + copy), 1e-12);
+    EXPECT_NEAR(sp.tp_copies, 10 * copy, 1e-12);
+    s.sequence_parallel = false;
+    EXPECT_NEAR(transformer_layer_cost(m, hw, s).tp_comm_recompute, collective_time(hw, Collective::kAllReduce, gathered, s.tp_group).value(), 1e-12);
+  }
+  s.stack = Stack::kMegatronTe;
+  s.sequence_parallel = true;
+  EXPECT_EQ(transformer_layer_cost(m, hw, s).tp_comm_recompute, 0.0);
+}
+
 TEST(StackCapabilities, ArePlanErrorsNamingTheField) {
   Plan p = testing::make_plan("llama3-8b", "dgx-h100", 16, 4096, 64);
   p.parallel.dp = 8;

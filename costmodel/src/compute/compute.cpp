@@ -299,6 +299,17 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
                            : collective_time(hw, Collective::kAllReduce, block, s.tp_group).value();
     c.tp_comm_forward = 2.0 * one;   // after attention and after the MLP (or gather before each)
     c.tp_comm_backward = 2.0 * one;  // the conjugate operators
+    if (s.sequence_parallel && stack.sequence_parallel_rearranges) {
+      // DTensor's copies (stack.hpp): the two reduce-scatters' inputs always, the two all-gathers'
+      // outputs where the micro-batch holds more than one sequence; each reads and writes the
+      // gathered tensor. The backward's conjugates (an all-gather's is a reduce-scatter on the
+      // same dimension, and the reverse) copy as many.
+      const double copies = 2.0 + (s.micro_batch > 1 ? 2.0 : 0.0);
+      const double copy = copies * rates.stream(2.0 * T * h * e);
+      c.tp_comm_forward += copy;
+      c.tp_comm_backward += copy;
+      c.tp_copies = 2.0 * copy;
+    }
     // The executor gathers the column-parallel GEMMs' input again in backward (stack.hpp), and
     // its GEMMs wait for it; Megatron-Core overlaps that gather with the input-gradient GEMM.
     // Not for a group whose input nothing keeps (LoRA: no undropped adapter on it).
@@ -468,6 +479,23 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
         }
         c.recompute = recompute_pointwise + gemms + rotary_forward;
         c.forward_transient_bytes = std::max(c.forward_transient_bytes, T * kv_local * e + Tn * h * e);
+        if (s.tp > 1) {
+          // The policy saves reduce-scatters but no all-gather or all-reduce (torchtitan 820504e
+          // models/llama3/parallelize_llama.py _save_list), and under torch.compile a collective
+          // the user's checkpoint region marks for recompute is recomputed too (torch 2.11.0
+          // torch/_functorch/partitioners.py force_save_collectives). So the recomputed wk and w3
+          // take their gathered input from their all-gathers again, under sequence parallelism
+          // (with DTensor's copies, as in forward); without it the block's second norm takes the
+          // residual stream from the attention output's all-reduce again.
+          const Bytes block(T * h * e);
+          if (s.sequence_parallel) {
+            const double copy = stack.sequence_parallel_rearranges && s.micro_batch > 1 ? rates.stream(2.0 * T * h * e) : 0.0;
+            c.tp_comm_recompute = 2.0 * (collective_time(hw, Collective::kAllGather, block, s.tp_group).value() + copy);
+            c.tp_copies += 2.0 * copy;
+          } else {
+            c.tp_comm_recompute = collective_time(hw, Collective::kAllReduce, block, s.tp_group).value();
+          }
+        }
       } else {
         // Flash already keeps no scores: recompute the cheap memory-bound ops instead (norms,
         // activation function) and keep only their inputs.
@@ -479,6 +507,7 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
       c.activation_bytes = Tn * h * e;  // the layer input only
       c.recompute = c.forward;
       c.tp_comm_recompute = c.tp_comm_forward;
+      c.tp_copies *= 1.5;  // the recomputed forward's collectives copy again
       c.ep_comm += ep_forward;
       c.ep_bytes += ep_forward_bytes;  // the recomputed forward dispatches and combines again
       c.cp_comm += cp_gather;  // the recomputed forward gathers K/V again; a ring passes them round again
@@ -537,6 +566,7 @@ LayerCost blend(const LayerCost& a, const LayerCost& b, double f) {
   c.tp_comm_forward = mix(a.tp_comm_forward, b.tp_comm_forward);
   c.tp_comm_backward = mix(a.tp_comm_backward, b.tp_comm_backward);
   c.tp_comm_recompute = mix(a.tp_comm_recompute, b.tp_comm_recompute);
+  c.tp_copies = mix(a.tp_copies, b.tp_copies);
   c.cp_comm = mix(a.cp_comm, b.cp_comm);
   c.cp_bytes = mix(a.cp_bytes, b.cp_bytes);
   c.ep_comm = mix(a.ep_comm, b.ep_comm);

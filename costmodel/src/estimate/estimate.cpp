@@ -580,6 +580,7 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
   tm.recompute = Seconds(static_cast<double>(m) * L * lc.recompute);
   tm.dp_copies = Seconds(m * S.dp_copies);
   tm.tp_comm = Seconds(static_cast<double>(m) * L * (lc.tp_comm_forward + lc.tp_comm_backward + lc.tp_comm_recompute));
+  tm.tp_copies = Seconds(static_cast<double>(m) * L * lc.tp_copies);
   tm.cp_comm = Seconds(static_cast<double>(m) * L * lc.cp_comm);
   est.communication.cp_sent = Bytes(static_cast<double>(m) * *std::max_element(layers.begin(), layers.end()) * lc.cp_bytes);
   est.communication.ep_sent = Bytes(static_cast<double>(m) * *std::max_element(layers.begin(), layers.end()) * lc.ep_bytes);

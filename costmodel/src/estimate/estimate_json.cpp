@@ -75,6 +75,7 @@ nlohmann::json estimate_to_json(const Plan& plan, const Estimate& e) {
         {"compute_seconds", t.compute.value()},
         {"recompute_seconds", t.recompute.value()},
         {"tp_comm_seconds", t.tp_comm.value()},
+        {"tp_copy_seconds", t.tp_copies.value()},
         {"cp_comm_seconds", t.cp_comm.value()},
         {"ep_comm_seconds", t.ep_comm.value()},
         {"pp_comm_seconds", t.pp_comm.value()},

@@ -50,6 +50,9 @@ struct LayerCost {
   double tp_comm_forward = 0;  // exposed tensor-parallel collectives
   double tp_comm_backward = 0;
   double tp_comm_recompute = 0;
+  // Of those three: the copies DTensor's sequence-parallel collectives make of the gathered
+  // tensor (StackSpec::sequence_parallel_rearranges), on the compute stream, waited for like them.
+  double tp_copies = 0;
   double cp_comm = 0;          // exposed context-parallel traffic (stack.hpp ContextAttention), fwd + bwd (+ recompute)
   // Bytes this rank sends for context parallelism, fwd + bwd (+ recompute), as the ring
   // algorithms move them (a (cp-1)/cp share of each all-gather's output and reduce-scatter's input).

@@ -64,6 +64,9 @@ struct TimeBreakdown {
   // The sharding stack's own passes on the compute stream (stack.hpp DataParallelSpec): copies
   // into and out of all-gather and reduce-scatter buffers, pre-divides, casts to the reduce dtype.
   Seconds dp_copies;
+  // Of tp_comm: the copies of the gathered tensor DTensor's sequence-parallel collectives make
+  // (StackSpec::sequence_parallel_rearranges); 0 in the other stacks.
+  Seconds tp_copies;
   // What the GPUs wait for a host that issues work slower than they run it: kernel launches
   // (StackSpec::host_seconds_per_kernel) and the stack's loops over the ranks of its shard group
   // (DataParallelSpec::*_host_seconds_per_rank_*), beyond the micro-batch's GPU time.

@@ -296,6 +296,17 @@ struct StackSpec {
   // runs exposed (the backward GEMMs wait for it), except with LoRA dropout, whose copies take the gathered
   // input).
   bool sequence_parallel_keeps_gathered_input;
+  // Under sequence parallelism the activations are [batch, seq, hidden], sharded on the sequence
+  // (DTensor's Shard(1): PyTorch's parallelize_module with SequenceParallel, as torchtitan runs
+  // it), while NCCL gathers and scatters along the first dimension. So each reduce-scatter first
+  // concatenates its input's chunks (torch 2.11.0 torch/distributed/_functional_collectives.py
+  // reduce_scatter_tensor, scatter_dim != 0: torch.cat(torch.chunk(self, group_size,
+  // dim=scatter_dim))), and each all-gather of a micro-batch of more than one sequence
+  // rearranges its output (all_gather_tensor, torch/_utils.py _maybe_view_chunk_cat: a view only
+  // when the batch is 1, else torch.cat(torch.chunk(res, group_size, dim=0), dim=gather_dim)):
+  // each a copy of the gathered tensor, after (or before) the collective and waited for like it.
+  // false: Megatron's [seq, batch, hidden] layout gathers and scatters along the first dimension.
+  bool sequence_parallel_rearranges = false;
   // Training in fp8 (precision fp8): what quantising the operands of a linear layer's three GEMMs
   // moves beyond the bf16 path, in bytes per element (Fp8Casting). The output layer, a router and
   // LoRA adapters stay in bf16 in every stack (Megatron's output layer is a plain column-parallel
