@@ -40,6 +40,14 @@ std::string fix_field(const std::string& key) {
   return "fix/" + (it == kAliases.end() ? key : it->second);
 }
 
+// The on/off fields take the planner's spellings too (planner/src/inputs.cpp: true, 1, false, 0).
+std::string fix_value(const std::string& field, const std::string& value) {
+  if (field != "fix/sp" && field != "fix/ends_in_split") return value;
+  if (value == "true" || value == "1") return "on";
+  if (value == "false" || value == "0") return "off";
+  return value;
+}
+
 // Processes events until the newest input has been searched (and its scaling curve computed).
 bool wait_for_results(gui::MainWindow& window, int timeout_ms) {
   QElapsedTimer clock;
@@ -141,7 +149,8 @@ int main(int argc, char** argv) {
   }
   for (const auto& f : fixes) {
     const auto eq = f.find('=');
-    if (eq == std::string::npos || !input->set_field(QString::fromStdString(fix_field(f.substr(0, eq))), QString::fromStdString(f.substr(eq + 1)))) {
+    const std::string field = eq == std::string::npos ? std::string() : fix_field(f.substr(0, eq));
+    if (eq == std::string::npos || !input->set_field(QString::fromStdString(field), QString::fromStdString(fix_value(field, f.substr(eq + 1))))) {
       return fail(kExitBadInput, "--fix " + f +
                                      ": expected key=value with a known key (tp, pp, dp, cp, ep, zero, shard_group, mb, v, sp, schedule, recompute, "
                                      "offload, first_stage_layers, last_stage_layers, ends_in_split, cp_comm)");

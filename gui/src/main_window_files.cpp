@@ -35,10 +35,14 @@ bool MainWindow::open_plan(const QString& path) {
     return false;
   }
   pending_plan_.reset();
-  if (cm::unset_layout_fields(request->parallel).empty()) {
-    if (auto plan = cm::plan_with_defaults(*request)) pending_plan_ = *plan;
+  cm::PlanRequest opened = *request;
+  if (cm::unset_layout_fields(opened.parallel).empty()) {
+    // A whole plan without ends_in_pipeline_split runs without it (parallel_to_json writes the
+    // key only when on; plan_with_defaults reads its absence as off): shown off, not searched.
+    if (!opened.parallel.ends_in_split) opened.parallel.ends_in_split = false;
+    if (auto plan = cm::plan_with_defaults(opened)) pending_plan_ = *plan;
   }
-  input_->load_request(*request, path);
+  input_->load_request(opened, path);
   return true;
 }
 

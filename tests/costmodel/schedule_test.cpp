@@ -9,6 +9,7 @@
 #include <set>
 #include <tuple>
 
+#include "test_support.hpp"
 #include "trainplan/costmodel/schedule.hpp"
 
 namespace trainplan::costmodel {
@@ -124,6 +125,45 @@ TEST(SimulatePipeline, TransfersAndSlowStageStretchTheStep) {
 // [9.5,11.5] B1.1 [11.5,14.5]; 0: B0.1 [9.5,13.5] B1.1 [14.5,18.5]; 1: B0.0 [14.5,18.5] B1.0
 // [18.5,22.5]; 0: B0.0 [18.5,19] B1.0 [22.5,23]. Stage time / v for every chunk would draw stage
 // 0's embedding chunk as long as its two-layer chunk.
+// The estimate fills the per-chunk times the drawing takes: TinyLlama's 22 layers + the embedding
+// and the loss (ends_in_split) over 4 stages of 3 chunks under megatron-te, chunk_layers
+// {1, 2, ..., 2, 1}. A layer, the embedding and the head each take time, and a stage's chunks add
+// up to its forward (backward) time; the middle stages, without ends, are 6 layers a micro-batch.
+TEST(EstimatePipeline, FillsTheLayerAndEndTimesItsChunksShare) {
+  costmodel::Plan plan = testing::make_plan("tinyllama-1.1b", "dgx-h100", 8, 2048, 64);
+  plan.training.stack = Stack::kMegatronTe;
+  plan.parallel.tp = 1;
+  plan.parallel.pp = 4;
+  plan.parallel.dp = 2;
+  plan.parallel.virtual_stages = 3;
+  plan.parallel.schedule = Schedule::kInterleaved;
+  plan.parallel.ends_in_split = true;
+  const Estimate e = testing::checked_estimate(plan);
+  const PipelineTimeline& t = e.pipeline;
+  ASSERT_EQ(t.chunk_layers.size(), 12u);
+  EXPECT_EQ(t.chunk_layers.front(), 1);
+  EXPECT_EQ(t.chunk_layers.back(), 1);
+  EXPECT_GT(t.layer_forward_seconds, 0);
+  EXPECT_GT(t.layer_backward_seconds, 0);
+  EXPECT_GT(t.embedding_forward_seconds, 0);
+  EXPECT_GT(t.embedding_backward_seconds, 0);
+  EXPECT_GT(t.head_forward_seconds, 0);
+  EXPECT_GT(t.head_backward_seconds, 0);
+  for (int stage = 0; stage < t.stages; ++stage) {
+    double forward = 0, backward = 0;
+    for (int c = 0; c < t.virtual_stages; ++c) {
+      forward += t.chunk_forward_seconds(c * t.stages + stage);
+      backward += t.chunk_backward_seconds(c * t.stages + stage);
+    }
+    EXPECT_NEAR(forward, t.forward_seconds[static_cast<std::size_t>(stage)], 1e-12) << stage;
+    EXPECT_NEAR(backward, t.backward_seconds[static_cast<std::size_t>(stage)], 1e-12) << stage;
+  }
+  EXPECT_NEAR(t.forward_seconds[1], 6 * t.layer_forward_seconds, 1e-9 * t.forward_seconds[1]);
+  // The first stage: 5 layers and the embedding; the last: 5 layers and the head.
+  EXPECT_NEAR(t.forward_seconds[0], 5 * t.layer_forward_seconds + t.embedding_forward_seconds, 1e-9 * t.forward_seconds[0]);
+  EXPECT_NEAR(t.forward_seconds[3], 5 * t.layer_forward_seconds + t.head_forward_seconds, 1e-9 * t.forward_seconds[3]);
+}
+
 TEST(SimulatePipeline, EachChunkTakesItsOwnLayers) {
   auto t = balanced(Schedule::kInterleaved, 2, 2, 2, 2.5, 4.5);
   t.forward_seconds = {2.5, 4.0};

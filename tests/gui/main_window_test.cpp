@@ -199,6 +199,16 @@ TEST_F(MainWindowTest, TheEndsInThePipelineSplitAreAFieldAKnobAndDrawn) {
   EXPECT_DOUBLE_EQ(selected().estimate.time.step.value(), costmodel::estimate(expected).time.step.value());
   EXPECT_EQ(std::accumulate(selected().estimate.pipeline.chunk_layers.begin(), selected().estimate.pipeline.chunk_layers.end(), 0), 22);
   EXPECT_GE(*std::min_element(selected().estimate.pipeline.chunk_layers.begin(), selected().estimate.pipeline.chunk_layers.end()), 1);
+
+  // A plan file without the split opens with it off (the plan runs without it), not "auto", so a
+  // re-plan cannot turn it on.
+  const QString off = dir.filePath(QStringLiteral("off.plan.json"));
+  ASSERT_TRUE(window_.export_plan_json(off)) << window_.last_error().toStdString();
+  ASSERT_TRUE(window_.input_panel()->set_field(QStringLiteral("fix/ends_in_split"), QStringLiteral("on")));
+  ASSERT_TRUE(window_.session()->wait_idle(kTimeoutMs));
+  open(off.toStdString());
+  EXPECT_EQ(window_.input_panel()->field_text(QStringLiteral("fix/ends_in_split")), QStringLiteral("off"));
+  EXPECT_FALSE(selected().plan.parallel.ends_in_split);
 }
 
 TEST_F(MainWindowTest, AnInvalidKnobShowsTheValidateErrorAndKeepsTheLastEstimate) {

@@ -510,6 +510,10 @@ Result<ValidationTable> validate_torchtitan_h100_h200() {
       if (precision != "bf16" && precision != "fp8") t.fail(row, "precision: must be bf16 or fp8 (got \"" + precision + "\")");
       const int gpus = t.integer(row, "gpus"), tp = t.integer(row, "tp"), dp = t.integer(row, "dp");
       if (tp * dp != gpus) t.fail(row, "tp x dp must be gpus");
+      // torchtitan's local batch is per data-parallel rank: the global batch is local_batch x dp.
+      if (static_cast<long long>(t.number(row, "global_batch")) != static_cast<long long>(t.integer(row, "local_batch")) * dp) {
+        t.fail(row, "global_batch must be local_batch x dp");
+      }
       costmodel::PlanRequest req =
           fsdp_request(checked(costmodel::find_model(lowercase(t.text(row, "model")))), gpu == "H200" ? h200 : teton, gpus, static_cast<long long>(t.number(row, "seq")),
                        static_cast<long long>(t.number(row, "global_batch")), costmodel::Stack::kFsdp2Compile,
