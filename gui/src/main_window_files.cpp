@@ -39,6 +39,7 @@ bool MainWindow::open_plan(const QString& path) {
   if (cm::unset_layout_fields(opened.parallel).empty()) {
     // A whole plan without ends_in_pipeline_split runs without it (parallel_to_json writes the
     // key only when on; plan_with_defaults reads its absence as off): shown off, not searched.
+    // The parser reads "auto" there as absent, so a whole plan saying "auto" opens off too.
     if (!opened.parallel.ends_in_split) opened.parallel.ends_in_split = false;
     if (auto plan = cm::plan_with_defaults(opened)) pending_plan_ = *plan;
   }

@@ -116,15 +116,6 @@ TEST(SimulatePipeline, TransfersAndSlowStageStretchTheStep) {
   EXPECT_FALSE(simulate_pipeline(PipelineTimeline{2, 1, 4, Schedule::kOneFOneB, {1}, {1}, 0, 0, {}}));
 }
 
-// Chunks of a stage that hold different layers take different times (the estimate's chunk_layers,
-// ends_in_split: the first chunk holds the embedding alone). p = 2, v = 2, m = 2; a layer 1 s
-// forward, 2 s backward; the embedding 0.5 s each way, the head 1 s; chunk_layers {0, 2, 2, 1}:
-// positions 0 (stage 0) 0.5 / 0.5, 1 (stage 1) 2 / 4, 2 (stage 0) 2 / 4, 3 (stage 1) 2 / 3. By
-// hand (stage: pass mb.chunk [start, end]): 0: F0.0 [0,0.5] F1.0 [0.5,1]; 1: F0.0 [0.5,2.5]
-// F1.0 [2.5,4.5]; 0: F0.1 [2.5,4.5] F1.1 [4.5,6.5]; 1: F0.1 [4.5,6.5] B0.1 [6.5,9.5] F1.1
-// [9.5,11.5] B1.1 [11.5,14.5]; 0: B0.1 [9.5,13.5] B1.1 [14.5,18.5]; 1: B0.0 [14.5,18.5] B1.0
-// [18.5,22.5]; 0: B0.0 [18.5,19] B1.0 [22.5,23]. Stage time / v for every chunk would draw stage
-// 0's embedding chunk as long as its two-layer chunk.
 // The estimate fills the per-chunk times the drawing takes: TinyLlama's 22 layers + the embedding
 // and the loss (ends_in_split) over 4 stages of 3 chunks under megatron-te, chunk_layers
 // {1, 2, ..., 2, 1}. A layer, the embedding and the head each take time, and a stage's chunks add
@@ -159,11 +150,87 @@ TEST(EstimatePipeline, FillsTheLayerAndEndTimesItsChunksShare) {
     EXPECT_NEAR(backward, t.backward_seconds[static_cast<std::size_t>(stage)], 1e-12) << stage;
   }
   EXPECT_NEAR(t.forward_seconds[1], 6 * t.layer_forward_seconds, 1e-9 * t.forward_seconds[1]);
+  // Each chunk its own share: the embedding's chunk holds a layer and the embedding, the loss's a
+  // layer and the head, a middle one 2 layers (not a stage's time / v).
+  EXPECT_NEAR(t.chunk_forward_seconds(0), t.layer_forward_seconds + t.embedding_forward_seconds, 1e-9 * t.forward_seconds[0]);
+  EXPECT_NEAR(t.chunk_forward_seconds(11), t.layer_forward_seconds + t.head_forward_seconds, 1e-9 * t.forward_seconds[3]);
+  EXPECT_NEAR(t.chunk_forward_seconds(5), 2 * t.layer_forward_seconds, 1e-9 * t.forward_seconds[1]);
   // The first stage: 5 layers and the embedding; the last: 5 layers and the head.
   EXPECT_NEAR(t.forward_seconds[0], 5 * t.layer_forward_seconds + t.embedding_forward_seconds, 1e-9 * t.forward_seconds[0]);
   EXPECT_NEAR(t.forward_seconds[3], 5 * t.layer_forward_seconds + t.head_forward_seconds, 1e-9 * t.forward_seconds[3]);
 }
 
+// A timeline of chunks holding 2 or 1 layers: 126 layers over 16 stages x 7 chunks (Llama 3 405B
+// without the ends in the split), the extra layers in the first 14 chunks (partition_layers'
+// ties), a layer 1 s forward and 2 s backward, no ends, hops of 0.05 s, exchanges of 0.01 s.
+PipelineTimeline two_or_one_layer_chunks(int micro_batches) {
+  PipelineTimeline t = balanced(Schedule::kInterleaved, 16, 7, micro_batches);
+  t.chunk_layers.assign(112, 1);
+  for (int i = 0; i < 14; ++i) t.chunk_layers[static_cast<std::size_t>(i)] = 2;
+  for (int s = 0; s < 16; ++s) {
+    int layers = 0;
+    for (int c = 0; c < 7; ++c) layers += t.chunk_layers[static_cast<std::size_t>(c * 16 + s)];
+    t.forward_seconds[static_cast<std::size_t>(s)] = layers;
+    t.backward_seconds[static_cast<std::size_t>(s)] = 2.0 * layers;
+  }
+  t.layer_forward_seconds = 1;
+  t.layer_backward_seconds = 2;
+  t.p2p_seconds = 0.05;
+  t.pass_comm_seconds = 0.01;
+  return t;
+}
+
+// pipeline_makespan runs 2, 3 and 4 rounds of p micro-batches and, the last two rounds adding the
+// same time, extends that to m: the same makespan as the whole schedule run (simulate_pipeline),
+// here at 160 and 320 micro-batches (10 and 20 rounds) and on a 1F1B pipeline of 2 stages. The
+// lower bound is below it, and where every chunk holds as many layers it is the formula: the
+// last stage's passes and exchanges after (p - 1) chunks' forward and backward and 2 (p - 1) hops.
+TEST(PipelineMakespan, ExtendsTheRepeatingRoundsToTheWholeSchedule) {
+  for (int m : {32, 160, 320}) {
+    const PipelineTimeline t = two_or_one_layer_chunks(m);
+    const auto whole = simulate_pipeline(t);
+    const auto makespan = pipeline_makespan(t);
+    ASSERT_TRUE(whole && makespan) << m;
+    EXPECT_NEAR(*makespan, whole->makespan, 1e-9 * whole->makespan) << m;
+    EXPECT_LT(pipeline_makespan_bound(t), *makespan) << m;
+  }
+  PipelineTimeline one_f_one_b = balanced(Schedule::kOneFOneB, 2, 1, 64, 1.0, 2.5);
+  one_f_one_b.forward_seconds = {1.0, 1.5};
+  one_f_one_b.p2p_seconds = 0.1;
+  EXPECT_NEAR(*pipeline_makespan(one_f_one_b), simulate_pipeline(one_f_one_b)->makespan, 1e-9);
+  // Even chunks: p = 4, v = 2, m = 8, a chunk 0.5 s forward and 1 s backward.
+  PipelineTimeline even = balanced(Schedule::kInterleaved, 4, 2, 8);
+  even.p2p_seconds = 0.05;
+  even.pass_comm_seconds = 0.01;
+  const double last_stage = 8 * (1.0 + 2.0) + (2 * 2 * 8 - 1) * 0.01;
+  EXPECT_NEAR(pipeline_makespan_bound(even), 3 * (0.5 + 1.0 + 2 * 0.05) + last_stage, 1e-12);
+}
+
+// The 2-or-1-layer chunks hold the schedule up beyond the formula: the bubble (p - 1) / v of a
+// mean stage (14 stages of 8 layers, 24 s a micro-batch; 2 of 7, 21 s: 23.625 s) is
+// 15 / 7 x 23.625 s = 50.6 s, where the schedule keeps its busiest stages (768 s of passes at 32
+// micro-batches, and their exchanges) idle longer than that, and longer again at 64 (a stall
+// every round).
+TEST(PipelineMakespan, UnevenChunksIdleBeyondTheFormula) {
+  const PipelineTimeline t = two_or_one_layer_chunks(32);
+  const double busiest = 32 * (8.0 + 16.0) + (2 * 7 * 32 - 1) * 0.01;
+  const double mean_stage = (14 * 24.0 + 2 * 21.0) / 16;
+  const double formula = 15.0 / 7.0 * mean_stage;
+  EXPECT_GT(*pipeline_makespan(t) - busiest, formula);
+  const double idle_32 = *pipeline_makespan(t) - busiest;
+  const PipelineTimeline longer = two_or_one_layer_chunks(64);
+  EXPECT_GT(*pipeline_makespan(longer) - (64 * 24.0 + (2 * 7 * 64 - 1) * 0.01), idle_32);
+}
+
+// Chunks of a stage that hold different layers take different times (the estimate's chunk_layers,
+// ends_in_split: the first chunk holds the embedding alone). p = 2, v = 2, m = 2; a layer 1 s
+// forward, 2 s backward; the embedding 0.5 s each way, the head 1 s; chunk_layers {0, 2, 2, 1}:
+// positions 0 (stage 0) 0.5 / 0.5, 1 (stage 1) 2 / 4, 2 (stage 0) 2 / 4, 3 (stage 1) 2 / 3. By
+// hand (stage: pass mb.chunk [start, end]): 0: F0.0 [0,0.5] F1.0 [0.5,1]; 1: F0.0 [0.5,2.5]
+// F1.0 [2.5,4.5]; 0: F0.1 [2.5,4.5] F1.1 [4.5,6.5]; 1: F0.1 [4.5,6.5] B0.1 [6.5,9.5] F1.1
+// [9.5,11.5] B1.1 [11.5,14.5]; 0: B0.1 [9.5,13.5] B1.1 [14.5,18.5]; 1: B0.0 [14.5,18.5] B1.0
+// [18.5,22.5]; 0: B0.0 [18.5,19] B1.0 [22.5,23]. Stage time / v for every chunk would draw stage
+// 0's embedding chunk as long as its two-layer chunk.
 TEST(SimulatePipeline, EachChunkTakesItsOwnLayers) {
   auto t = balanced(Schedule::kInterleaved, 2, 2, 2, 2.5, 4.5);
   t.forward_seconds = {2.5, 4.0};

@@ -630,31 +630,27 @@ TEST(DeepspeedReuse, KeepsTheLastLayersWithinTheReuseDistance) {
   EXPECT_EQ(layers_kept_for_reuse(0, 202.38e6, 131.08e6, 32), 0);
 }
 
-// What each stack runs besides data parallelism: FSDP1 shards data only (Composer, Accelerate's
-// FSDP1 and Lightning's FSDPStrategy have no TP, CP or PP with it); DeepSpeed's pipeline engine
-// asserts ZeRO below 2 (runtime/pipe/engine.py) and its Ulysses sequence parallelism is no ring;
-// torchtitan's FSDP2 composes all of them. The search never recommends what the stack lacks.
 // PyTorch's tensor parallelism (DTensor, as torchtitan runs it) shards [batch, seq, hidden]
 // activations on the sequence, while NCCL gathers and scatters along the first dimension: each
 // sequence-parallel reduce-scatter concatenates its input's chunks first, and each all-gather of
 // more than one sequence rearranges its output (torch 2.11.0 _functional_collectives.py
 // reduce_scatter_tensor and all_gather_tensor, _utils.py _maybe_view_chunk_cat: a view at batch 1).
 // Llama 3 8B, tp 2 in a node, two sequences of 4096 tokens: the gathered tensor is 8192 x 4096
-// bf16, 64 MiB, read and written by each copy; 4 copies in forward (2 reduce-scatters, 2
-// all-gathers) and 4 in backward (their conjugates); 2 and 2 at one sequence. Megatron's
-// [seq, batch, hidden] layout gathers along the first dimension and copies nothing.
+// bf16, 64 MiB, read and written by each copy. Forward: 2 reduce-scatters and 2 all-gathers, 4
+// copies (2 at one sequence). Backward, their conjugates: eager 4 (2); under Inductor the
+// reduce-scatters' input copies are fused into the input-gradient sums, 2 (0). Full recompute
+// (torchtitan's non-reentrant checkpoint, early_stop) replays the forward but the block's last
+// reduce-scatter and its copy: 3 more. Megatron's [seq, batch, hidden] layout copies nothing.
 TEST(TensorParallel, DTensorCopiesTheSequenceShardsAroundEachCollective) {
   const HardwareProfile hw = testing::cluster("dgx-h100");
   const ModelSpec m = testing::model("llama3-8b");
   LayerSetting s;
-  s.micro_batch = 2;
-  s.seq_len = 4096;
   s.tp = 2;
-  s.sequence_parallel = true;
   s.tp_group = CollectiveGroup{2, 2};
   const KernelRates rates(hw.gpu, Dtype::kBf16);
   const Bytes gathered(8192.0 * 4096 * 2);
   const double copy = rates.stream(2.0 * gathered.value());
+  const double reduce_scatter = collective_time(hw, Collective::kReduceScatter, gathered, s.tp_group).value();
   const auto layer = [&](Stack stack, double micro_batch, Recompute recompute, bool sp) {
     LayerSetting x = s;
     x.stack = stack;
@@ -667,22 +663,64 @@ TEST(TensorParallel, DTensorCopiesTheSequenceShardsAroundEachCollective) {
   const LayerCost megatron = layer(Stack::kMegatronTe, 2, Recompute::kNone, true);
   for (Stack stack : {Stack::kPytorchEager, Stack::kTorchCompile, Stack::kFsdp2, Stack::kFsdp2Compile}) {
     SCOPED_TRACE(stack_spec(stack).name);
+    const double fused = stack_spec(stack).fused_elementwise ? 1.0 : 0.0;  // Inductor
     const LayerCost two = layer(stack, 2, Recompute::kNone, true);
     EXPECT_NEAR(two.tp_comm_forward - megatron.tp_comm_forward, 4 * copy, 1e-12);
-    EXPECT_NEAR(two.tp_comm_backward - megatron.tp_comm_backward, 4 * copy, 1e-12);
-    EXPECT_NEAR(two.tp_copies, 8 * copy, 1e-12);
+    EXPECT_NEAR(two.tp_comm_backward - megatron.tp_comm_backward, (4 - 2 * fused) * copy, 1e-12);
+    EXPECT_NEAR(two.tp_copies, (8 - 2 * fused) * copy, 1e-12);
     const LayerCost one = layer(stack, 1, Recompute::kNone, true);
     EXPECT_NEAR(one.tp_comm_forward - megatron.tp_comm_forward, 2 * copy, 1e-12);
-    EXPECT_NEAR(one.tp_copies, 4 * copy, 1e-12);
-    // Full recompute runs the forward's collectives, and their copies, again.
+    EXPECT_NEAR(one.tp_copies, (4 - 2 * fused) * copy, 1e-12);
     const LayerCost full = layer(stack, 2, Recompute::kFull, true);
-    EXPECT_NEAR(full.tp_comm_recompute, full.tp_comm_forward, 1e-15);
-    EXPECT_NEAR(full.tp_copies, 12 * copy, 1e-12);
+    EXPECT_NEAR(full.tp_comm_recompute, full.tp_comm_forward - reduce_scatter - copy, 1e-12);
+    EXPECT_NEAR(full.tp_copies, (11 - 2 * fused) * copy, 1e-12);
     // Without sequence parallelism the row-parallel outputs are all-reduced whole: no copy.
     EXPECT_EQ(layer(stack, 2, Recompute::kNone, false).tp_copies, 0.0);
   }
   EXPECT_EQ(megatron.tp_copies, 0.0);
+  EXPECT_EQ(layer(Stack::kMegatronTe, 2, Recompute::kFull, true).tp_comm_recompute, megatron.tp_comm_forward);
   EXPECT_EQ(layer(Stack::kTrainplan, 2, Recompute::kNone, true).tp_copies, 0.0);
+
+  // The step: every micro-batch's 32 layers, part of the tensor-parallel line and its own JSON key.
+  Plan plan = sharded(Stack::kFsdp2, 3, 8);
+  plan.parallel.tp = 2;
+  plan.parallel.dp = 4;
+  plan.parallel.sequence_parallel = true;
+  plan.parallel.micro_batch = 2;
+  plan.parallel.recompute = Recompute::kNone;
+  const Estimate e = testing::checked_estimate(plan);
+  const double per_layer = plan_layer_cost(plan).tp_copies;
+  EXPECT_GT(per_layer, 0);
+  EXPECT_NEAR(e.time.tp_copies.value(), e.micro_batches * 32 * per_layer, 1e-12);
+  EXPECT_LT(e.time.tp_copies.value(), e.time.tp_comm.value());
+  EXPECT_DOUBLE_EQ(estimate_to_json(plan, e).at("time").at("tp_copy_seconds").get<double>(), e.time.tp_copies.value());
+}
+
+// torchao's float8 tensor parallelism (torchtitan's enable_float8_tensorwise_tp: Float8ColwiseParallel,
+// PrepareFloat8ModuleInput, Float8RowwiseParallel) all-gathers fp8: 1 byte an element for every
+// all-gather of the layer and its copy, 2 for the reduce-scatters. The same layer as above in fp8,
+// two sequences: forward 2 x (all-gather of 32 MiB + reduce-scatter of 64 MiB) and the copies.
+TEST(TensorParallel, Float8TensorParallelismGathersFp8) {
+  const HardwareProfile hw = testing::cluster("dgx-h100");
+  const ModelSpec m = testing::model("llama3-8b");
+  LayerSetting s;
+  s.tp = 2;
+  s.tp_group = CollectiveGroup{2, 2};
+  s.micro_batch = 2;
+  s.seq_len = 4096;
+  s.sequence_parallel = true;
+  s.precision = Precision::kFp8;
+  s.stack = Stack::kFsdp2Compile;
+  const KernelRates rates(hw.gpu, Dtype::kBf16);
+  const double tokens = 8192, h = 4096;
+  const double gather = collective_time(hw, Collective::kAllGather, Bytes(tokens * h), s.tp_group).value();
+  const double reduce_scatter = collective_time(hw, Collective::kReduceScatter, Bytes(tokens * h * 2), s.tp_group).value();
+  const double copies = 2 * rates.stream(2.0 * tokens * h * 2) + 2 * rates.stream(2.0 * tokens * h);
+  EXPECT_NEAR(transformer_layer_cost(m, hw, s).tp_comm_forward, 2 * (gather + reduce_scatter) + copies, 1e-12);
+  // Megatron with Transformer Engine gathers the 16-bit tensor here.
+  s.stack = Stack::kMegatronTe;
+  EXPECT_NEAR(transformer_layer_cost(m, hw, s).tp_comm_forward,
+              2 * (collective_time(hw, Collective::kAllGather, Bytes(tokens * h * 2), s.tp_group).value() + reduce_scatter), 1e-12);
 }
 
 // torchtitan's op-level selective recompute saves the reduce-scatters' outputs but no all-gather
@@ -690,8 +728,10 @@ TEST(TensorParallel, DTensorCopiesTheSequenceShardsAroundEachCollective) {
 // a collective the checkpointed region marks for recompute (torch 2.11.0
 // _functorch/partitioners.py force_save_collectives): the recomputed wk and w3 GEMMs take their
 // gathered inputs from the two sequence-parallel all-gathers again (with their copies at two
-// sequences); without sequence parallelism the second norm's input needs the attention output's
-// all-reduce again. Megatron's selective recompute reruns no collective.
+// sequences); eager's replay also runs wo and the copy before its reduce-scatter again, whose
+// saved result it returns, where Inductor drops both. Without sequence parallelism the second
+// norm's input needs the attention output's all-reduce again. Megatron's selective recompute
+// reruns no collective.
 TEST(TensorParallel, OpLevelSelectiveRecomputeGathersTheRecomputedGemmsInputsAgain) {
   const HardwareProfile hw = testing::cluster("dgx-h100");
   const ModelSpec m = testing::model("llama3-8b");
@@ -699,7 +739,6 @@ TEST(TensorParallel, OpLevelSelectiveRecomputeGathersTheRecomputedGemmsInputsAga
   s.micro_batch = 2;
   s.seq_len = 4096;
   s.tp = 2;
-  s.sequence_parallel = true;
   s.tp_group = CollectiveGroup{2, 2};
   s.recompute = Recompute::kSelective;
   const KernelRates rates(hw.gpu, Dtype::kBf16);
@@ -708,11 +747,12 @@ TEST(TensorParallel, OpLevelSelectiveRecomputeGathersTheRecomputedGemmsInputsAga
   const double gather = collective_time(hw, Collective::kAllGather, gathered, s.tp_group).value();
   for (Stack stack : {Stack::kFsdp2, Stack::kFsdp2Compile}) {
     SCOPED_TRACE(stack_spec(stack).name);
+    const bool fused = stack_spec(stack).fused_elementwise;
     s.stack = stack;
     s.sequence_parallel = true;
     const LayerCost sp = transformer_layer_cost(m, hw, s);
-    EXPECT_NEAR(sp.tp_comm_recompute, 2 * (gather + copy), 1e-12);
-    EXPECT_NEAR(sp.tp_copies, 10 * copy, 1e-12);
+    EXPECT_NEAR(sp.tp_comm_recompute, 2 * (gather + copy) + (fused ? 0.0 : copy), 1e-12);
+    EXPECT_NEAR(sp.tp_copies, (fused ? 6 + 2 : 8 + 2 + 1) * copy, 1e-12);
     s.sequence_parallel = false;
     EXPECT_NEAR(transformer_layer_cost(m, hw, s).tp_comm_recompute, collective_time(hw, Collective::kAllReduce, gathered, s.tp_group).value(), 1e-12);
   }
@@ -721,6 +761,10 @@ TEST(TensorParallel, OpLevelSelectiveRecomputeGathersTheRecomputedGemmsInputsAga
   EXPECT_EQ(transformer_layer_cost(m, hw, s).tp_comm_recompute, 0.0);
 }
 
+// What each stack runs besides data parallelism: FSDP1 shards data only (Composer, Accelerate's
+// FSDP1 and Lightning's FSDPStrategy have no TP, CP or PP with it); DeepSpeed's pipeline engine
+// asserts ZeRO below 2 (runtime/pipe/engine.py) and its Ulysses sequence parallelism is no ring;
+// torchtitan's FSDP2 composes all of them. The search never recommends what the stack lacks.
 TEST(StackCapabilities, ArePlanErrorsNamingTheField) {
   Plan p = testing::make_plan("llama3-8b", "dgx-h100", 16, 4096, 64);
   p.parallel.dp = 8;

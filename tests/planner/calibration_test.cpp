@@ -213,7 +213,8 @@ TEST(TorchtitanA100, EveryRunIsPredicted) {
 // b5bcd76c6, tests/data/torchtitan_h100_h200.csv): every run predicted, and the peak reserved
 // memory the Trainy H200 runs logged (47.96 and 46.97 GiB at step 100, FSDP2 + compile, fp8, local
 // batch 2 of 8K tokens) within 10%, the fit boundary of item 4 of issue 32. The file's "Memory(GiB)"
-// is read as torchtitan's max_reserved_gib (an assumption: its log line prints max_active too). The step times are
+// is read as torchtitan's max_reserved_gib, the figure its console line prints (an assumption: the
+// run also logged max_active to Weights & Biases). The step times are
 // printed, not bounded: the 500 W clock is not published (docs/accuracy.md).
 TEST(TorchtitanH100H200, EveryRunIsPredictedAndThePeakReservedMemoryWithin10Percent) {
   const auto table = checked(planner::validate_torchtitan_h100_h200());

@@ -368,6 +368,9 @@ TEST(Search, EveryPlanReturnedCarriesItsOwnEstimate) {
   cases.push_back({"llama3-70b on 64 H100, top plans", request("llama3-70b", "dgx-h100", 64), false});
   cases.push_back({"mixtral on 32 H100 (experts)", request("mixtral-8x7b", "dgx-h100", 32), true});
   cases.push_back({"405b on 8 A100 40GB (nothing fits: offload, reasons)", request("llama3-405b", "dgx-a100-40g", 8), true});
+  // 126 layers: every 16-stage pipeline holds chunks of unequal layers, priced by their schedule.
+  cases.push_back({"405b on 4096 H100 (chunks of unequal layers)", request("llama3-405b", "dgx-h100", 4096), true});
+  cases.push_back({"405b on 4096 H100, top plans", request("llama3-405b", "dgx-h100", 4096), false});
   {
     PlanRequest r = request("llama3-8b", "dgx-h100", 16);  // DeepSpeed's per-tensor loops, LoRA
     r.training.stack = Stack::kDeepspeed;

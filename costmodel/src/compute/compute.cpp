@@ -291,24 +291,38 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
   c.backward = p.backward;
 
   // --- communication ---
+  // DTensor's sequence-parallel copies (StackSpec::sequence_parallel_rearranges), per collective:
+  // a reduce-scatter's input (always) and an all-gather's output (a micro-batch of more than one
+  // sequence), each read and written. torchao's float8 tensor parallelism (torchtitan's
+  // enable_float8_tensorwise_tp, 820504e parallelize_llama.py: Float8ColwiseParallel,
+  // PrepareFloat8ModuleInput, Float8RowwiseParallel) all-gathers the column-parallel inputs in
+  // fp8, and in backward the row-parallel outputs' gradients: every all-gather of the layer moves 1
+  // byte an element, every reduce-scatter the activation dtype.
+  const bool dtensor_sp = s.tp > 1 && s.sequence_parallel && stack.sequence_parallel_rearranges;
+  const double gather_bytes = dtensor_sp && fp8 && stack.fp8.tp_gathers_fp8 ? 1.0 : e;
+  const double rs_copy = dtensor_sp ? rates.stream(2.0 * T * h * e) : 0.0;
+  const double ag_copy = dtensor_sp && s.micro_batch > 1 ? rates.stream(2.0 * T * h * gather_bytes) : 0.0;
+  // Under Inductor the backward's reduce-scatter input copy is fused into the sum of the input
+  // gradients that produces it (its cat lowering: fused_add_cat kernels), which is priced already.
+  const bool inductor = stack.fused_elementwise;
+  double tp_gather = 0, tp_reduce_scatter = 0;
   if (s.tp > 1) {
     const Bytes block(T * h * e);
-    const double one = s.sequence_parallel
-                           ? (collective_time(hw, Collective::kAllGather, block, s.tp_group) +
-                              collective_time(hw, Collective::kReduceScatter, block, s.tp_group)).value()
-                           : collective_time(hw, Collective::kAllReduce, block, s.tp_group).value();
+    tp_gather = collective_time(hw, Collective::kAllGather, Bytes(T * h * gather_bytes), s.tp_group).value();
+    tp_reduce_scatter = collective_time(hw, Collective::kReduceScatter, block, s.tp_group).value();
+    const double one = s.sequence_parallel ? tp_gather + tp_reduce_scatter
+                                           : collective_time(hw, Collective::kAllReduce, block, s.tp_group).value();
     c.tp_comm_forward = 2.0 * one;   // after attention and after the MLP (or gather before each)
     c.tp_comm_backward = 2.0 * one;  // the conjugate operators
-    if (s.sequence_parallel && stack.sequence_parallel_rearranges) {
-      // DTensor's copies (stack.hpp): the two reduce-scatters' inputs always, the two all-gathers'
-      // outputs where the micro-batch holds more than one sequence; each reads and writes the
-      // gathered tensor. The backward's conjugates (an all-gather's is a reduce-scatter on the
-      // same dimension, and the reverse) copy as many.
-      const double copies = 2.0 + (s.micro_batch > 1 ? 2.0 : 0.0);
-      const double copy = copies * rates.stream(2.0 * T * h * e);
-      c.tp_comm_forward += copy;
-      c.tp_comm_backward += copy;
-      c.tp_copies = 2.0 * copy;
+    if (dtensor_sp) {
+      // Forward: 2 reduce-scatters, 2 all-gathers. Backward: their conjugates (an all-gather's is a
+      // reduce-scatter on the same dimension, and the reverse).
+      const double forward = 2.0 * (rs_copy + ag_copy);
+      const double backward = 2.0 * ag_copy + (inductor ? 0.0 : 2.0 * rs_copy);
+      c.tp_comm_forward += forward;
+      c.tp_comm_backward += backward;
+      c.tp_copies = forward + backward;
+      p.kernels += (rs_copy > 0 ? 2 + (inductor ? 0 : 2) : 0) + (ag_copy > 0 ? 4 : 0);
     }
     // The executor gathers the column-parallel GEMMs' input again in backward (stack.hpp), and
     // its GEMMs wait for it; Megatron-Core overlaps that gather with the input-gradient GEMM.
@@ -487,13 +501,21 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
           // take their gathered input from their all-gathers again, under sequence parallelism
           // (with DTensor's copies, as in forward); without it the block's second norm takes the
           // residual stream from the attention output's all-reduce again.
-          const Bytes block(T * h * e);
           if (s.sequence_parallel) {
-            const double copy = stack.sequence_parallel_rearranges && s.micro_batch > 1 ? rates.stream(2.0 * T * h * e) : 0.0;
-            c.tp_comm_recompute = 2.0 * (collective_time(hw, Collective::kAllGather, block, s.tp_group).value() + copy);
-            c.tp_copies += 2.0 * copy;
+            c.tp_comm_recompute = 2.0 * (tp_gather + ag_copy);
+            c.tp_copies += 2.0 * ag_copy;
+            if (dtensor_sp && !inductor) {
+              // Eager replays the forward: wo runs again, and the copy before its reduce-scatter,
+              // whose saved result is then returned (torch.utils.checkpoint's policy replay).
+              c.tp_comm_recompute += rs_copy;
+              c.tp_copies += rs_copy;
+            } else if (dtensor_sp) {
+              // Inductor's partitioner drops wo and that copy: their only use is the saved
+              // reduce-scatter.
+              c.recompute -= gemm_rates.gemm(T, h, q_local, 1, lin_in, ok(h, q_local));
+            }
           } else {
-            c.tp_comm_recompute = collective_time(hw, Collective::kAllReduce, block, s.tp_group).value();
+            c.tp_comm_recompute = collective_time(hw, Collective::kAllReduce, Bytes(T * h * e), s.tp_group).value();
           }
         }
       } else {
@@ -507,7 +529,13 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
       c.activation_bytes = Tn * h * e;  // the layer input only
       c.recompute = c.forward;
       c.tp_comm_recompute = c.tp_comm_forward;
-      c.tp_copies *= 1.5;  // the recomputed forward's collectives copy again
+      if (dtensor_sp) {
+        // torchtitan's full checkpointing (ptd_checkpoint_wrapper: non-reentrant, early_stop on,
+        // torch 2.11.0 torch/utils/checkpoint.py) stops its replay once every tensor backward needs
+        // is back: the block's last reduce-scatter (after w2) and its copy are not run again.
+        c.tp_comm_recompute -= tp_reduce_scatter + rs_copy;
+        c.tp_copies += 2.0 * (rs_copy + ag_copy) - rs_copy;
+      }
       c.ep_comm += ep_forward;
       c.ep_bytes += ep_forward_bytes;  // the recomputed forward dispatches and combines again
       c.cp_comm += cp_gather;  // the recomputed forward gathers K/V again; a ring passes them round again

@@ -73,7 +73,8 @@ namespace {
 //    ctx.save_for_backward(input_hp, weight_hp_t)); under Inductor the partitioner may keep the
 //    fp8 cast instead (not measured: counted as fp8); Transformer Engine keeps the fp8 input.
 constexpr Fp8Casting kTorchaoEager{.input = 6, .input_from_norm = 6, .input_from_activation = 6, .grad_output = 6,
-                                   .grad_output_from_activation = 6, .weight_forward = 5, .weight_backward = 3, .keeps_fp8_inputs = false};
+                                   .grad_output_from_activation = 6, .weight_forward = 5, .weight_backward = 3, .keeps_fp8_inputs = false,
+                                   .tp_gathers_fp8 = true};
 constexpr Fp8Casting kTrainplanFp8{.input = 8, .input_from_norm = 8, .input_from_activation = 8, .grad_output = 6,
                                    .grad_output_from_activation = 6, .weight_forward = 5, .weight_backward = 3, .keeps_fp8_inputs = false,
                                    .shared_input_cast_once = true, .weight_gradient_add = 12, .rate = 0.41};
@@ -82,7 +83,8 @@ constexpr Fp8Casting kTrainplanReferenceFp8 = [] {
   c.shared_input_cast_once = false;  // each at::linear replaced by linear_into casts its own input
   return c;
 }();
-constexpr Fp8Casting kTorchaoCompiled{6, 4, 4, 6, 4, 5, 3};
+constexpr Fp8Casting kTorchaoCompiled{.input = 6, .input_from_norm = 4, .input_from_activation = 4, .grad_output = 6,
+                                      .grad_output_from_activation = 4, .weight_forward = 5, .weight_backward = 3, .tp_gathers_fp8 = true};
 constexpr Fp8Casting kTransformerEngine{4, 1, 4, 4, 4, 0, 0};
 constexpr Fp8Casting kTransformerEngineCurrent{.input = 6, .input_from_norm = 4, .input_from_activation = 6, .grad_output = 6,
                                                .grad_output_from_activation = 6, .kernels_per_cast = 3};
@@ -208,6 +210,7 @@ constexpr StackSpec kFsdp1 = [] {
   // FSDP1 shards data only: Composer, Accelerate (its parallelism_config needs FSDP2) and
   // Lightning's FSDPStrategy have no tensor, context or pipeline parallelism with it.
   s.tensor_parallel = false;
+  s.sequence_parallel_rearranges = false;
   s.context_parallel = false;
   s.pipeline_parallel = false;
   s.optimizer_only_sharding = false;  // ShardingStrategy: NO_SHARD (DDP), SHARD_GRAD_OP, FULL_SHARD, HYBRID_*
@@ -289,6 +292,7 @@ constexpr StackSpec kDeepspeed = [] {
   // AutoTP (runtime/tensor_parallel, module_inject/auto_tp.py) shards the linear layers only:
   // no Megatron-style sequence parallelism, as the DeepSpeed export says.
   s.sequence_parallel = false;
+  s.sequence_parallel_rearranges = false;
   s.bf16_optimizer_at_zero0 = true;
   s.offload_needs_zero = true;
   s.source = "microsoft/DeepSpeed 38327e07 (v0.16.5) deepspeed/runtime/zero/config.py, stage3.py, stage_1_and_2.py, "

@@ -607,6 +607,45 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
     tm.bubble = Seconds((stages - 1.0) / p.virtual_stages * stage_sum / stages);
   }
 
+  // --- pipeline timeline ---
+  PipelineTimeline& pl = est.pipeline;
+  pl.stages = stages;
+  pl.virtual_stages = p.virtual_stages;
+  pl.micro_batches = m;
+  pl.schedule = p.schedule;
+  pl.p2p_seconds = p2p;
+  pl.pass_comm_seconds = pass_comm;
+  pl.chunk_layers = chunk_layers;
+  pl.layer_forward_seconds = lc.forward_total();
+  pl.layer_backward_seconds = lc.backward_total();
+  pl.embedding_forward_seconds = ec.embedding_forward;
+  pl.embedding_backward_seconds = ec.embedding_backward;
+  pl.head_forward_seconds = ec.head_forward;
+  pl.head_backward_seconds = ec.head_backward;
+  pl.forward_seconds.reserve(st.size());
+  pl.backward_seconds.reserve(st.size());
+  for (const auto& x : st) {
+    pl.forward_seconds.push_back(x.forward);
+    pl.backward_seconds.push_back(x.backward);
+  }
+
+  // Chunks of unequal layers (layers that do not split evenly over pp x v, or the embedding and the
+  // loss in the split) hold the schedule up beyond (p - 1) / v of a mean stage: a stage waits for
+  // its neighbour's longer chunk in warm-up, in steady state and in cool-down. There the schedule
+  // is run (pipeline_makespan, as the GUI draws it) and the bubble is what it adds to the slowest
+  // stage's passes and the exchanges charged above; a search's scan takes the lower bound of that
+  // makespan instead (EstimateOptions::run_pipeline_schedule off, pipeline_makespan_bound).
+  pl.unequal_chunks = stages > 1 && pl.uneven_chunks();
+  if (pl.unequal_chunks) {
+    double makespan = pipeline_makespan_bound(pl);
+    if (options.run_pipeline_schedule) {
+      if (const auto run = pipeline_makespan(pl)) makespan = *run;
+    }
+    double busiest = 0;
+    for (int i = 0; i < stages; ++i) busiest = std::max(busiest, m * (pl.forward_seconds[static_cast<std::size_t>(i)] + pl.backward_seconds[static_cast<std::size_t>(i)]));
+    tm.bubble = Seconds(std::max(0.0, makespan - busiest - tm.pp_comm.value()));
+  }
+
   tm.dp_comm_exposed = Seconds(tail.dp_exposed);
   // While the GPU waits for the host, ZeRO-3's unit collectives (timed against the GPU's compute
   // alone) run: the wait is what the host takes beyond both. The other data-parallel reductions
@@ -654,28 +693,6 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
   th.hardware_tflops_per_gpu = per_token_hw * th.tokens_per_second_per_gpu / 1e12;
   th.mfu = th.model_tflops_per_gpu * 1e12 / peak;
   th.hfu = th.hardware_tflops_per_gpu * 1e12 / peak;
-
-  // --- pipeline timeline ---
-  PipelineTimeline& pl = est.pipeline;
-  pl.stages = stages;
-  pl.virtual_stages = p.virtual_stages;
-  pl.micro_batches = m;
-  pl.schedule = p.schedule;
-  pl.p2p_seconds = p2p;
-  pl.pass_comm_seconds = pass_comm;
-  pl.chunk_layers = chunk_layers;
-  pl.layer_forward_seconds = lc.forward_total();
-  pl.layer_backward_seconds = lc.backward_total();
-  pl.embedding_forward_seconds = ec.embedding_forward;
-  pl.embedding_backward_seconds = ec.embedding_backward;
-  pl.head_forward_seconds = ec.head_forward;
-  pl.head_backward_seconds = ec.head_backward;
-  pl.forward_seconds.reserve(st.size());
-  pl.backward_seconds.reserve(st.size());
-  for (const auto& x : st) {
-    pl.forward_seconds.push_back(x.forward);
-    pl.backward_seconds.push_back(x.backward);
-  }
 
   // --- whole run ---
   const double trainable = est.trainable_parameters;

@@ -7,6 +7,8 @@
 #include <charconv>
 #include <cmath>
 #include <cstdio>
+#include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -261,17 +263,45 @@ namespace {
 
 // A stage's time shared over its chunks in proportion to each chunk's layers and ends (the
 // stage's own passes, its gradient pass, copies and host wait, scale with what it holds).
+// A chunk's own work: its layers, and the embedding or the head where it holds them.
+double chunk_own(const PipelineTimeline& t, int pos, double layer, double embedding, double head) {
+  const int chunks = t.stages * t.virtual_stages;
+  return t.chunk_layers[static_cast<std::size_t>(pos)] * layer + (pos == 0 ? embedding : 0.0) + (pos == chunks - 1 ? head : 0.0);
+}
+
+// The stage's time over its chunks, each by its own work; `sum` that stage's chunks' own work.
+double chunk_share_of(const PipelineTimeline& t, int position, double whole, double sum, double layer, double embedding, double head) {
+  return sum > 0 ? whole * chunk_own(t, position, layer, embedding, head) / sum : whole / t.virtual_stages;
+}
+
 double chunk_share(const PipelineTimeline& t, int position, const std::vector<double>& stage_seconds, double layer, double embedding,
                    double head) {
   const int stage = position % t.stages, chunks = t.stages * t.virtual_stages;
   const double whole = stage_seconds[static_cast<std::size_t>(stage)];
   if (static_cast<int>(t.chunk_layers.size()) != chunks) return whole / t.virtual_stages;
-  const auto own = [&](int pos) {
-    return t.chunk_layers[static_cast<std::size_t>(pos)] * layer + (pos == 0 ? embedding : 0.0) + (pos == chunks - 1 ? head : 0.0);
-  };
   double sum = 0;
-  for (int c = 0; c < t.virtual_stages; ++c) sum += own(c * t.stages + stage);
-  return sum > 0 ? whole * own(position) / sum : whole / t.virtual_stages;
+  for (int c = 0; c < t.virtual_stages; ++c) sum += chunk_own(t, c * t.stages + stage, layer, embedding, head);
+  return chunk_share_of(t, position, whole, sum, layer, embedding, head);
+}
+
+// chunk_share of every position, in O(stages x virtual_stages).
+std::vector<double> chunk_shares(const PipelineTimeline& t, const std::vector<double>& stage_seconds, double layer, double embedding,
+                                 double head) {
+  const int p = t.stages, v = t.virtual_stages, chunks = p * v;
+  std::vector<double> out(static_cast<std::size_t>(chunks));
+  if (static_cast<int>(t.chunk_layers.size()) != chunks) {
+    for (int pos = 0; pos < chunks; ++pos) out[static_cast<std::size_t>(pos)] = stage_seconds[static_cast<std::size_t>(pos % p)] / v;
+    return out;
+  }
+  for (int stage = 0; stage < p; ++stage) {
+    double sum = 0;
+    for (int c = 0; c < v; ++c) sum += chunk_own(t, c * p + stage, layer, embedding, head);
+    for (int c = 0; c < v; ++c) {
+      const int pos = c * p + stage;
+      out[static_cast<std::size_t>(pos)] = chunk_share_of(t, pos, stage_seconds[static_cast<std::size_t>(stage)], sum, layer, embedding, head);
+    }
+  }
+  return out;
 }
 
 }  // namespace
@@ -282,6 +312,44 @@ double PipelineTimeline::chunk_forward_seconds(int position) const {
 
 double PipelineTimeline::chunk_backward_seconds(int position) const {
   return chunk_share(*this, position, backward_seconds, layer_backward_seconds, embedding_backward_seconds, head_backward_seconds);
+}
+
+std::vector<double> PipelineTimeline::chunk_forward_seconds_all() const {
+  return chunk_shares(*this, forward_seconds, layer_forward_seconds, embedding_forward_seconds, head_forward_seconds);
+}
+
+std::vector<double> PipelineTimeline::chunk_backward_seconds_all() const {
+  return chunk_shares(*this, backward_seconds, layer_backward_seconds, embedding_backward_seconds, head_backward_seconds);
+}
+
+bool PipelineTimeline::uneven_chunks() const {
+  if (std::adjacent_find(chunk_layers.begin(), chunk_layers.end(), std::not_equal_to<>()) == chunk_layers.end()) return false;
+  // The schedule's makespan is monotone in each pass's length and scales with them, so with every
+  // forward (backward) pass between a shortest and a longest within kEvenChunks of it, the
+  // makespan lies within that fraction of the even schedule's: the formula's, to the model's
+  // resolution. The layers are split to even out the chunks' times (partition_layers), which
+  // leaves chunks of unequal layers but equal time where the ends take the place of a layer.
+  constexpr double kEvenChunks = 0.005;
+  const int chunks = stages * virtual_stages;
+  if (static_cast<int>(chunk_layers.size()) != chunks || static_cast<int>(forward_seconds.size()) != stages ||
+      static_cast<int>(backward_seconds.size()) != stages) {
+    return false;
+  }
+  const auto spread = [&](const std::vector<double>& stage_seconds, double layer, double embedding, double head) {
+    double lo = std::numeric_limits<double>::infinity(), hi = 0;
+    for (int stage = 0; stage < stages; ++stage) {
+      double sum = 0;
+      for (int c = 0; c < virtual_stages; ++c) sum += chunk_own(*this, c * stages + stage, layer, embedding, head);
+      for (int c = 0; c < virtual_stages; ++c) {
+        const double x = chunk_share_of(*this, c * stages + stage, stage_seconds[static_cast<std::size_t>(stage)], sum, layer, embedding, head);
+        lo = std::min(lo, x);
+        hi = std::max(hi, x);
+      }
+    }
+    return hi > 0 ? (hi - lo) / hi : 0.0;
+  };
+  return spread(forward_seconds, layer_forward_seconds, embedding_forward_seconds, head_forward_seconds) > kEvenChunks ||
+         spread(backward_seconds, layer_backward_seconds, embedding_backward_seconds, head_backward_seconds) > kEvenChunks;
 }
 
 std::vector<int> partition_ends_in_split(int layers, int chunks) {

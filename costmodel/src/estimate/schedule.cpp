@@ -1,8 +1,11 @@
 #include "trainplan/costmodel/schedule.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace trainplan::costmodel {
 
@@ -21,48 +24,68 @@ PipelinePass interleaved_pass(PassKind kind, int k, int stages, int virtual_stag
 
 }  // namespace
 
-Result<std::vector<std::vector<PipelinePass>>> pipeline_order(Schedule schedule, int stages, int virtual_stages,
-                                                              int micro_batches) {
+namespace {
+
+// Why pipeline_order refuses these numbers; empty where it runs them.
+std::string order_error(Schedule schedule, int stages, int virtual_stages, int micro_batches) {
   if (stages < 1 || virtual_stages < 1 || micro_batches < 1) {
-    return Error{"pipeline schedule: stages (" + std::to_string(stages) + "), virtual_stages (" +
-                 std::to_string(virtual_stages) + ") and micro_batches (" + std::to_string(micro_batches) +
-                 ") must each be >= 1"};
+    return "pipeline schedule: stages (" + std::to_string(stages) + "), virtual_stages (" + std::to_string(virtual_stages) +
+           ") and micro_batches (" + std::to_string(micro_batches) + ") must each be >= 1";
   }
   if (virtual_stages > 1 && schedule != Schedule::kInterleaved) {
-    return Error{"pipeline schedule: virtual_stages (" + std::to_string(virtual_stages) +
-                 ") > 1 needs the interleaved schedule"};
+    return "pipeline schedule: virtual_stages (" + std::to_string(virtual_stages) + ") > 1 needs the interleaved schedule";
   }
   if (schedule == Schedule::kInterleaved && micro_batches % stages != 0) {
-    return Error{"pipeline schedule: interleaved 1F1B needs micro-batches (" + std::to_string(micro_batches) +
-                 ") to be a multiple of pipeline stages (" + std::to_string(stages) + ")"};
+    return "pipeline schedule: interleaved 1F1B needs micro-batches (" + std::to_string(micro_batches) +
+           ") to be a multiple of pipeline stages (" + std::to_string(stages) + ")";
   }
+  return {};
+}
+
+// The passes of one stage in the order it runs them, each computed from its index: GPipe runs
+// every forward, then every backward; 1F1B (and interleaved 1F1B) a warm-up of forwards, then a
+// forward and a backward in turn, then the rest of the backwards.
+struct StageOrder {
+  Schedule schedule;
+  int stages, virtual_stages, total, warmup;
+
+  StageOrder(Schedule sc, int p, int v, int m, int stage) : schedule(sc), stages(p), virtual_stages(v), total(m * v) {
+    if (sc == Schedule::kGpipe) {
+      warmup = total;
+    } else {
+      warmup = std::min(total, sc == Schedule::kInterleaved ? (p - stage - 1) * 2 + (v - 1) * p : p - stage - 1);
+    }
+  }
+  [[nodiscard]] int size() const { return 2 * total; }
+  [[nodiscard]] PipelinePass pass(PassKind kind, int k) const {
+    return schedule == Schedule::kInterleaved ? interleaved_pass(kind, k, stages, virtual_stages) : PipelinePass{kind, k, 0};
+  }
+  // The j-th pass: a forward or a backward, and which of the stage's forwards (backwards) it is.
+  [[nodiscard]] std::pair<PassKind, int> index(int j) const {
+    if (j < warmup) return {PassKind::kForward, j};
+    const int steady = 2 * (total - warmup);
+    if (j < warmup + steady) {
+      const int k = j - warmup;
+      return k % 2 == 0 ? std::pair{PassKind::kForward, warmup + k / 2} : std::pair{PassKind::kBackward, k / 2};
+    }
+    return {PassKind::kBackward, total - warmup + (j - warmup - steady)};
+  }
+  [[nodiscard]] PipelinePass at(int j) const {
+    const auto [kind, k] = index(j);
+    return pass(kind, k);
+  }
+};
+
+}  // namespace
+
+Result<std::vector<std::vector<PipelinePass>>> pipeline_order(Schedule schedule, int stages, int virtual_stages,
+                                                              int micro_batches) {
+  if (std::string error = order_error(schedule, stages, virtual_stages, micro_batches); !error.empty()) return Error{error};
   std::vector<std::vector<PipelinePass>> order(stages);
-  const int m = micro_batches;
   for (int s = 0; s < stages; ++s) {
-    auto& o = order[s];
-    if (schedule == Schedule::kGpipe) {
-      for (int i = 0; i < m; ++i) o.push_back({PassKind::kForward, i, 0});
-      for (int i = 0; i < m; ++i) o.push_back({PassKind::kBackward, i, 0});
-      continue;
-    }
-    const int total = m * virtual_stages;
-    int warmup = schedule == Schedule::kInterleaved ? (stages - s - 1) * 2 + (virtual_stages - 1) * stages
-                                                    : stages - s - 1;
-    warmup = std::min(warmup, total);
-    auto fwd = [&](int k) {
-      return schedule == Schedule::kInterleaved ? interleaved_pass(PassKind::kForward, k, stages, virtual_stages)
-                                                : PipelinePass{PassKind::kForward, k, 0};
-    };
-    auto bwd = [&](int k) {
-      return schedule == Schedule::kInterleaved ? interleaved_pass(PassKind::kBackward, k, stages, virtual_stages)
-                                                : PipelinePass{PassKind::kBackward, k, 0};
-    };
-    for (int k = 0; k < warmup; ++k) o.push_back(fwd(k));
-    for (int k = 0; k < total - warmup; ++k) {
-      o.push_back(fwd(warmup + k));
-      o.push_back(bwd(k));
-    }
-    for (int k = total - warmup; k < total; ++k) o.push_back(bwd(k));
+    const StageOrder o(schedule, stages, virtual_stages, micro_batches, s);
+    order[s].reserve(static_cast<std::size_t>(o.size()));
+    for (int j = 0; j < o.size(); ++j) order[s].push_back(o.at(j));
   }
   return order;
 }
@@ -82,9 +105,16 @@ double micro_batches_in_flight(const ParallelConfig& p, int stage, int m) {
   return 1;
 }
 
-Result<ScheduleSimulation> simulate_pipeline(const PipelineTimeline& t) {
-  auto order = pipeline_order(t.schedule, t.stages, t.virtual_stages, t.micro_batches);
-  if (!order) return order.error();
+namespace {
+
+// Runs the schedule: each stage takes its passes in pipeline_order's order, a pass starting when
+// its stage is free and its input has arrived (simulate_pipeline's rules), and tells `on_pass`
+// (stage, pass, start, end) of each. `forward_length` and `backward_length`: each position's pass.
+// Returns the makespan.
+template <class OnPass>
+Result<double> run_schedule(const PipelineTimeline& t, const std::vector<double>& forward_length, const std::vector<double>& backward_length,
+                            OnPass&& on_pass) {
+  if (std::string error = order_error(t.schedule, t.stages, t.virtual_stages, t.micro_batches); !error.empty()) return Error{error};
   const int p = t.stages, v = t.virtual_stages, m = t.micro_batches;
   if (static_cast<int>(t.forward_seconds.size()) != p || static_cast<int>(t.backward_seconds.size()) != p) {
     return Error{"pipeline simulation: need forward and backward seconds for each of the " + std::to_string(p) +
@@ -95,44 +125,58 @@ Result<ScheduleSimulation> simulate_pipeline(const PipelineTimeline& t) {
     return Error{"pipeline simulation: chunk_layers has " + std::to_string(t.chunk_layers.size()) + " entries, not stages x virtual_stages = " +
                  std::to_string(positions)};
   }
+  std::vector<StageOrder> order;
+  order.reserve(static_cast<std::size_t>(p));
+  for (int s = 0; s < p; ++s) order.emplace_back(t.schedule, p, v, m, s);
+  // The k-th forward and backward pass of any stage (the same (micro-batch, chunk) on each), once.
+  std::vector<PipelinePass> forward_pass, backward_pass;
+  forward_pass.reserve(static_cast<std::size_t>(m) * v);
+  backward_pass.reserve(static_cast<std::size_t>(m) * v);
+  for (int k = 0; k < m * v; ++k) {
+    forward_pass.push_back(order.front().pass(PassKind::kForward, k));
+    backward_pass.push_back(order.front().pass(PassKind::kBackward, k));
+  }
+  // Consecutive chunks sit on neighbouring stages: every transfer is a hop (none without a pipeline).
+  const double hop = p > 1 ? t.p2p_seconds : 0.0;
   constexpr double kNotYet = -1;
-  // done[kind][position][micro_batch]: when that pass ended.
-  std::vector<std::vector<double>> fwd_end(positions, std::vector<double>(m, kNotYet));
-  std::vector<std::vector<double>> bwd_end(positions, std::vector<double>(m, kNotYet));
-  std::vector<std::size_t> next(p, 0);
+  // When each (position, micro-batch) pass ended, forward and backward, in one flat array each.
+  std::vector<double> fwd_end(static_cast<std::size_t>(positions) * m, kNotYet);
+  std::vector<double> bwd_end(static_cast<std::size_t>(positions) * m, kNotYet);
+  const auto at = [m](int pos, int i) { return static_cast<std::size_t>(pos) * m + i; };
+  std::vector<int> next(p, 0);
   std::vector<double> free_at(p, 0);
-  ScheduleSimulation sim;
-  std::vector<std::vector<ScheduledPass>> per_stage(p);
-  std::size_t remaining = 0;
-  for (const auto& o : *order) remaining += o.size();
+  long long remaining = 2LL * positions * m;
+  double makespan = 0;
 
   while (remaining > 0) {
     bool progressed = false;
     for (int s = 0; s < p; ++s) {
-      while (next[s] < (*order)[s].size()) {
-        const PipelinePass& pass = (*order)[s][next[s]];
+      const StageOrder& stage_order = order[static_cast<std::size_t>(s)];
+      while (next[s] < stage_order.size()) {
+        const auto [kind, k] = stage_order.index(next[s]);
+        const PipelinePass& pass = (kind == PassKind::kForward ? forward_pass : backward_pass)[static_cast<std::size_t>(k)];
         const int pos = pass.chunk * p + s;
         const int i = pass.micro_batch;
         double ready = 0;
         if (pass.kind == PassKind::kForward) {
           if (pos > 0) {
-            if (fwd_end[pos - 1][i] == kNotYet) break;
-            ready = fwd_end[pos - 1][i] + ((pos - 1) % p != s ? t.p2p_seconds : 0.0);
+            if (fwd_end[at(pos - 1, i)] == kNotYet) break;
+            ready = fwd_end[at(pos - 1, i)] + hop;
           }
         } else {
-          if (fwd_end[pos][i] == kNotYet) break;
-          ready = fwd_end[pos][i];
+          if (fwd_end[at(pos, i)] == kNotYet) break;
+          ready = fwd_end[at(pos, i)];
           if (pos + 1 < positions) {
-            if (bwd_end[pos + 1][i] == kNotYet) break;
-            ready = std::max(ready, bwd_end[pos + 1][i] + ((pos + 1) % p != s ? t.p2p_seconds : 0.0));
+            if (bwd_end[at(pos + 1, i)] == kNotYet) break;
+            ready = std::max(ready, bwd_end[at(pos + 1, i)] + hop);
           }
         }
-        const double length = pass.kind == PassKind::kForward ? t.chunk_forward_seconds(pos) : t.chunk_backward_seconds(pos);
-        ScheduledPass sp{s, pass, std::max(ready, free_at[s]), 0};
-        sp.end = sp.start + length;
-        free_at[s] = sp.end + t.pass_comm_seconds;  // the stage's exchange after the pass
-        (pass.kind == PassKind::kForward ? fwd_end : bwd_end)[pos][i] = sp.end;
-        per_stage[s].push_back(sp);
+        const double start = std::max(ready, free_at[s]);
+        const double end = start + (pass.kind == PassKind::kForward ? forward_length[static_cast<std::size_t>(pos)] : backward_length[static_cast<std::size_t>(pos)]);
+        free_at[s] = end + t.pass_comm_seconds;  // the stage's exchange after the pass
+        (pass.kind == PassKind::kForward ? fwd_end : bwd_end)[at(pos, i)] = end;
+        makespan = std::max(makespan, end);
+        on_pass(s, pass, start, end);
         ++next[s];
         --remaining;
         progressed = true;
@@ -140,14 +184,38 @@ Result<ScheduleSimulation> simulate_pipeline(const PipelineTimeline& t) {
     }
     if (!progressed) return Error{"pipeline simulation: the schedule deadlocks (a stage waits on a pass never run)"};
   }
+  return makespan;
+}
 
+// Each position's forward and backward pass length (chunk_forward_seconds, chunk_backward_seconds),
+// or empty where the timeline's chunk_layers are mis-sized (run_schedule then says so).
+std::pair<std::vector<double>, std::vector<double>> pass_lengths(const PipelineTimeline& t) {
+  const int positions = t.stages * t.virtual_stages;
+  if (t.stages < 1 || t.virtual_stages < 1 || static_cast<int>(t.forward_seconds.size()) != t.stages ||
+      static_cast<int>(t.backward_seconds.size()) != t.stages || (!t.chunk_layers.empty() && static_cast<int>(t.chunk_layers.size()) != positions)) {
+    return {};
+  }
+  return {t.chunk_forward_seconds_all(), t.chunk_backward_seconds_all()};
+}
+
+}  // namespace
+
+Result<ScheduleSimulation> simulate_pipeline(const PipelineTimeline& t) {
+  const int p = t.stages, v = t.virtual_stages;
+  std::vector<std::vector<ScheduledPass>> per_stage(std::max(p, 0));
+  const auto [forward_length, backward_length] = pass_lengths(t);
+  auto makespan = run_schedule(t, forward_length, backward_length, [&](int s, const PipelinePass& pass, double start, double end) {
+    per_stage[s].push_back(ScheduledPass{s, pass, start, end});
+  });
+  if (!makespan) return makespan.error();
+  ScheduleSimulation sim;
+  sim.makespan = *makespan;
   sim.busy_seconds.assign(p, 0);
   sim.peak_in_flight.assign(p, 0);
   for (int s = 0; s < p; ++s) {
     int held = 0, peak = 0;
     for (const auto& sp : per_stage[s]) {
       sim.busy_seconds[s] += sp.end - sp.start;
-      sim.makespan = std::max(sim.makespan, sp.end);
       held += sp.pass.kind == PassKind::kForward ? 1 : -1;
       peak = std::max(peak, held);
       sim.passes.push_back(sp);
@@ -160,6 +228,48 @@ Result<ScheduleSimulation> simulate_pipeline(const PipelineTimeline& t) {
   }
   sim.bubble_fraction = bubble / p;
   return sim;
+}
+
+double pipeline_makespan_bound(const PipelineTimeline& t) {
+  const int p = t.stages, v = t.virtual_stages, m = t.micro_batches;
+  if (p < 1 || static_cast<int>(t.forward_seconds.size()) != p || static_cast<int>(t.backward_seconds.size()) != p) return 0;
+  if (!t.chunk_layers.empty() && static_cast<int>(t.chunk_layers.size()) != p * v) return 0;
+  // Stage s first runs once the first micro-batch has come through chunks 0 .. s-1 (a hop after
+  // each), then runs its 2 v m passes one after another with its exchange after each, and after
+  // its last pass (chunk 0's backward of the last micro-batch) that backward still goes through
+  // chunks s-1 .. 0.
+  double bound = 0, chain = 0;
+  for (int s = 0; s < p; ++s) {
+    const double own = m * (t.forward_seconds[static_cast<std::size_t>(s)] + t.backward_seconds[static_cast<std::size_t>(s)]) +
+                       (2.0 * v * m - 1.0) * t.pass_comm_seconds;
+    bound = std::max(bound, chain + own);
+    chain += t.chunk_forward_seconds(s) + t.chunk_backward_seconds(s) + 2.0 * t.p2p_seconds;  // chunk 0 of stage s
+  }
+  return bound;
+}
+
+Result<double> pipeline_makespan(const PipelineTimeline& t) {
+  const auto [forward_length, backward_length] = pass_lengths(t);
+  const auto run = [&](const PipelineTimeline& x) {
+    return run_schedule(x, forward_length, backward_length, [](int, const PipelinePass&, double, double) {});
+  };
+  // The schedule repeats every round of p micro-batches once it is past its warm-up, so the
+  // makespan then grows by the same time each round (a max-plus linear system turns periodic).
+  // Where the step holds more than 4 rounds: run 2, 3 and 4 rounds and, where the last two
+  // rounds added the same time, extend that to m; else run all m.
+  const int p = t.stages, m = t.micro_batches;
+  if (p < 1 || m <= 3 * p) return run(t);
+  PipelineTimeline rounds = t;
+  double makespan[3];
+  for (int k = 0; k < 3; ++k) {
+    rounds.micro_batches = (k + 1) * p;
+    auto x = run(rounds);
+    if (!x) return x.error();
+    makespan[k] = *x;
+  }
+  const double round = makespan[2] - makespan[1];
+  if (std::abs(round - (makespan[1] - makespan[0])) > 1e-9 * makespan[2]) return run(t);
+  return makespan[2] + round * (m - 3.0 * p) / p;
 }
 
 }  // namespace trainplan::costmodel

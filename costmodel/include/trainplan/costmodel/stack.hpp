@@ -154,6 +154,10 @@ struct Fp8Casting {
   // Kernels one cast launches: 1 where the amax is taken in the cast or in the kernel that wrote
   // the tensor; more where the amax and the scale are kernels of their own.
   int kernels_per_cast = 1;
+  // Under PyTorch's tensor parallelism with sequence parallelism, the all-gathers move fp8
+  // (torchao's Float8ColwiseParallel / PrepareFloat8ModuleInput gather the cast inputs, and
+  // Float8RowwiseParallel's output gradients are cast before their backward all-gather).
+  bool tp_gathers_fp8 = false;
 };
 
 // How a stack's data parallelism moves parameters and gradients under ZeRO / FSDP, beyond the
