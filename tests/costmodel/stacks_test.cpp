@@ -630,6 +630,18 @@ TEST(DeepspeedReuse, KeepsTheLastLayersWithinTheReuseDistance) {
   EXPECT_EQ(layers_kept_for_reuse(0, 202.38e6, 131.08e6, 32), 0);
 }
 
+// Llama 3 8B's layer on H100 under tp 2 inside a node, two sequences of 4096 tokens, sequence
+// parallel: the gathered tensor is 8192 x 4096 bf16 (64 MiB).
+LayerSetting tp2_two_sequences() {
+  LayerSetting s;
+  s.tp = 2;
+  s.tp_group = CollectiveGroup{2, 2};
+  s.micro_batch = 2;
+  s.seq_len = 4096;
+  s.sequence_parallel = true;
+  return s;
+}
+
 // PyTorch's tensor parallelism (DTensor, as torchtitan runs it) shards [batch, seq, hidden]
 // activations on the sequence, while NCCL gathers and scatters along the first dimension: each
 // sequence-parallel reduce-scatter concatenates its input's chunks first, and each all-gather of
@@ -644,9 +656,7 @@ TEST(DeepspeedReuse, KeepsTheLastLayersWithinTheReuseDistance) {
 TEST(TensorParallel, DTensorCopiesTheSequenceShardsAroundEachCollective) {
   const HardwareProfile hw = testing::cluster("dgx-h100");
   const ModelSpec m = testing::model("llama3-8b");
-  LayerSetting s;
-  s.tp = 2;
-  s.tp_group = CollectiveGroup{2, 2};
+  const LayerSetting s = tp2_two_sequences();
   const KernelRates rates(hw.gpu, Dtype::kBf16);
   const Bytes gathered(8192.0 * 4096 * 2);
   const double copy = rates.stream(2.0 * gathered.value());
@@ -703,12 +713,7 @@ TEST(TensorParallel, DTensorCopiesTheSequenceShardsAroundEachCollective) {
 TEST(TensorParallel, Float8TensorParallelismGathersFp8) {
   const HardwareProfile hw = testing::cluster("dgx-h100");
   const ModelSpec m = testing::model("llama3-8b");
-  LayerSetting s;
-  s.tp = 2;
-  s.tp_group = CollectiveGroup{2, 2};
-  s.micro_batch = 2;
-  s.seq_len = 4096;
-  s.sequence_parallel = true;
+  LayerSetting s = tp2_two_sequences();
   s.precision = Precision::kFp8;
   s.stack = Stack::kFsdp2Compile;
   const KernelRates rates(hw.gpu, Dtype::kBf16);
@@ -735,11 +740,7 @@ TEST(TensorParallel, Float8TensorParallelismGathersFp8) {
 TEST(TensorParallel, OpLevelSelectiveRecomputeGathersTheRecomputedGemmsInputsAgain) {
   const HardwareProfile hw = testing::cluster("dgx-h100");
   const ModelSpec m = testing::model("llama3-8b");
-  LayerSetting s;
-  s.micro_batch = 2;
-  s.seq_len = 4096;
-  s.tp = 2;
-  s.tp_group = CollectiveGroup{2, 2};
+  LayerSetting s = tp2_two_sequences();
   s.recompute = Recompute::kSelective;
   const KernelRates rates(hw.gpu, Dtype::kBf16);
   const Bytes gathered(8192.0 * 4096 * 2);
