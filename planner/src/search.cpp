@@ -303,18 +303,10 @@ Result<SearchResult> search(const PlanRequest& req, const SearchOptions& options
   struct Scored {
     ParallelConfig parallel;
     Estimate estimate;
-    bool scheduled = false;  // priced again with its pipeline's schedule run (below)
   };
   struct Kept {  // a layout's best variants, best first, and how many fit
     std::vector<Scored> best;
     std::int64_t count = 0;
-    std::optional<Scored> best_priced;  // its best variant whose estimate is estimate()'s
-  };
-  // Where a pipeline's chunks hold different numbers of layers the scan prices the bubble by a
-  // lower bound of its schedule's makespan (run_pipeline_schedule off: pipeline_makespan_bound),
-  // and the plans that may be returned are priced again with their schedule run.
-  const auto scheduled_later = [](const ParallelConfig& parallel, const Estimate& e) {
-    return parallel.pp > 1 && e.pipeline.unequal_chunks;
   };
   struct Partial {
     std::map<FoldKey, Kept> layouts;
@@ -360,12 +352,6 @@ Result<SearchResult> search(const PlanRequest& req, const SearchOptions& options
       Kept& f = part.layouts[fold_key(plan.parallel)];
       ++f.count;
       if (f.best.size() < keep || ranked_before(e, plan.parallel, f.best.back().estimate, f.best.back().parallel, options.objective)) layout = &f;
-      // The layout's best variant priced as estimate() prices it (its schedule needs no run), kept
-      // apart: variants priced by their schedule's lower bound must not push it out.
-      if (!scheduled_later(plan.parallel, e) &&
-          (!f.best_priced || ranked_before(e, plan.parallel, f.best_priced->estimate, f.best_priced->parallel, options.objective))) {
-        f.best_priced = Scored{plan.parallel, e};
-      }
     }
     if (shape_kept) shape_best = Scored{plan.parallel, layout ? e : std::move(e)};
     if (layout) {
@@ -421,7 +407,6 @@ Result<SearchResult> search(const PlanRequest& req, const SearchOptions& options
     EstimateOptions priced = estimate_options;
     priced.memo = &memo;
     priced.explain = false;
-    priced.run_pipeline_schedule = false;  // run for the plans that may be returned (below)
     for (std::size_t i = next++; i < units.size(); i = next++) {
       if (!checkpoint()) return;
       const auto [tp, cp, pp] = units[i];
@@ -532,52 +517,11 @@ Result<SearchResult> search(const PlanRequest& req, const SearchOptions& options
       Kept& all = layouts[key];
       all.count += f.count;
       std::move(f.best.begin(), f.best.end(), std::back_inserter(all.best));
-      if (f.best_priced && (!all.best_priced || ranks_before(*f.best_priced, *all.best_priced))) all.best_priced = std::move(f.best_priced);
     }
   }
-  // Each layout's best `keep` variants, best first, with its best priced one among them.
   for (auto& [key, f] : layouts) {
     std::sort(f.best.begin(), f.best.end(), ranks_before);
     if (f.best.size() > keep) f.best.resize(keep);
-    if (f.best_priced && std::none_of(f.best.begin(), f.best.end(), [&](const Scored& x) { return layout_key(x.parallel) == layout_key(f.best_priced->parallel); })) {
-      f.best.push_back(*f.best_priced);
-    }
-  }
-  // The plans priced by their schedule's lower bound are priced as estimate() prices them where
-  // they may be returned: the first `top` (layouts, or plans) are priced so, ranked again, and
-  // priced so again until every one of them is.
-  // Prices `items` so (those priced by the lower bound), on the search's threads; whether any was.
-  const auto reprice = [&](std::vector<Scored*> items) {
-    items.erase(std::remove_if(items.begin(), items.end(), [&](const Scored* x) { return !scheduled_later(x->parallel, x->estimate) || x->scheduled; }),
-                items.end());
-    if (items.empty()) return false;
-    std::atomic<std::size_t> next_item{0};
-    const auto job = [&] {
-      EstimateMemo memo;
-      EstimateOptions exact = estimate_options;
-      exact.memo = &memo;
-      exact.explain = false;
-      Plan plan = base;
-      for (std::size_t i = next_item++; i < items.size(); i = next_item++) {
-        plan.parallel = items[i]->parallel;
-        items[i]->estimate = estimate(plan, exact);
-        items[i]->scheduled = true;
-      }
-    };
-    const int n = std::max(1, std::min<int>(options.threads, static_cast<int>(items.size())));
-    std::vector<std::thread> pool;
-    for (int t = 1; t < n; ++t) pool.emplace_back(job);
-    job();
-    for (auto& th : pool) th.join();
-    return true;
-  };
-  const std::size_t top = static_cast<std::size_t>(std::max(1, options.top));
-  {
-    std::vector<Scored*> shapes;
-    for (auto& cand : best_by_unit) {
-      if (cand) shapes.push_back(&*cand);
-    }
-    reprice(shapes);
   }
   for (auto& cand : best_by_unit) {
     if (cand) best_by_shape.emplace(shape_of(cand->parallel), std::move(*cand));
@@ -592,22 +536,8 @@ Result<SearchResult> search(const PlanRequest& req, const SearchOptions& options
     // Layouts ranked by their best variant; the others fold under it.
     std::vector<Kept*> order;
     for (auto& [key, f] : layouts) order.push_back(&f);
-    const auto layout_before = [&](const Kept* a, const Kept* b) { return ranks_before(a->best.front(), b->best.front()); };
-    for (bool repriced = true; repriced;) {
-      std::sort(order.begin(), order.end(), layout_before);
-      std::vector<Scored*> items;
-      for (std::size_t i = 0; i < std::min(order.size(), top); ++i) {
-        for (Scored& x : order[i]->best) items.push_back(&x);
-      }
-      repriced = reprice(items);
-      for (std::size_t i = 0; repriced && i < std::min(order.size(), top); ++i) {
-        std::sort(order[i]->best.begin(), order[i]->best.end(), ranks_before);
-      }
-    }
-    if (order.size() > top) order.resize(top);
-    for (Kept* f : order) {
-      if (f->best.size() > keep) f->best.resize(keep);
-    }
+    std::sort(order.begin(), order.end(), [&](const Kept* a, const Kept* b) { return ranks_before(a->best.front(), b->best.front()); });
+    if (static_cast<int>(order.size()) > options.top) order.resize(static_cast<std::size_t>(options.top));
     for (Kept* f : order) {
       result.ranked.push_back(to_candidate(std::move(f->best.front())));
       FoldedVariants others;
@@ -618,13 +548,8 @@ Result<SearchResult> search(const PlanRequest& req, const SearchOptions& options
   } else {
     std::vector<Scored> fitting;
     for (auto& [key, f] : layouts) std::move(f.best.begin(), f.best.end(), std::back_inserter(fitting));
-    for (bool repriced = true; repriced;) {
-      std::sort(fitting.begin(), fitting.end(), ranks_before);
-      std::vector<Scored*> items;
-      for (std::size_t i = 0; i < std::min(fitting.size(), top); ++i) items.push_back(&fitting[i]);
-      repriced = reprice(items);
-    }
-    if (fitting.size() > top) fitting.resize(top);
+    std::sort(fitting.begin(), fitting.end(), ranks_before);
+    if (static_cast<int>(fitting.size()) > options.top) fitting.resize(static_cast<std::size_t>(options.top));
     for (Scored& x : fitting) result.ranked.push_back(to_candidate(std::move(x)));
     result.variants.resize(result.ranked.size());
   }

@@ -629,21 +629,15 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
     pl.backward_seconds.push_back(x.backward);
   }
 
-  // Chunks of unequal layers (layers that do not split evenly over pp x v, or the embedding and the
-  // loss in the split) hold the schedule up beyond (p - 1) / v of a mean stage: a stage waits for
-  // its neighbour's longer chunk in warm-up, in steady state and in cool-down. There the schedule
-  // is run (pipeline_makespan, as the GUI draws it) and the bubble is what it adds to the slowest
-  // stage's passes and the exchanges charged above; a search's scan takes the lower bound of that
-  // makespan instead (EstimateOptions::run_pipeline_schedule off, pipeline_makespan_bound).
-  pl.unequal_chunks = stages > 1 && pl.uneven_chunks();
-  if (pl.unequal_chunks) {
-    double makespan = pipeline_makespan_bound(pl);
-    if (options.run_pipeline_schedule) {
-      if (const auto run = pipeline_makespan(pl)) makespan = *run;
-    }
-    double busiest = 0;
-    for (int i = 0; i < stages; ++i) busiest = std::max(busiest, m * (pl.forward_seconds[static_cast<std::size_t>(i)] + pl.backward_seconds[static_cast<std::size_t>(i)]));
-    tm.bubble = Seconds(std::max(0.0, makespan - busiest - tm.pp_comm.value()));
+  // Chunks of unequal times (layers that do not split evenly over pp x v, the embedding and the
+  // loss in the split, or the ends beside as many layers) hold the schedule up beyond (p - 1) / v
+  // of a mean stage: the first micro-batch reaches each stage through the chunks before it, and the
+  // last backward leaves it through them again. The bubble is what the schedule's lower bound
+  // (pipeline_makespan_bound: those chains around each stage's passes) adds to the critical
+  // stage's passes and the exchanges charged above. Not in it: a stage waiting in steady state for
+  // a neighbour's longer chunk, which only the drawn schedule (simulate_pipeline) shows.
+  if (stages > 1 && pl.uneven_chunks()) {
+    tm.bubble = Seconds(std::max(0.0, pipeline_makespan_bound(pl) - m * (S.forward + S.backward) - tm.pp_comm.value()));
   }
 
   tm.dp_comm_exposed = Seconds(tail.dp_exposed);

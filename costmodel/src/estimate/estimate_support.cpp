@@ -261,8 +261,6 @@ std::vector<int> partition_with_ends(int layers, int stages, int virtual_stages,
 
 namespace {
 
-// A stage's time shared over its chunks in proportion to each chunk's layers and ends (the
-// stage's own passes, its gradient pass, copies and host wait, scale with what it holds).
 // A chunk's own work: its layers, and the embedding or the head where it holds them.
 double chunk_own(const PipelineTimeline& t, int pos, double layer, double embedding, double head) {
   const int chunks = t.stages * t.virtual_stages;
@@ -274,6 +272,8 @@ double chunk_share_of(const PipelineTimeline& t, int position, double whole, dou
   return sum > 0 ? whole * chunk_own(t, position, layer, embedding, head) / sum : whole / t.virtual_stages;
 }
 
+// A stage's time shared over its chunks in proportion to each chunk's layers and ends (the
+// stage's own passes, its gradient pass, copies and host wait, scale with what it holds).
 double chunk_share(const PipelineTimeline& t, int position, const std::vector<double>& stage_seconds, double layer, double embedding,
                    double head) {
   const int stage = position % t.stages, chunks = t.stages * t.virtual_stages;
@@ -323,12 +323,12 @@ std::vector<double> PipelineTimeline::chunk_backward_seconds_all() const {
 }
 
 bool PipelineTimeline::uneven_chunks() const {
-  if (std::adjacent_find(chunk_layers.begin(), chunk_layers.end(), std::not_equal_to<>()) == chunk_layers.end()) return false;
   // The schedule's makespan is monotone in each pass's length and scales with them, so with every
   // forward (backward) pass between a shortest and a longest within kEvenChunks of it, the
   // makespan lies within that fraction of the even schedule's: the formula's, to the model's
-  // resolution. The layers are split to even out the chunks' times (partition_layers), which
-  // leaves chunks of unequal layers but equal time where the ends take the place of a layer.
+  // resolution. Chunks of as many layers differ where the embedding or the head sits in one;
+  // the layers are split to even out the chunks' times (partition_layers), which leaves chunks of
+  // unequal layers but equal times where the ends take the place of a layer.
   constexpr double kEvenChunks = 0.005;
   const int chunks = stages * virtual_stages;
   if (static_cast<int>(chunk_layers.size()) != chunks || static_cast<int>(forward_seconds.size()) != stages ||

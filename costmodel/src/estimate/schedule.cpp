@@ -248,28 +248,5 @@ double pipeline_makespan_bound(const PipelineTimeline& t) {
   return bound;
 }
 
-Result<double> pipeline_makespan(const PipelineTimeline& t) {
-  const auto [forward_length, backward_length] = pass_lengths(t);
-  const auto run = [&](const PipelineTimeline& x) {
-    return run_schedule(x, forward_length, backward_length, [](int, const PipelinePass&, double, double) {});
-  };
-  // The schedule repeats every round of p micro-batches once it is past its warm-up, so the
-  // makespan then grows by the same time each round (a max-plus linear system turns periodic).
-  // Where the step holds more than 4 rounds: run 2, 3 and 4 rounds and, where the last two
-  // rounds added the same time, extend that to m; else run all m.
-  const int p = t.stages, m = t.micro_batches;
-  if (p < 1 || m <= 3 * p) return run(t);
-  PipelineTimeline rounds = t;
-  double makespan[3];
-  for (int k = 0; k < 3; ++k) {
-    rounds.micro_batches = (k + 1) * p;
-    auto x = run(rounds);
-    if (!x) return x.error();
-    makespan[k] = *x;
-  }
-  const double round = makespan[2] - makespan[1];
-  if (std::abs(round - (makespan[1] - makespan[0])) > 1e-9 * makespan[2]) return run(t);
-  return makespan[2] + round * (m - 3.0 * p) / p;
-}
 
 }  // namespace trainplan::costmodel

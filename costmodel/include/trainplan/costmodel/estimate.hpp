@@ -146,9 +146,6 @@ struct PipelineTimeline {
   double layer_forward_seconds = 0, layer_backward_seconds = 0;
   double embedding_forward_seconds = 0, embedding_backward_seconds = 0;
   double head_forward_seconds = 0, head_backward_seconds = 0;
-  // uneven_chunks(), as the estimate found it: its bubble is the schedule's (or, in a search's
-  // scan, the lower bound of it).
-  bool unequal_chunks = false;
 
   // One pass of model chunk `position` (pipeline order: chunk c of stage s is c * stages + s):
   // its stage's forward_seconds (backward_seconds) shared over the stage's chunks in proportion
@@ -160,8 +157,8 @@ struct PipelineTimeline {
   // Those of every position at once (the schedule's simulation). REQUIRES: as above.
   [[nodiscard]] std::vector<double> chunk_forward_seconds_all() const;
   [[nodiscard]] std::vector<double> chunk_backward_seconds_all() const;
-  // Whether the chunks take unequal times: they hold different numbers of layers and their passes
-  // differ by more than 0.5% (the schedule is then run for the bubble).
+  // Whether the chunks take unequal times: their forward (backward) passes differ by more than
+  // 0.5% (the bubble then comes from the schedule's lower bound, pipeline_makespan_bound).
   [[nodiscard]] bool uneven_chunks() const;
 };
 
@@ -244,10 +241,6 @@ struct EstimateOptions {
   // Write `reasons` (false: fits and tight alone, for a search that explains only the plans it
   // keeps, with explain_memory).
   bool explain = true;
-  // Where a stage's chunks take unequal times, run the pipeline schedule for the bubble
-  // (pipeline_makespan); false: (p - 1) / v of a mean stage, for a search that runs the schedule
-  // only for the plans it keeps (planner/src/search.cpp).
-  bool run_pipeline_schedule = true;
 };
 
 // REQUIRES: validate_plan(plan) is ok. Never fails: a plan that does not fit has fits == false

@@ -71,14 +71,11 @@ struct ScheduleSimulation {
 // the pass that sent it ended. A pass starts when its stage is free and its input has arrived.
 [[nodiscard]] Result<ScheduleSimulation> simulate_pipeline(const PipelineTimeline& timeline);
 
-// simulate_pipeline's makespan alone, without recording the passes: the estimate's pipeline part
-// of the step where a stage's chunks take unequal times (estimate.cpp).
-[[nodiscard]] Result<double> pipeline_makespan(const PipelineTimeline& timeline);
-
-// A lower bound of that makespan in O(stages) (0 where the timeline is mis-sized): the largest,
-// over the stages, of the first micro-batch's way to a stage, the stage's passes and exchanges
-// back to back, and the last backward's way back from it. Where every chunk holds as many layers
-// it is (p - 1) / v of the last stage's time above its passes: the formula's bubble.
+// A lower bound of simulate_pipeline's makespan in O(stages) (0 where the timeline is mis-sized):
+// the largest, over the stages, of the first micro-batch's way to a stage, the stage's passes and
+// exchanges back to back, and the last backward's way back from it. Where every chunk takes as
+// long it is (p - 1) / v of the last stage's time above its passes: the formula's bubble. The
+// estimate's bubble where chunks take unequal times (estimate.cpp).
 [[nodiscard]] double pipeline_makespan_bound(const PipelineTimeline& timeline);
 
 }  // namespace trainplan::costmodel
