@@ -308,8 +308,10 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
   double tp_gather = 0, tp_reduce_scatter = 0;
   if (s.tp > 1) {
     const Bytes block(T * h * e);
-    tp_gather = collective_time(hw, Collective::kAllGather, Bytes(T * h * gather_bytes), s.tp_group).value();
-    tp_reduce_scatter = collective_time(hw, Collective::kReduceScatter, block, s.tp_group).value();
+    if (s.sequence_parallel) {
+      tp_gather = collective_time(hw, Collective::kAllGather, Bytes(T * h * gather_bytes), s.tp_group).value();
+      tp_reduce_scatter = collective_time(hw, Collective::kReduceScatter, block, s.tp_group).value();
+    }
     const double one = s.sequence_parallel ? tp_gather + tp_reduce_scatter
                                            : collective_time(hw, Collective::kAllReduce, block, s.tp_group).value();
     c.tp_comm_forward = 2.0 * one;   // after attention and after the MLP (or gather before each)

@@ -7,7 +7,6 @@
 #include <charconv>
 #include <cmath>
 #include <cstdio>
-#include <functional>
 #include <limits>
 #include <string>
 #include <vector>
@@ -284,7 +283,22 @@ double chunk_share(const PipelineTimeline& t, int position, const std::vector<do
   return chunk_share_of(t, position, whole, sum, layer, embedding, head);
 }
 
-// chunk_share of every position, in O(stages x virtual_stages).
+// chunk_share of every position, each told to `visit(position, seconds)`, in
+// O(stages x virtual_stages). REQUIRES: chunk_layers names every chunk.
+template <class Visit>
+void for_each_chunk_share(const PipelineTimeline& t, const std::vector<double>& stage_seconds, double layer, double embedding, double head,
+                          Visit&& visit) {
+  const int p = t.stages, v = t.virtual_stages;
+  for (int stage = 0; stage < p; ++stage) {
+    double sum = 0;
+    for (int c = 0; c < v; ++c) sum += chunk_own(t, c * p + stage, layer, embedding, head);
+    for (int c = 0; c < v; ++c) {
+      const int pos = c * p + stage;
+      visit(pos, chunk_share_of(t, pos, stage_seconds[static_cast<std::size_t>(stage)], sum, layer, embedding, head));
+    }
+  }
+}
+
 std::vector<double> chunk_shares(const PipelineTimeline& t, const std::vector<double>& stage_seconds, double layer, double embedding,
                                  double head) {
   const int p = t.stages, v = t.virtual_stages, chunks = p * v;
@@ -293,14 +307,7 @@ std::vector<double> chunk_shares(const PipelineTimeline& t, const std::vector<do
     for (int pos = 0; pos < chunks; ++pos) out[static_cast<std::size_t>(pos)] = stage_seconds[static_cast<std::size_t>(pos % p)] / v;
     return out;
   }
-  for (int stage = 0; stage < p; ++stage) {
-    double sum = 0;
-    for (int c = 0; c < v; ++c) sum += chunk_own(t, c * p + stage, layer, embedding, head);
-    for (int c = 0; c < v; ++c) {
-      const int pos = c * p + stage;
-      out[static_cast<std::size_t>(pos)] = chunk_share_of(t, pos, stage_seconds[static_cast<std::size_t>(stage)], sum, layer, embedding, head);
-    }
-  }
+  for_each_chunk_share(t, stage_seconds, layer, embedding, head, [&](int pos, double x) { out[static_cast<std::size_t>(pos)] = x; });
   return out;
 }
 
@@ -337,15 +344,10 @@ bool PipelineTimeline::uneven_chunks() const {
   }
   const auto spread = [&](const std::vector<double>& stage_seconds, double layer, double embedding, double head) {
     double lo = std::numeric_limits<double>::infinity(), hi = 0;
-    for (int stage = 0; stage < stages; ++stage) {
-      double sum = 0;
-      for (int c = 0; c < virtual_stages; ++c) sum += chunk_own(*this, c * stages + stage, layer, embedding, head);
-      for (int c = 0; c < virtual_stages; ++c) {
-        const double x = chunk_share_of(*this, c * stages + stage, stage_seconds[static_cast<std::size_t>(stage)], sum, layer, embedding, head);
-        lo = std::min(lo, x);
-        hi = std::max(hi, x);
-      }
-    }
+    for_each_chunk_share(*this, stage_seconds, layer, embedding, head, [&](int, double x) {
+      lo = std::min(lo, x);
+      hi = std::max(hi, x);
+    });
     return hi > 0 ? (hi - lo) / hi : 0.0;
   };
   return spread(forward_seconds, layer_forward_seconds, embedding_forward_seconds, head_forward_seconds) > kEvenChunks ||

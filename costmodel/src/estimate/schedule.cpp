@@ -1,7 +1,6 @@
 #include "trainplan/costmodel/schedule.hpp"
 
 #include <algorithm>
-#include <cmath>
 #include <limits>
 #include <string>
 #include <utility>
@@ -105,15 +104,7 @@ double micro_batches_in_flight(const ParallelConfig& p, int stage, int m) {
   return 1;
 }
 
-namespace {
-
-// Runs the schedule: each stage takes its passes in pipeline_order's order, a pass starting when
-// its stage is free and its input has arrived (simulate_pipeline's rules), and tells `on_pass`
-// (stage, pass, start, end) of each. `forward_length` and `backward_length`: each position's pass.
-// Returns the makespan.
-template <class OnPass>
-Result<double> run_schedule(const PipelineTimeline& t, const std::vector<double>& forward_length, const std::vector<double>& backward_length,
-                            OnPass&& on_pass) {
+Result<ScheduleSimulation> simulate_pipeline(const PipelineTimeline& t) {
   if (std::string error = order_error(t.schedule, t.stages, t.virtual_stages, t.micro_batches); !error.empty()) return Error{error};
   const int p = t.stages, v = t.virtual_stages, m = t.micro_batches;
   if (static_cast<int>(t.forward_seconds.size()) != p || static_cast<int>(t.backward_seconds.size()) != p) {
@@ -125,6 +116,7 @@ Result<double> run_schedule(const PipelineTimeline& t, const std::vector<double>
     return Error{"pipeline simulation: chunk_layers has " + std::to_string(t.chunk_layers.size()) + " entries, not stages x virtual_stages = " +
                  std::to_string(positions)};
   }
+  const std::vector<double> forward_length = t.chunk_forward_seconds_all(), backward_length = t.chunk_backward_seconds_all();
   std::vector<StageOrder> order;
   order.reserve(static_cast<std::size_t>(p));
   for (int s = 0; s < p; ++s) order.emplace_back(t.schedule, p, v, m, s);
@@ -145,8 +137,9 @@ Result<double> run_schedule(const PipelineTimeline& t, const std::vector<double>
   const auto at = [m](int pos, int i) { return static_cast<std::size_t>(pos) * m + i; };
   std::vector<int> next(p, 0);
   std::vector<double> free_at(p, 0);
+  std::vector<std::vector<ScheduledPass>> per_stage(p);
   long long remaining = 2LL * positions * m;
-  double makespan = 0;
+  ScheduleSimulation sim;
 
   while (remaining > 0) {
     bool progressed = false;
@@ -171,12 +164,12 @@ Result<double> run_schedule(const PipelineTimeline& t, const std::vector<double>
             ready = std::max(ready, bwd_end[at(pos + 1, i)] + hop);
           }
         }
-        const double start = std::max(ready, free_at[s]);
-        const double end = start + (pass.kind == PassKind::kForward ? forward_length[static_cast<std::size_t>(pos)] : backward_length[static_cast<std::size_t>(pos)]);
-        free_at[s] = end + t.pass_comm_seconds;  // the stage's exchange after the pass
-        (pass.kind == PassKind::kForward ? fwd_end : bwd_end)[at(pos, i)] = end;
-        makespan = std::max(makespan, end);
-        on_pass(s, pass, start, end);
+        ScheduledPass sp{s, pass, std::max(ready, free_at[s]), 0};
+        sp.end = sp.start + (pass.kind == PassKind::kForward ? forward_length : backward_length)[static_cast<std::size_t>(pos)];
+        free_at[s] = sp.end + t.pass_comm_seconds;  // the stage's exchange after the pass
+        (pass.kind == PassKind::kForward ? fwd_end : bwd_end)[at(pos, i)] = sp.end;
+        sim.makespan = std::max(sim.makespan, sp.end);
+        per_stage[s].push_back(sp);
         ++next[s];
         --remaining;
         progressed = true;
@@ -184,32 +177,7 @@ Result<double> run_schedule(const PipelineTimeline& t, const std::vector<double>
     }
     if (!progressed) return Error{"pipeline simulation: the schedule deadlocks (a stage waits on a pass never run)"};
   }
-  return makespan;
-}
 
-// Each position's forward and backward pass length (chunk_forward_seconds, chunk_backward_seconds),
-// or empty where the timeline's chunk_layers are mis-sized (run_schedule then says so).
-std::pair<std::vector<double>, std::vector<double>> pass_lengths(const PipelineTimeline& t) {
-  const int positions = t.stages * t.virtual_stages;
-  if (t.stages < 1 || t.virtual_stages < 1 || static_cast<int>(t.forward_seconds.size()) != t.stages ||
-      static_cast<int>(t.backward_seconds.size()) != t.stages || (!t.chunk_layers.empty() && static_cast<int>(t.chunk_layers.size()) != positions)) {
-    return {};
-  }
-  return {t.chunk_forward_seconds_all(), t.chunk_backward_seconds_all()};
-}
-
-}  // namespace
-
-Result<ScheduleSimulation> simulate_pipeline(const PipelineTimeline& t) {
-  const int p = t.stages, v = t.virtual_stages;
-  std::vector<std::vector<ScheduledPass>> per_stage(std::max(p, 0));
-  const auto [forward_length, backward_length] = pass_lengths(t);
-  auto makespan = run_schedule(t, forward_length, backward_length, [&](int s, const PipelinePass& pass, double start, double end) {
-    per_stage[s].push_back(ScheduledPass{s, pass, start, end});
-  });
-  if (!makespan) return makespan.error();
-  ScheduleSimulation sim;
-  sim.makespan = *makespan;
   sim.busy_seconds.assign(p, 0);
   sim.peak_in_flight.assign(p, 0);
   for (int s = 0; s < p; ++s) {
