@@ -95,5 +95,30 @@ TEST(Zero3Overlap, ExposedGathersGrowWithTheRanksAtAFixedGlobalBatch) {
   }
 }
 
+// While a collective runs beside the compute, NCCL's kernel holds one SM per channel (one thread
+// block each, NVIDIA/nccl src/enqueue.cc), 16 channels on a DGX-class node (network.cpp), so the
+// overlapped compute runs on the rest: 16 of 132 SMs on an H100, 16 of 108 on an A100; CPU ranks
+// overlap nothing.
+TEST(OverlapSlowdown, IsTheShareOfSmsNcclsChannelsHold) {
+  EXPECT_DOUBLE_EQ(nccl_sm_share(testing::cluster("dgx-h100")), 16.0 / 132.0);
+  EXPECT_DOUBLE_EQ(nccl_sm_share(testing::cluster("dgx-a100-80g")), 16.0 / 108.0);
+  HardwareProfile cpu = testing::cluster("dgx-h100");
+  cpu.collectives_overlap_compute = false;
+  EXPECT_EQ(nccl_sm_share(cpu), 0.0);
+  // The compute line of an FSDP step grows by that share of the overlapped traffic: twice the SMs,
+  // half the loss; a GPU of no stated SM count, none.
+  const auto compute_with_sms = [](int sms) {
+    Plan p = fsdp_plan(64, true);
+    p.cluster.gpu.sm_count = sms;
+    return testing::checked_estimate(p).time.compute.value();
+  };
+  const double none = compute_with_sms(0), h100 = compute_with_sms(132), doubled = compute_with_sms(264);
+  const Estimate e = testing::checked_estimate(fsdp_plan(64, true));
+  const double overlapped = (e.time.dp_comm_total - e.time.dp_comm_exposed).value();
+  EXPECT_GT(h100 - none, 0.5 * 16.0 / 132.0 * overlapped);
+  EXPECT_LE(h100 - none, 16.0 / 132.0 * overlapped * (1 + 1e-9));
+  EXPECT_NEAR(h100 - none, 2.0 * (doubled - none), 1e-9 * h100);
+}
+
 }  // namespace
 }  // namespace trainplan

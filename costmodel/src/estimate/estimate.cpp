@@ -542,9 +542,13 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
   // Per stage: data-parallel traffic (what overlaps and what is exposed) and the optimizer step.
   // Stages differ (the first holds the embedding, the last the output layer), so the step is set
   // by the stage whose compute plus these is longest, and the breakdown is that stage's.
-  // Overlapped collectives are not free: NCCL kernels take SMs and HBM bandwidth from the
-  // compute they hide behind (ring kernels run on ~8-16 of 108-132 SMs).
-  constexpr double kOverlapSlowdown = 0.1;
+  // Overlapped collectives are not free: while one runs, its kernel holds one SM per NCCL channel
+  // and the compute it hides behind runs on the rest (nccl_sm_share: 16 of 132 SMs on an H100,
+  // 12%; of 108 on an A100, 15%), so that compute loses that share of the overlapped time. arXiv
+  // 2507.03114 (2025, "Characterizing Compute-Communication Overlap in GPU-Accelerated
+  // Distributed Deep Learning") measures 18.9% on average on A100 and H100 (up to
+  // 40%, where a GEMM's last wave spills over); the HBM traffic of the collective is not charged.
+  const double overlap_slowdown = nccl_sm_share(hw);
   const StageTailInputs tail_inputs{plan, p, tr, mdl, hw, stack, st, layers, share, pc, lc, ec, w, rates,
                                     LayerTensors{tensors.all, gathered}, lora, grad_op_units, bf16_optimizer, frozen_width, e, reduce_bytes, dense_layer, expert_layer, lora_layer,
                                     largest_linear, t, grad_width, stages, dense_shard, expert_shard, gpn, m, memo};
@@ -563,7 +567,7 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
     const StageTail& x = tails.back();
     // ZeRO-3's unit collectives run while the GPU waits for the host (as the step below counts them).
     const double busy = m * (st[i].forward + st[i].backward) + x.dp_exposed - std::min(m * st[i].host_wait, x.dp_exposed_units) +
-                        kOverlapSlowdown * std::max(0.0, x.dp_total - x.dp_exposed - x.dp_idle_overlap) + x.optimizer + x.offload;
+                        overlap_slowdown * std::max(0.0, x.dp_total - x.dp_exposed - x.dp_idle_overlap) + x.optimizer + x.offload;
     if (busy > critical_time + 1e-15) {
       critical = i;
       critical_time = busy;
@@ -576,7 +580,7 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
   const int L = layers[critical];
   tm.compute = Seconds(m * (L * (lc.forward + lc.backward) + (critical == 0 ? ec.embedding_forward + ec.embedding_backward : 0.0) +
                             (critical == stages - 1 ? ec.head_forward + ec.head_backward : 0.0) + S.grad_pass) +
-                       kOverlapSlowdown * std::max(0.0, tail.dp_total - tail.dp_exposed - tail.dp_idle_overlap));
+                       overlap_slowdown * std::max(0.0, tail.dp_total - tail.dp_exposed - tail.dp_idle_overlap));
   tm.recompute = Seconds(static_cast<double>(m) * L * lc.recompute);
   tm.dp_copies = Seconds(m * S.dp_copies);
   tm.tp_comm = Seconds(static_cast<double>(m) * L * (lc.tp_comm_forward + lc.tp_comm_backward + lc.tp_comm_recompute));

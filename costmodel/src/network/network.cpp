@@ -35,8 +35,9 @@ constexpr double kTreeCorrection[3][24] = {
     {1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1.0, 1.0, 1.0, 1.0, 1.0},
     {1.0, 1.0, 1.0, 1.0, 1.0, .9, .8, .8, .8, .7, .6, .6, .6, .6, .6, .6, .8, .9, .9, .9, .9, 1.0, 1.0, 1.0},
     {.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7, .8, .9, .9, .9}};
-// Channels NCCL opens on a DGX-class node (the topology search's nChannels); only the ring
-// all-reduce's plateau test below reads it.
+// Channels NCCL opens on a DGX-class node (the topology search's nChannels: two per NIC across
+// nodes, ncclTopoDupChannels doubling the rings it finds); the ring all-reduce's plateau test
+// below and the SMs a collective holds (nccl_sm_share) read it.
 constexpr double kChannels = 16;
 
 // Fraction of the buffer each rank sends (ring algorithms; nccl-tests "bus bandwidth" factor).
@@ -83,6 +84,11 @@ const char* nccl_protocol_name(NcclProtocol p) {
     case NcclProtocol::kSimple: return "Simple";
   }
   return "Simple";
+}
+
+double nccl_sm_share(const HardwareProfile& hw) {
+  if (hw.gpu.sm_count <= 0 || !hw.collectives_overlap_compute) return 0.0;
+  return std::min(1.0, kChannels / hw.gpu.sm_count);
 }
 
 std::optional<BytesPerSecond> measured_bus_bandwidth(const HardwareProfile& hw, Collective kind, Bytes bytes) {

@@ -60,6 +60,14 @@ struct CollectiveCost {
 // never has one).
 [[nodiscard]] std::optional<BytesPerSecond> measured_bus_bandwidth(const HardwareProfile& hw, Collective kind, Bytes bytes);
 
+// The share of the GPU's SMs a collective's kernel holds while it runs beside the compute: NCCL
+// launches one thread block per channel (src/enqueue.cc: grid = {nChannels, 1, 1}) and each block
+// stays resident for the whole collective, while the GEMM and attention kernels it overlaps use
+// most of an SM's shared memory per block, so none of theirs fits beside it: those kernels run on
+// the other SMs. The channels are those NCCL opens on a DGX-class node (network.cpp); 0 where the
+// profile states no SM count or the collectives do not run beside the compute.
+[[nodiscard]] double nccl_sm_share(const HardwareProfile& hw);
+
 // Bus bandwidth (nccl-tests convention) that collective_time implies for this case.
 [[nodiscard]] BytesPerSecond bus_bandwidth(const HardwareProfile& hw, Collective kind, Bytes bytes, CollectiveGroup group);
 
