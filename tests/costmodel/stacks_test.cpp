@@ -766,6 +766,58 @@ TEST(TensorParallel, OpLevelSelectiveRecomputeGathersTheRecomputedGemmsInputsAga
 // FSDP1 and Lightning's FSDPStrategy have no TP, CP or PP with it); DeepSpeed's pipeline engine
 // asserts ZeRO below 2 (runtime/pipe/engine.py) and its Ulysses sequence parallelism is no ring;
 // torchtitan's FSDP2 composes all of them. The search never recommends what the stack lacks.
+// How much of the block full recompute runs again (StackSpec::full_recompute_replay). Llama 3 8B,
+// one sequence of 4096 tokens on an H100, no TP: the layer's GEMMs are 2 x 4096 x (4096 + 1024 +
+// 1024 + 4096) FLOPs a token for attention and 2 x 3 x 4096 x 14336 for the MLP, of which w2 is a
+// third, 2 x 4096 x 14336. A replay that stops before w2 (torch's non-reentrant checkpoint with its
+// default early stop: w2's autograd node saves its input and weight before the GEMM runs, and
+// nothing after it saves; Inductor's partitioner: nothing after it is needed) executes that much
+// less; Megatron's reentrant CheckpointFunction, DeepSpeed's and the executor's replay the whole
+// block. A dropout mask or torchao's fp8 matmul (an autograd function, saving after its
+// forward) after w2 keeps the eager replay running; Inductor still drops them.
+TEST(FullRecompute, ReplaysTheBlockUpToTheLastTensorBackwardNeeds) {
+  const HardwareProfile hw = testing::cluster("dgx-h100");
+  const ModelSpec m = testing::model("llama3-8b");
+  const double tokens = 4096, w2_flops = 2.0 * 4096 * 14336 * tokens;
+  const auto layer = [&](Stack stack, Recompute recompute, bool dropout = false, Precision precision = Precision::kBf16) {
+    LayerSetting s;
+    s.stack = stack;
+    s.seq_len = tokens;
+    s.recompute = recompute;
+    s.dropout = dropout;
+    s.precision = precision;
+    return transformer_layer_cost(m, hw, s);
+  };
+  for (Stack stack : {Stack::kMegatronTe, Stack::kDeepspeed, Stack::kTrainplan}) {
+    SCOPED_TRACE(stack_spec(stack).name);
+    const LayerCost full = layer(stack, Recompute::kFull), none = layer(stack, Recompute::kNone);
+    EXPECT_DOUBLE_EQ(full.recompute, full.forward);
+    // The forward's GEMMs and its attention again (QK^T and PV, 4 x 4096 keys x 4096 a token, the
+    // non-causal convention the FLOP counts use).
+    EXPECT_NEAR(full.hardware_flops - none.hardware_flops, (2.0 * (10240.0 * 4096 + 3.0 * 4096 * 14336) + 4.0 * 4096 * 4096) * tokens, 1.0);
+  }
+  const double whole_flops = layer(Stack::kMegatronTe, Recompute::kFull).hardware_flops - layer(Stack::kMegatronTe, Recompute::kNone).hardware_flops;
+  for (Stack stack : {Stack::kPytorchEager, Stack::kFsdp1, Stack::kFsdp2, Stack::kTorchCompile, Stack::kFsdp2Compile}) {
+    SCOPED_TRACE(stack_spec(stack).name);
+    const bool inductor = stack_spec(stack).full_recompute_replay == FullRecomputeReplay::kWhatBackwardNeeds;
+    const LayerCost full = layer(stack, Recompute::kFull), none = layer(stack, Recompute::kNone);
+    EXPECT_NEAR(full.hardware_flops - none.hardware_flops, whole_flops - w2_flops, 1.0);
+    // w2's GEMM at no more than the dense bf16 peak, and less than a third of the forward's time.
+    const double skipped = full.forward - full.recompute;
+    EXPECT_GT(skipped, w2_flops / hw.gpu.peak[static_cast<int>(Dtype::kBf16)].value());
+    EXPECT_LT(skipped, full.forward / 3.0);
+    const LayerCost dropped = layer(stack, Recompute::kFull, true);
+    const LayerCost fp8 = layer(stack, Recompute::kFull, false, Precision::kFp8);
+    if (inductor) {
+      EXPECT_LT(dropped.recompute, dropped.forward);
+      EXPECT_LT(fp8.recompute, fp8.forward);
+    } else {
+      EXPECT_DOUBLE_EQ(dropped.recompute, dropped.forward);
+      EXPECT_DOUBLE_EQ(fp8.recompute, fp8.forward);
+    }
+  }
+}
+
 TEST(StackCapabilities, ArePlanErrorsNamingTheField) {
   Plan p = testing::make_plan("llama3-8b", "dgx-h100", 16, 4096, 64);
   p.parallel.dp = 8;

@@ -245,6 +245,7 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
   // Megatron-Core; an expert's input is its dispatched tokens, a shared expert's a plain linear's)
   // and its output's gradient the activation's backward; the second's input the activation's
   // output.
+  double last_linear_forward = 0;  // the MLP's last GEMM (w2, fc2), which full recompute may not replay
   const auto mlp_linears = [&](double tokens, double width, Fp8Cast input) {
     const Fp8Cast act = Fp8Cast::kFromActivation;
     if (!feat.gated_mlp || stack.fused_gate_up) {
@@ -255,7 +256,7 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
       if (gemm_sums) p.backward += rates.stream(e * tokens * h);  // up's GEMM reads the running sum
       else p.gradient_sum(tokens * h);
     }
-    p.linear(tokens, h, width, frozen, true, act);
+    last_linear_forward = timed([&] { p.linear(tokens, h, width, frozen, true, act); });
   };
   for (double i = 0; i < experts_local; i += 1) mlp_linears(tokens_per_expert, ffn_local, mdl.moe ? Fp8Cast::kOwn : Fp8Cast::kFromNorm);
   if (shared_local > 0) {
@@ -276,7 +277,8 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
     else p.elementwise(ElementwiseOp::kSwiglu, mlp_width_elements, 3 * e, (stack.swiglu_saved < 3 ? 6 : 5) * e);
   });
   if (s.dropout) p.elementwise(ElementwiseOp::kDropout, Tn * h, 0, 2 * e + 1);
-  p.elementwise(ElementwiseOp::kResidualAdd, Tn * h, 3 * e + (s.dropout ? 1.0 : 0.0), 0, false);
+  const double output_add_forward =
+      timed([&] { p.elementwise(ElementwiseOp::kResidualAdd, Tn * h, 3 * e + (s.dropout ? 1.0 : 0.0), 0, false); });
   if (adds_in_mlp_norm) p.backward += rates.stream(e * Tn * h);  // norm 2's backward reads the stream's gradient
   else p.gradient_sum(Tn * h);  // the stream after attention feeds norm 2 and the block's output add
   if (s.mode == TrainingMode::kQlora) {
@@ -306,6 +308,7 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
   // gradients that produces it (its cat lowering: fused_add_cat kernels), which is priced already.
   const bool inductor = stack.fused_elementwise;
   double tp_gather = 0, tp_reduce_scatter = 0;
+  double tp_mlp_output = 0;  // the collective after the MLP's last linear (an all-reduce, or a reduce-scatter and its copy)
   if (s.tp > 1) {
     const Bytes block(T * h * e);
     if (s.sequence_parallel) {
@@ -314,6 +317,7 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
     }
     const double one = s.sequence_parallel ? tp_gather + tp_reduce_scatter
                                            : collective_time(hw, Collective::kAllReduce, block, s.tp_group).value();
+    tp_mlp_output = s.sequence_parallel ? tp_reduce_scatter + rs_copy : one;
     c.tp_comm_forward = 2.0 * one;   // after attention and after the MLP (or gather before each)
     c.tp_comm_backward = 2.0 * one;  // the conjugate operators
     if (dtensor_sp) {
@@ -415,6 +419,15 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
   // A LoRA adapter on the down projection keeps its input, the product (its A's weight gradient
   // needs it), which a fused SwiGLU would otherwise recompute (executor/src/model/fused_ops.hpp swiglu).
   const bool down_adapter = lora && s.lora.targets_include("down");
+  // Full recompute's replay stops before the dense MLP's last linear (stack.hpp FullRecomputeReplay):
+  // under Inductor always; under torch's early stop where nothing after that GEMM's saves saves a
+  // tensor (no dropout mask, no LoRA adapter on it) and the GEMM is ATen's (torchao's fp8 matmul
+  // and bitsandbytes' 4-bit one under QLoRA are autograd functions, which save after their forward).
+  const FullRecomputeReplay replay = stack.full_recompute_replay;
+  const bool replay_stops_before_last_linear =
+      !mdl.moe && (replay == FullRecomputeReplay::kWhatBackwardNeeds ||
+                   (replay == FullRecomputeReplay::kUntilLastSaved && !s.dropout && !down_adapter && !fp8 &&
+                    s.mode != TrainingMode::kQlora));
   const double mlp_width_saved = feat.gated_mlp ? (down_adapter ? std::max(3.0, stack.swiglu_saved) : stack.swiglu_saved) : 2.0;
   const double mlp_saved = mlp_width_elements * (mlp_width_saved - 1.0) * e;
   const double mlp_act_out = mlp_width_elements * kept_lin_in;  // input of fc2 / down
@@ -531,12 +544,14 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
       c.activation_bytes = Tn * h * e;  // the layer input only
       c.recompute = c.forward;
       c.tp_comm_recompute = c.tp_comm_forward;
-      if (dtensor_sp) {
-        // torchtitan's full checkpointing (ptd_checkpoint_wrapper: non-reentrant, early_stop on,
-        // torch 2.11.0 torch/utils/checkpoint.py) stops its replay once every tensor backward needs
-        // is back: the block's last reduce-scatter (after w2) and its copy are not run again.
-        c.tp_comm_recompute -= tp_reduce_scatter + rs_copy;
-        c.tp_copies += 2.0 * (rs_copy + ag_copy) - rs_copy;
+      if (dtensor_sp) c.tp_copies += 2.0 * (rs_copy + ag_copy);  // the forward's copies again
+      if (replay_stops_before_last_linear) {
+        // The replay ends before the MLP's last linear (StackSpec::full_recompute_replay): that
+        // GEMM, the collective after it (DTensor: and the copy before its reduce-scatter) and the
+        // residual add are not run again.
+        c.recompute -= last_linear_forward + output_add_forward;
+        c.tp_comm_recompute -= tp_mlp_output;
+        if (dtensor_sp) c.tp_copies -= rs_copy;
       }
       c.ep_comm += ep_forward;
       c.ep_bytes += ep_forward_bytes;  // the recomputed forward dispatches and combines again
@@ -575,6 +590,7 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
   c.hardware_flops = c.model_flops;
   if (s.recompute == Recompute::kFull) {
     c.hardware_flops += 2.0 * (attn_matmul + mlp_matmul + adapter_params) * T + attention_flops_fwd;
+    if (replay_stops_before_last_linear) c.hardware_flops -= 2.0 * h * ffn_active / t * T;  // w2 / fc2 not replayed
   } else if (s.recompute == Recompute::kSelective && (s.attention == AttentionKernel::kStandard || is_trainplan(s.stack))) {
     c.hardware_flops += attention_flops_fwd;
   } else if (s.recompute == Recompute::kSelective && torchtitan_policy) {

@@ -118,6 +118,9 @@ constexpr StackSpec kPytorchEager = {
     .sequence_parallel_keeps_gathered_input = true,
     .sequence_parallel_rearranges = true,
     .fp8 = kTorchaoEager,
+    // torch.utils.checkpoint(use_reentrant=False), the variant PyTorch recommends (torch 2.11.0
+    // torch/utils/checkpoint.py) and the one that composes with FSDP and DTensor.
+    .full_recompute_replay = FullRecomputeReplay::kUntilLastSaved,
     .op_level_selective = true,
     .pure_16bit = true,
     .source = "bench/eager_reference.py (nn.RMSNorm, nn.Linear q/k/v, rotate-half rotary, F.silu(gate) * up, "
@@ -152,6 +155,9 @@ constexpr StackSpec kFsdp2 = [] {
   // Context parallelism as PyTorch runs it by default (torchtitan's context_parallel_rotate_method
   // "allgather"; Accelerate's parallelism_config_cp_comm_strategy the same choice).
   s.context_attention = ContextAttention::kAllGatherRotate;
+  // Full recompute as pytorch-eager's: torchtitan 42b0beb4 wraps each block in
+  // ptd_checkpoint_wrapper (non-reentrant) with torch's default early stop; from 25413d224
+  // (2025-08) it passes early_stop=False and replays the whole block (kWhole).
   s.source = "pytorch/torchtitan 42b0beb4 config_manager.py, components/loss.py, models/attention.py, models/llama3/infra/parallelize.py; "
              "pytorch/pytorch v2.8.0 (a1cb3cc0) torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py, _fsdp_param_group.py; "
              "torch 2.11.0 torch/distributed/tensor/experimental/_context_parallel/_attention.py (rotate_method ALL_GATHER)";
@@ -173,6 +179,7 @@ constexpr StackSpec compiled(StackSpec s) {
   s.swiglu_saved = 2;
   s.host_seconds_per_kernel = 4e-6;
   s.fp8 = kTorchaoCompiled;
+  s.full_recompute_replay = FullRecomputeReplay::kWhatBackwardNeeds;
   s.source = "pytorch/torchtitan 42b0beb4 models/llama3/infra/parallelize.py (apply_compile), components/loss.py; as fsdp2 for FSDP2";
   return s;
 }
@@ -214,6 +221,9 @@ constexpr StackSpec kFsdp1 = [] {
   s.context_parallel = false;
   s.pipeline_parallel = false;
   s.optimizer_only_sharding = false;  // ShardingStrategy: NO_SHARD (DDP), SHARD_GRAD_OP, FULL_SHARD, HYBRID_*
+  // Full recompute as pytorch-eager's: Accelerate's, Lightning's and Composer's activation
+  // checkpointing wrap each block in checkpoint_wrapper with CheckpointImpl.NO_REENTRANT
+  // (torch/distributed/algorithms/_checkpoint/checkpoint_wrapper.py), torch's default early stop.
   s.source = "pytorch/pytorch v2.8.0 (a1cb3cc0) torch/distributed/fsdp/_flat_param.py, _runtime_utils.py, _limiter_utils.py, api.py; "
              "transformers 4.51.3 loss/loss_utils.py (ForCausalLMLoss), integrations/sdpa_attention.py; "
              "mosaicml/composer 64051888 utils/parallelism.py (FSDPConfig: limit_all_gathers)";
@@ -248,6 +258,10 @@ constexpr StackSpec kDeepspeed = [] {
   s.fp16_unscale = false;  // its fp16 optimizers' overflow check and unscale are not read here: not priced
   s.attention_kernel = AttentionImpl::kFlash2;
   s.op_level_selective = false;
+  // Full recompute: DeepSpeed's activation checkpointing (runtime/activation_checkpointing/
+  // checkpointing.py CheckpointFunction) or a Hugging Face model's gradient checkpointing, both
+  // reentrant: the whole block again.
+  s.full_recompute_replay = FullRecomputeReplay::kWhole;
   s.dp = {.gather_bucket_params = 5e7, .max_reuse_distance_params = 1e9, .gather_copy_bytes = 4, .reduce_copy_bytes = 8,
           .reduce_bucket_params = 5e8, .bucket_params = 5e8, .buckets = 1, .sharded_grad_bytes = 2, .zero12_all_reduce = true,
           .zero2_every_micro_batch = true, .zero12_overlap = false};
@@ -457,6 +471,7 @@ constexpr StackSpec kSpecs[] = {
      .sequence_parallel_keeps_gathered_input = true,
      .sequence_parallel_rearranges = true,
      .fp8 = kTorchaoCompiled,
+     .full_recompute_replay = FullRecomputeReplay::kWhatBackwardNeeds,
      .op_level_selective = true,
      .pure_16bit = true,
      .source = "PyTorch 2 Inductor fuses pointwise and reduction ops and its min-cut partitioner recomputes cheap "

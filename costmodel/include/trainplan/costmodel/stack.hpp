@@ -83,6 +83,30 @@ enum class ContextAttention {
   kAllGatherRotate,
 };
 
+// How much of a block's forward full activation recompute runs again in backward.
+enum class FullRecomputeReplay {
+  // All of it: a reentrant checkpoint (Megatron's tensor_parallel.checkpoint, CheckpointFunction
+  // in megatron/core/tensor_parallel/random.py; DeepSpeed's activation checkpointing; Hugging
+  // Face's gradient_checkpointing_enable, use_reentrant=True by default), the executor's
+  // RecomputedBlockFn (executor/src/train/engine.cpp), or a non-reentrant one with early_stop off
+  // (torchtitan from 25413d224, 2025-08).
+  kWhole,
+  // Up to the last op that saves a tensor for backward: torch.utils.checkpoint without reentry
+  // stops its replay as soon as every saved tensor is back (torch 2.11.0 torch/utils/checkpoint.py,
+  // early_stop=True by default: _StopRecomputationError once recomp_counter reaches the forward's
+  // saved tensors). An ATen op's autograd node saves its inputs before the kernel runs
+  // (tools/autograd/gen_variable_type.py: the saves precede the redispatch), so in a dense block
+  // whose last linear (w2, fc2) is followed by nothing that saves (no dropout, no LoRA adapter,
+  // no custom autograd function such as torchao's fp8 matmul, which saves after its forward) that
+  // GEMM, the tensor-parallel collective after it and the residual add are not run again.
+  kUntilLastSaved,
+  // What backward reads: under torch.compile the checkpointed block is traced and the min-cut
+  // partitioner puts into the backward graph only the recomputed nodes the gradients need
+  // (torch/_functorch/partitioners.py), so the last linear's output, which feeds only the residual
+  // stream, and all after it are not recomputed, dropout or LoRA adapters or fp8 alike.
+  kWhatBackwardNeeds,
+};
+
 // What a pipeline stage sends its neighbour under tensor parallelism, and the all-gathers over the
 // tensor-parallel group that puts back together (exposed: the next pass takes the gathered tensor).
 enum class PipelineSend {
@@ -324,6 +348,8 @@ struct StackSpec {
   const Fp8Casting* fp8_other_recipe = nullptr;
   // The fused attention kernel (kernels.hpp AttentionImpl).
   AttentionImpl attention_kernel = AttentionImpl::kProfile;
+  // What full recompute runs again (FullRecomputeReplay).
+  FullRecomputeReplay full_recompute_replay = FullRecomputeReplay::kWhole;
   // Selective recompute is PyTorch's op-level selective checkpointing (torchtitan's policy: the
   // outputs of SDPA and every other matmul kept, the rest recomputed); false: the attention core
   // recomputed (Megatron's, the executor's).
