@@ -762,10 +762,6 @@ TEST(TensorParallel, OpLevelSelectiveRecomputeGathersTheRecomputedGemmsInputsAga
   EXPECT_EQ(transformer_layer_cost(m, hw, s).tp_comm_recompute, 0.0);
 }
 
-// What each stack runs besides data parallelism: FSDP1 shards data only (Composer, Accelerate's
-// FSDP1 and Lightning's FSDPStrategy have no TP, CP or PP with it); DeepSpeed's pipeline engine
-// asserts ZeRO below 2 (runtime/pipe/engine.py) and its Ulysses sequence parallelism is no ring;
-// torchtitan's FSDP2 composes all of them. The search never recommends what the stack lacks.
 // How much of the block full recompute runs again (StackSpec::full_recompute_replay). Llama 3 8B,
 // one sequence of 4096 tokens on an H100, no TP: the layer's GEMMs are 2 x 4096 x (4096 + 1024 +
 // 1024 + 4096) FLOPs a token for attention and 2 x 3 x 4096 x 14336 for the MLP, of which w2 is a
@@ -815,9 +811,38 @@ TEST(FullRecompute, ReplaysTheBlockUpToTheLastTensorBackwardNeeds) {
       EXPECT_DOUBLE_EQ(dropped.recompute, dropped.forward);
       EXPECT_DOUBLE_EQ(fp8.recompute, fp8.forward);
     }
+    // A LoRA adapter on w2 saves after it (its B's input): the eager replay runs w2 too.
+    LayerSetting adapted;
+    adapted.stack = stack;
+    adapted.seq_len = tokens;
+    adapted.recompute = Recompute::kFull;
+    adapted.mode = TrainingMode::kLora;
+    adapted.lora.targets = {"q", "v", "down"};
+    const LayerCost lora = transformer_layer_cost(m, hw, adapted);
+    if (inductor) EXPECT_LT(lora.recompute, lora.forward);
+    else EXPECT_DOUBLE_EQ(lora.recompute, lora.forward);
+    // Tensor parallelism without sequence parallelism: the all-reduce after w2 is not run again.
+    LayerSetting tp = adapted;
+    tp.mode = TrainingMode::kPretrain;
+    tp.tp = 2;
+    tp.tp_group = CollectiveGroup{2, 2};
+    const LayerCost sharded = transformer_layer_cost(m, hw, tp);
+    EXPECT_NEAR(sharded.tp_comm_recompute,
+                sharded.tp_comm_forward - collective_time(hw, Collective::kAllReduce, Bytes(tokens * 4096 * 2), tp.tp_group).value(), 1e-15);
   }
+  // A mixture of experts ends in the experts' combine, which keeps the routing weights: replayed whole.
+  LayerSetting moe;
+  moe.stack = Stack::kFsdp2Compile;
+  moe.seq_len = tokens;
+  moe.recompute = Recompute::kFull;
+  const LayerCost experts = transformer_layer_cost(testing::model("mixtral-8x7b"), hw, moe);
+  EXPECT_DOUBLE_EQ(experts.recompute, experts.forward);
 }
 
+// What each stack runs besides data parallelism: FSDP1 shards data only (Composer, Accelerate's
+// FSDP1 and Lightning's FSDPStrategy have no TP, CP or PP with it); DeepSpeed's pipeline engine
+// asserts ZeRO below 2 (runtime/pipe/engine.py) and its Ulysses sequence parallelism is no ring;
+// torchtitan's FSDP2 composes all of them. The search never recommends what the stack lacks.
 TEST(StackCapabilities, ArePlanErrorsNamingTheField) {
   Plan p = testing::make_plan("llama3-8b", "dgx-h100", 16, 4096, 64);
   p.parallel.dp = 8;

@@ -35,6 +35,7 @@ struct Pass {
   // fp8: the forward time of casting inputs a norm or the activation function produced, which a
   // recompute of those ops runs again.
   double pointwise_input_casts = 0;
+  double last_gemm_forward = 0;  // the forward GEMM of the last linear added (its fp8 casts apart)
 
   // y[T, out] = x[T, in] W[out, in]^T. Backward: dX (unless the input needs no gradient) and,
   // unless the weight is frozen, dW = dY^T X (PyTorch's orientation: out x in, contracting T).
@@ -73,7 +74,8 @@ struct Pass {
   }
   void gemms(const KernelRates& r, double bytes, double tokens, double out, double in, bool frozen, bool input_grad) {
     const bool aligned = gemm_aligned(out, bytes) && gemm_aligned(in, bytes);
-    forward += r.gemm(tokens, out, in, 1, bytes, aligned);
+    last_gemm_forward = r.gemm(tokens, out, in, 1, bytes, aligned);
+    forward += last_gemm_forward;
     kernels += 1;
     if (input_grad) {
       backward += r.gemm(tokens, in, out, 1, bytes, aligned);

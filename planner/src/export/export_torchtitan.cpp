@@ -4,7 +4,7 @@
 // global_batch_size, seq_len, steps, mixed_precision_param/_reduce, enable_cpu_offload,
 // [parallelism] data_parallel_replicate_degree, data_parallel_shard_degree,
 // fsdp_reshard_after_forward, tensor_parallel_degree, pipeline_parallel_*,
-// context_parallel_degree/_rotate_method, expert_parallel_degree, [activation_checkpoint] mode);
+// context_parallel_degree/_rotate_method, expert_parallel_degree, [activation_checkpoint] mode, early_stop);
 // torchtitan/train.py (gradient accumulation = global_batch_size / (local_batch_size * dp));
 // torchtitan/distributed/pipeline_parallel.py (local batch split into pipeline micro-batches,
 // stage sizes from pipeline_parallel_layers_per_stage and the first/last-stage weights);
@@ -221,6 +221,12 @@ PlanExport torchtitan_export(const Plan& plan, const Derived& d) {
   }
   o << "expert_parallel_degree = " << p.ep << "\n";
   o << "\n[activation_checkpoint]\nmode = \"" << (p.recompute == cm::Recompute::kFull ? "full" : "none") << "\"\n";
+  // torchtitan's default since 25413d224 replays the whole block; the fsdp2 stack prices torch's
+  // early stop (the replay ends before w2, StackSpec::full_recompute_replay), which this asks for.
+  if (p.recompute == cm::Recompute::kFull) {
+    o << "# Stop each block's replay once backward has every tensor it saved: w2 and what follows are not run again\n";
+    o << "early_stop = true\n";
+  }
   if (t.precision == cm::Precision::kFp8) {
     // job_config.py Float8Linear. Tensorwise dynamic scaling, the output layer left in bf16, as the
     // cost model's fp8 assumes; FSDP's all-gathers stay bf16 (the prediction gathers 2 bytes per
