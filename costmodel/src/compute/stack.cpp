@@ -122,6 +122,7 @@ constexpr StackSpec kPytorchEager = {
     // torch/utils/checkpoint.py) and the one that composes with FSDP and DTensor.
     .full_recompute_replay = FullRecomputeReplay::kUntilLastSaved,
     .op_level_selective = true,
+    .dp = {.ddp_bucket_copies = true},  // ZeRO-0/1: torch DDP
     .pure_16bit = true,
     .source = "bench/eager_reference.py (nn.RMSNorm, nn.Linear q/k/v, rotate-half rotary, F.silu(gate) * up, "
               "F.cross_entropy(logits.float()), torch.optim.AdamW(fused=True), clip_grad_norm_(foreach=True))"};
@@ -149,8 +150,9 @@ constexpr StackSpec kFsdp2 = [] {
               "fp32 logits for the loss, fused AdamW";
   s.optimizer_overhead_bytes = 12;
   s.attention_kernel = AttentionImpl::kFlash2;
+  // ZeRO-0: torchtitan's replicate (apply_ddp), torch DDP's Reducer.
   s.dp = {.gathered_units = 3, .gather_copy_bytes = 4, .reduce_copy_bytes = 4, .reduce_cast_fused = true, .sharded_grad_bytes = 4,
-          .grad_op_units = true};
+          .grad_op_units = true, .ddp_bucket_copies = true};
   s.optimizer_only_sharding = false;  // fully_shard: ZeRO-2 (reshard_after_forward=False) or ZeRO-3
   // Context parallelism as PyTorch runs it by default (torchtitan's context_parallel_rotate_method
   // "allgather"; Accelerate's parallelism_config_cp_comm_strategy the same choice).
@@ -473,6 +475,7 @@ constexpr StackSpec kSpecs[] = {
      .fp8 = kTorchaoCompiled,
      .full_recompute_replay = FullRecomputeReplay::kWhatBackwardNeeds,
      .op_level_selective = true,
+     .dp = {.ddp_bucket_copies = true},  // ZeRO-0/1: torch DDP
      .pure_16bit = true,
      .source = "PyTorch 2 Inductor fuses pointwise and reduction ops and its min-cut partitioner recomputes cheap "
                "pointwise results in backward (Ansel et al. 2024, ASPLOS, Sec. 5); measured on H100: 66.7 K tokens/s and "

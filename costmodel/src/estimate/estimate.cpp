@@ -253,6 +253,8 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
   const bool sharded_dp = p.dp * p.cp > 1;
   const bool grad_op_units = p.zero_stage == 2 && stack.dp.grad_op_units;
   const bool reduce_each_micro_batch = p.zero_stage == 3 || grad_op_units || (p.zero_stage == 2 && stack.dp.zero2_every_micro_batch);
+  // PyTorch DDP's buckets beside the gradients (DataParallelSpec::ddp_bucket_copies).
+  const bool ddp_buckets = stack.dp.ddp_bucket_copies && p.zero_stage < 2 && p.dp * p.cp > 1 && !bf16_optimizer;
   const double tokens = p.micro_batch * static_cast<double>(tr.seq_len) / p.cp;
 
   std::vector<StageState> st(stages);
@@ -360,7 +362,9 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
     } else if (sharded_dp && !lora) {
       const double gathers = p.zero_stage == 3 ? 2.0 : grad_op_units ? 1.0 : 0.0;
       double bytes = (gathers * (x.dense + x.expert) - kept.layers * (dense_layer + expert_layer)) * stack.dp.gather_copy_bytes;
-      if (stack.dp.reduce_copy_bytes > 0) {
+      if (ddp_buckets) {
+        bytes += x.trainable * 4.0 * stack_grad_width / m;  // into the buckets and back, once a step: read and written each way
+      } else if (stack.dp.reduce_copy_bytes > 0) {
         const double cast = reduce_bytes == e ? 0.0 : stack.dp.reduce_cast_fused ? reduce_bytes - e : e + reduce_bytes;
         bytes += x.trainable * (stack.dp.reduce_copy_bytes + cast) / (reduce_each_micro_batch ? 1.0 : m);
       }
@@ -449,6 +453,8 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
           x.buffers += gathers * unit * e;
         }
       }
+    } else if (ddp_buckets) {
+      x.buffers += x.trainable * stack_grad_width;  // a bucket copy of every gradient (DataParallelSpec)
     } else if (p.dp * p.cp > 1 && stack.dp.buckets == 0) {
       x.buffers += 2.0 * 25.0 * 1048576.0;  // two 25 MiB gradient buckets in flight
     }
