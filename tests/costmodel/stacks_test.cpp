@@ -598,41 +598,46 @@ TEST(OptimizerOnlySharding, IsRefusedForFsdpOverDataAndContextRanks) {
   EXPECT_TRUE(validate_plan(one));
 }
 
-// A host-bound step under ZeRO-1 (a tiny model, each eager kernel's 9.2 us of host time above its
-// GPU time): the reduction was timed against a backward that includes the wait, so the wait is
-// not shortened by it again. Eight ranks wait as long per micro-batch as one does, less the
-// bucket copies PyTorch DDP adds to their GPU's work.
-// PyTorch DDP (ZeRO-0/1 of the PyTorch stacks; torchtitan's replicate) keeps its buckets beside
-// the gradients, gradient_as_bucket_view=False by default (torch 2.11.0 nn/parallel/distributed.py:
-// True saves "the total gradients size"): Llama 3 8B's bf16 gradients once more, 2 bytes a
-// parameter, where one rank keeps none; each gradient is copied in and the average back, 8 bytes a
-// parameter moved once a step. FSDP1 without sharding (NO_SHARD) and Megatron reduce their own
-// flat buffers: two 25 MiB buckets in flight.
+// PyTorch DDP (ZeRO-0/1 of the PyTorch stacks) keeps its buckets beside the gradients,
+// gradient_as_bucket_view=False by default (torch 2.11.0 nn/parallel/distributed.py: True saves
+// "the total gradients size"): Llama 3 8B's bf16 gradients once more, 2 bytes a parameter (4 in
+// fp32), where one rank keeps none. Each gradient is copied in and the average back once a step
+// (accumulation runs under no_sync), 8 bytes a bf16 parameter moved, a kernel per parameter tensor
+// each way: 9 a block, the embedding's and the head's units counted as blocks, as the
+// accumulation pass counts them (2 x 34 x 9), however many micro-batches. FSDP1 without sharding
+// (NO_SHARD), FSDP2 and Megatron reduce their own flat buffers: two 25 MiB buckets in flight.
 TEST(DdpBuckets, HoldACopyOfEveryGradient) {
-  const auto estimate = [](Stack stack, int gpus) {
-    Plan p = testing::make_plan("llama3-8b", "dgx-h100", gpus, 4096, 8 * gpus);
+  const auto estimate = [](Stack stack, int gpus, int micro_batches = 8, Precision precision = Precision::kBf16) {
+    Plan p = testing::make_plan("llama3-8b", "dgx-h100", gpus, 4096, micro_batches * gpus);
     p.training.stack = stack;
+    p.training.precision = precision;
     p.parallel.dp = gpus;
     p.parallel.zero_stage = 0;
     p.parallel.micro_batch = 1;
     return testing::checked_estimate(p);
   };
-  for (Stack stack : {Stack::kPytorchEager, Stack::kTorchCompile, Stack::kFsdp2}) {
+  const KernelRates rates(testing::cluster("dgx-h100").gpu, Dtype::kBf16);
+  for (Stack stack : {Stack::kPytorchEager, Stack::kTorchCompile}) {
     SCOPED_TRACE(stack_spec(stack).name);
     const Estimate one = estimate(stack, 1), eight = estimate(stack, 8);
-    EXPECT_NEAR((eight.memory.buffers - one.memory.buffers).value(), 2.0 * eight.trainable_parameters, 1.0);
-    // The copies counted as two launches a unit (32 blocks, the embedding and the head), as FSDP's are.
-    const KernelRates rates(testing::cluster("dgx-h100").gpu, Dtype::kBf16);
-    const double m = eight.micro_batches;
-    EXPECT_NEAR(eight.time.dp_copies.value(), m * rates.stream(8.0 * eight.trainable_parameters / m, 2 * 34), 1e-12);
+    const double params = eight.trainable_parameters;
+    EXPECT_NEAR((eight.memory.buffers - one.memory.buffers).value(), 2.0 * params, 1.0);
+    EXPECT_NEAR(eight.time.dp_copies.value(), rates.stream(8.0 * params, 2 * 34 * 9), 1e-12);
+    EXPECT_NEAR(estimate(stack, 8, 1).time.dp_copies.value(), eight.time.dp_copies.value(), 1e-12);
     EXPECT_EQ(one.time.dp_copies.value(), 0.0);
+    const Estimate fp32 = estimate(stack, 8, 8, Precision::kFp32);
+    EXPECT_NEAR((fp32.memory.buffers - estimate(stack, 1, 8, Precision::kFp32).memory.buffers).value(), 4.0 * params, 1.0);
   }
-  for (Stack stack : {Stack::kFsdp1, Stack::kMegatronTe}) {
+  for (Stack stack : {Stack::kFsdp1, Stack::kFsdp2, Stack::kMegatronTe}) {
     SCOPED_TRACE(stack_spec(stack).name);
     EXPECT_NEAR((estimate(stack, 8).memory.buffers - estimate(stack, 1).memory.buffers).value(), 2.0 * 25.0 * 1048576.0, 1.0);
   }
 }
 
+// A host-bound step under ZeRO-1 (a tiny model, each eager kernel's 9.2 us of host time above its
+// GPU time): the reduction was timed against a backward that includes the wait, so the wait is
+// not shortened by it again. Eight ranks wait as long as one does, but for the bucket copies
+// PyTorch DDP adds.
 TEST(HostWait, IsNotShortenedByReductionsTimedAgainstIt) {
   const auto tiny = [](int gpus) {
     Plan p = testing::make_plan("tiny-llama", "dgx-h100", gpus, 64, 4 * gpus);
@@ -645,9 +650,10 @@ TEST(HostWait, IsNotShortenedByReductionsTimedAgainstIt) {
   ASSERT_EQ(one.micro_batches, eight.micro_batches);
   ASSERT_GT(one.time.host_wait.value(), 0.0);
   EXPECT_GT(eight.time.dp_comm_exposed.value(), 0.0);
-  // Only the work DDP adds to the compute stream (its bucket copies) fills part of the wait.
+  // DDP's bucket copies add their launches to the host (2 x 4 units x 9 tensors, 9.2 us each) and
+  // their time to the GPU's work, which fills that much of the wait.
   EXPECT_GT(eight.time.dp_copies.value(), 0.0);
-  EXPECT_NEAR(eight.time.host_wait.value() + eight.time.dp_copies.value(), one.time.host_wait.value(), 1e-12);
+  EXPECT_NEAR(eight.time.host_wait.value() + eight.time.dp_copies.value(), one.time.host_wait.value() + 2 * 4 * 9 * 9.2e-6, 1e-12);
 }
 
 // DeepSpeed's stage3_max_reuse_distance (1e9, runtime/zero/config.py) keeps the last layers of

@@ -150,9 +150,12 @@ constexpr StackSpec kFsdp2 = [] {
               "fp32 logits for the loss, fused AdamW";
   s.optimizer_overhead_bytes = 12;
   s.attention_kernel = AttentionImpl::kFlash2;
-  // ZeRO-0: torchtitan's replicate (apply_ddp), torch DDP's Reducer.
+  // ZeRO-0 (pure data parallelism) is not torch DDP here: torchtitan 42b0beb4's replicate was DDP
+  // on an fp32 module under autocast, synchronising every micro-batch, and torchtitan replaced it
+  // with FSDP's own replication (e1847f439, 2026-03; fully_shard, 00b7f5693): priced as FSDP's
+  // buffers.
   s.dp = {.gathered_units = 3, .gather_copy_bytes = 4, .reduce_copy_bytes = 4, .reduce_cast_fused = true, .sharded_grad_bytes = 4,
-          .grad_op_units = true, .ddp_bucket_copies = true};
+          .grad_op_units = true};
   s.optimizer_only_sharding = false;  // fully_shard: ZeRO-2 (reshard_after_forward=False) or ZeRO-3
   // Context parallelism as PyTorch runs it by default (torchtitan's context_parallel_rotate_method
   // "allgather"; Accelerate's parallelism_config_cp_comm_strategy the same choice).

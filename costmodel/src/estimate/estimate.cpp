@@ -362,16 +362,23 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
     } else if (sharded_dp && !lora) {
       const double gathers = p.zero_stage == 3 ? 2.0 : grad_op_units ? 1.0 : 0.0;
       double bytes = (gathers * (x.dense + x.expert) - kept.layers * (dense_layer + expert_layer)) * stack.dp.gather_copy_bytes;
-      if (ddp_buckets) {
-        bytes += x.trainable * 4.0 * stack_grad_width / m;  // into the buckets and back, once a step: read and written each way
-      } else if (stack.dp.reduce_copy_bytes > 0) {
+      if (stack.dp.reduce_copy_bytes > 0) {
         const double cast = reduce_bytes == e ? 0.0 : stack.dp.reduce_cast_fused ? reduce_bytes - e : e + reduce_bytes;
         bytes += x.trainable * (stack.dp.reduce_copy_bytes + cast) / (reduce_each_micro_batch ? 1.0 : m);
       }
       x.dp_copies = bytes > 0 ? rates.stream(bytes, static_cast<int>(std::lround(2 * units))) : 0.0;
       x.backward += x.dp_copies;
     }
-    const double kernels = layers[i] * lc.kernels + (first || last ? ec.kernels : 0.0);
+    // PyTorch DDP (DataParallelSpec::ddp_bucket_copies): every gradient into its bucket and the
+    // average back, once a step (read and written each way), a kernel per parameter tensor each way.
+    double ddp_copy_kernels = 0;
+    if (ddp_buckets) {
+      // LoRA: the adapters' A and B of each target in each block.
+      ddp_copy_kernels = 2.0 * (lora ? layers[i] * 2.0 * static_cast<double>(tr.lora.targets.size()) : units * per_unit);
+      x.dp_copies = rates.stream(x.trainable * 4.0 * stack_grad_width, static_cast<int>(std::lround(ddp_copy_kernels))) / m;
+      x.backward += x.dp_copies;
+    }
+    const double kernels = layers[i] * lc.kernels + (first || last ? ec.kernels : 0.0) + ddp_copy_kernels / m;
     const double host = kernels * stack.host_seconds_per_kernel + (stack.host_sync_per_micro_batch ? 2.0 * stack.host_seconds_per_kernel : 0.0);
     // The stack's loops over the shard group's ranks (stack.hpp DataParallelSpec), forward and
     // backward: per gathered tensor (each layer forward, again backward less the layers kept for

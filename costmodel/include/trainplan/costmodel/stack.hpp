@@ -257,13 +257,15 @@ struct DataParallelSpec {
   // ZeRO-3: gradients all-reduced whole in the reduce buckets, each rank keeping its partition
   // (DeepSpeed v0.3.16's default, reduce_scatter false); false: reduce-scattered.
   bool zero3_all_reduce = false;
-  // ZeRO-0/1 run PyTorch's DistributedDataParallel (torchtitan's replicate is the same Reducer),
-  // whose buckets hold a copy of every gradient beside param.grad: gradient_as_bucket_view=False,
+  // ZeRO-0/1 run PyTorch's DistributedDataParallel, whose buckets hold a copy of every gradient
+  // beside param.grad: gradient_as_bucket_view=False,
   // its default (torch 2.11.0 torch/nn/parallel/distributed.py: True "can reduce peak memory
   // usage, where the saved memory size will be equal to the total gradients size"). Each
-  // gradient is copied into its bucket when ready and the averaged bucket copied back after the
-  // all-reduce (reducer.cpp mark_variable_ready_dense, finalize_bucket_dense). false: the stack
-  // reduces its own buffers (two 25 MiB buckets in flight are counted).
+  // gradient is copied into its bucket when ready (divided by the ranks on the way) and the
+  // averaged bucket copied back after the all-reduce (reducer.cpp mark_variable_ready_dense,
+  // finalize_bucket_dense), a kernel per parameter tensor each way, once a step: gradient
+  // accumulation runs under no_sync (Accelerate's accumulate, Lightning's, the Trainer's), which
+  // skips the hooks. false: the stack reduces its own buffers (two 25 MiB buckets in flight).
   bool ddp_bucket_copies = false;
 };
 
