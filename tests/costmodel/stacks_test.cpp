@@ -598,6 +598,42 @@ TEST(OptimizerOnlySharding, IsRefusedForFsdpOverDataAndContextRanks) {
   EXPECT_TRUE(validate_plan(one));
 }
 
+// The ends' tensor-parallel collectives where the conjugates put them (Megatron-Core mappings.py):
+// the vocab-parallel embedding's all-reduce forward (identity backward) and the column-parallel
+// output layer's all-reduce of its input's gradient backward; under sequence parallelism the
+// embedding's reduce-scatter forward and all-gather backward, the output layer's all-gather of the
+// final norm's output forward and reduce-scatter backward. Measured as what they add on links
+// of the profile's bandwidth over links a thousand times faster (the kernels are the same); the
+// loss's three small all-reduces are the head's forward either way. Llama 3 8B, tp 2, one
+// sequence of 4096 tokens: each collective moves 4096 x 4096 bf16.
+TEST(EndsTensorParallel, TheEmbeddingAndOutputLayerCollectivesAreTheirConjugates) {
+  HardwareProfile hw = testing::cluster("dgx-h100");
+  hw.intra_node.measured = nullptr;  // NCCL's model on the link rate, which the test scales
+  HardwareProfile fast = hw;
+  fast.intra_node.bandwidth = fast.intra_node.bandwidth * 1000.0;
+  const ModelSpec m = testing::model("llama3-8b");
+  LayerSetting s;
+  s.stack = Stack::kMegatronTe;
+  s.tp = 2;
+  s.tp_group = CollectiveGroup{2, 2};
+  s.seq_len = 4096;
+  const Bytes block(4096.0 * 4096 * 2);
+  const auto added = [&](Collective kind, const Bytes& bytes) {
+    return collective_time(hw, kind, bytes, s.tp_group).value() - collective_time(fast, kind, bytes, s.tp_group).value();
+  };
+  const double loss = 3.0 * added(Collective::kAllReduce, Bytes(4.0 * 4096));
+  for (bool sp : {false, true}) {
+    SCOPED_TRACE(sp ? "sequence parallel" : "no sequence parallelism");
+    s.sequence_parallel = sp;
+    const EndsCost slow = ends_cost(m, hw, s), quick = ends_cost(m, fast, s);
+    const double forward = sp ? added(Collective::kReduceScatter, block) : added(Collective::kAllReduce, block);
+    EXPECT_NEAR(slow.embedding_forward - quick.embedding_forward, forward, 1e-12);
+    EXPECT_NEAR(slow.embedding_backward - quick.embedding_backward, sp ? added(Collective::kAllGather, block) : 0.0, 1e-12);
+    EXPECT_NEAR(slow.head_forward - quick.head_forward, loss + (sp ? added(Collective::kAllGather, block) : 0.0), 1e-12);
+    EXPECT_NEAR(slow.head_backward - quick.head_backward, forward, 1e-12);
+  }
+}
+
 // PyTorch DDP (ZeRO-0/1 of the PyTorch stacks) keeps its buckets beside the gradients,
 // gradient_as_bucket_view=False by default (torch 2.11.0 nn/parallel/distributed.py: True saves
 // "the total gradients size"): Llama 3 8B's bf16 gradients once more, 2 bytes a parameter (4 in

@@ -29,11 +29,37 @@ EndsCost ends_cost(const ModelSpec& mdl, const HardwareProfile& hw, const LayerS
 
   EndsCost c;
   c.padded_vocab = vocab;
-  double tp_reduce = 0;  // vocab-parallel embedding sums partial lookups across the TP group
+  // The vocab-parallel embedding sums its partial lookups across the TP group: an all-reduce, or
+  // under sequence parallelism a reduce-scatter, whose backward is nothing (the all-reduce's
+  // conjugate is the identity) or an all-gather. The output layer (column-parallel) takes its
+  // input whole: without sequence parallelism the identity forward and an all-reduce of its
+  // input's gradient backward; under it the final norm's output all-gathered and that gradient
+  // reduce-scattered (Megatron-Core's VocabParallelEmbedding and ColumnParallelLinear,
+  // mappings.py; torchtitan's RowwiseParallel embedding and ColwiseParallel output with
+  // input_layouts=Shard(1)). DTensor's stacks copy around these as around a layer's
+  // (StackSpec::sequence_parallel_rearranges): the embedding's reduce-scatter input forward and its
+  // backward all-gather's output, the output layer's all-gather output forward and its
+  // reduce-scatter input backward (a gathered output is a view at one sequence).
+  double tp_reduce = 0, embedding_tp_backward = 0, head_gather = 0, head_scatter = 0;
   if (s.tp > 1) {
     const Bytes block(T * h * e);
-    tp_reduce = s.sequence_parallel ? collective_time(hw, Collective::kReduceScatter, block, s.tp_group).value()
-                                    : collective_time(hw, Collective::kAllReduce, block, s.tp_group).value();
+    if (s.sequence_parallel) {
+      tp_reduce = collective_time(hw, Collective::kReduceScatter, block, s.tp_group).value();
+      head_gather = collective_time(hw, Collective::kAllGather, block, s.tp_group).value();
+      embedding_tp_backward = head_gather;
+      head_scatter = tp_reduce;
+      if (stack.sequence_parallel_rearranges) {
+        const double copy = rates.stream(2.0 * T * h * e);
+        const double gathered_copy = s.micro_batch > 1 ? copy : 0.0;
+        tp_reduce += copy;
+        embedding_tp_backward += gathered_copy;
+        head_gather += gathered_copy;
+        head_scatter += copy;
+      }
+    } else {
+      tp_reduce = collective_time(hw, Collective::kAllReduce, block, s.tp_group).value();
+      head_scatter = tp_reduce;
+    }
   }
   Pass emb{rates, rates, stack, e, e};  // the ends' GEMMs stay in the activation dtype
   emb.elementwise(ElementwiseOp::kEmbedding, T * h, 2 * e, 0, !frozen);
@@ -56,7 +82,7 @@ EndsCost ends_cost(const ModelSpec& mdl, const HardwareProfile& hw, const LayerS
     emb.kernels += 1;
   }
   c.embedding_forward = emb.forward + tp_reduce;
-  c.embedding_backward = emb.backward + (frozen ? 0.0 : tp_reduce);
+  c.embedding_backward = emb.backward + (frozen ? 0.0 : embedding_tp_backward);
   // The embedding's output is the first layer's input, kept there; only a dropout mask is its own.
   c.embedding_activation_bytes = s.dropout ? Tn * h : 0.0;
   // An explicit attention mask is built once per micro-batch in the activation dtype, [batch, 1,
@@ -165,6 +191,8 @@ EndsCost ends_cost(const ModelSpec& mdl, const HardwareProfile& hw, const LayerS
   if (s.tp > 1) {  // max, sum and target logit all-reduced over the vocab-parallel group
     p.forward += 3.0 * collective_time(hw, Collective::kAllReduce, Bytes(4.0 * T), s.tp_group).value();
   }
+  p.forward += head_gather;    // the final norm's output gathered for the output layer (sequence parallel)
+  p.backward += head_scatter;  // its gradient reduced back (scattered to the sequence shards)
   c.head_forward = p.forward;
   c.head_backward = p.backward;
   c.kernels = emb.kernels + p.kernels;
