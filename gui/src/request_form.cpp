@@ -204,7 +204,7 @@ BuiltRequest build_request(const RequestForm& form) {
   }
   if (enum_field("master_weights", form.master_weights, {"fp32", "none"})) t.master_weights = form.master_weights == "fp32";
   if (enum_field("stack", form.stack,
-                 {"trainplan", "trainplan-reference", "pytorch-eager", "torch-compile", "megatron-te", "fsdp1", "fsdp2", "fsdp2-compile", "deepspeed",
+                 {"trainplan", "trainplan-reference", "pytorch-eager", "torch-compile", "megatron-te", "fsdp1", "composer", "fsdp2", "fsdp2-compile", "deepspeed",
                   "deepspeed-v0.3"})) {
     t.stack = *cm::stack_from_name(form.stack);
   }

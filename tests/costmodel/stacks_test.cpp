@@ -598,6 +598,33 @@ TEST(OptimizerOnlySharding, IsRefusedForFsdpOverDataAndContextRanks) {
   EXPECT_TRUE(validate_plan(one));
 }
 
+// llm-foundry's loss (stack composer): flash-attn's CrossEntropyLoss on the bf16 logits keeps them
+// and their float32 log-sum-exp (4 bytes a token) and writes a new bf16 gradient; Hugging Face's
+// (fsdp1) keeps an fp32 log-softmax of an fp32 copy (4 bytes a logit) and at its backward's peak
+// holds their fp32 gradients (8). Llama 2 7B, one sequence of 32,768 tokens: 32,768 x 32,000
+// logits, 2.1 GB in bf16. Everything else is fsdp1's.
+TEST(ComposerStack, KeepsTheBf16LogitsAndTheirLogSumExp) {
+  const HardwareProfile hw = testing::cluster("dgx-a100-80g");
+  const ModelSpec m = testing::model("llama2-7b");
+  LayerSetting s;
+  s.seq_len = 32768;
+  s.stack = Stack::kFsdp1;
+  const EndsCost hf = ends_cost(m, hw, s);
+  s.stack = Stack::kComposer;
+  const EndsCost foundry = ends_cost(m, hw, s);
+  const double logits = 32768.0 * 32000;
+  EXPECT_NEAR(hf.head_activation_bytes - foundry.head_activation_bytes, 4.0 * logits - (2.0 * logits + 4.0 * 32768), 1.0);
+  EXPECT_NEAR(hf.head_backward_transient_bytes, 8.0 * logits, 1.0);
+  EXPECT_NEAR(foundry.head_backward_transient_bytes, 2.0 * logits, 1.0);
+  EXPECT_LT(foundry.head_forward + foundry.head_backward, hf.head_forward + hf.head_backward);
+  EXPECT_EQ(foundry.embedding_forward, hf.embedding_forward);
+  EXPECT_EQ(transformer_layer_cost(m, hw, s).forward, [&] {
+    LayerSetting x = s;
+    x.stack = Stack::kFsdp1;
+    return transformer_layer_cost(m, hw, x).forward;
+  }());
+}
+
 // The ends' tensor-parallel collectives where the conjugates put them (Megatron-Core mappings.py):
 // the vocab-parallel embedding's all-reduce forward (identity backward) and the column-parallel
 // output layer's all-reduce of its input's gradient backward; under sequence parallelism the

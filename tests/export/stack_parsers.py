@@ -97,7 +97,7 @@ def default_reduce_dtype(training):
     deepspeed stacks, fp32 for the others)."""
     if not training.get("master_weights", True):
         return "fp16" if training.get("precision") == "fp16" else "bf16"
-    return "bf16" if training.get("stack", "trainplan") in ("fsdp1", "deepspeed", "deepspeed-v0.3") else "fp32"
+    return "bf16" if training.get("stack", "trainplan") in ("fsdp1", "composer", "deepspeed", "deepspeed-v0.3") else "fp32"
 
 
 def plan_values(plan):
@@ -269,8 +269,8 @@ def check_accelerate(path, pv):
                 plugin = FullyShardedDataParallelPlugin()
             finally:
                 accelerate_dataclasses.is_cuda_available, torch.cuda.current_device = saved_cuda
-            # The FSDP version follows the stack the plan was made for: FSDP1 for fsdp1, else FSDP2.
-            expect(errors, "fsdp_version", plugin.fsdp_version, 1 if pv["stack"] == "fsdp1" else 2)
+            # The FSDP version follows the stack the plan was made for: FSDP1 for fsdp1 and composer, else FSDP2.
+            expect(errors, "fsdp_version", plugin.fsdp_version, 1 if pv["stack"] in ("fsdp1", "composer") else 2)
             if plugin.fsdp_version == 2:
                 expect(errors, "fsdp_reshard_after_forward", bool(plugin.reshard_after_forward), pv["zero"] == 3)
             else:  # the ShardingStrategy the Accelerator hands FSDP1 (accelerator.py: sharding_strategy or

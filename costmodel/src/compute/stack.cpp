@@ -235,6 +235,25 @@ constexpr StackSpec kFsdp1 = [] {
   return s;
 }();
 
+// FSDP1 as Composer and llm-foundry run it (mosaicml/llm-foundry: its models, MPT and
+// hf_causal_lm alike, take loss_fn "fused_crossentropy" by default, flash-attn's CrossEntropyLoss
+// (flash_attn/losses/cross_entropy.py, inplace_backward False: the bf16 logits and their log-sum-exp
+// kept, the gradient a new bf16 tensor, fp32 only in registers), attention through flash-attn 2
+// (attn_impl "flash"), FSDP1 with PURE mixed precision (bf16 parameters, reduction and buffers)
+// and non-reentrant activation checkpointing (activation_checkpointing_reentrant false in its
+// train yamls), DecoupledAdamW): fsdp1 but for the loss.
+constexpr StackSpec kComposer = [] {
+  StackSpec s = kFsdp1;
+  s.stack = Stack::kComposer;
+  s.name = "composer";
+  s.summary = "PyTorch FSDP1 as Composer and llm-foundry run it: fsdp1's FlatParameters and limit_all_gathers, flash-attn's fused "
+              "cross-entropy on the bf16 logits (no fp32 copy), FlashAttention-2, foreach DecoupledAdamW";
+  s.loss = LossKernel::kFused;
+  s.source = "mosaicml/llm-foundry llmfoundry/models/mpt/modeling_mpt.py and hf/hf_causal_lm.py (loss_fn fused_crossentropy), "
+             "Dao-AILab/flash-attention flash_attn/losses/cross_entropy.py; as fsdp1 for FSDP1";
+  return s;
+}();
+
 // DeepSpeed ZeRO (microsoft/DeepSpeed 38327e07, v0.16.5) on an eager PyTorch module:
 // runtime/zero/config.py defaults (reduce_bucket_size 5e8, stage3_prefetch_bucket_size 5e7,
 // stage3_max_reuse_distance 1e9, overlap_comm only for stage 3); a submodule's parameters
@@ -522,6 +541,7 @@ constexpr StackSpec kSpecs[] = {
                "distributed optimizer, vocab_parallel_cross_entropy in fp32); Transformer Engine LayerNormLinear, "
                "fused RoPE and SwiGLU; Narayanan et al. 2021, Korthikanti et al. 2022"},
     kFsdp1,
+    kComposer,
     kFsdp2,
     compiled(kFsdp2),
     kDeepspeed,
@@ -633,6 +653,9 @@ std::optional<ContextAttention> cp_comm_type_from_name(const std::string& name) 
 
 const char* loss_kernel_choices() { return "fp32-logits | fused | chunked-linear | vocab-parallel-fp32"; }
 
-const char* stack_choices() { return "trainplan | trainplan-reference | pytorch-eager | torch-compile | megatron-te | fsdp1 | fsdp2 | fsdp2-compile | deepspeed | deepspeed-v0.3"; }
+const char* stack_choices() {
+  return "trainplan | trainplan-reference | pytorch-eager | torch-compile | megatron-te | fsdp1 | composer | fsdp2 | fsdp2-compile | deepspeed | "
+         "deepspeed-v0.3";
+}
 
 }  // namespace trainplan::costmodel

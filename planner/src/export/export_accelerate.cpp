@@ -90,7 +90,7 @@ std::vector<std::string> accelerate_refusals(const Plan& plan) {
   const auto& p = plan.parallel;
   const auto& t = plan.training;
   const auto n = [](long long x) { return std::to_string(x); };
-  const bool fsdp1 = t.stack == cm::Stack::kFsdp1;
+  const bool fsdp1 = cm::is_fsdp1(t.stack);
   std::vector<std::string> r;
   if (p.pp > 1) r.push_back("pp=" + n(p.pp) + ": Accelerate has no pipeline parallelism for FSDP training");
   if (p.tp > 1) {
@@ -134,7 +134,7 @@ PlanExport accelerate_export(const Plan& plan, const Derived& d) {
   const int zero = effective_zero(p);
   const int shard = p.shard_size();
   const int replicate = p.dp / shard;
-  const bool fsdp1 = zero >= 2 && t.stack == cm::Stack::kFsdp1;
+  const bool fsdp1 = zero >= 2 && cm::is_fsdp1(t.stack);
   PlanExport e;
   if (t.mode == cm::TrainingMode::kLora || t.mode == cm::TrainingMode::kQlora) e.notes.push_back(lora_note(plan));
   if (p.dp > 1 && p.reduce_dtype != accelerate_reduce_dtype(t, zero >= 2)) {

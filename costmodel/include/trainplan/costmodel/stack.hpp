@@ -20,14 +20,17 @@ enum class Stack {
   kTorchCompile,  // the same module under torch.compile (Inductor)
   kMegatronTe,    // Megatron-LM / Megatron-Core with Transformer Engine
   kFsdp1,         // PyTorch FSDP1 (FlatParameter per wrapped block): Accelerate, Lightning, Composer
+  kComposer,      // FSDP1 as Composer and llm-foundry run it: flash-attn's fused cross-entropy
   kFsdp2,         // PyTorch FSDP2 (fully_shard, per-parameter DTensor): torchtitan, Accelerate FSDP2
   kFsdp2Compile,  // the same under torch.compile (torchtitan's --compile: each block and the loss compiled)
   kDeepspeed,     // DeepSpeed ZeRO-1/2/3 on a PyTorch module
   kDeepspeedV03,  // DeepSpeed v0.3.16 (2021) with the PyTorch of its time: ZeRO-3 parameter by parameter
 };
 inline constexpr Stack kStacks[] = {Stack::kTrainplan, Stack::kTrainplanReference, Stack::kPytorchEager, Stack::kTorchCompile,
-                                    Stack::kMegatronTe, Stack::kFsdp1, Stack::kFsdp2, Stack::kFsdp2Compile, Stack::kDeepspeed,
-                                    Stack::kDeepspeedV03};
+                                    Stack::kMegatronTe, Stack::kFsdp1, Stack::kComposer, Stack::kFsdp2, Stack::kFsdp2Compile,
+                                    Stack::kDeepspeed, Stack::kDeepspeedV03};
+// PyTorch FSDP1 (fsdp1, composer): FlatParameters, sharding strategies, Accelerate's fsdp_version 1.
+[[nodiscard]] constexpr bool is_fsdp1(Stack stack) { return stack == Stack::kFsdp1 || stack == Stack::kComposer; }
 
 // How the loss over the vocabulary is computed.
 enum class LossKernel {
@@ -453,7 +456,7 @@ struct StackSpec {
 [[nodiscard]] const char* cp_comm_type_name(ContextAttention comm);
 [[nodiscard]] std::optional<ContextAttention> cp_comm_type_from_name(const std::string& name);
 // "trainplan", "trainplan-reference", "pytorch-eager", "torch-compile", "megatron-te", "fsdp1",
-// "fsdp2", "fsdp2-compile", "deepspeed", "deepspeed-v0.3".
+// "composer", "fsdp2", "fsdp2-compile", "deepspeed", "deepspeed-v0.3".
 [[nodiscard]] std::optional<Stack> stack_from_name(const std::string& name);
 // "trainplan | trainplan-reference | ... | deepspeed", for messages.
 [[nodiscard]] const char* stack_choices();
