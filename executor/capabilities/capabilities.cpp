@@ -53,7 +53,8 @@ std::vector<std::string> executor_limitations(const Plan& plan) {
     const auto add = [&](bool differs, const std::string& s) { if (differs) what += (what.empty() ? "" : ", ") + s; };
     add(f.layer_norm != built.layer_norm, f.layer_norm ? "LayerNorm" : "RMSNorm");
     add(f.gated_mlp != built.gated_mlp, f.gated_mlp ? "a gated MLP" : "a plain GELU MLP");
-    add(f.learned_positions != built.learned_positions, f.learned_positions ? "learned positions" : "rotary positions");
+    add(f.learned_positions != built.learned_positions || f.alibi != built.alibi,
+        f.learned_positions ? "learned positions" : f.alibi ? "ALiBi positions" : "rotary positions");
     add(f.qkv_bias != built.qkv_bias, f.qkv_bias ? "Q/K/V biases" : "no Q/K/V biases");
     add(f.o_bias != built.o_bias, f.o_bias ? "an output-projection bias" : "no output-projection bias");
     add(f.mlp_bias != built.mlp_bias, f.mlp_bias ? "MLP biases" : "no MLP biases");

@@ -168,6 +168,23 @@ TEST(HfConfig, ReadsEachFamilysKeys) {
   EXPECT_FALSE(falcon.features().qkv_bias);
   EXPECT_TRUE(falcon.tied_embeddings);
 
+  // MPT: GELU MLP of expansion_ratio x d_model, no biases anywhere (no_bias), ALiBi instead of the
+  // learned table (attn_config alibi), the output layer tied to the embedding.
+  const ModelSpec mpt = hf_model("mpt-7b");
+  EXPECT_EQ(mpt.ffn_hidden, 16384);
+  EXPECT_EQ(mpt.kv_heads, 32);
+  EXPECT_TRUE(mpt.features().layer_norm);
+  EXPECT_FALSE(mpt.features().gated_mlp);
+  EXPECT_TRUE(mpt.features().alibi);
+  EXPECT_FALSE(mpt.features().learned_positions);
+  EXPECT_FALSE(mpt.features().qkv_bias || mpt.features().o_bias || mpt.features().mlp_bias);
+  EXPECT_TRUE(mpt.tied_embeddings);
+  EXPECT_EQ(mpt.max_seq_len, 2048);
+  // 32 * (4 x 4096^2 + 2 x 4096 x 16384 + 2 x 4096) + 50,432 x 4096 (tied) + 4096 = 6,649,286,656
+  // (the model card's "6.7B"), and the LayerNorms' biases the cost model counts for every LayerNorm
+  // though MPT's no_bias removes them: 33 x 4096 + 32 x 4096 more.
+  EXPECT_EQ(count_parameters(mpt).total(mpt.layers), 6649286656.0 + 65.0 * 4096);
+
   const ModelSpec neox = hf_model("gpt-neox-20b");
   EXPECT_TRUE(neox.features().layer_norm && neox.features().qkv_bias && neox.features().mlp_bias);
   EXPECT_FALSE(neox.features().learned_positions);
@@ -197,6 +214,25 @@ TEST(HfConfig, ReadsEachFamilysKeys) {
 }
 
 // Absent keys take the transformers config class's default (configuration_<family>.py).
+// ALiBi is a bias inside the attention kernel: the layer runs no rotary op (Llama 3 8B's rotary
+// embedding on q and k, eager: its kernels' time and launches), and nothing else changes.
+TEST(HfConfig, AlibiRunsNoPositionOp) {
+  const HardwareProfile hw = testing::cluster("dgx-h100");
+  ModelSpec rotary = testing::model("llama3-8b");
+  ModelSpec alibi = rotary;
+  ModelFeatures f = alibi.features();
+  f.alibi = true;
+  alibi.feature_overrides = f;
+  LayerSetting s;
+  s.stack = Stack::kPytorchEager;
+  s.seq_len = 4096;
+  const LayerCost a = transformer_layer_cost(alibi, hw, s), r = transformer_layer_cost(rotary, hw, s);
+  EXPECT_LT(a.forward, r.forward);
+  EXPECT_LT(a.kernels, r.kernels);
+  EXPECT_EQ(a.model_flops, r.model_flops);
+  EXPECT_EQ(count_parameters(alibi).total(32), count_parameters(rotary).total(32));
+}
+
 TEST(HfConfig, AbsentKeysTakeTheTransformersDefaults) {
   const auto read = [](const std::string& text) {
     auto m = parse_hf_config(nlohmann::json::parse(text), "config.json");

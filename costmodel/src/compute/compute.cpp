@@ -179,7 +179,7 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
       p.elementwise(ElementwiseOp::kRotaryEager, T * a_local * static_cast<double>(mla->qk_rope_head_dim), 2 * e, 2 * e);
       p.elementwise(ElementwiseOp::kRotaryEager, T * static_cast<double>(mla->qk_rope_head_dim), 2 * e, 2 * e);
     });
-  } else if (!feat.learned_positions) {
+  } else if (!feat.learned_positions && !feat.alibi) {
     // Rotary embedding on q and k; eager: rotate-half (5 kernels each) plus the cos/sin casts.
     rotary_forward = timed([&] {
       p.elementwise(ElementwiseOp::kRotaryEager, T * q_local, 2 * e, 2 * e);

@@ -200,8 +200,53 @@ ModelSpec read_falcon(ObjectReader& r) {
   m.max_seq_len = r.optional_integer("max_position_embeddings", 1, kMaxPositions).value_or(2048);
   m.tied_embeddings = r.optional_boolean("tie_word_embeddings").value_or(true);  // PretrainedConfig's default
   ModelFeatures f = architecture_features(Architecture::kGpt);
-  f.learned_positions = false;  // rotary (or ALiBi with alibi: true; neither has a table)
+  f.learned_positions = false;  // rotary, or ALiBi with alibi: true (FalconAttention); neither has a table
+  f.alibi = r.optional_boolean("alibi").value_or(false);
   f.qkv_bias = f.o_bias = f.mlp_bias = r.optional_boolean("bias").value_or(false);
+  m.feature_overrides = f;
+  return m;
+}
+
+// MPT (mosaicml/llm-foundry llmfoundry/models/mpt/configuration_mpt.py, as mosaicml/mpt-7b's
+// config.json writes it): d_model, n_layers, n_heads, expansion_ratio (the MLP's width over
+// d_model, GELU by default: ffn_config ffn_type "mptmlp"), vocab_size, max_seq_len; no_bias
+// (true: no bias anywhere); attn_config alibi (ALiBi, no position table) or learned_pos_emb,
+// attn_type grouped_query_attention with kv_n_heads; the output layer is the embedding
+// (MPTForCausalLM: logits = wte(hidden, True)); norm_type a LayerNorm (low_precision_layernorm
+// casts, the same op).
+ModelSpec read_mpt(ObjectReader& r) {
+  ModelSpec m;
+  m.architecture = Architecture::kGpt;
+  m.hidden = r.integer("d_model", 1, kMaxDim);
+  m.layers = static_cast<int>(r.integer("n_layers", 1, 10000));
+  m.heads = count(r, "n_heads");
+  m.vocab = r.integer("vocab_size", 1, kMaxPositions);
+  m.max_seq_len = r.optional_integer("max_seq_len", 1, kMaxPositions).value_or(2048);
+  const double ratio = r.optional_number("expansion_ratio", 0.01, 1000).value_or(4.0);
+  m.ffn_hidden = static_cast<std::int64_t>(std::llround(ratio * static_cast<double>(m.hidden)));
+  m.kv_heads = m.heads;
+  m.tied_embeddings = true;
+  ModelFeatures f = architecture_features(Architecture::kGpt);
+  const bool bias = !r.optional_boolean("no_bias").value_or(true);
+  f.qkv_bias = f.o_bias = f.mlp_bias = bias;
+  f.learned_positions = true;
+  if (r.has("attn_config")) {
+    ObjectReader a = r.object("attn_config");
+    f.alibi = a.optional_boolean("alibi").value_or(false);
+    if (a.optional_string("attn_type").value_or("multihead_attention") == "grouped_query_attention") {
+      m.kv_heads = static_cast<int>(a.integer("kv_n_heads", 1, m.heads));
+    } else if (a.optional_string("attn_type").value_or("multihead_attention") == "multiquery_attention") {
+      m.kv_heads = 1;
+    }
+  }
+  // learned_pos_emb (default true) adds a table only without ALiBi (MPTModel: self.learned_pos_emb = ... and not alibi).
+  f.learned_positions = !f.alibi && r.optional_boolean("learned_pos_emb").value_or(true);
+  if (r.has("ffn_config")) {
+    ObjectReader ffn = r.object("ffn_config");
+    const std::string kind = ffn.optional_string("ffn_type").value_or("mptmlp");
+    if (kind != "mptmlp" && kind != "mptgeglu") ffn.fail("ffn_type", "\"" + kind + "\" is not supported (mptmlp, mptgeglu)");
+    if (kind == "mptgeglu") f.gated_mlp = f.gelu_gate = true;
+  }
   m.feature_overrides = f;
   return m;
 }
@@ -254,7 +299,7 @@ ModelSpec read_deepseek(ObjectReader& r, const std::string& type) {
 }  // namespace
 
 const char* hf_model_types() {
-  return "llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, gemma, gpt2, gpt_neox, falcon, phi3, deepseek_v2, "
+  return "llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, gemma, gpt2, gpt_neox, falcon, mpt, phi3, deepseek_v2, "
          "deepseek_v3";
 }
 
@@ -277,6 +322,8 @@ Result<ModelSpec> parse_hf_config(const nlohmann::json& json, const std::string&
       m = read_gpt_neox(r);
     } else if (type == "falcon") {
       m = read_falcon(r);
+    } else if (type == "mpt") {
+      m = read_mpt(r);
     } else if (type == "deepseek_v2" || type == "deepseek_v3") {
       m = read_deepseek(r, type);
     } else {

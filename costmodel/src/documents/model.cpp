@@ -167,7 +167,10 @@ Result<ModelSpec> parse_model(const nlohmann::json& json, const std::string& fil
       f.gated_mlp = *mlp != "plain";
       f.gelu_gate = *mlp == "geglu";
     }
-    if (auto pos = r.optional_one_of("positions", {"learned", "rotary"})) f.learned_positions = *pos == "learned";
+    if (auto pos = r.optional_one_of("positions", {"learned", "rotary", "alibi"})) {
+      f.learned_positions = *pos == "learned";
+      f.alibi = *pos == "alibi";
+    }
     f.qkv_bias = r.optional_boolean("qkv_bias").value_or(f.qkv_bias);
     f.o_bias = r.optional_boolean("o_bias").value_or(f.o_bias);
     f.mlp_bias = r.optional_boolean("mlp_bias").value_or(f.mlp_bias);
@@ -238,7 +241,7 @@ nlohmann::json model_to_json(const ModelSpec& m) {
   const ModelFeatures d = architecture_features(m.architecture);
   if (f.layer_norm != d.layer_norm) j["norm"] = f.layer_norm ? "layernorm" : "rmsnorm";
   if (f.gated_mlp != d.gated_mlp || f.gelu_gate != d.gelu_gate) j["mlp"] = !f.gated_mlp ? "plain" : f.gelu_gate ? "geglu" : "gated";
-  if (f.learned_positions != d.learned_positions) j["positions"] = f.learned_positions ? "learned" : "rotary";
+  if (f.learned_positions != d.learned_positions || f.alibi != d.alibi) j["positions"] = f.learned_positions ? "learned" : f.alibi ? "alibi" : "rotary";
   if (f.qkv_bias != d.qkv_bias) j["qkv_bias"] = f.qkv_bias;
   if (f.o_bias != d.o_bias) j["o_bias"] = f.o_bias;
   if (f.mlp_bias != d.mlp_bias) j["mlp_bias"] = f.mlp_bias;

@@ -157,6 +157,7 @@ std::vector<std::string> model_shape_refusals(const costmodel::ModelSpec& m, con
     differs(f.gated_mlp, base.gated_mlp, "MLP kind");
     differs(f.gelu_gate, base.gelu_gate, "gate activation (GeGLU)");
     differs(f.learned_positions, base.learned_positions, "positions");
+    differs(f.alibi, base.alibi, "ALiBi");
     differs(f.qkv_bias, base.qkv_bias, "Q/K/V biases");
     differs(f.o_bias, base.o_bias, "output-projection bias");
     differs(f.mlp_bias, base.mlp_bias, "MLP biases");

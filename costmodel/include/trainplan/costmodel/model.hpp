@@ -27,12 +27,16 @@ struct ModelFeatures {
   bool gated_mlp = true;           // SwiGLU/GeGLU: gate, up and down matrices; false: GELU, up and down
   bool gelu_gate = false;          // a gated MLP's gate activation is GELU (GeGLU, Gemma); false: SiLU (SwiGLU)
   bool learned_positions = false;  // a learned position table of max_seq_len rows; false: rotary
+  // ALiBi (Press et al. 2022): a per-head linear bias the attention kernel adds to the scores (MPT,
+  // BLOOM, Falcon with alibi): no position table and no rotary op. Only where learned_positions is false.
+  bool alibi = false;
   bool qkv_bias = false;           // biases on the Q, K and V projections
   bool o_bias = false;             // bias on the attention output projection
   bool mlp_bias = false;           // biases on the MLP matrices
 
   friend bool operator==(const ModelFeatures& a, const ModelFeatures& b) {
     return a.layer_norm == b.layer_norm && a.gated_mlp == b.gated_mlp && a.gelu_gate == b.gelu_gate && a.learned_positions == b.learned_positions &&
+           a.alibi == b.alibi &&
            a.qkv_bias == b.qkv_bias && a.o_bias == b.o_bias && a.mlp_bias == b.mlp_bias;
   }
   friend bool operator!=(const ModelFeatures& a, const ModelFeatures& b) { return !(a == b); }
