@@ -241,6 +241,24 @@ TEST(HfConfig, AbsentKeysTakeTheTransformersDefaults) {
   };
   const std::string sizes = R"("hidden_size": 4096, "num_hidden_layers": 2, "num_attention_heads": 32, "intermediate_size": 11008, "vocab_size": 32000)";
   const ModelSpec llama = read(R"({"model_type": "llama", )" + sizes + "}");
+  // MPTConfig (llm-foundry configuration_mpt.py): no_bias=False, learned_pos_emb=True unless alibi
+  // or rope, expansion_ratio 4, ffn_type mptmlp; mptglu gated by ffn_act_fn (GELU by default),
+  // ffn_hidden_size over the ratio, tie_word_embeddings=True.
+  const std::string mpt_sizes = R"("model_type": "mpt", "d_model": 1024, "n_layers": 2, "n_heads": 16, "vocab_size": 50432)";
+  const ModelSpec mpt = read("{" + mpt_sizes + "}");
+  EXPECT_TRUE(mpt.features().qkv_bias && mpt.features().o_bias && mpt.features().mlp_bias);
+  EXPECT_TRUE(mpt.features().learned_positions);
+  EXPECT_EQ(mpt.ffn_hidden, 4096);
+  EXPECT_TRUE(mpt.tied_embeddings);
+  const ModelSpec roped = read("{" + mpt_sizes + R"(, "attn_config": {"rope": true}, "tie_word_embeddings": false,
+      "ffn_config": {"ffn_type": "mptglu", "ffn_act_fn": {"name": "silu"}, "ffn_hidden_size": 2816}})");
+  EXPECT_FALSE(roped.features().learned_positions || roped.features().alibi);  // rotary
+  EXPECT_TRUE(roped.features().gated_mlp);
+  EXPECT_FALSE(roped.features().gelu_gate);  // SwiGLU
+  EXPECT_EQ(roped.ffn_hidden, 2816);
+  EXPECT_FALSE(roped.tied_embeddings);
+  EXPECT_TRUE(read("{" + mpt_sizes + R"(, "ffn_config": {"ffn_type": "mptglu"}})").features().gelu_gate);
+  EXPECT_EQ(read("{" + mpt_sizes + R"(, "attn_config": {"attn_type": "grouped_query_attention", "kv_n_heads": 4}})").kv_heads, 4);
   EXPECT_EQ(llama.kv_heads, 32);         // num_key_value_heads None -> num_attention_heads
   EXPECT_FALSE(llama.tied_embeddings);   // tie_word_embeddings=False
   EXPECT_EQ(llama.max_seq_len, 2048);    // max_position_embeddings=2048
@@ -355,6 +373,12 @@ TEST(HfConfig, EveryModelRoundTripsThroughTheModelDocument) {
   EXPECT_EQ(falcon.at("positions"), "rotary");
   EXPECT_EQ(falcon.at("qkv_bias"), false);
   EXPECT_FALSE(falcon.contains("norm"));
+  const ModelSpec mpt = hf_model("mpt-7b");
+  const nlohmann::json alibi = model_to_json(mpt);
+  EXPECT_EQ(alibi.at("positions"), "alibi");
+  auto mpt_back = parse_model(alibi, "mpt.json");
+  ASSERT_TRUE(mpt_back) << mpt_back.error().message;
+  EXPECT_TRUE(mpt_back->features() == mpt.features());
   const nlohmann::json lite = model_to_json(hf_model("deepseek-v2-lite"));
   EXPECT_FALSE(lite.at("mla").contains("q_lora_rank"));
   EXPECT_EQ(lite.at("moe").at("dense_layers"), 1);

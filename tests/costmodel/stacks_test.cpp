@@ -601,7 +601,7 @@ TEST(OptimizerOnlySharding, IsRefusedForFsdpOverDataAndContextRanks) {
 // llm-foundry's loss (stack composer): flash-attn's CrossEntropyLoss on the bf16 logits keeps them
 // and their float32 log-sum-exp (4 bytes a token) and writes a new bf16 gradient; Hugging Face's
 // (fsdp1) keeps an fp32 log-softmax of an fp32 copy (4 bytes a logit) and at its backward's peak
-// holds their fp32 gradients (8). Llama 2 7B, one sequence of 32,768 tokens: 32,768 x 32,000
+// holds their fp32 gradients (8). Llama 2 7B's shape, one sequence of 32,768 tokens: 32,768 x 32,000
 // logits, 2.1 GB in bf16. Everything else is fsdp1's.
 TEST(ComposerStack, KeepsTheBf16LogitsAndTheirLogSumExp) {
   const HardwareProfile hw = testing::cluster("dgx-a100-80g");
@@ -659,6 +659,17 @@ TEST(EndsTensorParallel, TheEmbeddingAndOutputLayerCollectivesAreTheirConjugates
     EXPECT_NEAR(slow.head_forward - quick.head_forward, loss + (sp ? added(Collective::kAllGather, block) : 0.0), 1e-12);
     EXPECT_NEAR(slow.head_backward - quick.head_backward, forward, 1e-12);
   }
+  // Learned positions (GPT): Megatron all-reduces the embedding's output, adds the positions to the
+  // whole sequence and splits it (LanguageModelEmbedding: reduce_scatter_embeddings only without
+  // position embeddings); the executor reduce-scatters first. GPT-2 1.5B, hidden 1600.
+  const ModelSpec gpt = testing::model("gpt2-1.5b");
+  const Bytes gpt_block(4096.0 * 1600 * 2);
+  s.sequence_parallel = true;
+  const EndsCost megatron = ends_cost(gpt, hw, s), megatron_fast = ends_cost(gpt, fast, s);
+  EXPECT_NEAR(megatron.embedding_forward - megatron_fast.embedding_forward, added(Collective::kAllReduce, gpt_block), 1e-12);
+  EXPECT_NEAR(megatron.embedding_backward - megatron_fast.embedding_backward, added(Collective::kAllGather, gpt_block), 1e-12);
+  s.stack = Stack::kTrainplan;
+  EXPECT_NEAR(ends_cost(gpt, hw, s).embedding_forward - ends_cost(gpt, fast, s).embedding_forward, added(Collective::kReduceScatter, gpt_block), 1e-12);
 }
 
 // PyTorch DDP (ZeRO-0/1 of the PyTorch stacks) keeps its buckets beside the gradients,

@@ -460,7 +460,7 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
                             mlp_act_out + routed_input + moe_kept + adapters;
   // Temporaries of one forward: eager rotate-half holds q, the rotated copy, x*cos, rotated*sin
   // and the negated half (4.5 x q); fused rotary the unrotated q; GPT the projection output.
-  c.forward_transient_bytes = feat.learned_positions && !mla ? T * h * e : (stack.fused_elementwise ? 1.0 : 4.5) * T * q_local * e;
+  c.forward_transient_bytes = (feat.learned_positions || feat.alibi) && !mla ? T * h * e : (stack.fused_elementwise ? 1.0 : 4.5) * T * q_local * e;
   // The activations' gradients, and the weights' gradients in the compute dtype unless the GEMMs
   // add them into the fp32 gradient (then there are none).
   c.gradients_in_gemm = gradients_in_gemm(stack, s);

@@ -41,13 +41,16 @@ EndsCost ends_cost(const ModelSpec& mdl, const HardwareProfile& hw, const LayerS
   // backward all-gather's output, the output layer's all-gather output forward and its
   // reduce-scatter input backward (a gathered output is a view at one sequence).
   double tp_reduce = 0, embedding_tp_backward = 0, head_gather = 0, head_scatter = 0;
+  // Learned positions added to the whole sequence before its split (StackSpec::embedding_all_reduces_before_positions).
+  const bool split_after_positions = s.tp > 1 && s.sequence_parallel && feat.learned_positions && stack.embedding_all_reduces_before_positions;
   if (s.tp > 1) {
     const Bytes block(T * h * e);
     if (s.sequence_parallel) {
-      tp_reduce = collective_time(hw, Collective::kReduceScatter, block, s.tp_group).value();
+      tp_reduce = split_after_positions ? collective_time(hw, Collective::kAllReduce, block, s.tp_group).value() + rates.stream(2.0 * Tn * h * e)
+                                        : collective_time(hw, Collective::kReduceScatter, block, s.tp_group).value();
       head_gather = collective_time(hw, Collective::kAllGather, block, s.tp_group).value();
       embedding_tp_backward = head_gather;
-      head_scatter = tp_reduce;
+      head_scatter = collective_time(hw, Collective::kReduceScatter, block, s.tp_group).value();
       if (stack.sequence_parallel_rearranges) {
         const double copy = rates.stream(2.0 * T * h * e);
         const double gathered_copy = s.micro_batch > 1 ? copy : 0.0;
@@ -76,7 +79,7 @@ EndsCost ends_cost(const ModelSpec& mdl, const HardwareProfile& hw, const LayerS
     emb.backward += rates.stream(v_local * h * e) + rates.stream(2.0 * e * T * h);
     emb.kernels += 2;
   }
-  if (feat.learned_positions) emb.elementwise(ElementwiseOp::kResidualAdd, Tn * h, 3 * e, 0, false);  // learned positions
+  if (feat.learned_positions) emb.elementwise(ElementwiseOp::kResidualAdd, (split_after_positions ? T : Tn) * h, 3 * e, 0, false);  // learned positions
   if (mdl.tied_embeddings && !frozen && !embedding_in_gemm) {  // the output layer's and the embedding's gradients summed
     emb.backward += rates.stream(3.0 * v_local * h * e);
     emb.kernels += 1;

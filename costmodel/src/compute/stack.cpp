@@ -235,22 +235,27 @@ constexpr StackSpec kFsdp1 = [] {
   return s;
 }();
 
-// FSDP1 as Composer and llm-foundry run it (mosaicml/llm-foundry: its models, MPT and
-// hf_causal_lm alike, take loss_fn "fused_crossentropy" by default, flash-attn's CrossEntropyLoss
-// (flash_attn/losses/cross_entropy.py, inplace_backward False: the bf16 logits and their log-sum-exp
-// kept, the gradient a new bf16 tensor, fp32 only in registers), attention through flash-attn 2
-// (attn_impl "flash"), FSDP1 with PURE mixed precision (bf16 parameters, reduction and buffers)
-// and non-reentrant activation checkpointing (activation_checkpointing_reentrant false in its
-// train yamls), DecoupledAdamW): fsdp1 but for the loss.
+// FSDP1 as Composer runs llm-foundry's MPT models (mosaicml/llm-foundry 8c8dd48: model name
+// mpt_causal_lm, ComposerMPTCausalLM, takes loss_fn "fused_crossentropy" by default, flash-attn's
+// CrossEntropyLoss (flash_attn/losses/cross_entropy.py, inplace_backward False: the bf16 logits
+// and their log-sum-exp kept, the gradient a new bf16 tensor, fp32 only in registers); its
+// hf_causal_lm models (Llama and the rest, and MPT fine-tuning) return Hugging Face's own loss:
+// fsdp1), attention through flash-attn 2 (attn_impl "flash"), and what llm-foundry's train yamls
+// set (Composer's own defaults differ: reentrant checkpointing, DEFAULT mixed precision reducing in
+// fp32): FSDP1 with PURE mixed precision (bf16 parameters, reduction and buffers) and
+// non-reentrant activation checkpointing (activation_checkpointing_reentrant false). Its
+// optimizer, Composer's DecoupledAdamW (composer/optim/decoupled_weight_decay.py), loops over the
+// parameters in Python and reads each one's step count with .item(), a device sync per parameter
+// tensor that is not priced here: the step is fsdp1's foreach AdamW.
 constexpr StackSpec kComposer = [] {
   StackSpec s = kFsdp1;
   s.stack = Stack::kComposer;
   s.name = "composer";
-  s.summary = "PyTorch FSDP1 as Composer and llm-foundry run it: fsdp1's FlatParameters and limit_all_gathers, flash-attn's fused "
-              "cross-entropy on the bf16 logits (no fp32 copy), FlashAttention-2, foreach DecoupledAdamW";
+  s.summary = "PyTorch FSDP1 as Composer runs llm-foundry's MPT models: fsdp1's FlatParameters and limit_all_gathers, flash-attn's "
+              "fused cross-entropy on the bf16 logits (no fp32 copy), FlashAttention-2";
   s.loss = LossKernel::kFused;
-  s.source = "mosaicml/llm-foundry llmfoundry/models/mpt/modeling_mpt.py and hf/hf_causal_lm.py (loss_fn fused_crossentropy), "
-             "Dao-AILab/flash-attention flash_attn/losses/cross_entropy.py; as fsdp1 for FSDP1";
+  s.source = "mosaicml/llm-foundry 8c8dd48 llmfoundry/models/mpt/modeling_mpt.py (ComposerMPTCausalLM: loss_fn fused_crossentropy), "
+             "scripts/train/yamls (fsdp_config); Dao-AILab/flash-attention flash_attn/losses/cross_entropy.py; as fsdp1 for FSDP1";
   return s;
 }();
 
@@ -535,6 +540,7 @@ constexpr StackSpec kSpecs[] = {
      // the bytes (PipelineSend): a megatron-te plan without sequence parallelism is priced as the
      // former. Under sequence parallelism (the default beside tp > 1) both send the shard.
      .ends_in_pipeline_split = true,
+     .embedding_all_reduces_before_positions = true,
      .pipeline_send = PipelineSend::kScatterGather,
      .context_parallel_calls_kernel = true,
      .source = "Megatron-LM (NVIDIA/Megatron-LM: --make-vocab-size-divisible-by 128, gradient_accumulation_fusion, "

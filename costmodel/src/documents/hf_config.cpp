@@ -207,13 +207,14 @@ ModelSpec read_falcon(ObjectReader& r) {
   return m;
 }
 
-// MPT (mosaicml/llm-foundry llmfoundry/models/mpt/configuration_mpt.py, as mosaicml/mpt-7b's
-// config.json writes it): d_model, n_layers, n_heads, expansion_ratio (the MLP's width over
-// d_model, GELU by default: ffn_config ffn_type "mptmlp"), vocab_size, max_seq_len; no_bias
-// (true: no bias anywhere); attn_config alibi (ALiBi, no position table) or learned_pos_emb,
-// attn_type grouped_query_attention with kv_n_heads; the output layer is the embedding
-// (MPTForCausalLM: logits = wte(hidden, True)); norm_type a LayerNorm (low_precision_layernorm
-// casts, the same op).
+// MPT (mosaicml/llm-foundry 8c8dd48 llmfoundry/models/mpt/configuration_mpt.py and
+// modeling_mpt.py, as mosaicml/mpt-7b's config.json writes it): d_model, n_layers, n_heads,
+// expansion_ratio (the MLP's width over d_model) or ffn_config ffn_hidden_size, vocab_size,
+// max_seq_len; no_bias (default false: biases everywhere); attn_config alibi or rope (either turns
+// learned_pos_emb off, MPTConfig), attn_type grouped_query_attention with kv_n_heads or
+// multiquery_attention; ffn_config ffn_type mptmlp (GELU) or mptglu (gated, GELU unless ffn_act_fn
+// names silu); tie_word_embeddings (default true: logits = wte(hidden, True)); norm_type a
+// LayerNorm unless it names an RMSNorm.
 ModelSpec read_mpt(ObjectReader& r) {
   ModelSpec m;
   m.architecture = Architecture::kGpt;
@@ -225,27 +226,38 @@ ModelSpec read_mpt(ObjectReader& r) {
   const double ratio = r.optional_number("expansion_ratio", 0.01, 1000).value_or(4.0);
   m.ffn_hidden = static_cast<std::int64_t>(std::llround(ratio * static_cast<double>(m.hidden)));
   m.kv_heads = m.heads;
-  m.tied_embeddings = true;
+  m.tied_embeddings = r.optional_boolean("tie_word_embeddings").value_or(true);
   ModelFeatures f = architecture_features(Architecture::kGpt);
-  const bool bias = !r.optional_boolean("no_bias").value_or(true);
+  const bool bias = !r.optional_boolean("no_bias").value_or(false);
   f.qkv_bias = f.o_bias = f.mlp_bias = bias;
-  f.learned_positions = true;
+  const std::string norm = r.optional_string("norm_type").value_or("low_precision_layernorm");
+  f.layer_norm = norm.find("rmsnorm") == std::string::npos;
+  bool rope = false;
   if (r.has("attn_config")) {
     ObjectReader a = r.object("attn_config");
     f.alibi = a.optional_boolean("alibi").value_or(false);
-    if (a.optional_string("attn_type").value_or("multihead_attention") == "grouped_query_attention") {
+    rope = a.optional_boolean("rope").value_or(false);
+    const std::string kind = a.optional_string("attn_type").value_or("multihead_attention");
+    if (kind == "grouped_query_attention") {
       m.kv_heads = static_cast<int>(a.integer("kv_n_heads", 1, m.heads));
-    } else if (a.optional_string("attn_type").value_or("multihead_attention") == "multiquery_attention") {
+    } else if (kind == "multiquery_attention") {
       m.kv_heads = 1;
+    } else if (kind != "multihead_attention") {
+      a.fail("attn_type", "\"" + kind + "\" is not supported (multihead_attention, multiquery_attention, grouped_query_attention)");
     }
   }
-  // learned_pos_emb (default true) adds a table only without ALiBi (MPTModel: self.learned_pos_emb = ... and not alibi).
-  f.learned_positions = !f.alibi && r.optional_boolean("learned_pos_emb").value_or(true);
+  f.learned_positions = !f.alibi && !rope && r.optional_boolean("learned_pos_emb").value_or(true);
   if (r.has("ffn_config")) {
     ObjectReader ffn = r.object("ffn_config");
     const std::string kind = ffn.optional_string("ffn_type").value_or("mptmlp");
-    if (kind != "mptmlp" && kind != "mptgeglu") ffn.fail("ffn_type", "\"" + kind + "\" is not supported (mptmlp, mptgeglu)");
-    if (kind == "mptgeglu") f.gated_mlp = f.gelu_gate = true;
+    if (kind != "mptmlp" && kind != "mptglu") ffn.fail("ffn_type", "\"" + kind + "\" is not supported (mptmlp, mptglu)");
+    if (kind == "mptglu") {
+      f.gated_mlp = true;
+      std::string act = "gelu";
+      if (ffn.has("ffn_act_fn")) act = ffn.object("ffn_act_fn").optional_string("name").value_or("gelu");
+      f.gelu_gate = act.find("silu") == std::string::npos;
+    }
+    if (const auto width = ffn.optional_integer("ffn_hidden_size", 1, kMaxDim)) m.ffn_hidden = *width;
   }
   m.feature_overrides = f;
   return m;

@@ -376,7 +376,8 @@ std::string training_error(const ModelSpec& m, const TrainingConfig& t) {
     }
     if (!stack_spec(t.stack).pure_16bit) {
       return std::string("/training/master_weights: the ") + stack_name(t.stack) +
-             " stack keeps fp32 master weights; pure 16-bit training runs on pytorch-eager, torch-compile, fsdp1, fsdp2 and fsdp2-compile";
+             " stack keeps fp32 master weights; pure 16-bit training runs on pytorch-eager, torch-compile, fsdp1, composer, fsdp2 and "
+                                                  "fsdp2-compile";
     }
   }
   return "";

@@ -396,6 +396,15 @@ struct StackSpec {
   // --account-for-loss-in-pipeline-split (megatron/core/transformer/transformer_block.py
   // get_num_layers_to_build at d98e8a64dd), which its --pipeline-model-parallel-layout expresses too.
   bool ends_in_pipeline_split = false;
+  // Under sequence parallelism a model with learned positions all-reduces the vocab-parallel
+  // embedding's output, adds the positions to the whole sequence and then splits it (and clones
+  // the split: clone_scatter_output_in_embedding), where one without them reduce-scatters:
+  // Megatron-Core's LanguageModelEmbedding (reduce_scatter_embeddings only without position
+  // embeddings, megatron/core/models/common/embeddings/language_model_embedding.py at d98e8a64dd),
+  // Megatron-LM's Embedding of 2022 (all-reduce in VocabParallelEmbedding, then
+  // scatter_to_sequence_parallel_region). false: the reduce-scatter, then the add on the shard
+  // (the executor's embedding).
+  bool embedding_all_reduces_before_positions = false;
   PipelineSend pipeline_send = PipelineSend::kAsHeld;
   // Runs ZeRO-3 sharded within groups and replicated across them (FSDP's HYBRID_SHARD, DeepSpeed's
   // MiCS, plan key shard_group).

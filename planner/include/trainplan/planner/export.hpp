@@ -29,7 +29,7 @@ struct PlanExport {
 };
 
 // The software stack that runs the target's file (megatron: megatron-te, torchtitan: fsdp2,
-// deepspeed: deepspeed, accelerate: where the plan shards, fsdp1 for a plan on the fsdp1 stack
+// deepspeed: deepspeed, accelerate: where the plan shards, fsdp1 for a plan on the fsdp1 or composer stack
 // (fsdp_version 1) and fsdp2 for any other (fsdp_version 2), else pytorch-eager; litgpt: fsdp1 for pretrain and finetune_full, fsdp2 for finetune_lora, on one
 // GPU pytorch-eager), whose prediction the export states.
 [[nodiscard]] costmodel::Stack export_stack(const costmodel::Plan& plan, ExportTarget target);
