@@ -234,7 +234,7 @@ InputPanel::InputPanel(QWidget* parent) : QWidget(parent) {
              {tr("PyTorch eager"), QStringLiteral("pytorch-eager")},
              {tr("torch.compile"), QStringLiteral("torch-compile")}, {tr("Megatron-Core + TE"), QStringLiteral("megatron-te")},
              {tr("PyTorch FSDP1 (Accelerate, Lightning)"), QStringLiteral("fsdp1")},
-             {tr("PyTorch FSDP1 (Composer, llm-foundry)"), QStringLiteral("composer")},
+             {tr("PyTorch FSDP1 (Composer, MosaicML MPT)"), QStringLiteral("composer")},
              {tr("PyTorch FSDP2 (torchtitan)"), QStringLiteral("fsdp2")},
              {tr("PyTorch FSDP2 + torch.compile"), QStringLiteral("fsdp2-compile")}, {tr("DeepSpeed ZeRO"), QStringLiteral("deepspeed")},
              {tr("DeepSpeed v0.3 (2021)"), QStringLiteral("deepspeed-v0.3")}}));

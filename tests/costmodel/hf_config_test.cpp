@@ -241,7 +241,7 @@ TEST(HfConfig, AbsentKeysTakeTheTransformersDefaults) {
   };
   const std::string sizes = R"("hidden_size": 4096, "num_hidden_layers": 2, "num_attention_heads": 32, "intermediate_size": 11008, "vocab_size": 32000)";
   const ModelSpec llama = read(R"({"model_type": "llama", )" + sizes + "}");
-  // MPTConfig (llm-foundry configuration_mpt.py): no_bias=False, learned_pos_emb=True unless alibi
+  // MPTConfig (MosaicML's models/mpt/configuration_mpt.py): no_bias=False, learned_pos_emb=True unless alibi
   // or rope, expansion_ratio 4, ffn_type mptmlp; mptglu gated by ffn_act_fn (GELU by default),
   // ffn_hidden_size over the ratio, tie_word_embeddings=True.
   const std::string mpt_sizes = R"("model_type": "mpt", "d_model": 1024, "n_layers": 2, "n_heads": 16, "vocab_size": 50432)";

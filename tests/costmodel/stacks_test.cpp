@@ -598,7 +598,7 @@ TEST(OptimizerOnlySharding, IsRefusedForFsdpOverDataAndContextRanks) {
   EXPECT_TRUE(validate_plan(one));
 }
 
-// llm-foundry's loss (stack composer): flash-attn's CrossEntropyLoss on the bf16 logits keeps them
+// MosaicML's MPT loss (stack composer): flash-attn's CrossEntropyLoss on the bf16 logits keeps them
 // and their float32 log-sum-exp (4 bytes a token) and writes a new bf16 gradient; Hugging Face's
 // (fsdp1) keeps an fp32 log-softmax of an fp32 copy (4 bytes a logit) and at its backward's peak
 // holds their fp32 gradients (8). Llama 2 7B's shape, one sequence of 32,768 tokens: 32,768 x 32,000

@@ -46,11 +46,11 @@ EndsCost ends_cost(const ModelSpec& mdl, const HardwareProfile& hw, const LayerS
   if (s.tp > 1) {
     const Bytes block(T * h * e);
     if (s.sequence_parallel) {
+      head_scatter = collective_time(hw, Collective::kReduceScatter, block, s.tp_group).value();
       tp_reduce = split_after_positions ? collective_time(hw, Collective::kAllReduce, block, s.tp_group).value() + rates.stream(2.0 * Tn * h * e)
-                                        : collective_time(hw, Collective::kReduceScatter, block, s.tp_group).value();
+                                        : head_scatter;
       head_gather = collective_time(hw, Collective::kAllGather, block, s.tp_group).value();
       embedding_tp_backward = head_gather;
-      head_scatter = collective_time(hw, Collective::kReduceScatter, block, s.tp_group).value();
       if (stack.sequence_parallel_rearranges) {
         const double copy = rates.stream(2.0 * T * h * e);
         const double gathered_copy = s.micro_batch > 1 ? copy : 0.0;

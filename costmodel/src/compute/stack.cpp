@@ -235,12 +235,12 @@ constexpr StackSpec kFsdp1 = [] {
   return s;
 }();
 
-// FSDP1 as Composer runs llm-foundry's MPT models (mosaicml/llm-foundry 8c8dd48: model name
-// mpt_causal_lm, ComposerMPTCausalLM, takes loss_fn "fused_crossentropy" by default, flash-attn's
+// FSDP1 as Composer runs MosaicML's MPT models (mosaicml's training code at 8c8dd48,
+// models/mpt/modeling_mpt.py: model name mpt_causal_lm, ComposerMPTCausalLM, takes loss_fn "fused_crossentropy" by default, flash-attn's
 // CrossEntropyLoss (flash_attn/losses/cross_entropy.py, inplace_backward False: the bf16 logits
 // and their log-sum-exp kept, the gradient a new bf16 tensor, fp32 only in registers); its
 // hf_causal_lm models (Llama and the rest, and MPT fine-tuning) return Hugging Face's own loss:
-// fsdp1), attention through flash-attn 2 (attn_impl "flash"), and what llm-foundry's train yamls
+// fsdp1), attention through flash-attn 2 (attn_impl "flash"), and what its train yamls
 // set (Composer's own defaults differ: reentrant checkpointing, DEFAULT mixed precision reducing in
 // fp32): FSDP1 with PURE mixed precision (bf16 parameters, reduction and buffers) and
 // non-reentrant activation checkpointing (activation_checkpointing_reentrant false). Its
@@ -251,10 +251,10 @@ constexpr StackSpec kComposer = [] {
   StackSpec s = kFsdp1;
   s.stack = Stack::kComposer;
   s.name = "composer";
-  s.summary = "PyTorch FSDP1 as Composer runs llm-foundry's MPT models: fsdp1's FlatParameters and limit_all_gathers, flash-attn's "
+  s.summary = "PyTorch FSDP1 as Composer runs MosaicML's MPT models: fsdp1's FlatParameters and limit_all_gathers, flash-attn's "
               "fused cross-entropy on the bf16 logits (no fp32 copy), FlashAttention-2";
   s.loss = LossKernel::kFused;
-  s.source = "mosaicml/llm-foundry 8c8dd48 llmfoundry/models/mpt/modeling_mpt.py (ComposerMPTCausalLM: loss_fn fused_crossentropy), "
+  s.source = "MosaicML's MPT training code (8c8dd48) models/mpt/modeling_mpt.py (ComposerMPTCausalLM: loss_fn fused_crossentropy), "
              "scripts/train/yamls (fsdp_config); Dao-AILab/flash-attention flash_attn/losses/cross_entropy.py; as fsdp1 for FSDP1";
   return s;
 }();

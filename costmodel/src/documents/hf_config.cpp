@@ -207,7 +207,7 @@ ModelSpec read_falcon(ObjectReader& r) {
   return m;
 }
 
-// MPT (mosaicml/llm-foundry 8c8dd48 llmfoundry/models/mpt/configuration_mpt.py and
+// MPT (MosaicML's training code at 8c8dd48, models/mpt/configuration_mpt.py and
 // modeling_mpt.py, as mosaicml/mpt-7b's config.json writes it): d_model, n_layers, n_heads,
 // expansion_ratio (the MLP's width over d_model) or ffn_config ffn_hidden_size, vocab_size,
 // max_seq_len; no_bias (default false: biases everywhere); attn_config alibi or rope (either turns

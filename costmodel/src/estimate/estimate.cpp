@@ -254,7 +254,7 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
   const bool grad_op_units = p.zero_stage == 2 && stack.dp.grad_op_units;
   const bool reduce_each_micro_batch = p.zero_stage == 3 || grad_op_units || (p.zero_stage == 2 && stack.dp.zero2_every_micro_batch);
   // PyTorch DDP's buckets beside the gradients (DataParallelSpec::ddp_bucket_copies).
-  const bool ddp_buckets = stack.dp.ddp_bucket_copies && p.zero_stage < 2 && p.dp * p.cp > 1 && !bf16_optimizer;
+  const bool ddp_buckets = stack.dp.ddp_bucket_copies && p.zero_stage < 2 && sharded_dp && !bf16_optimizer;
   const double tokens = p.micro_batch * static_cast<double>(tr.seq_len) / p.cp;
 
   std::vector<StageState> st(stages);

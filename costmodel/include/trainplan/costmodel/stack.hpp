@@ -20,7 +20,7 @@ enum class Stack {
   kTorchCompile,  // the same module under torch.compile (Inductor)
   kMegatronTe,    // Megatron-LM / Megatron-Core with Transformer Engine
   kFsdp1,         // PyTorch FSDP1 (FlatParameter per wrapped block): Accelerate, Lightning, Composer
-  kComposer,      // FSDP1 as Composer and llm-foundry run it: flash-attn's fused cross-entropy
+  kComposer,      // FSDP1 as Composer runs MosaicML's MPT models: flash-attn's fused cross-entropy
   kFsdp2,         // PyTorch FSDP2 (fully_shard, per-parameter DTensor): torchtitan, Accelerate FSDP2
   kFsdp2Compile,  // the same under torch.compile (torchtitan's --compile: each block and the loss compiled)
   kDeepspeed,     // DeepSpeed ZeRO-1/2/3 on a PyTorch module
