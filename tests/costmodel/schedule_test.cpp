@@ -202,6 +202,22 @@ TEST(PipelineMakespanBound, IsBelowTheScheduleAndTheFormulaWhereChunksAreEven) {
   EXPECT_NEAR(pipeline_makespan_bound(even), 3 * (0.5 + 1.0 + 2 * 0.05) + last_stage, 1e-12);
 }
 
+// pipeline_makespan (the estimate's, where chunks take unequal times) is the drawn schedule's
+// makespan without its passes: the same number on the 2-or-1-layer chunks and on a 1F1B pipeline
+// of unequal stages, and 0 for a timeline that cannot be run (one stage's seconds for two stages).
+TEST(PipelineMakespan, IsTheSimulatedSchedulesMakespan) {
+  for (int m : {16, 32, 160}) {
+    const PipelineTimeline t = two_or_one_layer_chunks(m);
+    EXPECT_DOUBLE_EQ(pipeline_makespan(t), simulate_pipeline(t)->makespan) << m;
+  }
+  PipelineTimeline late = balanced(Schedule::kOneFOneB, 4, 1, 48);
+  late.forward_seconds = {3, 1, 1, 2.5};
+  late.backward_seconds = {4, 1, 1, 4};
+  late.p2p_seconds = 0.5;
+  EXPECT_DOUBLE_EQ(pipeline_makespan(late), simulate_pipeline(late)->makespan);
+  EXPECT_EQ(pipeline_makespan(PipelineTimeline{2, 1, 4, Schedule::kOneFOneB, {1}, {1}, 0, 0, {}}), 0.0);
+}
+
 // The 2-or-1-layer chunks hold the schedule up beyond the formula: the bubble (p - 1) / v of a
 // mean stage (14 stages of 8 layers, 24 s a micro-batch; 2 of 7, 21 s: 23.625 s) is
 // 15 / 7 x 23.625 s = 50.6 s at 32 micro-batches. The bound sees the first micro-batch reach the

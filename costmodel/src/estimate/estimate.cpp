@@ -649,12 +649,14 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
   // Chunks of unequal times (layers that do not split evenly over pp x v, the embedding and the
   // loss in the split, or the ends beside as many layers) hold the schedule up beyond (p - 1) / v
   // of a mean stage: the first micro-batch reaches each stage through the chunks before it, and the
-  // last backward leaves it through them again. The bubble is what the schedule's lower bound
-  // (pipeline_makespan_bound: those chains around each stage's passes) adds to the critical
-  // stage's passes and the exchanges charged above. Not in it: a stage waiting in steady state for
-  // a neighbour's longer chunk, which only the drawn schedule (simulate_pipeline) shows.
+  // last backward leaves it through them again, and in steady state a stage waits for a
+  // neighbour's longer chunk. The bubble is what the schedule run (pipeline_makespan: the drawn
+  // schedule's makespan) adds to the critical stage's passes and the exchanges charged above; in a
+  // search's sweep, what its lower bound adds (pipeline_makespan_bound: the chains around each
+  // stage's passes, without the steady-state waits).
   if (stages > 1 && pl.uneven_chunks()) {
-    tm.bubble = Seconds(std::max(0.0, pipeline_makespan_bound(pl) - m * (S.forward + S.backward) - tm.pp_comm.value()));
+    const double makespan = options.exact_pipeline ? pipeline_makespan(pl) : pipeline_makespan_bound(pl);
+    tm.bubble = Seconds(std::max(0.0, makespan - m * (S.forward + S.backward) - tm.pp_comm.value()));
   }
 
   tm.dp_comm_exposed = Seconds(tail.dp_exposed);

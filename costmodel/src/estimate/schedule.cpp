@@ -104,7 +104,14 @@ double micro_batches_in_flight(const ParallelConfig& p, int stage, int m) {
   return 1;
 }
 
-Result<ScheduleSimulation> simulate_pipeline(const PipelineTimeline& t) {
+namespace {
+
+// The event loop behind simulate_pipeline and pipeline_makespan: every stage runs its passes in
+// pipeline_order, each once its stage is free and its input has arrived; visit(stage, pass,
+// start, end) sees each pass as it is placed. Returns the makespan, or why the timeline cannot be
+// run.
+template <typename Visit>
+Result<double> run_schedule(const PipelineTimeline& t, Visit&& visit) {
   if (std::string error = order_error(t.schedule, t.stages, t.virtual_stages, t.micro_batches); !error.empty()) return Error{error};
   const int p = t.stages, v = t.virtual_stages, m = t.micro_batches;
   if (static_cast<int>(t.forward_seconds.size()) != p || static_cast<int>(t.backward_seconds.size()) != p) {
@@ -137,9 +144,8 @@ Result<ScheduleSimulation> simulate_pipeline(const PipelineTimeline& t) {
   const auto at = [m](int pos, int i) { return static_cast<std::size_t>(pos) * m + i; };
   std::vector<int> next(p, 0);
   std::vector<double> free_at(p, 0);
-  std::vector<std::vector<ScheduledPass>> per_stage(p);
   long long remaining = 2LL * positions * m;
-  ScheduleSimulation sim;
+  double makespan = 0;
 
   while (remaining > 0) {
     bool progressed = false;
@@ -164,12 +170,12 @@ Result<ScheduleSimulation> simulate_pipeline(const PipelineTimeline& t) {
             ready = std::max(ready, bwd_end[at(pos + 1, i)] + hop);
           }
         }
-        ScheduledPass sp{s, pass, std::max(ready, free_at[s]), 0};
-        sp.end = sp.start + (pass.kind == PassKind::kForward ? forward_length : backward_length)[static_cast<std::size_t>(pos)];
-        free_at[s] = sp.end + t.pass_comm_seconds;  // the stage's exchange after the pass
-        (pass.kind == PassKind::kForward ? fwd_end : bwd_end)[at(pos, i)] = sp.end;
-        sim.makespan = std::max(sim.makespan, sp.end);
-        per_stage[s].push_back(sp);
+        const double start = std::max(ready, free_at[s]);
+        const double end = start + (pass.kind == PassKind::kForward ? forward_length : backward_length)[static_cast<std::size_t>(pos)];
+        free_at[s] = end + t.pass_comm_seconds;  // the stage's exchange after the pass
+        (pass.kind == PassKind::kForward ? fwd_end : bwd_end)[at(pos, i)] = end;
+        makespan = std::max(makespan, end);
+        visit(s, pass, start, end);
         ++next[s];
         --remaining;
         progressed = true;
@@ -177,7 +183,20 @@ Result<ScheduleSimulation> simulate_pipeline(const PipelineTimeline& t) {
     }
     if (!progressed) return Error{"pipeline simulation: the schedule deadlocks (a stage waits on a pass never run)"};
   }
+  return makespan;
+}
 
+}  // namespace
+
+Result<ScheduleSimulation> simulate_pipeline(const PipelineTimeline& t) {
+  const int p = t.stages, v = t.virtual_stages;
+  std::vector<std::vector<ScheduledPass>> per_stage(static_cast<std::size_t>(std::max(p, 0)));
+  auto makespan = run_schedule(t, [&](int s, const PipelinePass& pass, double start, double end) {
+    per_stage[static_cast<std::size_t>(s)].push_back(ScheduledPass{s, pass, start, end});
+  });
+  if (!makespan) return makespan.error();
+  ScheduleSimulation sim;
+  sim.makespan = *makespan;
   sim.busy_seconds.assign(p, 0);
   sim.peak_in_flight.assign(p, 0);
   for (int s = 0; s < p; ++s) {
@@ -196,6 +215,11 @@ Result<ScheduleSimulation> simulate_pipeline(const PipelineTimeline& t) {
   }
   sim.bubble_fraction = bubble / p;
   return sim;
+}
+
+double pipeline_makespan(const PipelineTimeline& t) {
+  auto makespan = run_schedule(t, [](int, const PipelinePass&, double, double) {});
+  return makespan ? *makespan : 0.0;
 }
 
 double pipeline_makespan_bound(const PipelineTimeline& t) {

@@ -241,6 +241,10 @@ struct EstimateOptions {
   // Write `reasons` (false: fits and tight alone, for a search that explains only the plans it
   // keeps, with explain_memory).
   bool explain = true;
+  // Price a pipeline whose chunks take unequal times by running its schedule (pipeline_makespan).
+  // Off: by the schedule's lower bound (pipeline_makespan_bound), 25-200 times cheaper and never
+  // slower; for a search's sweep, which prices what it ranks again with this on (search.cpp).
+  bool exact_pipeline = true;
 };
 
 // REQUIRES: validate_plan(plan) is ok. Never fails: a plan that does not fit has fits == false

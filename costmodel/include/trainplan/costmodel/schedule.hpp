@@ -71,6 +71,10 @@ struct ScheduleSimulation {
 // the pass that sent it ended. A pass starts when its stage is free and its input has arrived.
 [[nodiscard]] Result<ScheduleSimulation> simulate_pipeline(const PipelineTimeline& timeline);
 
+// simulate_pipeline's makespan alone, without keeping the passes (0 where the timeline cannot be
+// run): the estimate's bubble where chunks take unequal times (estimate.cpp).
+[[nodiscard]] double pipeline_makespan(const PipelineTimeline& timeline);
+
 // A lower bound of simulate_pipeline's makespan in O(stages) (0 where the timeline is mis-sized):
 // the largest, over the stages, of the first micro-batch's way to a stage, the stage's passes and
 // exchanges back to back, and the last backward's way back from it. Where every chunk takes as
