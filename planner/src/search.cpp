@@ -112,11 +112,13 @@ bool ends_may_split(const ParallelConstraints& c, const StackSpec& stack) {
 // The ranking: plans with memory to spare before tight ones, then the objective's score, ties
 // broken by the layout, so that the ranking is one total order and does not depend on how the
 // search was split over threads.
-bool ranked_before(const Estimate& a, const ParallelConfig& pa, const Estimate& b, const ParallelConfig& pb, Objective objective) {
-  if (a.tight != b.tight) return !a.tight;
-  const double sa = objective_score(a, objective), sb = objective_score(b, objective);
-  if (sa != sb) return sa < sb;
+bool ranked_before(bool tight_a, double score_a, const ParallelConfig& pa, bool tight_b, double score_b, const ParallelConfig& pb) {
+  if (tight_a != tight_b) return !tight_a;
+  if (score_a != score_b) return score_a < score_b;
   return layout_key(pa) < layout_key(pb);
+}
+bool ranked_before(const Estimate& a, const ParallelConfig& pa, const Estimate& b, const ParallelConfig& pb, Objective objective) {
+  return ranked_before(a.tight, objective_score(a, objective), pa, b.tight, objective_score(b, objective), pb);
 }
 
 // The time component that grew most against the best plan, for "why it loses".
@@ -293,23 +295,24 @@ Result<SearchResult> search(const PlanRequest& req, const SearchOptions& options
   }
   if (c.cp && std::find(cps.begin(), cps.end(), *c.cp) == cps.end()) cps = {*c.cp};
 
-  // What one thread found; merged in the end. The best plan of each shape (tp, pp, cp) is kept per
-  // shape, which one thread searches at a time, so it does not depend on the threads.
-  // Fitting plans are kept by layout (fold_key), the best `keep` variants of each, so that
-  // neither mode loses a plan it would rank.
-  // Plans differ only in their layout while searched: each is kept as its layout and estimate,
-  // and made a whole plan (a copy of `base`, model and cluster included) once it is in the result.
+  // What one thread found; merged in the end. Every fitting plan is kept by layout (fold_key) as
+  // the sweep priced it (Seen: enough to rank it and to price it again); of each shape (tp, pp,
+  // cp) that has none, the plan needing the least memory. One thread searches a shape at a time,
+  // so neither depends on the threads. Plans differ only in their layout while searched: what is
+  // ranked is priced again and made a whole plan (a copy of `base`, model and cluster included)
+  // once it is in the result.
   using FoldKey = decltype(fold_key(ParallelConfig{}));
   struct Scored {
     ParallelConfig parallel;
     Estimate estimate;
   };
-  struct Kept {  // a layout's best variants, best first, and how many fit
-    std::vector<Scored> best;
-    std::int64_t count = 0;
+  struct Seen {
+    ParallelConfig parallel;
+    bool tight = false;
+    double score = 0;  // objective_score as the sweep priced it
   };
   struct Partial {
-    std::map<FoldKey, Kept> layouts;
+    std::map<FoldKey, std::vector<Seen>> layouts;
     std::int64_t evaluated = 0, fitting_count = 0;
     // Its layer settings priced once (plan.model and plan.cluster do not change).
     EstimateMemo memo;
@@ -331,37 +334,23 @@ Result<SearchResult> search(const PlanRequest& req, const SearchOptions& options
     explain_memory(cand.plan, estimate_options, cand.estimate);
     return cand;
   };
-  const std::size_t keep = static_cast<std::size_t>(options.distinct_layouts ? kFoldedVariantsKept : std::max(1, options.top));
   const auto ranks_before = [&](const Scored& a, const Scored& b) {
     return ranked_before(a.estimate, a.parallel, b.estimate, b.parallel, options.objective);
   };
+  const auto seen_before = [&](const Seen& a, const Seen& b) {
+    return ranked_before(a.tight, a.score, a.parallel, b.tight, b.score, b.parallel);
+  };
 
-  // Each plan estimated; kept as its unit's (shape's) best so far, or among the best variants of
-  // its layout.
-  const auto consider = [&](Partial& part, std::optional<Scored>& shape_best, const Plan& plan, const EstimateOptions& priced) {
+  // Each plan estimated; a fitting one kept in its layout, one that does not as its unit's
+  // (shape's) least demanding so far.
+  const auto consider = [&](Partial& part, std::optional<Scored>& least_memory, const Plan& plan, const EstimateOptions& priced) {
     ++part.evaluated;
     Estimate e = estimate(plan, priced);
-    const auto better = [&](const Estimate& a, const Estimate& b) {
-      if (a.fits != b.fits) return a.fits;
-      if (!a.fits) return a.memory.required < b.memory.required;
-      if (a.tight != b.tight) return !a.tight;
-      return objective_score(a, options.objective) < objective_score(b, options.objective);
-    };
-    const bool shape_kept = !shape_best || better(e, shape_best->estimate);
-    Kept* layout = nullptr;
     if (e.fits) {
       ++part.fitting_count;
-      Kept& f = part.layouts[fold_key(plan.parallel)];
-      ++f.count;
-      if (f.best.size() < keep || ranked_before(e, plan.parallel, f.best.back().estimate, f.best.back().parallel, options.objective)) layout = &f;
-    }
-    if (shape_kept) shape_best = Scored{plan.parallel, layout ? e : std::move(e)};
-    if (layout) {
-      std::vector<Scored>& best = layout->best;
-      if (keep <= kFoldedVariantsKept && best.capacity() < keep + 1) best.reserve(keep + 1);  // no regrowth
-      Scored x{plan.parallel, std::move(e)};
-      best.insert(std::upper_bound(best.begin(), best.end(), x, ranks_before), std::move(x));
-      if (best.size() > keep) best.pop_back();
+      part.layouts[fold_key(plan.parallel)].push_back(Seen{plan.parallel, e.tight, objective_score(e, options.objective)});
+    } else if (!least_memory || e.memory.required < least_memory->estimate.memory.required) {
+      least_memory = Scored{plan.parallel, std::move(e)};
     }
   };
 
@@ -376,7 +365,7 @@ Result<SearchResult> search(const PlanRequest& req, const SearchOptions& options
       for (int pp : divisors(gpus / (tp * cp), m.layers)) units.push_back({tp, cp, pp});
     }
   }
-  std::vector<std::optional<Scored>> best_by_unit(units.size());  // each shape's best plan
+  std::vector<std::optional<Scored>> least_memory_by_unit(units.size());  // each shape's plan that needs the least, where none fits
   std::atomic<bool> stopped{false};
   std::mutex progress_mutex;
   std::size_t units_done = 0;
@@ -411,7 +400,7 @@ Result<SearchResult> search(const PlanRequest& req, const SearchOptions& options
     for (std::size_t i = next++; i < units.size(); i = next++) {
       if (!checkpoint()) return;
       const auto [tp, cp, pp] = units[i];
-      std::optional<Scored>& shape_best = best_by_unit[i];
+      std::optional<Scored>& least_memory = least_memory_by_unit[i];
       {
         if (c.pp && pp != *c.pp) continue;
         const int dp = gpus / (tp * cp * pp);
@@ -472,7 +461,7 @@ Result<SearchResult> search(const PlanRequest& req, const SearchOptions& options
                         p.last_stage_layers = c.last_stage_layers;
                         p.ends_in_split = ends_in_split;
                         if (!validate_plan(plan)) continue;
-                        consider(part, shape_best, plan, priced);
+                        consider(part, least_memory, plan, priced);
                       }
                     }
                   }
@@ -509,23 +498,11 @@ Result<SearchResult> search(const PlanRequest& req, const SearchOptions& options
   }
   if (stopped) return Error{kSearchStopped};
   if (options.progress) options.progress(1.0);
-  std::map<FoldKey, Kept> layouts;
-  std::map<std::string, Scored> best_by_shape;
+  std::map<FoldKey, std::vector<Seen>> layouts;
   for (auto& part : parts) {
     result.evaluated += part.evaluated;
     result.fitting += part.fitting_count;
-    for (auto& [key, f] : part.layouts) {
-      Kept& all = layouts[key];
-      all.count += f.count;
-      std::move(f.best.begin(), f.best.end(), std::back_inserter(all.best));
-    }
-  }
-  for (auto& [key, f] : layouts) {
-    std::sort(f.best.begin(), f.best.end(), ranks_before);
-    if (f.best.size() > keep) f.best.resize(keep);
-  }
-  for (auto& cand : best_by_unit) {
-    if (cand) best_by_shape.emplace(shape_of(cand->parallel), std::move(*cand));
+    for (auto& [key, variants] : part.layouts) layouts.emplace(key, std::move(variants));  // a layout is one shape's: one thread's
   }
   if (result.evaluated == 0) {
     return Error{"no valid plan: no combination of tp, cp, pp and dp fits " + std::to_string(gpus) +
@@ -536,61 +513,95 @@ Result<SearchResult> search(const PlanRequest& req, const SearchOptions& options
   // The sweep priced a pipeline whose chunks take unequal times by its schedule's lower bound:
   // running the schedule for each of tens of thousands of plans would cost the search its speed
   // (the run is 0-22% slower than the bound, median 0.04%, on the plans of 70B on 64 GPUs). What
-  // is ranked is priced by the schedule run. No run ends before its bound, so no plan gets faster:
-  // layouts (plans) are priced again best first until the next one's bound ranks after the last
-  // place to fill. A layout's variants beyond the best kFoldedVariantsKept by their bounds are not.
+  // is returned is priced by the schedule run (exact_pipeline). No run ends before its bound, so
+  // no plan ranks higher priced again: plans are priced again in the sweep's order until the next
+  // one's sweep price ranks after the last place to fill, which finds the best k exactly.
   EstimateOptions exact = estimate_options;
   exact.memo = &parts[0].memo;
   exact.explain = false;
   Plan repriced = base;
-  const auto reprice = [&](Scored& x) {
-    if (x.parallel.pp == 1 || !x.estimate.pipeline.uneven_chunks()) return;
-    repriced.parallel = x.parallel;
-    x.estimate = estimate(repriced, exact);
+  const auto price = [&](const ParallelConfig& parallel) {
+    repriced.parallel = parallel;
+    return Scored{parallel, estimate(repriced, exact)};
   };
-  const auto top = static_cast<std::size_t>(std::max(1, options.top));
+  const auto as_seen = [&](const Scored& x) { return Seen{x.parallel, x.estimate.tight, objective_score(x.estimate, options.objective)}; };
+  // The best k of `seen` (in the sweep's order, best first) priced again, best first.
+  const auto best_priced = [&](const std::vector<const Seen*>& seen, std::size_t k) {
+    std::vector<Scored> best;
+    for (const Seen* x : seen) {
+      if (best.size() >= k && !seen_before(*x, as_seen(best[k - 1]))) break;
+      Scored y = price(x->parallel);
+      best.insert(std::upper_bound(best.begin(), best.end(), y, ranks_before), std::move(y));
+      if (best.size() > k) best.pop_back();
+    }
+    return best;
+  };
+  const auto in_sweep_order = [&](std::vector<const Seen*>& seen) {
+    std::sort(seen.begin(), seen.end(), [&](const Seen* a, const Seen* b) { return seen_before(*a, *b); });
+  };
+  const auto top = static_cast<std::size_t>(std::max(0, options.top));
 
   if (options.distinct_layouts) {
     // Layouts ranked by their best variant; the others fold under it.
-    std::vector<Kept*> by_bound;
-    for (auto& [key, f] : layouts) by_bound.push_back(&f);
-    const auto layout_before = [&](const Kept* a, const Kept* b) { return ranks_before(a->best.front(), b->best.front()); };
-    std::sort(by_bound.begin(), by_bound.end(), layout_before);
-    std::vector<Kept*> order;
-    for (Kept* f : by_bound) {
-      if (order.size() >= top && !layout_before(f, order[top - 1])) break;
-      for (Scored& x : f->best) reprice(x);
-      std::sort(f->best.begin(), f->best.end(), ranks_before);
-      order.insert(std::upper_bound(order.begin(), order.end(), f, layout_before), f);
+    struct Layout {
+      std::vector<const Seen*> seen;  // in the sweep's order
+    };
+    std::vector<Layout> by_sweep;
+    by_sweep.reserve(layouts.size());
+    for (auto& [key, variants] : layouts) {
+      Layout l;
+      for (const Seen& x : variants) l.seen.push_back(&x);
+      in_sweep_order(l.seen);
+      by_sweep.push_back(std::move(l));
+    }
+    std::sort(by_sweep.begin(), by_sweep.end(), [&](const Layout& a, const Layout& b) { return seen_before(*a.seen.front(), *b.seen.front()); });
+    std::vector<std::pair<std::vector<Scored>, std::int64_t>> order;  // a layout's best variants priced again, and how many fit
+    const auto layout_before = [&](const auto& a, const auto& b) { return ranks_before(a.first.front(), b.first.front()); };
+    for (const Layout& l : by_sweep) {
+      if (top == 0 || (order.size() >= top && !seen_before(*l.seen.front(), as_seen(order[top - 1].first.front())))) break;
+      std::pair<std::vector<Scored>, std::int64_t> priced{best_priced(l.seen, kFoldedVariantsKept), static_cast<std::int64_t>(l.seen.size())};
+      order.insert(std::upper_bound(order.begin(), order.end(), priced, layout_before), std::move(priced));
       if (order.size() > top) order.pop_back();
     }
-    for (Kept* f : order) {
-      result.ranked.push_back(to_candidate(std::move(f->best.front())));
+    for (auto& [best, count] : order) {
+      result.ranked.push_back(to_candidate(std::move(best.front())));
       FoldedVariants others;
-      others.count = f->count;
-      for (std::size_t i = 1; i < f->best.size(); ++i) others.best.push_back(to_candidate(std::move(f->best[i])));
+      others.count = count;
+      for (std::size_t i = 1; i < best.size(); ++i) others.best.push_back(to_candidate(std::move(best[i])));
       result.variants.push_back(std::move(others));
     }
   } else {
-    std::vector<Scored> fitting;
-    for (auto& [key, f] : layouts) std::move(f.best.begin(), f.best.end(), std::back_inserter(fitting));
-    std::sort(fitting.begin(), fitting.end(), ranks_before);
-    std::vector<Scored> order;
-    for (Scored& x : fitting) {
-      if (order.size() >= top && !ranks_before(x, order[top - 1])) break;
-      reprice(x);
-      order.insert(std::upper_bound(order.begin(), order.end(), x, ranks_before), std::move(x));
-      if (order.size() > top) order.pop_back();
+    std::vector<const Seen*> all;
+    for (const auto& [key, variants] : layouts) {
+      for (const Seen& x : variants) all.push_back(&x);
     }
-    for (Scored& x : order) result.ranked.push_back(to_candidate(std::move(x)));
+    in_sweep_order(all);
+    for (Scored& x : best_priced(all, top)) result.ranked.push_back(to_candidate(std::move(x)));
     result.variants.resize(result.ranked.size());
+  }
+
+  // Each shape's best: its best fitting plan priced again, or, where none fits, its plan that
+  // needs the least memory.
+  std::map<std::string, Scored> best_by_shape;
+  {
+    std::map<std::tuple<int, int, int>, std::vector<const Seen*>> fitting_by_shape;
+    for (const auto& [key, variants] : layouts) {
+      for (const Seen& x : variants) fitting_by_shape[{x.parallel.tp, x.parallel.pp, x.parallel.cp}].push_back(&x);
+    }
+    for (auto& [shape, seen] : fitting_by_shape) {
+      in_sweep_order(seen);
+      std::vector<Scored> best = best_priced(seen, 1);
+      best_by_shape.emplace(shape_of(best.front().parallel), std::move(best.front()));
+    }
+    for (auto& least : least_memory_by_unit) {
+      if (least && !best_by_shape.count(shape_of(least->parallel))) best_by_shape.emplace(shape_of(least->parallel), price(least->parallel));
+    }
   }
 
   // Alternatives: the best of every other shape, and why it loses.
   const Candidate* best = result.ranked.empty() ? nullptr : &result.ranked.front();
   for (auto& [shape, scored] : best_by_shape) {
     if (best && shape == shape_of(best->plan.parallel)) continue;
-    reprice(scored);
     Alternative alt{to_candidate(std::move(scored)), shape, ""};
     const Candidate& cand = alt.candidate;
     if (!cand.estimate.fits || cand.estimate.tight) alt.reason = cand.estimate.reasons.empty() ? "does not fit" : cand.estimate.reasons.front();

@@ -403,6 +403,72 @@ TEST(Search, EveryPlanReturnedCarriesItsOwnEstimate) {
   }
 }
 
+// The sweep prices a pipeline of unequal chunks by its schedule's lower bound and what it returns
+// by the schedule run; no plan lost to the bound may be one the run ranks higher. Against every
+// fitting plan priced by the run (an unfolded search of all of them) on 70B over 64 H100, where
+// the run is up to 22% slower than the bound: the best plan of a top-1 search, folded or not, and
+// the top 3 unfolded are the full ranking's first; each layout's folded variants are its best by
+// the run, in order; and each alternative is its shape's best plan by the run.
+TEST(Search, RanksByTheScheduleRunWhatTheSweepPricedByItsBound) {
+  const PlanRequest r = request("llama3-70b", "dgx-h100", 64);
+  SearchOptions every;
+  every.distinct_layouts = false;
+  every.top = 100000;
+  const SearchResult full = run_search(r, every);
+  ASSERT_EQ(static_cast<std::int64_t>(full.ranked.size()), full.fitting);
+  const auto same = [](const planner::Candidate& a, const planner::Candidate& b) {
+    const ParallelConfig &x = a.plan.parallel, &y = b.plan.parallel;
+    return planner::same_layout(x, y) && x.micro_batch == y.micro_batch && x.virtual_stages == y.virtual_stages && x.schedule == y.schedule &&
+           x.ends_in_split == y.ends_in_split;
+  };
+  for (const bool distinct : {true, false}) {
+    SearchOptions one;
+    one.distinct_layouts = distinct;
+    one.top = 1;
+    const SearchResult s = run_search(r, one);
+    ASSERT_EQ(s.ranked.size(), 1u);
+    EXPECT_TRUE(same(s.ranked[0], full.ranked[0])) << "distinct " << distinct;
+  }
+  SearchOptions three;
+  three.distinct_layouts = false;
+  three.top = 3;
+  const SearchResult unfolded = run_search(r, three);
+  ASSERT_EQ(unfolded.ranked.size(), 3u);
+  for (std::size_t i = 0; i < 3; ++i) EXPECT_TRUE(same(unfolded.ranked[i], full.ranked[i])) << i;
+
+  SearchOptions folded;
+  folded.top = 10;
+  const SearchResult f = run_search(r, folded);
+  ASSERT_EQ(f.ranked.size(), 10u);
+  for (std::size_t i = 0; i < f.ranked.size(); ++i) {
+    std::vector<const planner::Candidate*> layout;  // the layout's plans in the full ranking's order
+    for (const planner::Candidate& c : full.ranked) {
+      if (planner::same_layout(c.plan.parallel, f.ranked[i].plan.parallel)) layout.push_back(&c);
+    }
+    ASSERT_FALSE(layout.empty());
+    EXPECT_EQ(static_cast<std::size_t>(f.variants[i].count), layout.size()) << i;
+    EXPECT_TRUE(same(f.ranked[i], *layout[0])) << i;
+    for (std::size_t k = 0; k < f.variants[i].best.size(); ++k) {
+      ASSERT_LT(k + 1, layout.size());
+      EXPECT_TRUE(same(f.variants[i].best[k], *layout[k + 1])) << i << " variant " << k;
+    }
+  }
+  int fitting_alternatives = 0;
+  for (const auto& a : f.alternatives) {
+    if (!a.candidate.estimate.fits) continue;
+    ++fitting_alternatives;
+    for (const planner::Candidate& c : full.ranked) {  // the shape's first plan in the full ranking
+      if (c.plan.parallel.tp != a.candidate.plan.parallel.tp || c.plan.parallel.pp != a.candidate.plan.parallel.pp ||
+          c.plan.parallel.cp != a.candidate.plan.parallel.cp) {
+        continue;
+      }
+      EXPECT_TRUE(same(a.candidate, c)) << a.shape;
+      break;
+    }
+  }
+  EXPECT_GT(fitting_alternatives, 10);
+}
+
 // The search tries the pipeline split that counts the embedding and the loss as layers where the
 // stack runs it (Megatron-Core): Llama 3 405B on 16 stages of 8 chunks can only be split that way
 // (126 + 2 = 16 x 8), and a stack without it gets no such plan.

@@ -655,7 +655,11 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
   // search's sweep, what its lower bound adds (pipeline_makespan_bound: the chains around each
   // stage's passes, without the steady-state waits).
   if (stages > 1 && pl.uneven_chunks()) {
-    const double makespan = options.exact_pipeline ? pipeline_makespan(pl) : pipeline_makespan_bound(pl);
+    // (The run is never shorter than its bound: they add the same passes in other orders, and the
+    // larger of the two keeps a rounding apart from breaking that; 0 from a run that could not be
+    // made leaves the bound.)
+    const double bound = pipeline_makespan_bound(pl);
+    const double makespan = options.exact_pipeline ? std::max(bound, pipeline_makespan(pl)) : bound;
     tm.bubble = Seconds(std::max(0.0, makespan - m * (S.forward + S.backward) - tm.pp_comm.value()));
   }
 
