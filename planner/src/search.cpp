@@ -297,7 +297,8 @@ Result<SearchResult> search(const PlanRequest& req, const SearchOptions& options
 
   // What one thread found; merged in the end. Every fitting plan is kept by layout (fold_key) as
   // the sweep priced it (Seen: enough to rank it and to price it again); of each shape (tp, pp,
-  // cp) that has none, the plan needing the least memory. One thread searches a shape at a time,
+  // cp), the plan that does not fit needing the least memory (the shape's alternative where none
+  // fits). One thread searches a shape at a time,
   // so neither depends on the threads. Plans differ only in their layout while searched: what is
   // ranked is priced again and made a whole plan (a copy of `base`, model and cluster included)
   // once it is in the result.
@@ -396,7 +397,7 @@ Result<SearchResult> search(const PlanRequest& req, const SearchOptions& options
     EstimateOptions priced = estimate_options;
     priced.memo = &part.memo;
     priced.explain = false;
-    priced.exact_pipeline = false;  // the schedule run for what is ranked (reprice below)
+    priced.exact_pipeline = false;  // the schedule run for what is returned (price below)
     for (std::size_t i = next++; i < units.size(); i = next++) {
       if (!checkpoint()) return;
       const auto [tp, cp, pp] = units[i];
@@ -528,6 +529,7 @@ Result<SearchResult> search(const PlanRequest& req, const SearchOptions& options
   // The best k of `seen` (in the sweep's order, best first) priced again, best first.
   const auto best_priced = [&](const std::vector<const Seen*>& seen, std::size_t k) {
     std::vector<Scored> best;
+    if (k == 0) return best;
     for (const Seen* x : seen) {
       if (best.size() >= k && !seen_before(*x, as_seen(best[k - 1]))) break;
       Scored y = price(x->parallel);
@@ -580,21 +582,25 @@ Result<SearchResult> search(const PlanRequest& req, const SearchOptions& options
     result.variants.resize(result.ranked.size());
   }
 
-  // Each shape's best: its best fitting plan priced again, or, where none fits, its plan that
-  // needs the least memory.
+  // Each other shape's best: its best fitting plan priced again, or, where none fits, its plan
+  // that needs the least memory.
   std::map<std::string, Scored> best_by_shape;
+  const std::string best_shape = result.ranked.empty() ? std::string() : shape_of(result.ranked.front().plan.parallel);
   {
     std::map<std::tuple<int, int, int>, std::vector<const Seen*>> fitting_by_shape;
     for (const auto& [key, variants] : layouts) {
       for (const Seen& x : variants) fitting_by_shape[{x.parallel.tp, x.parallel.pp, x.parallel.cp}].push_back(&x);
     }
     for (auto& [shape, seen] : fitting_by_shape) {
+      if (shape_of(seen.front()->parallel) == best_shape) continue;
       in_sweep_order(seen);
       std::vector<Scored> best = best_priced(seen, 1);
       best_by_shape.emplace(shape_of(best.front().parallel), std::move(best.front()));
     }
     for (auto& least : least_memory_by_unit) {
-      if (least && !best_by_shape.count(shape_of(least->parallel))) best_by_shape.emplace(shape_of(least->parallel), price(least->parallel));
+      if (!least) continue;
+      const std::string shape = shape_of(least->parallel);
+      if (shape != best_shape && !best_by_shape.count(shape)) best_by_shape.emplace(shape, price(least->parallel));
     }
   }
 

@@ -416,6 +416,24 @@ TEST(Search, RanksByTheScheduleRunWhatTheSweepPricedByItsBound) {
   every.top = 100000;
   const SearchResult full = run_search(r, every);
   ASSERT_EQ(static_cast<std::int64_t>(full.ranked.size()), full.fitting);
+  // The bound and the run rank these plans differently: by the bound, the run's best is not first.
+  {
+    EstimateOptions bound;
+    bound.exact_pipeline = false;
+    const planner::Candidate* first_by_bound = nullptr;
+    double best_bound = 0;
+    for (const planner::Candidate& c : full.ranked) {
+      if (c.estimate.tight) continue;
+      const double tokens = estimate(c.plan, bound).throughput.tokens_per_second;
+      if (first_by_bound == nullptr || tokens > best_bound) {
+        first_by_bound = &c;
+        best_bound = tokens;
+      }
+    }
+    ASSERT_NE(first_by_bound, nullptr);
+    EXPECT_GT(best_bound, full.ranked[0].estimate.throughput.tokens_per_second * 1.002);  // 72.6 K against 72.4 K
+    EXPECT_NE(first_by_bound, &full.ranked[0]);
+  }
   const auto same = [](const planner::Candidate& a, const planner::Candidate& b) {
     const ParallelConfig &x = a.plan.parallel, &y = b.plan.parallel;
     return planner::same_layout(x, y) && x.micro_batch == y.micro_batch && x.virtual_stages == y.virtual_stages && x.schedule == y.schedule &&
@@ -467,6 +485,19 @@ TEST(Search, RanksByTheScheduleRunWhatTheSweepPricedByItsBound) {
     }
   }
   EXPECT_GT(fitting_alternatives, 10);
+}
+
+// No place to fill: no plan, folded or not (SearchOptions::top 0), and no failure.
+TEST(Search, TopZeroRanksNothing) {
+  for (const bool distinct : {true, false}) {
+    SearchOptions none;
+    none.distinct_layouts = distinct;
+    none.top = 0;
+    const SearchResult s = run_search(request("llama3-8b", "dgx-h100", 8), none);
+    EXPECT_TRUE(s.ranked.empty()) << distinct;
+    EXPECT_TRUE(s.variants.empty()) << distinct;
+    EXPECT_GT(s.fitting, 0) << distinct;
+  }
 }
 
 // The search tries the pipeline split that counts the embedding and the loss as layers where the
