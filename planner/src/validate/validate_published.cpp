@@ -488,7 +488,8 @@ Result<ValidationTable> validate_torchtitan_h100_h200() {
     table.title = "torchtitan on H100 and H200";
     table.quantity = "tokens/s per GPU, peak reserved GiB";
     table.missing = "the clock the 500 W H100s hold (none published; they run at the 700 W preset's: +22% to +32%); on H200 (+15%, "
-                    "+16%) the compiled fp8 step's time beyond its priced GEMMs, attention and loss is not found; peak memory within 6%";
+                    "+16%) a measured fp8 GEMM rate (priced at twice the bf16 table; torchao's published H100 linear benchmark implies "
+                    "about 1.74 times); peak memory within 6%";
     table.source = "torchtitan benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md (vanilla TP; Grand Teton H100 96GB HBM2e at "
                    "2.4 TB/s, 500 W power limit: dgx-h100 with that memory) and benchmarks/llama3-8b_h200_202506_trainy-whitefiber.md "
                    "(dgx-h200), pytorch/torchtitan b5bcd76c6; predicted for the fsdp2-compile stack with the published layout, local "
