@@ -298,10 +298,9 @@ Result<SearchResult> search(const PlanRequest& req, const SearchOptions& options
   // What one thread found; merged in the end. Every fitting plan is kept by layout (fold_key) as
   // the sweep priced it (Seen: enough to rank it and to price it again); of each shape (tp, pp,
   // cp), the plan that does not fit needing the least memory (the shape's alternative where none
-  // fits). One thread searches a shape at a time,
-  // so neither depends on the threads. Plans differ only in their layout while searched: what is
-  // ranked is priced again and made a whole plan (a copy of `base`, model and cluster included)
-  // once it is in the result.
+  // fits). One thread searches a shape at a time, so neither depends on the threads. Plans differ
+  // only in their layout while searched: what is ranked is priced again and made a whole plan (a
+  // copy of `base`, model and cluster included) once it is in the result.
   using FoldKey = decltype(fold_key(ParallelConfig{}));
   struct Scored {
     ParallelConfig parallel;
@@ -545,23 +544,19 @@ Result<SearchResult> search(const PlanRequest& req, const SearchOptions& options
 
   if (options.distinct_layouts) {
     // Layouts ranked by their best variant; the others fold under it.
-    struct Layout {
-      std::vector<const Seen*> seen;  // in the sweep's order
-    };
-    std::vector<Layout> by_sweep;
+    std::vector<std::vector<const Seen*>> by_sweep;  // each layout's variants in the sweep's order
     by_sweep.reserve(layouts.size());
     for (auto& [key, variants] : layouts) {
-      Layout l;
-      for (const Seen& x : variants) l.seen.push_back(&x);
-      in_sweep_order(l.seen);
-      by_sweep.push_back(std::move(l));
+      std::vector<const Seen*>& seen = by_sweep.emplace_back();
+      for (const Seen& x : variants) seen.push_back(&x);
+      in_sweep_order(seen);
     }
-    std::sort(by_sweep.begin(), by_sweep.end(), [&](const Layout& a, const Layout& b) { return seen_before(*a.seen.front(), *b.seen.front()); });
+    std::sort(by_sweep.begin(), by_sweep.end(), [&](const auto& a, const auto& b) { return seen_before(*a.front(), *b.front()); });
     std::vector<std::pair<std::vector<Scored>, std::int64_t>> order;  // a layout's best variants priced again, and how many fit
     const auto layout_before = [&](const auto& a, const auto& b) { return ranks_before(a.first.front(), b.first.front()); };
-    for (const Layout& l : by_sweep) {
-      if (top == 0 || (order.size() >= top && !seen_before(*l.seen.front(), as_seen(order[top - 1].first.front())))) break;
-      std::pair<std::vector<Scored>, std::int64_t> priced{best_priced(l.seen, kFoldedVariantsKept), static_cast<std::int64_t>(l.seen.size())};
+    for (const std::vector<const Seen*>& seen : by_sweep) {
+      if (top == 0 || (order.size() >= top && !seen_before(*seen.front(), as_seen(order[top - 1].first.front())))) break;
+      std::pair<std::vector<Scored>, std::int64_t> priced{best_priced(seen, kFoldedVariantsKept), static_cast<std::int64_t>(seen.size())};
       order.insert(std::upper_bound(order.begin(), order.end(), priced, layout_before), std::move(priced));
       if (order.size() > top) order.pop_back();
     }

@@ -375,8 +375,9 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
     if (ddp_buckets) {
       // LoRA: the adapters' A and B of each target in each block.
       ddp_copy_kernels = 2.0 * (lora ? layers[i] * 2.0 * static_cast<double>(tr.lora.targets.size()) : units * per_unit);
-      x.dp_copies = rates.stream(x.trainable * 4.0 * stack_grad_width, static_cast<int>(std::lround(ddp_copy_kernels))) / m;
-      x.backward += x.dp_copies;
+      const double copies = rates.stream(x.trainable * 4.0 * stack_grad_width, static_cast<int>(std::lround(ddp_copy_kernels))) / m;
+      x.dp_copies += copies;
+      x.backward += copies;
     }
     const double kernels = layers[i] * lc.kernels + (first || last ? ec.kernels : 0.0) + ddp_copy_kernels / m;
     const double host = kernels * stack.host_seconds_per_kernel + (stack.host_sync_per_micro_batch ? 2.0 * stack.host_seconds_per_kernel : 0.0);
