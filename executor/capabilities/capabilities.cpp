@@ -143,6 +143,7 @@ std::string planner_command(const costmodel::PlanRequest& r, const std::string& 
   if (t.attention_kernel) s += std::string(" --attention-kernel ") + costmodel::attention_impl_name(*t.attention_kernel);
   if (t.fp8_recipe) s += std::string(" --fp8-recipe ") + costmodel::fp8_recipe_name(*t.fp8_recipe);
   if (!t.master_weights) s += " --pure-16bit";
+  if (t.allocator != costmodel::Allocator::kCaching) s += std::string(" --allocator ") + costmodel::allocator_name(t.allocator);
   if (t.dropout) s += " --dropout";
   if (t.stack != costmodel::Stack::kTrainplan) s += std::string(" --stack ") + costmodel::stack_name(t.stack);
   if (memory_headroom != costmodel::kDefaultMemoryHeadroom) s += " --memory-headroom " + number(100 * memory_headroom);

@@ -92,6 +92,7 @@ int main(int argc, char** argv) {
   field_option("--attention-mask", "attention_mask", "causal | explicit");
   field_option("--attention-kernel", "attention_kernel", "Fused attention kernel: stack | profile | flash2 | flash3");
   field_option("--fp8-recipe", "fp8_recipe", "fp8 scaling: stack | delayed | current");
+  field_option("--allocator", "allocator", "PyTorch's CUDA allocator: caching | expandable-segments");
   std::string batch_tokens, plan_file, model_file, measurement_file, tab = "breakdown", screenshot, export_plan, export_launch,
               export_slurm, export_report, size = "1600x1000";
   std::vector<std::string> fixes, charts;

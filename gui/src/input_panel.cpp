@@ -228,6 +228,9 @@ InputPanel::InputPanel(QWidget* parent) : QWidget(parent) {
              {tr("current (each tensor's amax)"), QStringLiteral("current")}}));
   row(tr("Master weights"), QStringLiteral("master_weights"),
       combo({{tr("fp32 (mixed precision)"), QStringLiteral("fp32")}, {tr("none (pure 16-bit)"), QStringLiteral("none")}}));
+  row(tr("CUDA allocator"), QStringLiteral("allocator"),
+      combo({{tr("caching (PyTorch's default)"), QStringLiteral("caching")},
+             {tr("expandable segments (torchtitan's)"), QStringLiteral("expandable-segments")}}));
   row(tr("Software stack"), QStringLiteral("stack"),
       combo({{tr("trainplan executor"), QStringLiteral("trainplan")},
              {tr("trainplan executor, --kernels reference"), QStringLiteral("trainplan-reference")},
@@ -361,6 +364,7 @@ RequestForm InputPanel::form() const {
   form.attention_kernel = text("attention_kernel");
   form.fp8_recipe = text("fp8_recipe");
   form.master_weights = text("master_weights");
+  form.allocator = text("allocator");
   form.stack = text("stack");
   form.memory_headroom = text("memory_headroom");
   for (const auto& [field, w] : fields_) {
@@ -507,6 +511,7 @@ void InputPanel::load_request(const cm::PlanRequest& request, const QString& sou
   set_choice("attention_kernel", t.attention_kernel ? QString::fromUtf8(cm::attention_impl_name(*t.attention_kernel)) : QStringLiteral("stack"));
   set_choice("fp8_recipe", t.fp8_recipe ? QString::fromUtf8(cm::fp8_recipe_name(*t.fp8_recipe)) : QStringLiteral("stack"));
   set_choice("master_weights", t.master_weights ? QStringLiteral("fp32") : QStringLiteral("none"));
+  set_choice("allocator", QString::fromUtf8(cm::allocator_name(t.allocator)));
   const cm::ParallelConstraints& c = request.parallel;
   const auto number = [](const std::optional<int>& v) { return v ? QString::number(*v) : QString(); };
   set_line("fix/tp", number(c.tp));

@@ -130,6 +130,7 @@ std::string field_of_message(const std::string& message, const std::string& docu
       {"/training/precision", "precision"},
       {"/training/train_tokens", "train_tokens"},
       {"/training/master_weights", "master_weights"},
+      {"/training/allocator", "allocator"},
       {"/training/attention_mask", "attention_mask"},
       {"/training/fp8_recipe", "fp8_recipe"},
       {"/training/attention_kernel", "attention_kernel"},
@@ -203,6 +204,7 @@ BuiltRequest build_request(const RequestForm& form) {
     t.fp8_recipe = cm::fp8_recipe_from_name(form.fp8_recipe);
   }
   if (enum_field("master_weights", form.master_weights, {"fp32", "none"})) t.master_weights = form.master_weights == "fp32";
+  if (enum_field("allocator", form.allocator, {"caching", "expandable-segments"})) t.allocator = *cm::allocator_from_name(form.allocator);
   if (enum_field("stack", form.stack,
                  {"trainplan", "trainplan-reference", "pytorch-eager", "torch-compile", "megatron-te", "fsdp1", "composer", "fsdp2", "fsdp2-compile", "deepspeed",
                   "deepspeed-v0.3"})) {

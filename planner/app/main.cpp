@@ -55,7 +55,7 @@ int main(int argc, char** argv) {
 
   std::string model = "70b", cluster, seq_len_text, batch_tokens_text, train_tokens_text, format = "text", save_plan, objective = "throughput";
   std::string precision = "bf16", optimizer = "adamw", mode = "pretrain", attention = "flash", stack, lora_targets = "q,k,v,o", base_format = "nf4";
-  std::string attention_mask = "causal", loss = "stack", fp8_recipe = "stack", attention_kernel = "stack";
+  std::string attention_mask = "causal", loss = "stack", fp8_recipe = "stack", attention_kernel = "stack", allocator = "caching";
   bool pure_16bit = false;
   double memory_headroom_percent = 100 * cm::kDefaultMemoryHeadroom;
   int gpus = 0, lora_rank = 16, top = 10;
@@ -90,6 +90,10 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"stack", "delayed", "current"}))->capture_default_str();
   app.add_flag("--pure-16bit", pure_16bit, "No fp32 master weights: parameters, gradients, optimizer states and the gradient reduction in the 16-bit dtype (a model cast to bf16 under FSDP without mixed precision)");
   app.add_flag("--dropout", dropout, "Model has dropout layers");
+  app.add_option("--allocator", allocator,
+                 "PyTorch's CUDA allocator: caching (its default: freed blocks kept for reuse) | expandable-segments "
+                 "(PYTORCH_ALLOC_CONF=expandable_segments:True, as torchtitan's run_train.sh sets: empty pages given back when memory runs short)")
+      ->check(CLI::IsMember({"caching", "expandable-segments"}))->capture_default_str();
   const std::string stack_help = std::string("Software stack to predict for: ") + cm::stack_choices() + " (default trainplan, this project's executor)";
   const std::string headroom_help = "Percent of HBM kept free: plans needing more are \"tight\", ranked after the others (default " +
                                     std::to_string(static_cast<int>(100 * cm::kDefaultMemoryHeadroom)) + ", twice the largest memory error on the measured H100 runs)";
@@ -314,6 +318,7 @@ int main(int argc, char** argv) {
     auto* req = &fixed_request;
     // Unset fields take their documented defaults (tp=pp=cp=ep=1, dp = the rest, zero 0, ...).
     if (stack_choice) req->training.stack = *stack_choice;
+    if (app.count("--allocator") > 0) req->training.allocator = *cm::allocator_from_name(allocator);
     auto plan = cm::plan_with_defaults(*req);
     if (!plan) return fail(plan_file + ": " + plan.error().message);
     cm::EstimateOptions estimate_options;
@@ -330,6 +335,7 @@ int main(int argc, char** argv) {
     if (!loaded) return fail(loaded.error().message);
     req = std::move(loaded).value();
     if (stack_choice) req.training.stack = *stack_choice;
+    if (app.count("--allocator") > 0) req.training.allocator = *cm::allocator_from_name(allocator);
   } else {
     if (gpus <= 0 || gpus > (1 << 24)) {  // 2^24, as in plan files (wider counts overflow the search's products)
       return fail("--gpus: must be a number of GPUs from 1 to 16777216 (e.g. --gpus 64; got " + std::to_string(gpus) + ")");
@@ -384,6 +390,7 @@ int main(int argc, char** argv) {
     if (attention_kernel != "stack") t.attention_kernel = cm::attention_impl_from_name(attention_kernel);
     if (stack_choice) t.stack = *stack_choice;
     t.master_weights = !pure_16bit;
+    t.allocator = *cm::allocator_from_name(allocator);
     req.parallel.reduce_dtype = cm::default_reduce_dtype(t);
     if (t.seq_len == 0) t.seq_len = req.model.max_seq_len;
     constexpr long long kMaxGlobalBatch = 1LL << 32;  // as in plan files

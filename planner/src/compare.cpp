@@ -246,6 +246,7 @@ std::string header(const Comparison& c, bool markdown) {
     add("cuda_version", "CUDA ");
     add("nccl_version", "NCCL ");
     add("executor_commit", "executor ");
+    add("allocator_conf", "PYTORCH_ALLOC_CONF ");
     if (!environment.empty()) lines.emplace_back("Environment", environment);
   }
 

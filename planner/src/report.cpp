@@ -126,6 +126,7 @@ std::string stack_line(const TrainingConfig& t) {
   if (t.precision == Precision::kFp8 && t.fp8_recipe && *t.fp8_recipe != stack_spec(t.stack).fp8_recipe) {
     add(*t.fp8_recipe == Fp8Recipe::kCurrent ? "fp8 current scaling (each tensor's amax taken before its cast)" : "fp8 delayed scaling");
   }
+  if (t.allocator == Allocator::kExpandableSegments) add("PYTORCH_ALLOC_CONF=expandable_segments:True");
   if (!changes.empty()) s += "; this plan: " + changes;
   return s;
 }
@@ -164,7 +165,9 @@ std::string memory_table(const Estimate& e, const TrainingConfig& t, bool md) {
   add("activations", m.activations, "peak; " + count_text(m.micro_batches_in_flight, "micro-batch", "micro-batches") + " in flight, logits and gradients included");
   add("comm buffers, workspaces", m.buffers, "");
   add("= allocated", m.total, "peak of the tensors alive at once");
-  add("allocator cache", m.reserved - m.total, "freed blocks PyTorch's caching allocator keeps");
+  add("allocator cache", m.reserved - m.total,
+      t.allocator == Allocator::kExpandableSegments ? "expandable segments: each stream's part-used last page (empty pages unmapped when short)"
+                                                    : "freed blocks PyTorch's caching allocator keeps");
   add("= reserved", m.reserved, "");
   add("CUDA context", m.overhead, "and workspaces outside the allocator");
   add("= required", m.required, verdict);

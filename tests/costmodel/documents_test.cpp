@@ -80,6 +80,12 @@ void expect_same_training(const TrainingConfig& a, const TrainingConfig& b) {
   EXPECT_DOUBLE_EQ(a.train_tokens, b.train_tokens);
   EXPECT_EQ(a.dropout, b.dropout);
   EXPECT_EQ(a.attention, b.attention);
+  EXPECT_EQ(a.attention_mask, b.attention_mask);
+  EXPECT_EQ(a.loss, b.loss);
+  EXPECT_EQ(a.attention_kernel, b.attention_kernel);
+  EXPECT_EQ(a.fp8_recipe, b.fp8_recipe);
+  EXPECT_EQ(a.master_weights, b.master_weights);
+  EXPECT_EQ(a.allocator, b.allocator);
   EXPECT_EQ(a.stack, b.stack);
 }
 

@@ -216,6 +216,134 @@ TEST(Fp8Recipe, APlanStatesItAndTheStacksThatCannotRunItSaySo) {
   EXPECT_NE(unknown.error().message.find("fp8_recipe"), std::string::npos);
 }
 
+// PyTorch's expandable segments (plan.hpp Allocator; c10/cuda/CUDACachingAllocator.cpp, the note
+// above struct ExpandableSegment): one segment per stream grows by 20 MiB pages, and a request
+// that finds no memory unmaps every empty page first. Llama 3 8B at 32K tokens under FSDP2 on 8
+// H100 (full recompute, micro-batch 1): the default allocator keeps the idle blocks of the loss
+// (the fp32 logits alone are 32768 x 128256 x 4 bytes = 15.66 GiB) beside what is allocated and
+// does not fit in 80 GiB; with expandable segments what is allocated fits, and the reserve beyond
+// it is the part-used last page of three streams' segments (compute, all-gather, reduce-scatter):
+// 3 x 20 MiB. Time does not change. Without ZeRO-3 only the compute stream's page is counted.
+TEST(Allocator, ExpandableSegmentsNeedWhatIsAllocatedAndAPagePerStream) {
+  Plan p = testing::make_plan("llama3-8b", "dgx-h100", 8, 32768, 8);
+  p.training.stack = Stack::kFsdp2;
+  p.parallel.zero_stage = 3;
+  p.parallel.micro_batch = 1;
+  p.parallel.recompute = Recompute::kFull;
+  p.parallel.reduce_dtype = Dtype::kFp32;
+  ASSERT_TRUE(validate_plan(p)) << validate_plan(p).error().message;
+  const Estimate caching = estimate(p);
+  p.training.allocator = Allocator::kExpandableSegments;
+  const Estimate expandable = estimate(p);
+  const double mib = 1048576.0, gib = 1024.0 * mib;
+  EXPECT_DOUBLE_EQ(expandable.memory.total.value(), caching.memory.total.value());
+  EXPECT_DOUBLE_EQ(expandable.memory.reserved.value() - expandable.memory.total.value(), 3 * 20 * mib);
+  EXPECT_GT(caching.memory.reserved.value() - caching.memory.total.value(), 32768.0 * 128256 * 4 / 2);  // at least half the fp32 logits idle
+  EXPECT_FALSE(caching.fits) << caching.memory.required.value() / gib << " GiB";
+  EXPECT_TRUE(expandable.fits) << expandable.memory.required.value() / gib << " GiB";
+  // It fits only by giving the idle blocks' pages back each step: tight, and the reason says so.
+  EXPECT_DOUBLE_EQ(expandable.memory.idle_cache.value(), caching.memory.reserved.value() - expandable.memory.reserved.value());
+  EXPECT_TRUE(expandable.tight);
+  ASSERT_FALSE(expandable.reasons.empty());
+  EXPECT_NE(expandable.reasons.front().find("with expandable segments, which unmap idle pages each step"), std::string::npos)
+      << expandable.reasons.front();
+  EXPECT_LT(expandable.memory.required.value(), 80 * gib);
+  EXPECT_GT(caching.memory.required.value(), 80 * gib);
+  EXPECT_DOUBLE_EQ(expandable.time.step.value(), caching.time.step.value());
+
+  Plan ddp = testing::make_plan("llama3.2-1b", "dgx-h100", 8, 4096, 64);
+  ddp.training.stack = Stack::kPytorchEager;
+  ddp.parallel.micro_batch = 1;
+  ddp.training.allocator = Allocator::kExpandableSegments;
+  ASSERT_TRUE(validate_plan(ddp)) << validate_plan(ddp).error().message;
+  const Estimate e = estimate(ddp);
+  EXPECT_DOUBLE_EQ(e.memory.reserved.value() - e.memory.total.value(), 20 * mib);
+  EXPECT_FALSE(e.tight);  // room for the idle blocks too
+}
+
+// The plan key training.allocator: written where it is not PyTorch's default, read back, and a
+// value PyTorch has not refused with the field named.
+TEST(Allocator, ThePlanKeyRoundTripsAndAnUnknownOneIsNamed) {
+  Plan p = fsdp1_8b();
+  EXPECT_FALSE(training_to_json(p.training).contains("allocator"));
+  p.training.allocator = Allocator::kExpandableSegments;
+  EXPECT_EQ(training_to_json(p.training).at("allocator"), "expandable-segments");
+  auto parsed = parse_plan(plan_to_json(p), "alloc.json");
+  ASSERT_TRUE(parsed) << parsed.error().message;
+  EXPECT_EQ(parsed->training.allocator, Allocator::kExpandableSegments);
+  nlohmann::json bad = plan_to_json(p);
+  bad["training"]["allocator"] = "cudaMallocAsync";
+  const auto refused = parse_plan(bad, "bad.json");
+  ASSERT_FALSE(refused);
+  EXPECT_NE(refused.error().message.find("/training/allocator"), std::string::npos) << refused.error().message;
+  EXPECT_STREQ(allocator_conf(Allocator::kExpandableSegments), "expandable_segments:True");
+  EXPECT_STREQ(allocator_conf(Allocator::kCaching), "");
+}
+
+// Each export's launch line sets the allocator the plan was priced with (PYTORCH_ALLOC_CONF for
+// PyTorch 2.9 on, PYTORCH_CUDA_ALLOC_CONF before it). torchtitan's run_train.sh sets expandable
+// segments itself (run_train.sh at v0.2.2: PYTORCH_ALLOC_CONF="expandable_segments:True"), so a
+// one-node plan with the default allocator is started by torchrun instead.
+TEST(Allocator, ExportsLaunchWithThePlansAllocator) {
+  Plan p = testing::make_plan("llama3-8b", "dgx-h100", 8, 8192, 64);
+  p.training.stack = Stack::kFsdp2;
+  p.parallel.zero_stage = 3;
+  p.parallel.micro_batch = 1;
+  p.parallel.reduce_dtype = Dtype::kFp32;
+  const auto contains = [](const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; };
+  const std::string env = "PYTORCH_ALLOC_CONF=expandable_segments:True PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True ";
+  auto titan = planner::export_plan(p, planner::ExportTarget::kTorchtitan);
+  ASSERT_TRUE(titan) << titan.error().message;
+  EXPECT_TRUE(contains(titan->text, "# Run: torchrun --standalone --nproc-per-node 8 -m torchtitan.train")) << titan->text;
+  EXPECT_FALSE(contains(titan->text, "# Run: CONFIG_FILE")) << titan->text;
+  auto accelerate = planner::export_plan(p, planner::ExportTarget::kAccelerate);
+  ASSERT_TRUE(accelerate) << accelerate.error().message;
+  EXPECT_FALSE(contains(accelerate->text, "ALLOC_CONF")) << accelerate->text;
+
+  p.training.allocator = Allocator::kExpandableSegments;
+  titan = planner::export_plan(p, planner::ExportTarget::kTorchtitan);
+  ASSERT_TRUE(titan) << titan->text;
+  EXPECT_TRUE(contains(titan->text, "# Run: CONFIG_FILE=THIS_FILE NGPU=8 ./run_train.sh")) << titan->text;
+  accelerate = planner::export_plan(p, planner::ExportTarget::kAccelerate);
+  ASSERT_TRUE(accelerate) << accelerate.error().message;
+  EXPECT_TRUE(contains(accelerate->text, "# Run: " + env + "accelerate launch")) << accelerate->text;
+  auto deepspeed = planner::export_plan(p, planner::ExportTarget::kDeepspeed);
+  ASSERT_TRUE(deepspeed) << deepspeed.error().message;
+  bool noted = false;
+  for (const std::string& note : deepspeed->notes) noted = noted || contains(note, env + "deepspeed --num_nodes 1");
+  EXPECT_TRUE(noted);
+  p.gpus = 16;
+  p.parallel.dp = 16;
+  titan = planner::export_plan(p, planner::ExportTarget::kTorchtitan);
+  ASSERT_TRUE(titan) << titan.error().message;
+  EXPECT_TRUE(contains(titan->text, "nodes: " + env + "torchrun --nnodes 2")) << titan->text;
+  // LitGPT's multi-node line (a plan its pretrain recipe runs: tests/data/export).
+  auto lit = load_plan_file(testing::source_path("tests/data/export/llama3-8b-pretrain-hybrid16.plan.json"));
+  ASSERT_TRUE(lit) << lit.error().message;
+  PlanRequest lit_request = std::move(lit).value();
+  lit_request.training.allocator = Allocator::kExpandableSegments;
+  const auto lit_plan = plan_with_defaults(lit_request);
+  ASSERT_TRUE(lit_plan) << lit_plan.error().message;
+  const auto litgpt = planner::export_plan(*lit_plan, planner::ExportTarget::kLitgpt);
+  ASSERT_TRUE(litgpt) << litgpt.error().message;
+  EXPECT_TRUE(contains(litgpt->text, "#   " + env + "litgpt pretrain --config THIS_FILE")) << litgpt->text;
+  // DeepSpeed across nodes: through ~/.deepspeed_env, as its runner passes no other variable on.
+  deepspeed = planner::export_plan(p, planner::ExportTarget::kDeepspeed);
+  ASSERT_TRUE(deepspeed) << deepspeed.error().message;
+  noted = false;
+  for (const std::string& note : deepspeed->notes) {
+    noted = noted || (contains(note, ": deepspeed --num_nodes 2") && contains(note, "PYTORCH_ALLOC_CONF=expandable_segments:True and "
+                                                                                     "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True in ~/.deepspeed_env"));
+  }
+  EXPECT_TRUE(noted);
+  p.training.stack = Stack::kMegatronTe;
+  p.parallel.zero_stage = 1;
+  const auto megatron = planner::export_plan(p, planner::ExportTarget::kMegatron);
+  ASSERT_TRUE(megatron) << megatron.error().message;
+  EXPECT_TRUE(contains(megatron->text, "\nexport PYTORCH_ALLOC_CONF=expandable_segments:True PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True\n"))
+      << megatron->text;
+}
+
 // Megatron-Core's --cp-comm-type: p2p passes K/V round a ring, overlapped with the blocks'
 // attention; all_gather (Llama 3, Dubey et al. 2024, Sec. 3.3.2) gathers them first and
 // reduce-scatters their gradients after, exposed. A plan states it; the stack's is the default.

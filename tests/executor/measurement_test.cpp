@@ -105,6 +105,36 @@ TEST(Environment, NamesLibTorchAndTheCommitAndNoGpuOnCpu) {
   EXPECT_FALSE(memory.contains("reserved_bytes")) << memory.dump();
 }
 
+// The plan's allocator (training.allocator) reaches PyTorch through PYTORCH_ALLOC_CONF, set by the
+// executor before anything allocates where the launcher set neither it nor PYTORCH_CUDA_ALLOC_CONF;
+// a launcher's own setting is kept, with a warning where it differs from the plan's. The
+// measurement records what the run read.
+TEST(Environment, TheAllocatorSettingFollowsThePlanUnlessTheLauncherSetOne) {
+  const std::string dir = scratch_dir("allocator");
+  PlanSpec spec;
+  spec.training_patch = {{"allocator", "expandable-segments"}};
+  const std::string expandable = write_plan(dir, "expandable", spec);
+  const std::string caching = write_plan(dir, "caching", PlanSpec{});
+  const std::string clean = "env -u PYTORCH_ALLOC_CONF -u PYTORCH_CUDA_ALLOC_CONF ";
+  const std::string run = std::string(TRAINPLAN_EXECUTOR_BIN) + " --steps 1 --threads 1 --quiet ";
+  Outcome o = run_command(clean + run + "--plan " + expandable + " --measurement " + dir + "/e.json");
+  ASSERT_EQ(o.exit_code, 0) << o.output;
+  EXPECT_EQ(read_json(dir + "/e.json").at("environment").at("allocator_conf"), "expandable_segments:True");
+  EXPECT_EQ(o.output.find("warning"), std::string::npos) << o.output;
+  o = run_command(clean + run + "--plan " + caching + " --measurement " + dir + "/c.json");
+  ASSERT_EQ(o.exit_code, 0) << o.output;
+  EXPECT_TRUE(read_json(dir + "/c.json").at("environment").at("allocator_conf").is_null());
+  o = run_command(clean + "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True " + run + "--plan " + caching + " --measurement " + dir + "/w.json");
+  ASSERT_EQ(o.exit_code, 0) << o.output;
+  EXPECT_NE(o.output.find("executor: warning: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True is set"), std::string::npos) << o.output;
+  EXPECT_NE(o.output.find("the plan's allocator is caching"), std::string::npos) << o.output;
+  EXPECT_EQ(read_json(dir + "/w.json").at("environment").at("allocator_conf"), "expandable_segments:True");
+  // PyTorch's tokenizer takes spaces around the colon: the same setting, no warning.
+  o = run_command(clean + "PYTORCH_ALLOC_CONF='expandable_segments: True' " + run + "--plan " + expandable + " --measurement " + dir + "/s.json");
+  ASSERT_EQ(o.exit_code, 0) << o.output;
+  EXPECT_EQ(o.output.find("warning"), std::string::npos) << o.output;
+}
+
 // What every out-of-memory report must be: exit 3, one line per reporting rank with no stack
 // trace, and a document with "status": "out_of_memory".
 nlohmann::json expect_out_of_memory_answer(const Outcome& o, const std::string& document, const std::string& line_start) {

@@ -52,6 +52,7 @@ MODULES = {"torchtitan": "torchtitan", "deepspeed": "deepspeed", "accelerate": "
 # the plan is the one named (the search picks what is left, the micro-batch, within it).
 MATRIX = {
     "8b-fsdp8": "--model 8b --gpus 8 --fix tp=1 --fix pp=1 --fix zero=3 --fix recompute=full",
+    "8b-fsdp8-expandable": "--model 8b --gpus 8 --allocator expandable-segments --fix tp=1 --fix pp=1 --fix zero=3 --fix recompute=full",
     "8b-zero2-sel": "--model 8b --gpus 16 --fix tp=1 --fix pp=1 --fix zero=2 --fix recompute=selective",
     "8b-zero1": "--model 8b --gpus 16 --fix tp=1 --fix pp=1 --fix zero=1 --fix recompute=full",
     "8b-ddp": "--model 8b --gpus 16 --fix tp=1 --fix pp=1 --fix zero=0 --fix recompute=full --seq-len 2048",
@@ -110,7 +111,7 @@ def plan_values(plan):
         "schedule": p.get("schedule", "1f1b"), "virtual_stages": p.get("virtual_stages", 1), "recompute": p.get("recompute", "none"),
         "sequence_parallel": p.get("sequence_parallel", p.get("tp", 1) > 1), "mode": t.get("mode", "pretrain"),
         "master_weights": t.get("master_weights", True), "lora_rank": t.get("lora", {}).get("rank", 16),
-        "fp8_recipe": t.get("fp8_recipe", "stack"), "stack": t.get("stack", "trainplan"),
+        "fp8_recipe": t.get("fp8_recipe", "stack"), "stack": t.get("stack", "trainplan"), "allocator": t.get("allocator", "caching"),
         "reduce_dtype": p.get("reduce_dtype", default_reduce_dtype(t)), "prefetch": p.get("prefetch", True),
     }
     pv["arch"] = cluster_arch(plan.get("cluster", ""))
@@ -396,6 +397,8 @@ def megatron_argv(path):
             f.write(f"#!{sys.executable}\nimport json, os, sys\njson.dump([sys.argv[1:], dict(os.environ)], open({record!r}, 'w'))\n")
         os.chmod(stand_in, 0o755)
         env = dict(os.environ, PATH=scratch + os.pathsep + os.environ.get("PATH", ""))
+        for variable in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"):  # what the script sets is what it sets
+            env.pop(variable, None)
         run = subprocess.run(["bash", os.path.abspath(path)], cwd=scratch, env=env, capture_output=True, text=True, timeout=60)
         if run.returncode != 0:
             raise RuntimeError(f"the script exited {run.returncode}: {run.stderr.strip()}")
@@ -423,6 +426,10 @@ def check_megatron(path, pv, megatron_lm=None):
     args, script_env = megatron_argv(path)
     f = megatron_flags(args)
     errors = []
+    # PyTorch's allocator as the plan was priced: the variable 2.9 on reads, and the older one.
+    for variable in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"):
+        expect(errors, variable + " the script sets", script_env.get(variable),
+               "expandable_segments:True" if pv["allocator"] == "expandable-segments" else None)
     integer = lambda k, d=1: int(f.get(k, d))
     import torch
     import megatron.core.transformer.transformer_config as transformer_config_module

@@ -72,6 +72,7 @@ TEST(RequestForm, EveryBadValueIsAnErrorAtItsFieldWithTheReason) {
       {"FlashAttention-3 on A100", [](RequestForm& f) { f.cluster.ref = "dgx-a100-80g"; f.attention_kernel = "flash3"; }, "attention_kernel",
        "runs on Hopper GPUs only"},
       {"unknown fp8 recipe", [](RequestForm& f) { f.fp8_recipe = "blockwise"; }, "fp8_recipe", "must be one of stack, delayed, current"},
+      {"unknown allocator", [](RequestForm& f) { f.allocator = "cudaMallocAsync"; }, "allocator", "must be one of caching, expandable-segments"},
       {"delayed fp8 under torchtitan", [](RequestForm& f) { f.stack = "fsdp2"; f.precision = "fp8"; f.fp8_recipe = "delayed"; }, "fp8_recipe",
        "current amax only"},
       {"ends in the split neither on nor off", [](RequestForm& f) { f.fixed["ends_in_split"] = "maybe"; }, "fix/ends_in_split", "must be on or off"},
@@ -97,6 +98,7 @@ TEST(RequestForm, CarriesTheStackSettingsAndTheEndStagesLayers) {
   form.master_weights = "none";
   form.fp8_recipe = "current";
   form.attention_kernel = "flash2";
+  form.allocator = "expandable-segments";
   form.fixed["pp"] = "4";
   form.fixed["first_stage_layers"] = "18";
   form.fixed["last_stage_layers"] = "17";
@@ -108,9 +110,10 @@ TEST(RequestForm, CarriesTheStackSettingsAndTheEndStagesLayers) {
   EXPECT_FALSE(t.master_weights);
   EXPECT_EQ(t.fp8_recipe, costmodel::Fp8Recipe::kCurrent);
   EXPECT_EQ(t.attention_kernel, costmodel::AttentionImpl::kFlash2);
+  EXPECT_EQ(t.allocator, costmodel::Allocator::kExpandableSegments);
   // The command line the GUI shows carries them (planner_command).
   const std::string command = gui::planner_command(*built.request, "throughput");
-  EXPECT_NE(command.find(" --attention-mask explicit --loss fused --attention-kernel flash2 --fp8-recipe current --pure-16bit"), std::string::npos) << command;
+  EXPECT_NE(command.find(" --attention-mask explicit --loss fused --attention-kernel flash2 --fp8-recipe current --pure-16bit --allocator expandable-segments"), std::string::npos) << command;
   EXPECT_EQ(built.request->parallel.reduce_dtype, costmodel::Dtype::kBf16);  // reduced in the parameters' dtype
   EXPECT_EQ(built.request->parallel.first_stage_layers, 18);
   EXPECT_EQ(built.request->parallel.last_stage_layers, 17);

@@ -64,6 +64,16 @@ const char* offload_name(Offload o) {
   return "?";
 }
 
+const char* allocator_name(Allocator a) { return a == Allocator::kExpandableSegments ? "expandable-segments" : "caching"; }
+
+std::optional<Allocator> allocator_from_name(const std::string& name) {
+  if (name == "caching") return Allocator::kCaching;
+  if (name == "expandable-segments") return Allocator::kExpandableSegments;
+  return std::nullopt;
+}
+
+const char* allocator_conf(Allocator a) { return a == Allocator::kExpandableSegments ? "expandable_segments:True" : ""; }
+
 bool ParallelConstraints::fully_fixed() const {
   return tp && pp && dp && cp && ep && zero_stage && micro_batch && virtual_stages && sequence_parallel &&
          schedule && recompute && offload_optimizer && shard_group;
@@ -264,6 +274,7 @@ TrainingConfig parse_training(ObjectReader r) {
     }
   }
   t.master_weights = r.optional_boolean("master_weights").value_or(true);
+  if (const auto name = r.optional_one_of("allocator", {"caching", "expandable-segments"})) t.allocator = *allocator_from_name(*name);
   if (const auto name = r.optional_string("stack")) {
     const auto stack = stack_from_name(*name);
     if (!stack) r.fail("stack", std::string("must be one of ") + stack_choices() + " (got \"" + *name + "\")");
@@ -657,6 +668,7 @@ nlohmann::json training_to_json(const TrainingConfig& t) {
   if (t.attention_kernel) j["attention_kernel"] = attention_impl_name(*t.attention_kernel);
   if (t.fp8_recipe) j["fp8_recipe"] = fp8_recipe_name(*t.fp8_recipe);
   if (!t.master_weights) j["master_weights"] = false;
+  if (t.allocator != Allocator::kCaching) j["allocator"] = allocator_name(t.allocator);
   if (t.mode == TrainingMode::kLora || t.mode == TrainingMode::kQlora) {
     j["lora"] = {{"rank", t.lora.rank}, {"targets", t.lora.targets},
                  {"base_format", t.lora.base_format == QuantFormat::kNf4 ? "nf4" : "int8"}, {"alpha", t.lora.alpha}, {"dropout", t.lora.dropout}};

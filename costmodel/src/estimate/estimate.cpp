@@ -51,6 +51,10 @@ LayerSetting layer_setting(const Plan& plan) {
 
 namespace {
 
+// The large pool's page under expandable segments (CUDACachingAllocator.cpp kLargeBuffer, the
+// segment_size_ of a large-pool ExpandableSegment): 20 MiB.
+constexpr double kExpandablePageBytes = 20.0 * 1048576.0;
+
 // Whether the plan fits (est.fits, est.tight), from est.memory and the host memory offload
 // needs, and why not in est.reasons unless options.explain is off.
 void judge_memory(const Plan& plan, const EstimateOptions& options, Estimate& est) {
@@ -98,6 +102,19 @@ void judge_memory(const Plan& plan, const EstimateOptions& options, Estimate& es
       why += ", within the ";
       why += headroom;
       why += " memory headroom";
+      est.reasons.push_back(std::move(why));
+    }
+  } else if (required + mem.idle_cache.value() > (1.0 - options.memory_headroom) * capacity) {
+    // Expandable segments: it fits only by giving back the idle blocks' pages when memory runs
+    // short, each step (release_cached_blocks syncs the device, then pages are unmapped and mapped
+    // again), a cost the step time does not count.
+    est.tight = true;
+    if (options.explain) {
+      std::string why = "tight: ";
+      where(why);
+      append_gib(why, required);
+      why += " with expandable segments, which unmap idle pages each step to fit; PyTorch's default allocator would need ";
+      append_gib(why, required + mem.idle_cache.value());
       est.reasons.push_back(std::move(why));
     }
   }
@@ -516,8 +533,26 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
     const double states = x.weights + x.gradients + x.optimizer + x.buffers;
     x.activations = activation_peak;
     x.total = states + std::max(activation_peak, optimizer_temporaries);
-    // A calibration may lower the reserve (the model over-counted); never below what is allocated.
-    x.reserved = std::max(x.total, states + std::max(reserved_activation_peak, optimizer_temporaries) + hw.gpu.calibration.allocator_extra_bytes);
+    const double held = states + std::max(reserved_activation_peak, optimizer_temporaries);
+    if (tr.allocator == Allocator::kExpandableSegments) {
+      // expandable_segments:True (pytorch c10/cuda/CUDACachingAllocator.cpp, the note above
+      // struct ExpandableSegment): each stream's segment grows by pages of 20 MiB (the large
+      // pool's; 2 MiB the small pool's), and a request that finds no memory unmaps every empty
+      // page of the segments (release_cached_blocks) and maps it where the request goes. The
+      // blocks the default allocator keeps idle above (a layer's cached temporaries, the loss's
+      // blocks) then need no memory of their own at the peak: what is allocated does, and the
+      // part-used last page of each stream's segment: the compute stream's and, under ZeRO-3,
+      // the gathers' and the reduce-scatters' (FSDP's and DeepSpeed's streams allocate their
+      // buffers). A run with memory to spare may still report more reserved: empty pages are
+      // unmapped only when memory runs short.
+      const double pages = x.total + (p.zero_stage == 3 ? 3.0 : 1.0) * kExpandablePageBytes;
+      x.idle_cache = std::max(0.0, held - pages);
+      x.reserved = pages;
+    } else {
+      // A profile's calibration (planner calibrate: the default allocator's reserve) may lower it
+      // (the model over-counted); never below what is allocated.
+      x.reserved = std::max(x.total, held + hw.gpu.calibration.allocator_extra_bytes);
+    }
     x.overhead = hw.gpu.reserved_memory.value();
     x.required = x.reserved + x.overhead;
   }
@@ -542,6 +577,7 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
   mem.overhead = Bytes(W.overhead);
   mem.total = Bytes(W.total);
   mem.reserved = Bytes(W.reserved);
+  mem.idle_cache = Bytes(W.idle_cache);
   mem.required = Bytes(W.required);
   mem.capacity = hw.gpu.hbm_capacity;
   mem.worst_stage = worst;

@@ -56,6 +56,7 @@ struct StageState {
   double forward = 0, backward = 0, grad_pass = 0, host_wait = 0, dp_copies = 0;
   double weights = 0, gradients = 0, optimizer = 0, activations = 0, buffers = 0, overhead = 0;
   double total = 0, reserved = 0, required = 0;
+  double idle_cache = 0;  // MemoryBreakdown::idle_cache
   double in_flight = 0;
   double host = 0;
   ReuseKept kept;  // ZeRO-3 layers kept gathered to their backward

@@ -2,7 +2,9 @@
 
 #include "environment.hpp"
 
+#include <cstdlib>
 #include <string>
+#include <utility>
 
 #include <torch/headeronly/version.h>
 
@@ -19,6 +21,32 @@
 namespace trainplan::executor {
 
 namespace {
+
+// PyTorch's allocator settings as it reads them (c10/core/AllocatorConfig.cpp: PYTORCH_ALLOC_CONF
+// first, then the older PYTORCH_CUDA_ALLOC_CONF), with the variable's name; null when unset.
+std::pair<const char*, const char*> allocator_variable() {
+  for (const char* name : {"PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"}) {
+    if (const char* value = std::getenv(name)) return {name, value};
+  }
+  return {nullptr, nullptr};
+}
+
+// Whether an allocator setting turns expandable segments on: "expandable_segments:True", spaces
+// allowed around the colon as PyTorch's tokenizer allows them (c10/core/AllocatorConfig.cpp).
+bool expandable_segments_on(const std::string& conf) {
+  const std::string key = "expandable_segments";
+  const std::size_t at = conf.find(key);
+  if (at == std::string::npos) return false;
+  std::size_t i = at + key.size();
+  const auto skip_spaces = [&] {
+    while (i < conf.size() && (conf[i] == ' ' || conf[i] == '\t')) ++i;
+  };
+  skip_spaces();
+  if (i >= conf.size() || conf[i] != ':') return false;
+  ++i;
+  skip_spaces();
+  return conf.compare(i, 4, "True") == 0;
+}
 
 #ifdef TRAINPLAN_HAVE_CUDA
 // CUDA's integer versions: 1000 * major + 10 * minor.
@@ -49,7 +77,9 @@ nlohmann::json environment_json(bool cuda_device) {
       {"sm_clock_max_mhz", nullptr},
       {"memory_clock_max_mhz", nullptr},
       {"executor_commit", TRAINPLAN_EXECUTOR_COMMIT},
+      {"allocator_conf", nullptr},
   };
+  if (const char* conf = allocator_variable().second) e["allocator_conf"] = std::string(conf);
 #ifdef TRAINPLAN_HAVE_CUDA
   int runtime = 0, driver = 0;
   if (cudaRuntimeGetVersion(&runtime) == cudaSuccess) e["cuda_version"] = cuda_version_text(runtime);
@@ -73,6 +103,24 @@ nlohmann::json environment_json(bool cuda_device) {
   }
 #endif
   return e;
+}
+
+std::string apply_allocator_setting(costmodel::Allocator allocator) {
+  const std::string wanted = costmodel::allocator_conf(allocator);
+  const auto [name, value] = allocator_variable();
+  if (value == nullptr) {
+    // Both names: PyTorch reads PYTORCH_ALLOC_CONF from 2.9 on, the older name before it.
+    if (!wanted.empty()) {
+      setenv("PYTORCH_ALLOC_CONF", wanted.c_str(), 0);
+      setenv("PYTORCH_CUDA_ALLOC_CONF", wanted.c_str(), 0);
+    }
+    return "";
+  }
+  const bool expandable = expandable_segments_on(value);
+  if (expandable == (allocator == costmodel::Allocator::kExpandableSegments)) return "";
+  return std::string(name) + "=" + value + " is set, so PyTorch's allocator runs " + (expandable ? "with" : "without") +
+         " expandable segments; the plan's allocator is " + costmodel::allocator_name(allocator) +
+         " (training.allocator), which the prediction's reserved memory assumes";
 }
 
 }  // namespace trainplan::executor

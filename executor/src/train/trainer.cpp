@@ -538,6 +538,10 @@ int run_executor(const RunOptions& o, const std::string& command_line) {
     if (env_rank == 0) print_for_rank(env_rank, std::string("executor: error: ") + e.what());
     return kExitBadInput;
   }
+  // Before CUDA starts: PyTorch's allocator reads its settings when it first allocates.
+  if (const std::string note = apply_allocator_setting(plan.training.allocator); !note.empty() && env_rank == 0) {
+    print_for_rank(env_rank, "executor: warning: " + note);
+  }
 
   World w;
   try {

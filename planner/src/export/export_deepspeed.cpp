@@ -119,8 +119,15 @@ PlanExport deepspeed_export(const Plan& plan, const Derived& d) {
   c["optimizer"]["params"] = nlohmann::ordered_json{{"lr", 0.0003}, {"betas", {0.9, 0.95}}, {"eps", 1e-8}, {"weight_decay", 0.1}};
   PlanExport e;
   e.text = c.dump(2) + "\n";
-  e.notes.push_back("deepspeed: run " + d.nodes_text + ": deepspeed --num_nodes " + std::to_string(d.nodes) + " --num_gpus " +
-                    std::to_string(d.per_node) + " your_training_script.py --deepspeed_config THIS_FILE");
+  // Across nodes DeepSpeed's runner passes on only variables named MLFLOW*, PYTHON*, MV2*, UCX*,
+  // NCCL* and those of a .deepspeed_env file in the home or working directory
+  // (deepspeed/launcher/runner.py EXPORT_ENVS, DEEPSPEED_ENVIRONMENT_PATHS; accelerator/cuda_accelerator.py).
+  const std::string conf = cm::allocator_conf(t.allocator);
+  e.notes.push_back("deepspeed: run " + d.nodes_text + ": " + (d.nodes == 1 ? d.env : std::string()) + "deepspeed --num_nodes " +
+                    std::to_string(d.nodes) + " --num_gpus " + std::to_string(d.per_node) + " your_training_script.py --deepspeed_config THIS_FILE" +
+                    (d.nodes > 1 && !conf.empty() ? ", with the lines PYTORCH_ALLOC_CONF=" + conf + " and PYTORCH_CUDA_ALLOC_CONF=" + conf +
+                                                        " in ~/.deepspeed_env (its runner passes no other variable of yours to the nodes)"
+                                                  : std::string()));
   e.notes.push_back("deepspeed: optimizer.params (lr 3e-4, betas 0.9/0.95, eps 1e-8, weight_decay 0.1) and gradient_clipping 1.0 are not in the plan; set yours");
   if (p.recompute == cm::Recompute::kFull) {
     e.notes.push_back("deepspeed: recompute=full: turn it on in the training script (model.gradient_checkpointing_enable()); "

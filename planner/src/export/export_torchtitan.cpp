@@ -135,10 +135,16 @@ PlanExport torchtitan_export(const Plan& plan, const Derived& d) {
   o << "# Written by `planner export --to torchtitan`. Sections and options of pytorch/torchtitan v0.2.2\n";
   o << "# (73a0e6979dd1) torchtitan/config/job_config.py, the last release that reads TOML job configs;\n";
   o << "# torchtitan after 9810191 (2026-02-23) takes Python configs (--module, --config) instead.\n";
-  if (d.nodes == 1) {
+  if (d.nodes == 1 && t.allocator == cm::Allocator::kExpandableSegments) {
+    // run_train.sh sets PYTORCH_ALLOC_CONF="expandable_segments:True" before its torchrun.
     o << "# Run: CONFIG_FILE=THIS_FILE NGPU=" << plan.gpus << " ./run_train.sh\n";
+    o << "#   (it sets PYTORCH_ALLOC_CONF=expandable_segments:True, as the plan assumes)\n";
+  } else if (d.nodes == 1) {
+    o << "# Run: torchrun --standalone --nproc-per-node " << plan.gpus << " -m torchtitan.train --job.config_file THIS_FILE\n";
+    o << "#   (not ./run_train.sh: it sets PYTORCH_ALLOC_CONF=expandable_segments:True, which this plan does not assume;\n";
+    o << "#   `planner --allocator expandable-segments` prices it)\n";
   } else {
-    o << "# Run on each of the " << d.nodes << " nodes: torchrun --nnodes " << d.nodes << " --nproc-per-node " << d.per_node
+    o << "# Run on each of the " << d.nodes << " nodes: " << d.env << "torchrun --nnodes " << d.nodes << " --nproc-per-node " << d.per_node
       << " --rdzv-backend c10d\n";
     o << "#   --rdzv-endpoint \"$MASTER_ADDR:29500\" -m torchtitan.train --job.config_file THIS_FILE\n";
   }

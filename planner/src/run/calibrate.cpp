@@ -189,11 +189,14 @@ Result<CalibrationResult> calibrate(const costmodel::HardwareProfile& base, cons
   CalibrationResult result;
   result.iterations = iterations;
   profile.gpu.calibration = with_scales(profile.gpu.calibration, x);
-  // The allocator's extra bytes: the mean reserved-memory residual (least squares of a constant).
+  // The allocator's extra bytes: the mean reserved-memory residual (least squares of a constant)
+  // of the runs under PyTorch's default allocator, the reserve it applies to (estimate.cpp); under
+  // expandable segments the predicted reserve is the least the run needs, and what it reports
+  // depends on whether memory ran short.
   double residual_sum = 0;
   int with_memory = 0;
   for (const auto& run : runs) {
-    if (!run.reserved_bytes) continue;
+    if (!run.reserved_bytes || run.plan.training.allocator != costmodel::Allocator::kCaching) continue;
     residual_sum += *run.reserved_bytes - estimate_on(run, profile).memory.reserved.value();
     ++with_memory;
   }

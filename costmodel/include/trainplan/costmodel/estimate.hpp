@@ -56,6 +56,10 @@ struct MemoryBreakdown {
   double micro_batches_in_flight = 0;  // on that stage, per the schedule
   Bytes cpu_offload_per_node;    // host memory used by offloaded states
   Bytes cpu_offload_per_gpu;     // the same for one GPU's rank (the worst stage's)
+  // Under expandable segments (TrainingConfig::allocator): what PyTorch's default allocator would
+  // hold beyond `reserved` at the peak, the idle blocks that expandable segments unmap and map
+  // again when memory runs short; 0 under the default allocator.
+  Bytes idle_cache;
 };
 
 struct TimeBreakdown {

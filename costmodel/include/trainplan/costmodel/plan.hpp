@@ -30,6 +30,12 @@ enum class AttentionKernel { kFlash, kStandard };
 // seq x seq rectangle.
 enum class AttentionMask { kCausal, kExplicit };
 enum class QuantFormat { kNf4, kInt8 };
+// How PyTorch's CUDA caching allocator holds memory (PYTORCH_ALLOC_CONF, formerly
+// PYTORCH_CUDA_ALLOC_CONF): its default, which keeps each freed block for a later request of its
+// size or less, or expandable_segments:True (torchtitan's run_train.sh sets it), which maps
+// pages into one growing segment per stream and, when memory runs short, unmaps every empty
+// page so fragmentation no longer needs memory of its own (estimate.cpp, the reserve).
+enum class Allocator { kCaching, kExpandableSegments };
 
 const char* precision_name(Precision p);
 const char* optimizer_name(OptimizerKind o);
@@ -37,6 +43,10 @@ const char* mode_name(TrainingMode m);
 const char* schedule_name(Schedule s);
 const char* recompute_name(Recompute r);
 const char* offload_name(Offload o);
+const char* allocator_name(Allocator a);  // "caching", "expandable-segments"
+std::optional<Allocator> allocator_from_name(const std::string& name);
+// The PYTORCH_ALLOC_CONF value a launch sets for `a` (empty for the default).
+const char* allocator_conf(Allocator a);
 
 struct LoraConfig {
   int rank = 16;
@@ -88,6 +98,9 @@ struct TrainingConfig {
   // their gradients and optimizer states in the same dtype and no fp32 master copy (a Hugging Face
   // model loaded in bf16 and sharded by FSDP without mixed precision). estimate.hpp StateWidths.
   bool master_weights = true;
+  // PyTorch's CUDA allocator setting the run starts with (plan key training.allocator; exports
+  // and launch scripts set PYTORCH_ALLOC_CONF to match). Default: PyTorch's own.
+  Allocator allocator = Allocator::kCaching;
   // The software stack the prediction is for (stack.hpp): which kernels are fused, which tensors
   // are kept, how the loss and the optimizer run. Default: this project's executor.
   Stack stack = Stack::kTrainplan;
