@@ -20,14 +20,19 @@ namespace {
 
 using namespace costmodel;
 
-Plan fsdp1_8b(const char* cluster = "dgx-a100-80g", long long seq = 8192) {
-  Plan p = testing::make_plan("llama3-8b", cluster, 8, seq, 64);
-  p.training.stack = Stack::kFsdp1;
+// Llama 3 8B fully sharded (ZeRO-3, micro-batch 1) on 8 GPUs of `cluster` under `stack`,
+// reducing gradients in `reduce`.
+Plan sharded_8b(Stack stack, Dtype reduce, const char* cluster, long long seq, long long global_batch) {
+  Plan p = testing::make_plan("llama3-8b", cluster, 8, seq, global_batch);
+  p.training.stack = stack;
   p.parallel.zero_stage = 3;
   p.parallel.micro_batch = 1;
-  p.parallel.reduce_dtype = Dtype::kBf16;
+  p.parallel.reduce_dtype = reduce;
   return p;
 }
+
+// FSDP1 with a bf16 reduce-scatter (its stack's default).
+Plan fsdp1_8b(const char* cluster = "dgx-a100-80g", long long seq = 8192) { return sharded_8b(Stack::kFsdp1, Dtype::kBf16, cluster, seq, 64); }
 
 // torch/optim/adamw.py (v2.8.0) creates exp_avg and exp_avg_sq with torch.zeros_like(p): a bf16
 // parameter gets bf16 moments, 2 + 2 bytes, and there is no master copy. Mixed precision keeps
@@ -224,13 +229,12 @@ TEST(Fp8Recipe, APlanStatesItAndTheStacksThatCannotRunItSaySo) {
 // does not fit in 80 GiB; with expandable segments what is allocated fits, and the reserve beyond
 // it is the part-used last page of three streams' segments (compute, all-gather, reduce-scatter):
 // 3 x 20 MiB. Time does not change. Without ZeRO-3 only the compute stream's page is counted.
+// FSDP2 on H100 with torchtitan's fp32 reduce-scatter.
+Plan fsdp2_8b(long long seq, long long global_batch) { return sharded_8b(Stack::kFsdp2, Dtype::kFp32, "dgx-h100", seq, global_batch); }
+
 TEST(Allocator, ExpandableSegmentsNeedWhatIsAllocatedAndAPagePerStream) {
-  Plan p = testing::make_plan("llama3-8b", "dgx-h100", 8, 32768, 8);
-  p.training.stack = Stack::kFsdp2;
-  p.parallel.zero_stage = 3;
-  p.parallel.micro_batch = 1;
+  Plan p = fsdp2_8b(32768, 8);
   p.parallel.recompute = Recompute::kFull;
-  p.parallel.reduce_dtype = Dtype::kFp32;
   ASSERT_TRUE(validate_plan(p)) << validate_plan(p).error().message;
   const Estimate caching = estimate(p);
   p.training.allocator = Allocator::kExpandableSegments;
@@ -285,11 +289,7 @@ TEST(Allocator, ThePlanKeyRoundTripsAndAnUnknownOneIsNamed) {
 // segments itself (run_train.sh at v0.2.2: PYTORCH_ALLOC_CONF="expandable_segments:True"), so a
 // one-node plan with the default allocator is started by torchrun instead.
 TEST(Allocator, ExportsLaunchWithThePlansAllocator) {
-  Plan p = testing::make_plan("llama3-8b", "dgx-h100", 8, 8192, 64);
-  p.training.stack = Stack::kFsdp2;
-  p.parallel.zero_stage = 3;
-  p.parallel.micro_batch = 1;
-  p.parallel.reduce_dtype = Dtype::kFp32;
+  Plan p = fsdp2_8b(8192, 64);
   const auto contains = [](const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; };
   const std::string env = "PYTORCH_ALLOC_CONF=expandable_segments:True PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True ";
   auto titan = planner::export_plan(p, planner::ExportTarget::kTorchtitan);
