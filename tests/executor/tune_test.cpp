@@ -95,7 +95,11 @@ TEST_F(Tune, MeasuresTheTopLayoutsCalibratesAndSkipsAFailedOne) {
   // reason), and the CPU profile's collectives are a hot-cache microbenchmark, which the step's
   // cold buffers do not match alike for ZeRO-3's many small gathers and ZeRO-0's few large
   // reductions. In four tunes of this test (2026-11-27, three runs each) the largest calibrated
-  // error of the three candidates was 3.1%, 10.5%, 15.4% and 15.5%. Each is printed.
+  // error of the three candidates was 3.1%, 10.5%, 15.4% and 15.5%. Each is printed. The profile
+  // times its kernels on rank 0 alone, 36% to 55% faster than 4 ranks sharing the 2 cores then
+  // run; timing them on every rank at once (tried 2026-11-29) left the calibrated errors no
+  // smaller (largest 10.6% and 5.3% with each call's median, 9.4% to 12.9% with the mean, the
+  // scheduler's stalls counted) and the uncalibrated ones no steadier (-52% to +135%).
   double before_sq = 0, after_sq = 0;
   int n = 0;
   for (const auto& c : candidates) {
