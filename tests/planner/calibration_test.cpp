@@ -194,18 +194,17 @@ TEST(FsdpRunsA100, ThroughputWithin15Percent) {
   EXPECT_EQ(table.rows.size(), 5u);
 }
 
-// torchtitan's A100 runs (64 x A100-80GB, FSDP): printed for the record, not bounded yet (see
-// docs/accuracy.md, the validation record, for how far off they are).
-TEST(TorchtitanA100, EveryRunIsPredicted) {
+// torchtitan's A100 runs (64 x A100-80GB, FSDP; docs/performance.md, older version): tokens/s per
+// GPU within 15% (relative) of what it measured. Every row is optimistic today (docs/accuracy.md).
+TEST(TorchtitanA100, ThroughputWithin15Percent) {
   const auto table = checked(planner::validate_torchtitan_a100());
   print(table);
   std::vector<double> published;
   for (const auto& row : read_csv(data_path("torchtitan_a100.csv"))) published.push_back(num(row, "tokens_per_s_per_gpu"));
   expect_published(table, published);
   for (const auto& row : table.rows) {
-    EXPECT_GT(row.predicted, 0) << row.label;
-    // No A100 does more than its 312 TFLOP/s peak: 6 x parameters FLOPs a token at least.
-    EXPECT_LT(row.predicted, 312e12 / (6 * 7e9)) << row.label;
+    EXPECT_TRUE(row.fits) << row.label << ": " << row.note;
+    EXPECT_LE(std::fabs(row.error), 0.15) << row.label;
   }
   EXPECT_EQ(table.rows.size(), 8u);
 }

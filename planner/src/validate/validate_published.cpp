@@ -381,9 +381,10 @@ Result<ValidationTable> validate_fsdp_runs_a100() {
     table.quantity = "tokens/s per GPU";
     table.source = "TinyLlama README (jzhang38/TinyLlama); PyTorch/IBM blog \"Maximizing training throughput using PyTorch FSDP\", "
                    "Table 1 (FULL_SHARD, bf16, predicted for the fsdp1 stack with a bf16 reduce-scatter; cluster IBM Vela, "
-                   "tests/data/ibm-vela-a100-80g.json); the tokens per second per GPU they measured, as published, to two significant "
-                   "figures (700 is 650 to 750). Their MFUs follow FLOP counts of their own, which the published pairs do not pin "
-                   "down (the 13B row's is 6 N + 12 L h s per token with non-causal attention, the 34B and 70B rows' nearer a causal one)";
+                   "tests/data/ibm-vela-a100-80g.json); the tokens per second per GPU they measured, as published, rounded (700 may be "
+                   "650 to 750). Their MFUs follow no one FLOP count the published pairs show: the 13B row's fits 6 N + 12 L h s per "
+                   "token (attention non-causal), the 7B row's is above it, the 70B row's below even a causal count, the 34B row's "
+                   "too coarse to tell";
     const auto vela_text = checked(published_data_text("ibm-vela-a100-80g"));
     const costmodel::HardwareProfile vela = checked(costmodel::parse_hwprofile_text(vela_text, "ibm-vela-a100-80g.json"));
     for (const CsvRow& row : t.rows) {
@@ -452,7 +453,7 @@ Result<ValidationTable> validate_torchtitan_a100() {
                    "(SDPA and every other matmul saved, the rest recomputed); the tokens per second per GPU it measured (its MFU "
                    "column counts 6 N + 12 L h s FLOPs per token, N every parameter and attention non-causal: 2904 tokens/s is 56.8% "
                    "for Llama 3 8B at 8K, where the model's count, attention non-causal too, leaves out the embedding lookup, which does "
-                   "no matmul: 5.2% fewer FLOPs)";
+                   "no matmul: 5.2% fewer FLOPs there, about 1% for the other models)";
     const costmodel::HardwareProfile a100 = checked(costmodel::find_hwprofile("dgx-a100-80g"));
     for (const CsvRow& row : t.rows) {
       const std::string name = t.text(row, "model");
