@@ -98,6 +98,17 @@ Comparison compare(PerformanceDocument predicted, PerformanceDocument measured) 
   if (!predicted.stack.empty() && !measured.stack.empty() && predicted.stack != measured.stack) {
     c.warnings.push_back("software stack differs: the estimate is for " + predicted.stack + ", the measurement ran " + measured.stack);
   }
+  // An estimate's reserve is for its allocator (estimate.cpp); a GPU run's environment says which
+  // one ran (the executor's allocator_conf: absent, PyTorch's default).
+  if (!measured.device.empty() && measured.device != "cpu" && !measured.environment.empty()) {
+    const auto conf = measured.environment.find("allocator_conf");
+    const std::string ran = conf == measured.environment.end() ? std::string() : conf->second;
+    const std::string ran_name = costmodel::allocator_name(costmodel::allocator_of_conf(ran));
+    if (ran_name != predicted.allocator) {
+      c.warnings.push_back("allocator differs: the estimate's reserved memory is for PyTorch's " + predicted.allocator + " allocator, the run's was " +
+                           ran_name + (ran.empty() ? " (no PYTORCH_ALLOC_CONF)" : " (PYTORCH_ALLOC_CONF=" + ran + ")"));
+    }
+  }
   if (measured.device == "cpu" && !predicted.cluster.empty()) {
     c.warnings.push_back("the measurement ran on CPU and the estimate is for " + predicted.cluster +
                          " GPUs: memory compares, time and throughput do not");

@@ -247,6 +247,7 @@ PerformanceDocument read_document(const nlohmann::json& json, const std::string&
   if (r.find("training")) {
     const LenientReader t = r.object("training");
     d.stack = t.string("stack");
+    if (const std::string allocator = t.string("allocator"); !allocator.empty()) d.allocator = allocator;
   }
   if (expected_schema == kMeasurementSchema) d.stack = measured_stack(json);
   if (expected_schema == kMeasurementSchema && r.find("status")) {

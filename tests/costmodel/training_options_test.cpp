@@ -282,6 +282,12 @@ TEST(Allocator, ThePlanKeyRoundTripsAndAnUnknownOneIsNamed) {
   EXPECT_NE(refused.error().message.find("/training/allocator"), std::string::npos) << refused.error().message;
   EXPECT_STREQ(allocator_conf(Allocator::kExpandableSegments), "expandable_segments:True");
   EXPECT_STREQ(allocator_conf(Allocator::kCaching), "");
+  // What a PYTORCH_ALLOC_CONF value runs (PyTorch's tokenizer takes spaces around the colon).
+  EXPECT_EQ(allocator_of_conf("expandable_segments:True"), Allocator::kExpandableSegments);
+  EXPECT_EQ(allocator_of_conf("max_split_size_mb:128,expandable_segments : True"), Allocator::kExpandableSegments);
+  EXPECT_EQ(allocator_of_conf("expandable_segments:False"), Allocator::kCaching);
+  EXPECT_EQ(allocator_of_conf("max_split_size_mb:128"), Allocator::kCaching);
+  EXPECT_EQ(allocator_of_conf(""), Allocator::kCaching);
 }
 
 // Each export's launch line sets the allocator the plan was priced with (PYTORCH_ALLOC_CONF for

@@ -186,6 +186,35 @@ TEST(Compare, AnEstimateForAnotherStackThanTheExecutorsSaysSo) {
   EXPECT_EQ(stack_warnings(planner::compare(predicted, measured)).size(), 1u);
 }
 
+// The estimate's reserve is for its plan's allocator (training.allocator); a GPU run records the
+// one it ran (environment.allocator_conf, absent for PyTorch's default): a difference is said.
+TEST(Compare, AnAllocatorOtherThanTheEstimatesSaysSo) {
+  PerformanceDocument predicted, measured;
+  measured.device = "NVIDIA H100 80GB HBM3";
+  measured.environment["executor_commit"] = "abc";
+  const auto allocator_warnings = [&] {
+    std::vector<std::string> out;
+    for (const auto& w : planner::compare(predicted, measured).warnings) {
+      if (w.find("allocator") != std::string::npos) out.push_back(w);
+    }
+    return out;
+  };
+  EXPECT_TRUE(allocator_warnings().empty());
+  measured.environment["allocator_conf"] = "expandable_segments: True";
+  auto warnings = allocator_warnings();
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_EQ(warnings.front(), "allocator differs: the estimate's reserved memory is for PyTorch's caching allocator, the run's was "
+                              "expandable-segments (PYTORCH_ALLOC_CONF=expandable_segments: True)");
+  predicted.allocator = "expandable-segments";
+  EXPECT_TRUE(allocator_warnings().empty());
+  measured.environment.erase("allocator_conf");
+  warnings = allocator_warnings();
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings.front().find("the run's was caching (no PYTORCH_ALLOC_CONF)"), std::string::npos) << warnings.front();
+  measured.device = "cpu";  // no reserved memory to compare
+  EXPECT_TRUE(allocator_warnings().empty());
+}
+
 TEST(Compare, ClosingLineNamesTheLargestDeviation) {
   PerformanceDocument predicted, measured;
   predicted.memory["weights_bytes"] = 1073741824;  // 1 GiB

@@ -74,6 +74,21 @@ std::optional<Allocator> allocator_from_name(const std::string& name) {
 
 const char* allocator_conf(Allocator a) { return a == Allocator::kExpandableSegments ? "expandable_segments:True" : ""; }
 
+Allocator allocator_of_conf(const std::string& conf) {
+  const std::string key = "expandable_segments";
+  const std::size_t at = conf.find(key);
+  if (at == std::string::npos) return Allocator::kCaching;
+  std::size_t i = at + key.size();
+  const auto skip_spaces = [&] {
+    while (i < conf.size() && (conf[i] == ' ' || conf[i] == '\t')) ++i;
+  };
+  skip_spaces();
+  if (i >= conf.size() || conf[i] != ':') return Allocator::kCaching;
+  ++i;
+  skip_spaces();
+  return conf.compare(i, 4, "True") == 0 ? Allocator::kExpandableSegments : Allocator::kCaching;
+}
+
 bool ParallelConstraints::fully_fixed() const {
   return tp && pp && dp && cp && ep && zero_stage && micro_batch && virtual_stages && sequence_parallel &&
          schedule && recompute && offload_optimizer && shard_group;

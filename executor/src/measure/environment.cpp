@@ -31,23 +31,6 @@ std::pair<const char*, const char*> allocator_variable() {
   return {nullptr, nullptr};
 }
 
-// Whether an allocator setting turns expandable segments on: "expandable_segments:True", spaces
-// allowed around the colon as PyTorch's tokenizer allows them (c10/core/AllocatorConfig.cpp).
-bool expandable_segments_on(const std::string& conf) {
-  const std::string key = "expandable_segments";
-  const std::size_t at = conf.find(key);
-  if (at == std::string::npos) return false;
-  std::size_t i = at + key.size();
-  const auto skip_spaces = [&] {
-    while (i < conf.size() && (conf[i] == ' ' || conf[i] == '\t')) ++i;
-  };
-  skip_spaces();
-  if (i >= conf.size() || conf[i] != ':') return false;
-  ++i;
-  skip_spaces();
-  return conf.compare(i, 4, "True") == 0;
-}
-
 #ifdef TRAINPLAN_HAVE_CUDA
 // CUDA's integer versions: 1000 * major + 10 * minor.
 nlohmann::json cuda_version_text(int v) {
@@ -116,7 +99,7 @@ std::string apply_allocator_setting(costmodel::Allocator allocator) {
     }
     return "";
   }
-  const bool expandable = expandable_segments_on(value);
+  const bool expandable = costmodel::allocator_of_conf(value) == costmodel::Allocator::kExpandableSegments;
   if (expandable == (allocator == costmodel::Allocator::kExpandableSegments)) return "";
   return std::string(name) + "=" + value + " is set, so PyTorch's allocator runs " + (expandable ? "with" : "without") +
          " expandable segments; the plan's allocator is " + costmodel::allocator_name(allocator) +

@@ -47,6 +47,10 @@ const char* allocator_name(Allocator a);  // "caching", "expandable-segments"
 std::optional<Allocator> allocator_from_name(const std::string& name);
 // The PYTORCH_ALLOC_CONF value a launch sets for `a` (empty for the default).
 const char* allocator_conf(Allocator a);
+// The allocator a PYTORCH_ALLOC_CONF value runs: expandable segments where it holds
+// "expandable_segments:True" (spaces allowed around the colon, as PyTorch's tokenizer allows:
+// c10/core/AllocatorConfig.cpp), else PyTorch's default.
+Allocator allocator_of_conf(const std::string& conf);
 
 struct LoraConfig {
   int rank = 16;

@@ -103,6 +103,8 @@ struct PerformanceDocument {
   std::string device;  // measurements: "cpu" or the GPU name; empty for estimates
   // `training.stack`; a measurement without one (older executors) ran the executor's own stack.
   std::string stack;
+  // `training.allocator` (plan.hpp Allocator's names); "caching" where absent, PyTorch's default.
+  std::string allocator = "caching";
   int world_size = 0;  // `world_size`, else `gpus`; 0 when the document has neither
   std::optional<ParallelLayout> layout;  // from `parallel`, when present
   // Quantities by key, only those the document has, in the document's units (bytes, seconds,
