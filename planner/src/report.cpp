@@ -126,7 +126,7 @@ std::string stack_line(const TrainingConfig& t) {
   if (t.precision == Precision::kFp8 && t.fp8_recipe && *t.fp8_recipe != stack_spec(t.stack).fp8_recipe) {
     add(*t.fp8_recipe == Fp8Recipe::kCurrent ? "fp8 current scaling (each tensor's amax taken before its cast)" : "fp8 delayed scaling");
   }
-  if (t.allocator == Allocator::kExpandableSegments) add("PYTORCH_ALLOC_CONF=expandable_segments:True");
+  if (t.allocator != Allocator::kCaching) add(std::string("PYTORCH_ALLOC_CONF=") + allocator_conf(t.allocator));
   if (!changes.empty()) s += "; this plan: " + changes;
   return s;
 }

@@ -98,7 +98,7 @@ Result<Derived> derive(const Plan& plan) {
   d.steps = static_cast<long long>(steps);
   d.nodes_text = std::to_string(plan.gpus) + " GPUs = " + count_text(d.nodes, "node", "nodes") + " x " + std::to_string(d.per_node);
   if (const std::string conf = costmodel::allocator_conf(plan.training.allocator); !conf.empty()) {
-    d.env = "PYTORCH_ALLOC_CONF=" + conf + " PYTORCH_CUDA_ALLOC_CONF=" + conf + " ";
+    d.env = "PYTORCH_ALLOC_CONF=" + conf + " PYTORCH_CUDA_ALLOC_CONF=" + conf;
   }
   return d;
 }

@@ -159,9 +159,9 @@ PlanExport accelerate_export(const Plan& plan, const Derived& d) {
     << " tokens per step.\n";
   for (const auto& note : e.notes) o << "# " << note << ".\n";
   if (d.nodes == 1) {
-    o << "# Run: " << d.env << "accelerate launch --config_file THIS_FILE your_training_script.py\n";
+    o << "# Run: " << d.launch_prefix() << "accelerate launch --config_file THIS_FILE your_training_script.py\n";
   } else {
-    o << "# Run on each of the " << d.nodes << " nodes: " << d.env << "accelerate launch --config_file THIS_FILE --machine_rank NODE_RANK\n";
+    o << "# Run on each of the " << d.nodes << " nodes: " << d.launch_prefix() << "accelerate launch --config_file THIS_FILE --machine_rank NODE_RANK\n";
     o << "#   --main_process_ip FIRST_NODE --main_process_port 29500 your_training_script.py\n";
   }
   o << "compute_environment: LOCAL_MACHINE\ndebug: false\n";

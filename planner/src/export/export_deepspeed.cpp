@@ -123,7 +123,7 @@ PlanExport deepspeed_export(const Plan& plan, const Derived& d) {
   // NCCL* and those of a .deepspeed_env file in the home or working directory
   // (deepspeed/launcher/runner.py EXPORT_ENVS, DEEPSPEED_ENVIRONMENT_PATHS; accelerator/cuda_accelerator.py).
   const std::string conf = cm::allocator_conf(t.allocator);
-  e.notes.push_back("deepspeed: run " + d.nodes_text + ": " + (d.nodes == 1 ? d.env : std::string()) + "deepspeed --num_nodes " +
+  e.notes.push_back("deepspeed: run " + d.nodes_text + ": " + (d.nodes == 1 ? d.launch_prefix() : std::string()) + "deepspeed --num_nodes " +
                     std::to_string(d.nodes) + " --num_gpus " + std::to_string(d.per_node) + " your_training_script.py --deepspeed_config THIS_FILE" +
                     (d.nodes > 1 && !conf.empty() ? ", with the lines PYTORCH_ALLOC_CONF=" + conf + " and PYTORCH_CUDA_ALLOC_CONF=" + conf +
                                                         " in ~/.deepspeed_env (its runner passes no other variable of yours to the nodes)"

@@ -156,10 +156,10 @@ PlanExport litgpt_export(const Plan& plan, const Derived& d) {
     << ".\n";
   for (const auto& note : e.notes) o << "# " << note << ".\n";
   if (d.nodes == 1) {
-    o << "# Run: " << d.env << "litgpt " << command_of(recipe) << " --config THIS_FILE\n";
+    o << "# Run: " << d.launch_prefix() << "litgpt " << command_of(recipe) << " --config THIS_FILE\n";
   } else {
     o << "# Run on each of the " << d.nodes << " nodes (Lightning Fabric reads MASTER_ADDR, MASTER_PORT and NODE_RANK):\n";
-    o << "#   " << d.env << "litgpt " << command_of(recipe) << " --config THIS_FILE\n";
+    o << "#   " << d.launch_prefix() << "litgpt " << command_of(recipe) << " --config THIS_FILE\n";
   }
   if (recipe == Recipe::kPretrain) {
     o << "model_name: " << double_quoted(m.name) << "\n";

@@ -96,9 +96,9 @@ PlanExport megatron_export(const Plan& plan, const Derived& d) {
     o << "# Tensor or context parallelism: one CUDA connection, as megatron/training/arguments.py requires before Blackwell\n";
     o << "export CUDA_DEVICE_MAX_CONNECTIONS=1\n";
   }
-  if (const std::string conf = cm::allocator_conf(plan.training.allocator); !conf.empty()) {
+  if (!d.env.empty()) {
     o << "# PyTorch's expandable segments, as the plan was priced (PYTORCH_CUDA_ALLOC_CONF for PyTorch before 2.9)\n";
-    o << "export PYTORCH_ALLOC_CONF=" << conf << " PYTORCH_CUDA_ALLOC_CONF=" << conf << "\n";
+    o << "export " << d.env << "\n";
   }
   o << "\nARGS=(\n";
   const auto line = [&o](const std::string& s) { o << "  " << s << "\n"; };

@@ -144,7 +144,7 @@ PlanExport torchtitan_export(const Plan& plan, const Derived& d) {
     o << "#   (not ./run_train.sh: it sets PYTORCH_ALLOC_CONF=expandable_segments:True, which this plan does not assume;\n";
     o << "#   `planner --allocator expandable-segments` prices it)\n";
   } else {
-    o << "# Run on each of the " << d.nodes << " nodes: " << d.env << "torchrun --nnodes " << d.nodes << " --nproc-per-node " << d.per_node
+    o << "# Run on each of the " << d.nodes << " nodes: " << d.launch_prefix() << "torchrun --nnodes " << d.nodes << " --nproc-per-node " << d.per_node
       << " --rdzv-backend c10d\n";
     o << "#   --rdzv-endpoint \"$MASTER_ADDR:29500\" -m torchtitan.train --job.config_file THIS_FILE\n";
   }

@@ -17,11 +17,12 @@ struct Derived {
   long long micro_batches = 0; // per step and replica: global_batch / (dp * micro_batch)
   long long steps = 0;         // optimizer steps: train_tokens / (global_batch * seq_len), rounded up
   std::string nodes_text;      // "64 GPUs = 8 nodes x 8"
-  // What the launch line sets before its command for the plan's allocator (training.allocator):
+  // The variables a launch sets for the plan's allocator (training.allocator), "NAME=value NAME=value":
   // PYTORCH_ALLOC_CONF, which PyTorch reads from 2.9 on, and PYTORCH_CUDA_ALLOC_CONF, which
-  // earlier releases read (c10/core/AllocatorConfig.cpp), each followed by a space; empty for
-  // PyTorch's default allocator.
+  // earlier releases read (c10/core/AllocatorConfig.cpp); empty for PyTorch's default allocator.
   std::string env;
+  // `env` and a space before a command on its launch line; empty with `env`.
+  [[nodiscard]] std::string launch_prefix() const { return env.empty() ? env : env + " "; }
 };
 
 [[nodiscard]] costmodel::Result<Derived> derive(const costmodel::Plan& plan);
