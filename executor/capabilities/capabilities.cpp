@@ -142,6 +142,7 @@ std::string planner_command(const costmodel::PlanRequest& r, const std::string& 
   if (t.loss) s += std::string(" --loss ") + costmodel::loss_kernel_name(*t.loss);
   if (t.attention_kernel) s += std::string(" --attention-kernel ") + costmodel::attention_impl_name(*t.attention_kernel);
   if (t.fp8_recipe) s += std::string(" --fp8-recipe ") + costmodel::fp8_recipe_name(*t.fp8_recipe);
+  if (t.fp8_all_gather) s += " --fp8-all-gather";
   if (!t.master_weights) s += " --pure-16bit";
   if (t.allocator != costmodel::Allocator::kCaching) s += std::string(" --allocator ") + costmodel::allocator_name(t.allocator);
   if (t.dropout) s += " --dropout";

@@ -57,6 +57,7 @@ int main(int argc, char** argv) {
   std::string precision = "bf16", optimizer = "adamw", mode = "pretrain", attention = "flash", stack, lora_targets = "q,k,v,o", base_format = "nf4";
   std::string attention_mask = "causal", loss = "stack", fp8_recipe = "stack", attention_kernel = "stack", allocator = "caching";
   bool pure_16bit = false;
+  bool fp8_all_gather = false;
   double memory_headroom_percent = 100 * cm::kDefaultMemoryHeadroom;
   int gpus = 0, lora_rank = 16, top = 10;
   long long global_batch = 0;
@@ -88,6 +89,9 @@ int main(int argc, char** argv) {
                  "fp8 scaling: stack (the stack's own: delayed for megatron-te, current for the others) | delayed (an amax history) | current "
                  "(each tensor's own amax: Megatron's --fp8-recipe tensorwise)")
       ->check(CLI::IsMember({"stack", "delayed", "current"}))->capture_default_str();
+  app.add_flag("--fp8-all-gather", fp8_all_gather,
+               "fp8 under FSDP2 (fsdp2, fsdp2-compile): all-gather the linear layers' weights in fp8 with scales precomputed once a step "
+               "(torchao's enable_fsdp_float8_all_gather and precompute_float8_dynamic_scale_for_fsdp; needs --precision fp8)");
   app.add_flag("--pure-16bit", pure_16bit, "No fp32 master weights: parameters, gradients, optimizer states and the gradient reduction in the 16-bit dtype (a model cast to bf16 under FSDP without mixed precision)");
   app.add_flag("--dropout", dropout, "Model has dropout layers");
   app.add_option("--allocator", allocator,
@@ -390,6 +394,7 @@ int main(int argc, char** argv) {
     if (attention_kernel != "stack") t.attention_kernel = cm::attention_impl_from_name(attention_kernel);
     if (stack_choice) t.stack = *stack_choice;
     t.master_weights = !pure_16bit;
+    t.fp8_all_gather = fp8_all_gather;
     t.allocator = *cm::allocator_from_name(allocator);
     req.parallel.reduce_dtype = cm::default_reduce_dtype(t);
     if (t.seq_len == 0) t.seq_len = req.model.max_seq_len;

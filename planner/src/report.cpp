@@ -114,7 +114,7 @@ std::string training_line(const TrainingConfig& t, const std::string& tokens_not
 
 std::string stack_line(const TrainingConfig& t) {
   std::string s = std::string(stack_name(t.stack)) + ": " + stack_spec(t.stack).summary + " [choose with --stack]";
-  // What the plan changes in the stack (--loss, --attention-kernel, --attention-mask, --pure-16bit).
+  // What the plan changes in the stack (--loss, --attention-kernel, --attention-mask, --pure-16bit, --fp8-all-gather).
   std::string changes;
   const auto add = [&](const std::string& what) { changes += (changes.empty() ? "" : "; ") + what; };
   if (t.loss && *t.loss != stack_spec(t.stack).loss) add(std::string("loss ") + loss_kernel_name(*t.loss));
@@ -126,6 +126,7 @@ std::string stack_line(const TrainingConfig& t) {
   if (t.precision == Precision::kFp8 && t.fp8_recipe && *t.fp8_recipe != stack_spec(t.stack).fp8_recipe) {
     add(*t.fp8_recipe == Fp8Recipe::kCurrent ? "fp8 current scaling (each tensor's amax taken before its cast)" : "fp8 delayed scaling");
   }
+  if (t.fp8_all_gather) add("fp8 all-gather of the linear layers' weights, scales precomputed once a step");
   if (t.allocator != Allocator::kCaching) add(std::string("PYTORCH_ALLOC_CONF=") + allocator_conf(t.allocator));
   if (!changes.empty()) s += "; this plan: " + changes;
   return s;

@@ -11,6 +11,7 @@
 #include "test_support.hpp"
 #include "trainplan/costmodel/compute.hpp"
 #include "trainplan/costmodel/estimate.hpp"
+#include "trainplan/costmodel/kernels.hpp"
 #include "trainplan/costmodel/plan.hpp"
 #include "trainplan/planner/export.hpp"
 #include "trainplan/planner/launch.hpp"
@@ -219,6 +220,97 @@ TEST(Fp8Recipe, APlanStatesItAndTheStacksThatCannotRunItSaySo) {
   const auto unknown = parse_plan(bad, "bad.json");
   ASSERT_FALSE(unknown);
   EXPECT_NE(unknown.error().message.find("fp8_recipe"), std::string::npos);
+}
+
+// torchao's fp8 all-gather under FSDP2 (Float8LinearConfig enable_fsdp_float8_all_gather with
+// precompute_float8_dynamic_scale_for_fsdp; torchao float8/fsdp_utils.py): each linear layer's
+// weight shard is cast to fp8 before the all-gather with a scale computed once a step, so what is
+// gathered, and kept gathered under SHARD_GRAD_OP, is 1 byte per linear parameter instead of 2.
+// Llama 3 8B's linear weights per layer: q and o 4096 x 4096, k and v 1024 x 4096, gate, up and
+// down 14336 x 4096: 2 x 16,777,216 + 2 x 4,194,304 + 3 x 58,720,256 = 218,103,808; 32 layers
+// keep 6,979,321,856 bytes less. The norms, the embedding and the output layer stay 16-bit.
+TEST(Fp8AllGather, GatheredLinearWeightsTakeOneByte) {
+  Plan p = sharded_8b(Stack::kFsdp2, Dtype::kFp32, "dgx-h100", 8192, 64);
+  p.training.precision = Precision::kFp8;
+  p.parallel.zero_stage = 2;  // reshard_after_forward=False: the gathered layers stay to backward
+  ASSERT_TRUE(validate_plan(p)) << validate_plan(p).error().message;
+  const Estimate bf16_gather = estimate(p);
+  p.training.fp8_all_gather = true;
+  ASSERT_TRUE(validate_plan(p)) << validate_plan(p).error().message;
+  const Estimate fp8_gather = estimate(p);
+  EXPECT_DOUBLE_EQ(bf16_gather.memory.weights.value() - fp8_gather.memory.weights.value(), 32.0 * 218103808.0);
+  EXPECT_LT(fp8_gather.time.dp_comm_total.value(), bf16_gather.time.dp_comm_total.value());
+
+  // Per layer, forward casts no gathered weight (torchao: amax 2 + cast 3 bytes a weight element
+  // otherwise) and backward copies the fp8 weight into the other layout (read 1, write 1) instead
+  // of casting the bf16 one (read 2, write 1): on each of the 7 linear layers at the stream rate.
+  p.parallel.zero_stage = 3;
+  LayerSetting s = layer_setting(p);
+  ASSERT_TRUE(s.fp8_gathered_weights);
+  const LayerCost with = transformer_layer_cost(p.model, p.cluster, s);
+  s.fp8_gathered_weights = false;
+  const LayerCost without = transformer_layer_cost(p.model, p.cluster, s);
+  const KernelRates rates(p.cluster.gpu, Dtype::kBf16, AttentionImpl::kFlash2);
+  double forward_casts = 0, backward_saved = 0;
+  for (const double weights : {16777216.0, 4194304.0, 4194304.0, 16777216.0, 58720256.0, 58720256.0, 58720256.0}) {
+    forward_casts += rates.stream(5.0 * weights);
+    backward_saved += rates.stream(3.0 * weights) - rates.stream(2.0 * weights);
+  }
+  EXPECT_NEAR(without.forward - with.forward, forward_casts, 1e-12);
+  EXPECT_NEAR(without.backward - with.backward, backward_saved, 1e-12);
+
+  // Without sharded parameters there is no all-gather to run in fp8.
+  p.parallel.zero_stage = 1;
+  EXPECT_FALSE(layer_setting(p).fp8_gathered_weights);
+}
+
+TEST(Fp8AllGather, OnlyInFp8UnderFsdp2AndExportedToTorchtitan) {
+  Plan p = sharded_8b(Stack::kFsdp2Compile, Dtype::kFp32, "dgx-h100", 8192, 64);
+  p.training.precision = Precision::kFp8;
+  p.training.fp8_all_gather = true;
+  ASSERT_TRUE(validate_plan(p)) << validate_plan(p).error().message;
+  EXPECT_EQ(training_to_json(p.training).at("fp8_all_gather"), true);
+  auto parsed = parse_plan(plan_to_json(p), "fp8-gather.json");
+  ASSERT_TRUE(parsed) << parsed.error().message;
+  EXPECT_TRUE(parsed->training.fp8_all_gather);
+  // torchtitan v0.2.2 components/quantization/float8.py asserts that recipe_name is not set beside
+  // the fp8 all-gather; without it torchao's Float8LinearConfig is tensorwise. Selective recompute
+  // is its per-operator policy, the one the fsdp2 stacks price.
+  p.parallel.recompute = Recompute::kSelective;
+  const auto titan = planner::export_plan(p, planner::ExportTarget::kTorchtitan);
+  ASSERT_TRUE(titan) << titan.error().message;
+  EXPECT_NE(titan->text.find("enable_fsdp_float8_all_gather = true\nprecompute_float8_dynamic_scale_for_fsdp = true\n"), std::string::npos)
+      << titan->text;
+  EXPECT_EQ(titan->text.find("recipe_name ="), std::string::npos);
+  EXPECT_NE(titan->text.find("mode = \"selective\"\n# Per operator: the outputs of attention and of every other matmul kept, the rest recomputed "
+                             "in backward\nselective_ac_option = \"op\"\n"),
+            std::string::npos)
+      << titan->text;
+  const auto megatron = planner::export_plan(p, planner::ExportTarget::kMegatron);
+  ASSERT_FALSE(megatron);
+  EXPECT_NE(megatron.error().message.find("fp8_all_gather=true"), std::string::npos) << megatron.error().message;
+
+  const auto refused = [&](const Plan& bad, const char* what) {
+    const auto r = validate_plan(bad);
+    ASSERT_FALSE(r) << what;
+    EXPECT_NE(r.error().message.find("/training/fp8_all_gather"), std::string::npos) << r.error().message;
+    EXPECT_NE(r.error().message.find(what), std::string::npos) << r.error().message;
+  };
+  Plan bf16 = p;
+  bf16.training.precision = Precision::kBf16;
+  refused(bf16, "needs precision fp8");
+  Plan fsdp1 = p;
+  fsdp1.training.stack = Stack::kFsdp1;
+  fsdp1.parallel.reduce_dtype = Dtype::kBf16;
+  refused(fsdp1, "fsdp1 stack all-gathers 16-bit parameters");
+  Plan delayed = p;
+  delayed.training.stack = Stack::kMegatronTe;
+  refused(delayed, "megatron-te stack all-gathers 16-bit parameters");
+  nlohmann::json bad = plan_to_json(p);
+  bad["training"]["fp8_all_gather"] = "yes";
+  const auto unparsed = parse_plan(bad, "bad.json");
+  ASSERT_FALSE(unparsed);
+  EXPECT_NE(unparsed.error().message.find("fp8_all_gather"), std::string::npos) << unparsed.error().message;
 }
 
 // PyTorch's expandable segments (plan.hpp Allocator; c10/cuda/CUDACachingAllocator.cpp, the note

@@ -66,6 +66,8 @@ MATRIX = {
     "8b-fp16-tp2": "--model 8b --gpus 16 --precision fp16 --fix tp=2 --fix pp=1 --fix zero=1 --fix recompute=selective --seq-len 4096",
     "8b-fp8": "--model 8b --gpus 8 --precision fp8 --fix tp=1 --fix pp=1 --fix zero=3 --fix recompute=full",
     "8b-fp8-current": "--model 8b --gpus 8 --precision fp8 --fp8-recipe current --fix tp=1 --fix pp=1 --fix zero=3 --fix recompute=full",
+    # torchao's fp8 all-gather under FSDP2 (torchtitan only; the other exports refuse it).
+    "8b-fp8-all-gather": "--model 8b --gpus 8 --precision fp8 --stack fsdp2-compile --fp8-all-gather --fix tp=1 --fix pp=1 --fix zero=3 --fix recompute=selective",
     "70b-tp8-pp4-1f1b": "--model 70b --gpus 64 --fix tp=8 --fix pp=4 --fix zero=1 --fix schedule=1f1b --fix recompute=selective",
     "70b-tp8-pp4-int": "--model 70b --gpus 64 --fix tp=8 --fix pp=4 --fix zero=1 --fix schedule=interleaved --fix v=2 --fix recompute=selective",
     "70b-tp8-pp4-gpipe": "--model 70b --gpus 64 --fix tp=8 --fix pp=4 --fix zero=1 --fix schedule=gpipe --fix recompute=full --global-batch 32 --seq-len 4096",
@@ -112,6 +114,7 @@ def plan_values(plan):
         "sequence_parallel": p.get("sequence_parallel", p.get("tp", 1) > 1), "mode": t.get("mode", "pretrain"),
         "master_weights": t.get("master_weights", True), "lora_rank": t.get("lora", {}).get("rank", 16),
         "fp8_recipe": t.get("fp8_recipe", "stack"), "stack": t.get("stack", "trainplan"), "allocator": t.get("allocator", "caching"),
+        "fp8_all_gather": t.get("fp8_all_gather", False),
         "reduce_dtype": p.get("reduce_dtype", default_reduce_dtype(t)), "prefetch": p.get("prefetch", True),
     }
     pv["arch"] = cluster_arch(plan.get("cluster", ""))
@@ -164,8 +167,17 @@ def check_torchtitan(path, pv):
         if dims.fsdp_enabled or dims.dp_replicate > 1:
             expect(errors, "training.mixed_precision_param", cfg.training.mixed_precision_param, param_dtype)
         expect(errors, "activation_checkpoint.mode", cfg.activation_checkpoint.mode, pv["recompute"])
+        if pv["recompute"] == "selective":  # the per-operator policy the fsdp2 stacks price
+            expect(errors, "activation_checkpoint.selective_ac_option", cfg.activation_checkpoint.selective_ac_option, "op")
         if pv["precision"] == "fp8":
             expect(errors, "model.converters", "quantize.linear.float8" in cfg.model.converters, True)
+            f8 = cfg.quantize.linear.float8
+            expect(errors, "quantize.linear.float8.enable_fsdp_float8_all_gather", f8.enable_fsdp_float8_all_gather, pv["fp8_all_gather"])
+            expect(errors, "quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp", f8.precompute_float8_dynamic_scale_for_fsdp,
+                   pv["fp8_all_gather"])
+            # components/quantization/float8.py asserts recipe_name is None beside the fp8 all-gather
+            # (tensorwise is torchao's default then).
+            expect(errors, "quantize.linear.float8.recipe_name", f8.recipe_name, None if pv["fp8_all_gather"] else "tensorwise")
         # Train.py's batch arithmetic: local batch x batch degree x accumulation = global.
         batch_degree = dims.dp_replicate * dims.dp_shard
         if cfg.training.global_batch_size % (cfg.training.local_batch_size * batch_degree):

@@ -232,5 +232,26 @@ TEST(TorchtitanH100H200, EveryRunIsPredictedAndThePeakReservedMemoryWithin10Perc
   EXPECT_DOUBLE_EQ(table.rows[4].published, 10938);  // the first H200 run's tokens/s per GPU, as the file prints it
 }
 
+// torchao's float8 README (pytorch/ao torchao/float8/README.md at b79503772^, "e2e training
+// benchmarks", tests/data/torchao_float8_h100.csv): torchtitan Llama 3 8B on 8 H100, seq 8192,
+// local batch 1, FSDP2 under torch.compile, op-level selective checkpointing, launched through
+// run_train.sh (expandable segments): 6150 tokens/s per GPU and 47.65 GiB peak reserved in bf16,
+// 7689.5 and 47.77 in tensorwise fp8 with the fp8 all-gather. Both runs ran, so both must fit; the
+// reserve is held within 20% (the model is 13-15% low at local batch 1, docs/accuracy.md). The
+// throughput is printed, not bounded: 36-45% optimistic, a gap not yet found (docs/accuracy.md).
+TEST(TorchaoFloat8H100, BothRunsFitAndThePeakReservedMemoryWithin20Percent) {
+  const auto table = checked(planner::validate_torchao_float8_h100());
+  print(table);
+  ASSERT_EQ(table.rows.size(), 4u);
+  EXPECT_DOUBLE_EQ(table.rows[0].published, 6150);
+  EXPECT_DOUBLE_EQ(table.rows[3].published, 47.77);
+  for (const auto& row : table.rows) {
+    EXPECT_TRUE(row.fits) << row.label << ": these runs ran";
+    if (row.label.find("reserved GiB") != std::string::npos) EXPECT_NEAR(row.predicted / row.published, 1.0, 0.20) << row.label;
+  }
+  // fp8 with the fp8 all-gather is faster than bf16, as published (1.25 times).
+  EXPECT_GT(table.rows[2].predicted, table.rows[0].predicted);
+}
+
 }  // namespace
 }  // namespace trainplan

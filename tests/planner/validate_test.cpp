@@ -31,7 +31,7 @@ using testing::quote;
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 const char* const kPublishedIds[] = {"h100_executor_runs", "h100_stacks_mb4", "megatron2021_table1", "korthikanti2022_table3",
                                      "korthikanti2022_table4", "zero2020_table1", "fsdp_runs_a100",
-                                     "torchtitan_a100", "torchtitan_h100_h200", "llama3_405b_h100", "nemo_h100_fp8", "nccl_tests_published"};
+                                     "torchtitan_a100", "torchtitan_h100_h200", "torchao_float8_h100", "llama3_405b_h100", "nemo_h100_fp8", "nccl_tests_published"};
 
 std::string read_file(const std::string& path) {
   std::ifstream in(path);

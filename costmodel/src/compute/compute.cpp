@@ -60,6 +60,14 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
   // fp8's casts under the plan's recipe (validate_plan refuses one the stack does not run).
   StackSpec stack = spec;
   if (const Fp8Casting* casts = fp8_casting(spec, s.fp8_recipe)) stack.fp8 = *casts;
+  if (s.fp8_gathered_weights) {
+    // Weights gathered in fp8 with the step's precomputed scale (LayerSetting::fp8_gathered_weights):
+    // forward takes them as they are; backward's GEMM wants the weight's other layout, a copy of
+    // the fp8 tensor (torchao float8/float8_ops.py addmm_float8_unwrapped: b.t().contiguous().t()),
+    // reading 1 byte and writing 1.
+    stack.fp8.weight_forward = 0;
+    stack.fp8.weight_backward = 2;
+  }
   if (s.attention_kernel) stack.attention_kernel = *s.attention_kernel;  // the plan's own (training.attention_kernel)
   const ModelFeatures feat = mdl.features();
   const bool fp8 = s.precision == Precision::kFp8;

@@ -157,6 +157,9 @@ constexpr StackSpec kFsdp2 = [] {
   s.dp = {.gathered_units = 3, .gather_copy_bytes = 4, .reduce_copy_bytes = 4, .reduce_cast_fused = true, .sharded_grad_bytes = 4,
           .grad_op_units = true};
   s.optimizer_only_sharding = false;  // fully_shard: ZeRO-2 (reshard_after_forward=False) or ZeRO-3
+  // torchao's fp8 all-gather hooks fully_shard (torchao float8/fsdp_utils.py; torchtitan's
+  // [quantize.linear.float8] enable_fsdp_float8_all_gather).
+  s.fp8_all_gather = true;
   // Context parallelism as PyTorch runs it by default (torchtitan's context_parallel_rotate_method
   // "allgather"; Accelerate's parallelism_config_cp_comm_strategy the same choice).
   s.context_attention = ContextAttention::kAllGatherRotate;

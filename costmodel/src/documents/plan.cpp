@@ -288,6 +288,7 @@ TrainingConfig parse_training(ObjectReader r) {
       t.fp8_recipe = *recipe;
     }
   }
+  t.fp8_all_gather = r.optional_boolean("fp8_all_gather").value_or(false);
   t.master_weights = r.optional_boolean("master_weights").value_or(true);
   if (const auto name = r.optional_one_of("allocator", {"caching", "expandable-segments"})) t.allocator = *allocator_from_name(*name);
   if (const auto name = r.optional_string("stack")) {
@@ -384,6 +385,15 @@ std::string training_error(const ModelSpec& m, const TrainingConfig& t) {
     return std::string("/training/fp8_recipe: the ") + stack_name(t.stack) + " stack scales fp8 tensors by " +
            (*t.fp8_recipe == Fp8Recipe::kDelayed ? "their current amax only (no delayed scaling)" : "an amax history only (delayed scaling)") +
            "; \"" + fp8_recipe_name(stack_spec(t.stack).fp8_recipe) + "\" is what it runs";
+  }
+  if (t.fp8_all_gather) {
+    if (t.precision != Precision::kFp8) {
+      return std::string("/training/fp8_all_gather: true gathers fp8 weights, which needs precision fp8 (got ") + precision_name(t.precision) + ")";
+    }
+    if (!stack_spec(t.stack).fp8_all_gather) {
+      return std::string("/training/fp8_all_gather: the ") + stack_name(t.stack) +
+             " stack all-gathers 16-bit parameters; torchao's fp8 all-gather hooks FSDP2 (stacks fsdp2, fsdp2-compile)";
+    }
   }
   if (t.attention_kernel && t.attention == AttentionKernel::kStandard) {
     return std::string("/training/attention_kernel: ") + attention_impl_name(*t.attention_kernel) +
@@ -682,6 +692,7 @@ nlohmann::json training_to_json(const TrainingConfig& t) {
   if (t.loss) j["loss"] = loss_kernel_name(*t.loss);
   if (t.attention_kernel) j["attention_kernel"] = attention_impl_name(*t.attention_kernel);
   if (t.fp8_recipe) j["fp8_recipe"] = fp8_recipe_name(*t.fp8_recipe);
+  if (t.fp8_all_gather) j["fp8_all_gather"] = true;
   if (!t.master_weights) j["master_weights"] = false;
   if (t.allocator != Allocator::kCaching) j["allocator"] = allocator_name(t.allocator);
   if (t.mode == TrainingMode::kLora || t.mode == TrainingMode::kQlora) {

@@ -19,6 +19,15 @@ namespace trainplan::costmodel {
 
 using namespace estimate_detail;
 
+bool estimate_detail::gathers_fp8_weights(const Plan& plan) {
+  const TrainingConfig& tr = plan.training;
+  const ParallelConfig& p = plan.parallel;
+  const StackSpec& stack = stack_spec(tr.stack);
+  const bool lora = tr.mode == TrainingMode::kLora || tr.mode == TrainingMode::kQlora;
+  return tr.fp8_all_gather && tr.precision == Precision::kFp8 && stack.fp8_all_gather && !lora && p.dp * p.cp > 1 &&
+         (p.zero_stage == 3 || (p.zero_stage == 2 && stack.dp.grad_op_units));
+}
+
 LayerSetting layer_setting(const Plan& plan) {
   const TrainingConfig& tr = plan.training;
   const ParallelConfig& p = plan.parallel;
@@ -38,6 +47,7 @@ LayerSetting layer_setting(const Plan& plan) {
   s.loss = tr.loss;
   s.attention_kernel = tr.attention_kernel;
   s.fp8_recipe = tr.fp8_recipe;
+  s.fp8_gathered_weights = gathers_fp8_weights(plan);
   s.cp_comm = p.cp_comm;
   s.stack = tr.stack;
   s.recompute = p.recompute;
@@ -253,6 +263,16 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
                                   ? (tr.lora.base_format == QuantFormat::kNf4 ? 4.127 / 8.0 : 1.0 + 4.0 / h)
                                   : e;
 
+  // fp8 all-gather (gathers_fp8_weights): a layer's linear weights travel, and stay gathered, as
+  // fp8 (1 byte), its norms in the parameter dtype; the embedding and the output layer stay 16-bit
+  // (torchtitan's filter_fqns keeps the output layer out of Float8Linear; the embedding is no
+  // linear layer). Bytes per parameter of a gathered layer.
+  const bool fp8_gather = gathers_fp8_weights(plan);
+  const double layer_params = dense_layer + expert_layer;
+  const double layer_norms = std::min(layer_params, pc.norms / t);
+  const double layer_gather_width =
+      fp8_gather && layer_params > 0 ? ((layer_params - layer_norms) * 1.0 + layer_norms * w.weights) / layer_params : w.weights;
+
   const KernelRates rates(hw.gpu, compute_dtype(tr.precision));
   // Gradients this rank keeps between micro-batches: the executor's fp32 buffer; Megatron's
   // main_grad in the reduce dtype (fp32 unless it reduces in 16 bits); PyTorch modules' param.grad
@@ -303,6 +323,8 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
     } else {
       x.trainable = base;
       x.weights = x.dense * w.weights / (p.zero_stage == 3 ? dense_shard : 1) + x.expert * w.weights / (p.zero_stage == 3 ? expert_shard : 1);
+      // FSDP2 without resharding after forward keeps the gathered layers, fp8 where it gathers fp8.
+      if (fp8_gather && p.zero_stage == 2) x.weights -= layers[i] * layer_params * (w.weights - layer_gather_width);
       x.gradients = x.dense * stack_grad_width / (p.zero_stage >= 2 ? dense_shard : 1) +
                     x.expert * stack_grad_width / (p.zero_stage >= 2 ? expert_shard : 1);
       x.optimizer = x.dense * w.optimizer / (shard_states ? dense_shard : 1) + x.expert * w.optimizer / (shard_states ? expert_shard : 1);
@@ -378,7 +400,13 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
       x.backward += x.dp_copies;
     } else if (sharded_dp && !lora) {
       const double gathers = p.zero_stage == 3 ? 2.0 : grad_op_units ? 1.0 : 0.0;
-      double bytes = (gathers * (x.dense + x.expert) - kept.layers * (dense_layer + expert_layer)) * stack.dp.gather_copy_bytes;
+      // fp8 all-gathers copy 1-byte parameters out of their buffer. The shard's cast before each
+      // gather and the step's amax over the shards (torchao fsdp_utils.py fsdp_pre_all_gather,
+      // precompute_float8_dynamic_scale_for_fsdp) read 1/dp of the parameters: not counted, as
+      // the 16-bit copy-in of a shard is not.
+      const double copy_scale = layer_gather_width / w.weights;
+      double bytes = (gathers * (x.dense + x.expert - layers[i] * layer_params * (1.0 - copy_scale)) - kept.layers * layer_params * copy_scale) *
+                     stack.dp.gather_copy_bytes;
       if (stack.dp.reduce_copy_bytes > 0) {
         const double cast = reduce_bytes == e ? 0.0 : stack.dp.reduce_cast_fused ? reduce_bytes - e : e + reduce_bytes;
         bytes += x.trainable * (stack.dp.reduce_copy_bytes + cast) / (reduce_each_micro_batch ? 1.0 : m);
@@ -460,7 +488,11 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
         gathers = 2.0;
       }
       if (!lora) {
-        x.buffers += gathers * unit * w.weights + unit * reduce_bytes;
+        // The gathered unit in bytes: a layer group in fp8 under the fp8 all-gather, the ends in 16 bits.
+        const double unit_bytes =
+            fp8_gather ? std::max(std::max(static_cast<double>(p.fsdp_wrap_min_params), layer_params) * layer_gather_width, ends * w.weights)
+                       : unit * w.weights;
+        x.buffers += gathers * unit_bytes + unit * reduce_bytes;
         // Layers kept gathered for reuse are alive together at the backward's start, the running
         // unit among them.
         x.buffers += std::max(0.0, kept.layers * (dense_layer + expert_layer) - unit) * w.weights;
@@ -601,7 +633,7 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
   const double overlap_slowdown = nccl_sm_share(hw);
   const StageTailInputs tail_inputs{plan, p, tr, mdl, hw, stack, st, layers, share, pc, lc, ec, w, rates,
                                     LayerTensors{tensors.all, gathered}, lora, grad_op_units, bf16_optimizer, frozen_width, e, reduce_bytes, dense_layer, expert_layer, lora_layer,
-                                    largest_linear, t, grad_width, stages, dense_shard, expert_shard, gpn, m, memo};
+                                    largest_linear, t, grad_width, layer_gather_width, stages, dense_shard, expert_shard, gpn, m, memo};
   const auto stage_tail = [&](int i) { return stage_tail_of(tail_inputs, i); };
   std::vector<StageTail> tails;
   tails.reserve(static_cast<std::size_t>(stages));

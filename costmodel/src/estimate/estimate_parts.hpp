@@ -94,6 +94,7 @@ struct StageTailInputs {
   bool lora, grad_op_units;
   bool bf16_optimizer;  // DeepSpeed's BF16_Optimizer at ZeRO-0 (estimate.cpp)
   double frozen_width, e, reduce_bytes, dense_layer, expert_layer, lora_layer, largest_linear, t, grad_width;
+  double layer_gather_width;  // bytes per parameter of a gathered layer (fp8 all-gather: 1 for its linear weights)
   int stages, dense_shard, expert_shard, gpn, m;
   EstimateMemo* memo;  // EstimateOptions::memo (may be null)
 
@@ -102,6 +103,10 @@ struct StageTailInputs {
     return (memo ? memo->collective(hw, kind, Bytes(bytes), g) : collective_time(hw, kind, Bytes(bytes), g)).value();
   }
 };
+
+// The plan's linear-layer weights are all-gathered in fp8 (TrainingConfig::fp8_all_gather on a
+// stack that runs it, ZeRO-3 or FSDP's SHARD_GRAD_OP over more than one rank, not under LoRA).
+[[nodiscard]] bool gathers_fp8_weights(const Plan& plan);
 
 // Stage i's data-parallel traffic and optimizer step (estimate_stage.cpp).
 [[nodiscard]] StageTail stage_tail_of(const StageTailInputs& in, int i);

@@ -88,11 +88,11 @@ StageTail stage_tail_of(const StageTailInputs& in, int i) {
     // A list all-gather's copy per rank (DataParallelSpec::list_copy_host_seconds): a kernel per
     // rank on the communication stream, after the collective, moving the gathered tensor once.
     const bool list_copies = stack.dp.list_copy_host_seconds > 0;
-    const auto add_unit = [&](double params, double trainable, double forward, double backward) {
+    const auto add_unit = [&](double params, double trainable, double forward, double backward, double width) {
       const double reduce = bucket > trainable ? bucket_reduce * trainable / bucket
                                                : in.collective(rs, trainable * reduce_bytes, shard);
-      const double gather = in.collective(Collective::kAllGather, params * gather_width, shard) +
-                            (list_copies && params > 0 ? rates.stream(2.0 * params * gather_width, shard.size) : 0.0);
+      const double gather = in.collective(Collective::kAllGather, params * width, shard) +
+                            (list_copies && params > 0 ? rates.stream(2.0 * params * width, shard.size) : 0.0);
       dp_units.push_back({gather, reduce, forward, backward});
     };
     const double layer_params = dense_layer + expert_layer;
@@ -101,7 +101,9 @@ StageTail stage_tail_of(const StageTailInputs& in, int i) {
     // layer submodule by submodule (gathers_per_layer).
     const int per_unit = std::max(1, static_cast<int>(std::ceil(static_cast<double>(p.fsdp_wrap_min_params) / std::max(1.0, layer_params))));
     const int chunks = gathers_per_layer(stack, layer_params, largest_linear, in.tensors.large);
-    if (i == 0) add_unit(pc.embedding / t, lora ? 0.0 : pc.embedding / t, ec.embedding_forward, ec.embedding_backward);
+    // A layer's linear weights travel in fp8 under the fp8 all-gather (StageTailInputs::layer_gather_width).
+    const double layer_width = lora ? gather_width : in.layer_gather_width;
+    if (i == 0) add_unit(pc.embedding / t, lora ? 0.0 : pc.embedding / t, ec.embedding_forward, ec.embedding_backward, gather_width);
     for (int done = 0; done < Li; done += per_unit) {
       const int n = std::min(per_unit, Li - done);
       // Units of as many layers cost alike: their collectives are timed once.
@@ -110,14 +112,15 @@ StageTail stage_tail_of(const StageTailInputs& in, int i) {
         continue;
       }
       for (int c = 0; c < chunks; ++c) {
-        add_unit(n * layer_params / chunks, n * layer_trainable / chunks, n * lc.forward_total() / chunks, n * lc.backward_total() / chunks);
+        add_unit(n * layer_params / chunks, n * layer_trainable / chunks, n * lc.forward_total() / chunks, n * lc.backward_total() / chunks,
+                 layer_width);
       }
     }
     if (i == stages - 1) {
       // With tied embeddings on one stage the output layer is the embedding unit's table, still
       // gathered; on a later stage it is that stage's own copy.
       const double head = pc.final_norm + (mdl.tied_embeddings ? (stages > 1 ? pc.embedding / t : 0.0) : pc.output / t);
-      add_unit(head, lora ? 0.0 : head, ec.head_forward, ec.head_backward);
+      add_unit(head, lora ? 0.0 : head, ec.head_forward, ec.head_backward, gather_width);
     }
     double fwd = 0, bwd = 0, ag_total = 0, bwd_ag_total = 0, rs_total = 0;
     const std::size_t n = dp_units.size();

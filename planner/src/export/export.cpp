@@ -189,7 +189,7 @@ costmodel::Stack export_stack(const Plan& plan, ExportTarget target) {
 
 namespace {
 
-// The plan's own loss kernel, attention mask and pure 16-bit states against what the target can
+// The plan's own loss kernel, attention mask, pure 16-bit states and fp8 all-gather against what the target can
 // be told. Megatron-LM and torchtitan build their own loss and causal mask and keep fp32 master
 // weights; DeepSpeed's 16-bit optimizers keep fp32 partitions. Accelerate and DeepSpeed run the
 // user's training script, where the loss and the mask live: said as notes there.
@@ -208,6 +208,10 @@ std::vector<std::string> stack_setting_refusals(const Plan& plan, ExportTarget t
   if (t.precision == costmodel::Precision::kFp8 && !costmodel::fp8_casting(runs, t.fp8_recipe)) {
     r.push_back(std::string("fp8_recipe=") + costmodel::fp8_recipe_name(*t.fp8_recipe) + ": " + entry(target).name + " scales fp8 tensors the " +
                 costmodel::fp8_recipe_name(runs.fp8_recipe) + " way only");
+  }
+  if (t.fp8_all_gather && !runs.fp8_all_gather) {
+    r.push_back(std::string("fp8_all_gather=true: ") + entry(target).name +
+                " all-gathers 16-bit parameters (torchao's fp8 all-gather hooks FSDP2: --to torchtitan)");
   }
   if (!own_script && t.attention_kernel && *t.attention_kernel != runs.attention_kernel) {
     r.push_back(std::string("attention_kernel=") + costmodel::attention_impl_name(*t.attention_kernel) + ": " + entry(target).name +

@@ -96,10 +96,6 @@ std::vector<std::string> torchtitan_refusals(const Plan& plan) {
   if (p.pp > 1 && m.layers % (p.pp * p.virtual_stages) != 0) {
     r.push_back("pp=" + n(p.pp) + ", virtual_stages=" + n(p.virtual_stages) + ": " + n(m.layers) + " layers do not split evenly");
   }
-  if (p.recompute == cm::Recompute::kSelective) {
-    r.push_back("recompute=selective: torchtitan's selective modes save per operator (matmul and attention outputs) or every n-th layer, "
-                "not the attention-core recompute the plan assumes");
-  }
   if (p.recompute == cm::Recompute::kFull && p.recompute_layers > 0) {
     r.push_back("recompute_layers=" + n(p.recompute_layers) + ": torchtitan's full mode recomputes every layer");
   }
@@ -226,7 +222,15 @@ PlanExport torchtitan_export(const Plan& plan, const Derived& d) {
     }
   }
   o << "expert_parallel_degree = " << p.ep << "\n";
-  o << "\n[activation_checkpoint]\nmode = \"" << (p.recompute == cm::Recompute::kFull ? "full" : "none") << "\"\n";
+  // Selective recompute as the fsdp2 stacks price it: torchtitan's per-operator policy
+  // (distributed/activation_checkpoint.py at v0.2.2: SDPA's and every other matmul's outputs saved,
+  // the rest recomputed; StackSpec::op_level_selective).
+  o << "\n[activation_checkpoint]\nmode = \""
+    << (p.recompute == cm::Recompute::kFull ? "full" : p.recompute == cm::Recompute::kSelective ? "selective" : "none") << "\"\n";
+  if (p.recompute == cm::Recompute::kSelective) {
+    o << "# Per operator: the outputs of attention and of every other matmul kept, the rest recomputed in backward\n";
+    o << "selective_ac_option = \"op\"\n";
+  }
   // torchtitan's default since 25413d224 replays the whole block; the fsdp2 stack prices torch's
   // early stop (the replay ends before w2, StackSpec::full_recompute_replay), which this asks for.
   if (p.recompute == cm::Recompute::kFull) {
@@ -235,10 +239,20 @@ PlanExport torchtitan_export(const Plan& plan, const Derived& d) {
   }
   if (t.precision == cm::Precision::kFp8) {
     // job_config.py Float8Linear. Tensorwise dynamic scaling, the output layer left in bf16, as the
-    // cost model's fp8 assumes; FSDP's all-gathers stay bf16 (the prediction gathers 2 bytes per
-    // parameter), though enable_fsdp_float8_all_gather = true would halve them.
-    o << "\n[quantize.linear.float8]\nrecipe_name = \"tensorwise\"\nfilter_fqns = [\"output\"]\n";
-    o << "enable_fsdp_float8_all_gather = false\nprecompute_float8_dynamic_scale_for_fsdp = false\n";
+    // cost model's fp8 assumes. FSDP's all-gathers move fp8 where the plan says so
+    // (training.fp8_all_gather); components/quantization/float8.py refuses recipe_name beside
+    // enable_fsdp_float8_all_gather, and without a recipe name torchao's default is tensorwise.
+    // It turns the fp8 all-gather off where no parameters are sharded (dp_shard_enabled).
+    o << "\n[quantize.linear.float8]\n";
+    if (t.fp8_all_gather) {
+      o << "# Tensorwise scaling (torchao's default: recipe_name is refused beside the fp8 all-gather); the linear\n"
+           "# layers' weights all-gathered in fp8 with scales computed once a step, after the optimizer\n";
+    } else {
+      o << "recipe_name = \"tensorwise\"\n";
+    }
+    o << "filter_fqns = [\"output\"]\n";
+    o << "enable_fsdp_float8_all_gather = " << (t.fp8_all_gather ? "true" : "false") << "\n";
+    o << "precompute_float8_dynamic_scale_for_fsdp = " << (t.fp8_all_gather ? "true" : "false") << "\n";
   }
   PlanExport e;
   e.text = o.str();

@@ -34,6 +34,10 @@ struct LayerSetting {
   std::optional<LossKernel> loss;  // empty: the stack's
   std::optional<AttentionImpl> attention_kernel;  // empty: the stack's
   std::optional<Fp8Recipe> fp8_recipe;  // empty: the stack's
+  // fp8: the linear layers' weights arrive from FSDP2's all-gather already in fp8, with scales
+  // computed once a step (TrainingConfig::fp8_all_gather under sharded parameters): no weight
+  // cast in forward, a transposing copy of the fp8 weight in backward.
+  bool fp8_gathered_weights = false;
   std::optional<ContextAttention> cp_comm;  // empty: the stack's
   Stack stack = Stack::kTrainplan;
   Recompute recompute = Recompute::kNone;

@@ -98,6 +98,12 @@ struct TrainingConfig {
   // fp8 training's scaling recipe (stack.hpp Fp8Recipe); empty: the stack's own (delayed for
   // megatron-te, Megatron's default; current for the others).
   std::optional<Fp8Recipe> fp8_recipe;
+  // fp8 training under FSDP2 (a stack with StackSpec::fp8_all_gather) with torchao's
+  // enable_fsdp_float8_all_gather and precompute_float8_dynamic_scale_for_fsdp: each linear
+  // layer's sharded weight is cast to fp8 before its all-gather with a scale computed once a step
+  // after the optimizer, so the all-gathers move 1 byte per such parameter instead of 2 and no
+  // gathered weight is cast again (plan key training.fp8_all_gather; those stacks scale fp8 tensorwise).
+  bool fp8_all_gather = false;
   // false: pure 16-bit training (bf16/fp16 only): the parameters are the 16-bit tensors, with
   // their gradients and optimizer states in the same dtype and no fp32 master copy (a Hugging Face
   // model loaded in bf16 and sharded by FSDP without mixed precision). estimate.hpp StateWidths.

@@ -420,6 +420,11 @@ struct StackSpec {
   // always keep fp32 main parameters (Float16OptimizerWithFloat16Params; ZeRO's fp32 partitions),
   // and the executor trains with fp32 masters.
   bool pure_16bit = false;
+  // Runs fp8 all-gathers of the linear layers' weights (TrainingConfig::fp8_all_gather): torchao's
+  // Float8LinearConfig enable_fsdp_float8_all_gather, which hooks FSDP2's fully_shard
+  // (WeightWithDynamicFloat8CastTensor's fsdp_pre_all_gather / fsdp_post_all_gather), for its
+  // tensorwise recipe only. FSDP1, DeepSpeed and Megatron gather their 16-bit parameters.
+  bool fp8_all_gather = false;
   // ZeRO-0 in bf16 runs DeepSpeed's BF16_Optimizer (runtime/engine.py get_data_types: bf16
   // without ZeRO accumulates gradients in fp32, so _do_optimizer_sanity_check picks BFLOAT16;
   // runtime/bf16_optimizer.py): fp32 master weights and optimizer states partitioned over the

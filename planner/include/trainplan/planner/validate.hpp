@@ -96,6 +96,9 @@ void summarise(ValidationTable& table);
 [[nodiscard]] costmodel::Result<ValidationTable> validate_torchtitan_a100();
 // torchtitan's community benchmarks on H100 (500 W) and H200: tokens/s per GPU and peak reserved memory.
 [[nodiscard]] costmodel::Result<ValidationTable> validate_torchtitan_h100_h200();
+// torchao's float8 README: torchtitan Llama 3 8B on 8 H100 in bf16 and in fp8 with the fp8 all-gather
+// (tests/data/torchao_float8_h100.csv).
+[[nodiscard]] costmodel::Result<ValidationTable> validate_torchao_float8_h100();
 
 // All of the above, in that order.
 [[nodiscard]] costmodel::Result<std::vector<ValidationTable>> validate_published();
