@@ -226,6 +226,8 @@ InputPanel::InputPanel(QWidget* parent) : QWidget(parent) {
   row(tr("fp8 scaling"), QStringLiteral("fp8_recipe"),
       combo({{tr("the stack's"), QStringLiteral("stack")}, {tr("delayed (amax history)"), QStringLiteral("delayed")},
              {tr("current (each tensor's amax)"), QStringLiteral("current")}}));
+  row(tr("fp8 all-gather"), QStringLiteral("fp8_all_gather"),
+      combo({{tr("off (16-bit all-gathers)"), QStringLiteral("off")}, {tr("on (torchao, FSDP2 stacks)"), QStringLiteral("on")}}));
   row(tr("Master weights"), QStringLiteral("master_weights"),
       combo({{tr("fp32 (mixed precision)"), QStringLiteral("fp32")}, {tr("none (pure 16-bit)"), QStringLiteral("none")}}));
   row(tr("CUDA allocator"), QStringLiteral("allocator"),
@@ -363,6 +365,7 @@ RequestForm InputPanel::form() const {
   form.loss = text("loss");
   form.attention_kernel = text("attention_kernel");
   form.fp8_recipe = text("fp8_recipe");
+  form.fp8_all_gather = text("fp8_all_gather");
   form.master_weights = text("master_weights");
   form.allocator = text("allocator");
   form.stack = text("stack");
@@ -510,6 +513,7 @@ void InputPanel::load_request(const cm::PlanRequest& request, const QString& sou
   set_choice("loss", t.loss ? QString::fromUtf8(cm::loss_kernel_name(*t.loss)) : QStringLiteral("stack"));
   set_choice("attention_kernel", t.attention_kernel ? QString::fromUtf8(cm::attention_impl_name(*t.attention_kernel)) : QStringLiteral("stack"));
   set_choice("fp8_recipe", t.fp8_recipe ? QString::fromUtf8(cm::fp8_recipe_name(*t.fp8_recipe)) : QStringLiteral("stack"));
+  set_choice("fp8_all_gather", t.fp8_all_gather ? QStringLiteral("on") : QStringLiteral("off"));
   set_choice("master_weights", t.master_weights ? QStringLiteral("fp32") : QStringLiteral("none"));
   set_choice("allocator", QString::fromUtf8(cm::allocator_name(t.allocator)));
   const cm::ParallelConstraints& c = request.parallel;

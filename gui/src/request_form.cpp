@@ -133,6 +133,7 @@ std::string field_of_message(const std::string& message, const std::string& docu
       {"/training/allocator", "allocator"},
       {"/training/attention_mask", "attention_mask"},
       {"/training/fp8_recipe", "fp8_recipe"},
+      {"/training/fp8_all_gather", "fp8_all_gather"},
       {"/training/attention_kernel", "attention_kernel"},
       {"/parallel/first_stage_layers", "fix/first_stage_layers"},
       {"/parallel/last_stage_layers", "fix/last_stage_layers"},
@@ -203,6 +204,7 @@ BuiltRequest build_request(const RequestForm& form) {
   if (enum_field("fp8_recipe", form.fp8_recipe, {"stack", "delayed", "current"}) && form.fp8_recipe != "stack") {
     t.fp8_recipe = cm::fp8_recipe_from_name(form.fp8_recipe);
   }
+  if (enum_field("fp8_all_gather", form.fp8_all_gather, {"off", "on"})) t.fp8_all_gather = form.fp8_all_gather == "on";
   if (enum_field("master_weights", form.master_weights, {"fp32", "none"})) t.master_weights = form.master_weights == "fp32";
   if (enum_field("allocator", form.allocator, {"caching", "expandable-segments"})) t.allocator = *cm::allocator_from_name(form.allocator);
   if (enum_field("stack", form.stack,

@@ -73,6 +73,8 @@ TEST(RequestForm, EveryBadValueIsAnErrorAtItsFieldWithTheReason) {
        "runs on Hopper GPUs only"},
       {"unknown fp8 recipe", [](RequestForm& f) { f.fp8_recipe = "blockwise"; }, "fp8_recipe", "must be one of stack, delayed, current"},
       {"unknown allocator", [](RequestForm& f) { f.allocator = "cudaMallocAsync"; }, "allocator", "must be one of caching, expandable-segments"},
+      {"fp8 all-gather in bf16", [](RequestForm& f) { f.stack = "fsdp2"; f.fp8_all_gather = "on"; }, "fp8_all_gather", "needs precision fp8"},
+      {"fp8 all-gather neither on nor off", [](RequestForm& f) { f.fp8_all_gather = "yes"; }, "fp8_all_gather", "must be one of off, on"},
       {"delayed fp8 under torchtitan", [](RequestForm& f) { f.stack = "fsdp2"; f.precision = "fp8"; f.fp8_recipe = "delayed"; }, "fp8_recipe",
        "current amax only"},
       {"ends in the split neither on nor off", [](RequestForm& f) { f.fixed["ends_in_split"] = "maybe"; }, "fix/ends_in_split", "must be on or off"},
@@ -117,6 +119,17 @@ TEST(RequestForm, CarriesTheStackSettingsAndTheEndStagesLayers) {
   EXPECT_EQ(built.request->parallel.reduce_dtype, costmodel::Dtype::kBf16);  // reduced in the parameters' dtype
   EXPECT_EQ(built.request->parallel.first_stage_layers, 18);
   EXPECT_EQ(built.request->parallel.last_stage_layers, 17);
+
+  // fp8 with torchao's fp8 all-gather (FSDP2): the request and the command line carry it.
+  RequestForm fp8;
+  fp8.cluster.ref = "dgx-h100";
+  fp8.stack = "fsdp2-compile";
+  fp8.precision = "fp8";
+  fp8.fp8_all_gather = "on";
+  const auto gathered = build_request(fp8);
+  ASSERT_TRUE(gathered.request) << gathered.errors.front().field << ": " << gathered.errors.front().message;
+  EXPECT_TRUE(gathered.request->training.fp8_all_gather);
+  EXPECT_NE(gui::planner_command(*gathered.request, "throughput").find(" --fp8-all-gather"), std::string::npos);
 }
 
 TEST(RequestForm, SeveralBadFieldsAreAllReported) {

@@ -47,6 +47,7 @@ struct RequestForm {
   std::string loss = "stack";              // stack | fp32-logits | fused | chunked-linear | vocab-parallel-fp32
   std::string attention_kernel = "stack";  // stack | profile | flash2 | flash3 (kernels.hpp AttentionImpl)
   std::string fp8_recipe = "stack";        // stack | delayed | current (stack.hpp Fp8Recipe)
+  std::string fp8_all_gather = "off";      // on | off: FSDP2 gathers fp8 weights (plan.hpp TrainingConfig::fp8_all_gather)
   std::string master_weights = "fp32";    // fp32 | none (pure 16-bit training)
   std::string allocator = "caching";      // caching | expandable-segments (plan.hpp Allocator)
   std::string stack = "trainplan";  // trainplan | trainplan-reference | pytorch-eager | torch-compile | megatron-te
@@ -59,7 +60,7 @@ struct RequestForm {
 // An input that is wrong, and why. `field` names it: "model", "cluster", "model/layers" (a
 // document field: the document and its pointer), "gpus", "seq_len", "global_batch",
 // "train_tokens", "precision", "lora_rank", "attention", "dropout", "attention_mask", "loss", "attention_kernel", "fp8_recipe",
-// "master_weights", "allocator", "stack", "memory_headroom",
+// "fp8_all_gather", "master_weights", "allocator", "stack", "memory_headroom",
 // "fix/tp" (a constraint), "fix"
 // (the constraints together).
 struct FieldError {
