@@ -112,7 +112,9 @@ std::string training_line(const TrainingConfig& t, const std::string& tokens_not
   return s;
 }
 
-std::string stack_line(const TrainingConfig& t) {
+// `fp8_gathered`: whether the plan's weights are gathered in fp8 (LayerSetting::fp8_gathered_weights),
+// where one plan is reported; empty for a search's request.
+std::string stack_line(const TrainingConfig& t, std::optional<bool> fp8_gathered = std::nullopt) {
   std::string s = std::string(stack_name(t.stack)) + ": " + stack_spec(t.stack).summary + " [choose with --stack]";
   // What the plan changes in the stack (--loss, --attention-kernel, --attention-mask, --pure-16bit, --fp8-all-gather).
   std::string changes;
@@ -126,7 +128,11 @@ std::string stack_line(const TrainingConfig& t) {
   if (t.precision == Precision::kFp8 && t.fp8_recipe && *t.fp8_recipe != stack_spec(t.stack).fp8_recipe) {
     add(*t.fp8_recipe == Fp8Recipe::kCurrent ? "fp8 current scaling (each tensor's amax taken before its cast)" : "fp8 delayed scaling");
   }
-  if (t.fp8_all_gather) add("fp8 all-gather of the linear layers' weights, scales precomputed once a step");
+  if (t.fp8_all_gather) {
+    add(fp8_gathered.value_or(true) ? std::string("fp8 all-gather of the linear layers' weights, scales precomputed once a step") +
+                                          (fp8_gathered ? "" : " (where FSDP shards them over data-parallel ranks)")
+                                    : std::string("fp8 all-gather asked, but no parameters are sharded over data-parallel ranks: nothing gathered"));
+  }
   if (t.allocator != Allocator::kCaching) add(std::string("PYTORCH_ALLOC_CONF=") + allocator_conf(t.allocator));
   if (!changes.empty()) s += "; this plan: " + changes;
   return s;
@@ -328,7 +334,7 @@ std::string render_evaluation(const Candidate& c, const ReportContext& ctx, Form
   out << (md ? "- " : "") << "Model     " << model_line(plan.model) << "\n";
   out << (md ? "- " : "") << "Cluster   " << cluster_line(plan.cluster, plan.gpus, false) << "\n";
   out << (md ? "- " : "") << "Training  " << training_line(plan.training, ctx.train_tokens_note, ctx.batch_note) << "\n";
-  out << (md ? "- " : "") << "Stack     " << stack_line(plan.training) << "\n";
+  out << (md ? "- " : "") << "Stack     " << stack_line(plan.training, layer_setting(plan).fp8_gathered_weights) << "\n";
   out << (md ? "- " : "") << "Plan      " << plan_line(plan.parallel) << "\n\n";
   if (!e.fits || e.tight) {
     out << (e.fits ? "TIGHT:\n" : "DOES NOT FIT:\n");

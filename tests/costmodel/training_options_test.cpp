@@ -259,8 +259,15 @@ TEST(Fp8AllGather, GatheredLinearWeightsTakeOneByte) {
   EXPECT_NEAR(without.forward - with.forward, forward_casts, 1e-12);
   EXPECT_NEAR(without.backward - with.backward, backward_saved, 1e-12);
 
-  // Without sharded parameters there is no all-gather to run in fp8.
+  // Without parameters sharded over data-parallel ranks there is no fp8 all-gather: not at ZeRO-1,
+  // and not under ZeRO-3 sharded over context-parallel ranks alone, where torchtitan turns it off
+  // (components/quantization/float8.py at v0.2.2: parallel_dims.dp_shard_enabled).
   p.parallel.zero_stage = 1;
+  EXPECT_FALSE(layer_setting(p).fp8_gathered_weights);
+  p.parallel.zero_stage = 3;
+  p.parallel.cp = 8;
+  p.parallel.dp = 1;
+  ASSERT_TRUE(validate_plan(p)) << validate_plan(p).error().message;
   EXPECT_FALSE(layer_setting(p).fp8_gathered_weights);
 }
 
@@ -306,6 +313,13 @@ TEST(Fp8AllGather, OnlyInFp8UnderFsdp2AndExportedToTorchtitan) {
   Plan delayed = p;
   delayed.training.stack = Stack::kMegatronTe;
   refused(delayed, "megatron-te stack all-gathers 16-bit parameters");
+  Plan moe = testing::make_plan("mixtral-8x7b", "dgx-h100", 64, 4096, 64);
+  moe.training.stack = Stack::kFsdp2;
+  moe.training.precision = Precision::kFp8;
+  moe.training.fp8_all_gather = true;
+  moe.parallel.zero_stage = 3;
+  moe.parallel.reduce_dtype = Dtype::kFp32;
+  refused(moe, "grouped experts");
   nlohmann::json bad = plan_to_json(p);
   bad["training"]["fp8_all_gather"] = "yes";
   const auto unparsed = parse_plan(bad, "bad.json");

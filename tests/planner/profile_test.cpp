@@ -14,6 +14,7 @@
 
 #include "cli_support.hpp"
 #include "test_support.hpp"
+#include "trainplan/costmodel/kernels.hpp"
 #include "trainplan/costmodel/presets.hpp"
 #include "trainplan/planner/profile.hpp"
 #include "trainplan/planner/profile_run.hpp"
@@ -161,7 +162,32 @@ TEST(ImportKernelCsv, TheMeasuredH100CsvsGiveTheDgxH100PresetsTables) {
   nlohmann::json a = costmodel::kernel_tables_to_json(imported->tables), b = costmodel::kernel_tables_to_json(*preset->gpu.kernels);
   a.erase("source");
   b.erase("source");
+  // The preset's tables were measured on its own GPU (H100 80GB HBM3: 3.35 TB/s); the CSVs name
+  // none, so the import leaves it to the profile it is put in (with_kernel_tables).
+  EXPECT_DOUBLE_EQ(b.at("hbm_tb_per_s").get<double>(), 3.35);
+  EXPECT_FALSE(a.contains("hbm_tb_per_s"));
+  b.erase("hbm_tb_per_s");
   EXPECT_EQ(a, b);
+}
+
+// Memory-bound samples follow the GPU's HBM (KernelTables::hbm_bandwidth): the dgx-h100 preset
+// with Grand Teton's 2.4 TB/s of HBM2e (torchtitan's benchmark files) copies, runs its element-wise
+// ops and fused AdamW 3.35 / 2.4 times slower than with the 3.35 TB/s its tables were measured at;
+// the GEMMs and the kernel latency do not change.
+TEST(KernelTables, MemoryBoundSamplesFollowTheGpusHbm) {
+  auto preset = costmodel::find_hwprofile("dgx-h100");
+  ASSERT_TRUE(preset) << preset.error().message;
+  costmodel::HardwareProfile hbm2e = *preset;
+  hbm2e.gpu.hbm_bandwidth = costmodel::BytesPerSecond(2.4e12);
+  const costmodel::KernelRates h(preset->gpu, costmodel::Dtype::kBf16), e(hbm2e.gpu, costmodel::Dtype::kBf16);
+  const double ratio = 3.35 / 2.4, latency = h.latency();
+  EXPECT_NEAR(e.copy_bandwidth(), h.copy_bandwidth() / ratio, 1e-3);
+  EXPECT_NEAR(e.stream(1e9) - latency, (h.stream(1e9) - latency) * ratio, 1e-12);
+  EXPECT_NEAR(e.op(costmodel::ElementwiseOp::kRmsNorm, 67108864.0, false) - latency,
+              (h.op(costmodel::ElementwiseOp::kRmsNorm, 67108864.0, false) - latency) * ratio, 1e-12);
+  EXPECT_NEAR(e.adamw_fused(1e9) - latency, (h.adamw_fused(1e9) - latency) * ratio, 1e-12);
+  EXPECT_DOUBLE_EQ(e.gemm(8192, 4096, 4096), h.gemm(8192, 4096, 4096));
+  EXPECT_DOUBLE_EQ(e.latency(), latency);
 }
 
 TEST(ProfileCommand, RunsTheExecutorAloneOnOneRank) {

@@ -63,7 +63,7 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
   if (s.fp8_gathered_weights) {
     // Weights gathered in fp8 with the step's precomputed scale (LayerSetting::fp8_gathered_weights):
     // forward takes them as they are; backward's GEMM wants the weight's other layout, a copy of
-    // the fp8 tensor (torchao float8/float8_ops.py addmm_float8_unwrapped: b.t().contiguous().t()),
+    // the fp8 tensor (torchao float8/float8_ops.py preprocess_addmm: b_data.t().contiguous().t()),
     // reading 1 byte and writing 1.
     stack.fp8.weight_forward = 0;
     stack.fp8.weight_backward = 2;

@@ -113,6 +113,7 @@ Result<KernelImport> build_kernel_tables(const KernelSamples& samples, double fa
 
 HardwareProfile with_kernel_tables(HardwareProfile base, const KernelImport& import, const std::string& name) {
   auto tables = std::make_shared<KernelTables>(import.tables);
+  tables->hbm_bandwidth = base.gpu.hbm_bandwidth.value();  // measured on the profile's own GPU
   tables->prepare(base.gpu.sm_count);
   base.gpu.kernels = std::move(tables);
   if (!name.empty()) base.name = name;

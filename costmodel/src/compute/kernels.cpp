@@ -202,13 +202,14 @@ void KernelTables::prepare(int sm_count) {
 }
 
 std::shared_ptr<const KernelTables> read_kernel_tables(const nlohmann::json& json, const std::string& file, const std::string& pointer,
-                                                       int sm_count) {
+                                                       int sm_count, double hbm_bandwidth) {
   detail::ObjectReader r(json, file, pointer);
   auto t = std::make_shared<KernelTables>();
   t->source = r.string("source");
   t->kernel_latency = r.number("kernel_latency_us", 0, 1e4) * 1e-6;
   t->copy_bandwidth = r.number("copy_gb_per_s", 0, 1e6, true) * 1e9;
   t->adamw_fused_bandwidth = r.optional_number("adamw_fused_gb_per_s", 0, 1e6, true).value_or(0.0) * 1e9;
+  t->hbm_bandwidth = r.optional_number("hbm_tb_per_s", 0, 1e3, true).value_or(hbm_bandwidth / 1e12) * 1e12;
   {
     detail::ObjectReader g = r.object("gemm");
     t->gemm_dtype = dtype_from(g.one_of("dtype", {"fp32", "bf16", "fp16", "fp8"}));
@@ -269,6 +270,7 @@ nlohmann::json kernel_tables_to_json(const KernelTables& t) {
         {"rows", attention_rows}}},
   };
   if (t.adamw_fused_bandwidth > 0) j["adamw_fused_gb_per_s"] = t.adamw_fused_bandwidth / 1e9;
+  if (t.hbm_bandwidth > 0) j["hbm_tb_per_s"] = t.hbm_bandwidth / 1e12;
   if (!ops.empty()) j["elementwise"] = {{"columns", {"elements", "forward_seconds", "backward_seconds"}}, {"ops", ops}};
   return j;
 }
@@ -281,7 +283,9 @@ KernelRates::KernelRates(const GpuSpec& gpu, Dtype compute_dtype, AttentionImpl 
     const double attention_peak = gpu.peak_for(tables_->attention_dtype).value();
     attention_table_scale_ = attention_peak > 0 && peak_ > 0 ? peak_ / attention_peak : 1.0;
     latency_ = tables_->kernel_latency;
-    copy_ = tables_->copy_bandwidth;
+    // Memory-bound samples measured on a GPU with other HBM run at this GPU's bandwidth.
+    if (tables_->hbm_bandwidth > 0 && gpu.hbm_bandwidth.value() > 0) hbm_ratio_ = tables_->hbm_bandwidth / gpu.hbm_bandwidth.value();
+    copy_ = tables_->copy_bandwidth / hbm_ratio_;
   } else {
     latency_ = gpu.min_kernel_time.value();
     copy_ = gpu.hbm_bandwidth.value() * gpu.memory_efficiency;
@@ -377,7 +381,7 @@ double KernelRates::op(ElementwiseOp op, double elements, bool backward, double 
     const auto& xs = tables_->prepared.op_elements[index];
     if (!xs.empty()) {
       const auto& per_element = backward ? tables_->prepared.op_backward[index] : tables_->prepared.op_forward[index];
-      return kernels * latency_ + memory_scale_ * elements * width * interpolate_log(xs, per_element, elements);
+      return kernels * latency_ + memory_scale_ * hbm_ratio_ * elements * width * interpolate_log(xs, per_element, elements);
     }
   }
   return kernels * latency_ + elements * width * (backward ? info.eager_backward_bytes : info.eager_forward_bytes) / copy_;
@@ -385,7 +389,8 @@ double KernelRates::op(ElementwiseOp op, double elements, bool backward, double 
 
 double KernelRates::adamw_fused(double params, double tensors) const {
   if (params <= 0) return 0.0;
-  const double bandwidth = tables_ != nullptr && tables_->adamw_fused_bandwidth > 0 ? tables_->adamw_fused_bandwidth / memory_scale_ : copy_;
+  const double bandwidth =
+      tables_ != nullptr && tables_->adamw_fused_bandwidth > 0 ? tables_->adamw_fused_bandwidth / (memory_scale_ * hbm_ratio_) : copy_;
   return tensors * latency_ + 32.0 * params / bandwidth;
 }
 

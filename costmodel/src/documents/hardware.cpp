@@ -101,7 +101,9 @@ Result<HardwareProfile> parse_hwprofile(const nlohmann::json& json, const std::s
         g.fail("reserved_memory_gib", std::string("must be less than hbm_capacity_gib (") + capacity + ")");
       }
       hw.gpu.min_kernel_time = Seconds::us(g.number("min_kernel_us", 0, 1e4));
-      if (g.has("kernels")) hw.gpu.kernels = read_kernel_tables(g.raw("kernels"), file, g.pointer("kernels"), hw.gpu.sm_count);
+      if (g.has("kernels")) {
+        hw.gpu.kernels = read_kernel_tables(g.raw("kernels"), file, g.pointer("kernels"), hw.gpu.sm_count, hw.gpu.hbm_bandwidth.value());
+      }
       if (g.has("calibration")) {
         detail::ObjectReader c = g.object("calibration");
         Calibration& cal = hw.gpu.calibration;

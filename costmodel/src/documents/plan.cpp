@@ -394,6 +394,11 @@ std::string training_error(const ModelSpec& m, const TrainingConfig& t) {
       return std::string("/training/fp8_all_gather: the ") + stack_name(t.stack) +
              " stack all-gathers 16-bit parameters; torchao's fp8 all-gather hooks FSDP2 (stacks fsdp2, fsdp2-compile)";
     }
+    if (m.moe) {
+      // torchao's Float8Linear replaces nn.Linear modules; torchtitan's routed experts are grouped
+      // GEMMs over 3-D weights (GroupedExperts), which its float8 linear converter does not touch.
+      return "/training/fp8_all_gather: a mixture-of-experts model: torchao's fp8 all-gather covers nn.Linear weights, not grouped experts";
+    }
   }
   if (t.attention_kernel && t.attention == AttentionKernel::kStandard) {
     return std::string("/training/attention_kernel: ") + attention_impl_name(*t.attention_kernel) +

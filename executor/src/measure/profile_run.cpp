@@ -255,6 +255,11 @@ cm::HardwareProfile build_profile(const ProfileOptions& o, const cm::HardwarePro
                    "forward over that bf16 peak; HBM = this machine's RAM: capacity = physical memory, bandwidth = the measured copy "
                    "(memory_bandwidth_efficiency 1); sm_count = CPU threads; min_kernel_us = the tables' kernel latency; no fp8; reserved "
                    "memory: " + base.name + "'s";
+    // The tables were measured on this machine: their memory-bound samples are at its bandwidth,
+    // not the base profile's (KernelTables::hbm_bandwidth).
+    auto tables_here = std::make_shared<cm::KernelTables>(*p.gpu.kernels);
+    tables_here->hbm_bandwidth = p.gpu.hbm_bandwidth.value();
+    p.gpu.kernels = std::move(tables_here);
   }
   if (m.collectives.ranks > 1) {
     auto table = std::make_shared<cm::MeasuredCollectives>(m.collectives);

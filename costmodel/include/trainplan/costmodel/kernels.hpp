@@ -99,6 +99,11 @@ struct KernelTables {
   double kernel_latency = 0;        // seconds one kernel takes beyond its work (launch, fill, tail)
   double copy_bandwidth = 0;        // bytes/s of a device-to-device copy, read + write counted
   double adamw_fused_bandwidth = 0; // bytes/s of fused AdamW counting 32 bytes per fp32 parameter; 0 = not measured
+  // Peak HBM bandwidth (bytes/s) of the GPU the tables were measured on (`hbm_tb_per_s`, else the
+  // profile's own when read). A profile of the same chip with other memory (an H100 with HBM2e at
+  // 2.4 TB/s against the table's HBM3 at 3.35) runs the memory-bound samples (copies, element-wise
+  // ops, fused AdamW) at its own bandwidth: KernelRates scales them by the ratio. 0: unknown.
+  double hbm_bandwidth = 0;
   Dtype gemm_dtype;                 // dtype of the GEMM samples
   Dtype attention_dtype;            // dtype of the attention samples
   std::vector<GemmSample> gemm;     // increasing (m, n, k)
@@ -131,8 +136,10 @@ struct KernelTables {
 // Reads `gpu.kernels` (`pointer` is its JSON pointer) for a GPU of `sm_count` SMs: every rate
 // finite and > 0, every table's rows in strictly increasing key order, the columns as documented;
 // throws detail::DocumentError naming file and pointer. Used by parse_hwprofile.
+// `hbm_bandwidth`: the profile's own (bytes/s), taken as the measuring GPU's where the block
+// does not state `hbm_tb_per_s`.
 [[nodiscard]] std::shared_ptr<const KernelTables> read_kernel_tables(const nlohmann::json& json, const std::string& file,
-                                                                     const std::string& pointer, int sm_count);
+                                                                     const std::string& pointer, int sm_count, double hbm_bandwidth = 0);
 [[nodiscard]] nlohmann::json kernel_tables_to_json(const KernelTables& tables);
 
 // The time of kernels on one GPU for one compute dtype.
@@ -173,6 +180,7 @@ class KernelRates {
   const GpuSpec& gpu_;
   const KernelTables* tables_ = nullptr;  // owned by gpu_
   double gemm_scale_ = 1, attention_scale_ = 1, memory_scale_ = 1;  // gpu_.calibration
+  double hbm_ratio_ = 1;  // the tables' GPU's HBM bandwidth over this GPU's (KernelTables::hbm_bandwidth)
   double peak_ = 0;       // FLOP/s of the compute dtype
   double table_scale_ = 1;  // peak of the compute dtype over the GEMM table's (fp8 runs twice the bf16 table)
   double attention_table_scale_ = 1;  // likewise for the attention table
