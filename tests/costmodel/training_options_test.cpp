@@ -320,6 +320,9 @@ TEST(Fp8AllGather, OnlyInFp8UnderFsdp2AndExportedToTorchtitan) {
   moe.parallel.zero_stage = 3;
   moe.parallel.reduce_dtype = Dtype::kFp32;
   refused(moe, "grouped experts");
+  Plan lora = p;
+  lora.training.mode = TrainingMode::kLora;
+  refused(lora, "trains adapters");
   nlohmann::json bad = plan_to_json(p);
   bad["training"]["fp8_all_gather"] = "yes";
   const auto unparsed = parse_plan(bad, "bad.json");

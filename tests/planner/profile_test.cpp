@@ -173,7 +173,8 @@ TEST(ImportKernelCsv, TheMeasuredH100CsvsGiveTheDgxH100PresetsTables) {
 // Memory-bound samples follow the GPU's HBM (KernelTables::hbm_bandwidth): the dgx-h100 preset
 // with Grand Teton's 2.4 TB/s of HBM2e (torchtitan's benchmark files) copies, runs its element-wise
 // ops and fused AdamW 3.35 / 2.4 times slower than with the 3.35 TB/s its tables were measured at;
-// the GEMMs and the kernel latency do not change.
+// a compute-bound GEMM and the kernel latency do not change. A stated bandwidth more than 10 times
+// off the profile's is refused, naming the field.
 TEST(KernelTables, MemoryBoundSamplesFollowTheGpusHbm) {
   auto preset = costmodel::find_hwprofile("dgx-h100");
   ASSERT_TRUE(preset) << preset.error().message;
@@ -188,6 +189,13 @@ TEST(KernelTables, MemoryBoundSamplesFollowTheGpusHbm) {
   EXPECT_NEAR(e.adamw_fused(1e9) - latency, (h.adamw_fused(1e9) - latency) * ratio, 1e-12);
   EXPECT_DOUBLE_EQ(e.gemm(8192, 4096, 4096), h.gemm(8192, 4096, 4096));
   EXPECT_DOUBLE_EQ(e.latency(), latency);
+
+  nlohmann::json doc = costmodel::hwprofile_to_json(*preset);
+  doc["gpu"]["kernels"]["hbm_tb_per_s"] = 1e-6;
+  const auto refused = costmodel::parse_hwprofile(doc, "fast.json");
+  ASSERT_FALSE(refused);
+  EXPECT_NE(refused.error().message.find("/gpu/kernels/hbm_tb_per_s"), std::string::npos) << refused.error().message;
+  EXPECT_NE(refused.error().message.find("within a factor of 10"), std::string::npos) << refused.error().message;
 }
 
 TEST(ProfileCommand, RunsTheExecutorAloneOnOneRank) {

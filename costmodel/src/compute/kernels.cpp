@@ -209,7 +209,17 @@ std::shared_ptr<const KernelTables> read_kernel_tables(const nlohmann::json& jso
   t->kernel_latency = r.number("kernel_latency_us", 0, 1e4) * 1e-6;
   t->copy_bandwidth = r.number("copy_gb_per_s", 0, 1e6, true) * 1e9;
   t->adamw_fused_bandwidth = r.optional_number("adamw_fused_gb_per_s", 0, 1e6, true).value_or(0.0) * 1e9;
-  t->hbm_bandwidth = r.optional_number("hbm_tb_per_s", 0, 1e3, true).value_or(hbm_bandwidth / 1e12) * 1e12;
+  t->hbm_bandwidth = hbm_bandwidth;
+  if (const auto stated = r.optional_number("hbm_tb_per_s", 0, 1e3, true)) {
+    t->hbm_bandwidth = *stated * 1e12;
+    // A table measured on the same chip with other memory: within a factor of 10 of the profile's.
+    if (hbm_bandwidth > 0 && (t->hbm_bandwidth > 10.0 * hbm_bandwidth || t->hbm_bandwidth < 0.1 * hbm_bandwidth)) {
+      char profile[32];
+      std::snprintf(profile, sizeof profile, "%g", hbm_bandwidth / 1e12);
+      r.fail("hbm_tb_per_s", std::string("must be within a factor of 10 of the profile's hbm_bandwidth_tb_per_s (") + profile +
+                                 "): the tables are of this chip, measured with its own or similar memory");
+    }
+  }
   {
     detail::ObjectReader g = r.object("gemm");
     t->gemm_dtype = dtype_from(g.one_of("dtype", {"fp32", "bf16", "fp16", "fp8"}));

@@ -394,6 +394,10 @@ std::string training_error(const ModelSpec& m, const TrainingConfig& t) {
       return std::string("/training/fp8_all_gather: the ") + stack_name(t.stack) +
              " stack all-gathers 16-bit parameters; torchao's fp8 all-gather hooks FSDP2 (stacks fsdp2, fsdp2-compile)";
     }
+    if (t.mode == TrainingMode::kLora || t.mode == TrainingMode::kQlora) {
+      // The frozen base is not trained in fp8 and the adapters are not Float8Linear modules.
+      return std::string("/training/fp8_all_gather: mode ") + mode_name(t.mode) + " trains adapters; the fp8 all-gather is for pretraining or full fine-tuning";
+    }
     if (m.moe) {
       // torchao's Float8Linear replaces nn.Linear modules; torchtitan's routed experts are grouped
       // GEMMs over 3-D weights (GroupedExperts), which its float8 linear converter does not touch.

@@ -27,8 +27,7 @@ bool estimate_detail::gathers_fp8_weights(const Plan& plan) {
   // torchtitan turns the fp8 all-gather on only where FSDP shards over data-parallel ranks
   // (components/quantization/float8.py at v0.2.2: parallel_dims.dp_shard_enabled), not where it
   // shards over context-parallel ranks alone.
-  const int dp_shard = p.zero_stage == 3 ? p.shard_size() : p.dp;
-  return tr.fp8_all_gather && tr.precision == Precision::kFp8 && stack.fp8_all_gather && !lora && dp_shard > 1 &&
+  return tr.fp8_all_gather && tr.precision == Precision::kFp8 && stack.fp8_all_gather && !lora && p.shard_size() > 1 &&
          (p.zero_stage == 3 || (p.zero_stage == 2 && stack.dp.grad_op_units));
 }
 

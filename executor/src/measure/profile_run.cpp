@@ -229,7 +229,8 @@ cm::HardwareProfile build_profile(const ProfileOptions& o, const cm::HardwarePro
     if (std::abs(p.gpu.hbm_capacity.value() - capacity) > 0.1 * capacity) {
       print_for_rank(0, "executor: warning: this GPU has " + number(p.gpu.hbm_capacity.in_gib()) + " GiB, the base profile's " + base.gpu.name + " " +
                             number(base.gpu.hbm_capacity.in_gib()) + " GiB: its peaks and HBM bandwidth are probably another GPU's; give --base a "
-                            "profile of this GPU");
+                            "profile of this GPU (or correct both gpu.hbm_bandwidth_tb_per_s and gpu.kernels.hbm_tb_per_s, the bandwidth "
+                            "the tables were measured at, in the written profile)");
     }
     p.gpu.gemm_efficiency = std::min(1.0, best_gemm / peak);
     p.gpu.attention_efficiency = std::min(1.0, best_attention / peak);
