@@ -129,9 +129,12 @@ std::string stack_line(const TrainingConfig& t, std::optional<bool> fp8_gathered
     add(*t.fp8_recipe == Fp8Recipe::kCurrent ? "fp8 current scaling (each tensor's amax taken before its cast)" : "fp8 delayed scaling");
   }
   if (t.fp8_all_gather) {
-    add(fp8_gathered.value_or(true) ? std::string("fp8 all-gather of the linear layers' weights, scales precomputed once a step") +
-                                          (fp8_gathered ? "" : " (where FSDP shards them over data-parallel ranks)")
-                                    : std::string("fp8 all-gather asked, but no parameters are sharded over data-parallel ranks: nothing gathered"));
+    const std::string gathered = "fp8 all-gather of the linear layers' weights, scales precomputed once a step";
+    if (!fp8_gathered) {
+      add(gathered + " (where FSDP shards them over data-parallel ranks)");
+    } else {
+      add(*fp8_gathered ? gathered : "fp8 all-gather asked, but no parameters are sharded over data-parallel ranks: nothing gathered");
+    }
   }
   if (t.allocator != Allocator::kCaching) add(std::string("PYTORCH_ALLOC_CONF=") + allocator_conf(t.allocator));
   if (!changes.empty()) s += "; this plan: " + changes;

@@ -19,7 +19,12 @@ namespace trainplan::costmodel {
 
 using namespace estimate_detail;
 
-bool estimate_detail::gathers_fp8_weights(const Plan& plan) {
+namespace {
+
+// The plan's linear-layer weights are all-gathered in fp8 (TrainingConfig::fp8_all_gather on a
+// stack that runs it, ZeRO-3 or FSDP's SHARD_GRAD_OP sharded over more than one data-parallel
+// rank, not under LoRA): LayerSetting::fp8_gathered_weights.
+bool gathers_fp8_weights(const Plan& plan) {
   const TrainingConfig& tr = plan.training;
   const ParallelConfig& p = plan.parallel;
   const StackSpec& stack = stack_spec(tr.stack);
@@ -30,6 +35,8 @@ bool estimate_detail::gathers_fp8_weights(const Plan& plan) {
   return tr.fp8_all_gather && tr.precision == Precision::kFp8 && stack.fp8_all_gather && !lora && p.shard_size() > 1 &&
          (p.zero_stage == 3 || (p.zero_stage == 2 && stack.dp.grad_op_units));
 }
+
+}  // namespace
 
 LayerSetting layer_setting(const Plan& plan) {
   const TrainingConfig& tr = plan.training;
@@ -266,11 +273,11 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
                                   ? (tr.lora.base_format == QuantFormat::kNf4 ? 4.127 / 8.0 : 1.0 + 4.0 / h)
                                   : e;
 
-  // fp8 all-gather (gathers_fp8_weights): a layer's linear weights travel, and stay gathered, as
+  // fp8 all-gather (LayerSetting::fp8_gathered_weights): a layer's linear weights travel, and stay gathered, as
   // fp8 (1 byte), its norms in the parameter dtype; the embedding and the output layer stay 16-bit
   // (torchtitan's filter_fqns keeps the output layer out of Float8Linear; the embedding is no
   // linear layer). Bytes per parameter of a gathered layer.
-  const bool fp8_gather = gathers_fp8_weights(plan);
+  const bool fp8_gather = s.fp8_gathered_weights;
   const double layer_params = dense_layer + expert_layer;
   const double layer_norms = std::min(layer_params, pc.norms / t);
   const double layer_gather_width =

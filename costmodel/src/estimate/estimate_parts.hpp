@@ -104,11 +104,6 @@ struct StageTailInputs {
   }
 };
 
-// The plan's linear-layer weights are all-gathered in fp8 (TrainingConfig::fp8_all_gather on a
-// stack that runs it, ZeRO-3 or FSDP's SHARD_GRAD_OP sharded over more than one data-parallel
-// rank, not under LoRA).
-[[nodiscard]] bool gathers_fp8_weights(const Plan& plan);
-
 // Stage i's data-parallel traffic and optimizer step (estimate_stage.cpp).
 [[nodiscard]] StageTail stage_tail_of(const StageTailInputs& in, int i);
 
