@@ -237,9 +237,11 @@ TEST(TorchtitanH100H200, EveryRunIsPredictedAndThePeakReservedMemoryWithin10Perc
 // local batch 1, FSDP2 under torch.compile, op-level selective checkpointing, launched through
 // run_train.sh (expandable segments): 6150 tokens/s per GPU and 47.65 GiB peak reserved in bf16,
 // 7689.5 and 47.77 in tensorwise fp8 with the fp8 all-gather. Both runs ran, so both must fit; the
-// reserve is held within 20% (the model is 13-15% low at local batch 1, docs/accuracy.md). The
-// throughput is printed, not bounded: 36-45% optimistic, a gap not yet found (docs/accuracy.md).
-TEST(TorchaoFloat8H100, BothRunsFitAndThePeakReservedMemoryWithin20Percent) {
+// reserve is held within 10%, as the H200 runs' above: the torchtitan of these runs (March 2025)
+// ran its loss eagerly on fp32 logits (the CSV's loss column; without it the model was 13-15%
+// low). The throughput is printed, not bounded: 34-43% optimistic, a gap not yet found
+// (docs/accuracy.md).
+TEST(TorchaoFloat8H100, BothRunsFitAndThePeakReservedMemoryWithin10Percent) {
   const auto table = checked(planner::validate_torchao_float8_h100());
   print(table);
   ASSERT_EQ(table.rows.size(), 4u);
@@ -248,7 +250,7 @@ TEST(TorchaoFloat8H100, BothRunsFitAndThePeakReservedMemoryWithin20Percent) {
   for (const auto& row : table.rows) {
     EXPECT_TRUE(row.fits) << row.label << ": these runs ran";
     if (row.label.find("reserved GiB") != std::string::npos) {
-      EXPECT_NEAR(row.predicted / row.published, 1.0, 0.20) << row.label;
+      EXPECT_NEAR(row.predicted / row.published, 1.0, 0.10) << row.label;
     }
   }
   // fp8 with the fp8 all-gather over bf16: published 7689.5 / 6150 = 1.25 times; the model's

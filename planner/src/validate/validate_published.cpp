@@ -490,8 +490,8 @@ Result<ValidationTable> validate_torchtitan_a100() {
 // The rows of a torchtitan benchmark table (tests/data/torchtitan_h100_h200.csv and the same
 // columns in torchao_float8_h100.csv) predicted for the fsdp2-compile stack with the published
 // layout, local batch, activation checkpointing ("op" as selective, TP with sequence-parallel
-// norms), fp8 as tensorwise current scaling with or without the fp8 all-gather, and the allocator
-// the launcher set; `gpus` maps the table's gpu column to a profile.
+// norms), fp8 as tensorwise current scaling with or without the fp8 all-gather, the allocator the
+// launcher set and the loss (compiled or eager) of the torchtitan commit; `gpus` maps the table's gpu column to a profile.
 void torchtitan_rows(const PublishedTable& t, ValidationTable& table, const std::map<std::string, costmodel::HardwareProfile>& gpus) {
   for (const CsvRow& row : t.rows) {
     const std::string gpu = t.text(row, "gpu");
@@ -509,6 +509,12 @@ void torchtitan_rows(const PublishedTable& t, ValidationTable& table, const std:
     if (fp8_all_gather != "true" && fp8_all_gather != "false") t.fail(row, "fp8_all_gather: must be true or false (got \"" + fp8_all_gather + "\")");
     const auto allocator = costmodel::allocator_from_name(t.text(row, "allocator"));
     if (!allocator) t.fail(row, "allocator: must be caching or expandable-segments (got \"" + t.text(row, "allocator") + "\")");
+    // Whether torchtitan compiled its loss (fused) or ran it eagerly on fp32 logits depends on its
+    // commit (components/loss.py; each CSV's header says which).
+    const auto loss = costmodel::loss_kernel_from_name(t.text(row, "loss"));
+    if (!loss || (*loss != costmodel::LossKernel::kFused && *loss != costmodel::LossKernel::kFp32Copy)) {
+      t.fail(row, "loss: must be fused or fp32-logits (got \"" + t.text(row, "loss") + "\")");
+    }
     const int n = t.integer(row, "gpus"), tp = t.integer(row, "tp"), dp = t.integer(row, "dp");
     if (tp * dp != n) t.fail(row, "tp x dp must be gpus");
     // torchtitan's local batch is per data-parallel rank: the global batch is local_batch x dp.
@@ -527,6 +533,7 @@ void torchtitan_rows(const PublishedTable& t, ValidationTable& table, const std:
       t.fail(row, "fp8_all_gather: true needs precision fp8");
     }
     req.training.allocator = *allocator;
+    req.training.loss = *loss;
     req.parallel.tp = tp;
     req.parallel.dp = dp;
     if (tp > 1) req.parallel.sequence_parallel = true;  // torchtitan's TP plan: SequenceParallel norms
@@ -578,13 +585,14 @@ Result<ValidationTable> validate_torchao_float8_h100() {
     table.id = "torchao_float8_h100";
     table.title = "torchao float8 on 8 H100";
     table.quantity = "tokens/s per GPU, peak reserved GiB";
-    table.missing = "not found: tokens/s +36% (bf16) and +45% (fp8) on one node, where the network plays no part; the same gap as the "
+    table.missing = "not found: tokens/s +34% (bf16) and +43% (fp8) on one node, where the network plays no part; the same gap as the "
                     "500 W H100 rows, and the file states no power limit (the model's kernels are within 3% of our own H100 runs); "
-                    "peak reserved 13-15% low at local batch 1 (the H200 runs at local batch 2 are within 6%)";
+                    "peak reserved within 4%";
     table.source = "pytorch/ao torchao/float8/README.md (b79503772^), e2e training benchmarks on 8 H100: torchtitan Llama 3 8B, "
                    "seq 8192, local batch 1, FSDP2, torch.compile, per-op selective checkpointing, bf16 and tensorwise fp8 with the "
-                   "fp8 all-gather, launched through run_train.sh (expandable segments); predicted for the fsdp2-compile stack on "
-                   "dgx-h100 (memory and power limit not stated); not used to build the model";
+                   "fp8 all-gather, launched through run_train.sh (expandable segments), the loss run eagerly on fp32 logits (torchtitan "
+                   "between e8977b007 and bbb1b616e, which compiled it again); predicted for the fsdp2-compile stack on dgx-h100 (memory "
+                   "and power limit not stated); not used to build the model";
     torchtitan_rows(t, table, {{"H100", checked(costmodel::find_hwprofile("dgx-h100"))}});
     return table;
   });
