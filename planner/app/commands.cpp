@@ -52,11 +52,29 @@ pl::Format parse_format(const std::string& s) {
 }
 
 // Writes `text` to `path` through `path`.tmp and a rename, so a reader never sees half a file;
-// on any failure the temporary file is removed and `error` says why.
+// on any failure the temporary file is removed and `error` says why. A symbolic link is followed
+// (the file it names is replaced, the link kept), and a path that is not a regular file (a
+// device such as /dev/stdout, a FIFO) is written in place, as the shell's > would: renaming over
+// it would replace the device or pipe with a file.
 bool write_file(const std::string& path, const std::string& text, std::string& error) {
+  namespace fs = std::filesystem;
   std::error_code ec;
-  if (std::filesystem::is_directory(path, ec)) { error = path + ": is a directory, not a file"; return false; }
-  const std::string tmp = path + ".tmp";
+  const fs::file_status status = fs::status(path, ec);  // follows links
+  if (fs::is_directory(status)) { error = path + ": is a directory, not a file"; return false; }
+  if (fs::exists(status) && !fs::is_regular_file(status)) {
+    std::ofstream out(path, std::ios::binary);
+    if (!out) { error = path + ": cannot write (" + std::strerror(errno) + ")"; return false; }
+    out << text;
+    out.flush();
+    if (!out) { error = path + ": write failed"; return false; }
+    return true;
+  }
+  std::string target = path;
+  if (fs::is_symlink(fs::symlink_status(path, ec))) {
+    const fs::path resolved = fs::weakly_canonical(path, ec);
+    if (!ec) target = resolved.string();
+  }
+  const std::string tmp = target + ".tmp";
   const auto give_up = [&](const std::string& why) {
     error = path + ": " + why;
     std::error_code ignored;
@@ -73,7 +91,7 @@ bool write_file(const std::string& path, const std::string& text, std::string& e
     out.close();
     if (!out) return give_up("write failed");
   }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) return give_up(std::string("cannot rename the temporary file into place (") + std::strerror(errno) + ")");
+  if (std::rename(tmp.c_str(), target.c_str()) != 0) return give_up(std::string("cannot rename the temporary file into place (") + std::strerror(errno) + ")");
   return true;
 }
 

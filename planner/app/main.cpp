@@ -49,7 +49,9 @@
 
 using namespace trainplan::planner_app;
 
-int main(int argc, char** argv) {
+namespace {
+
+int run(int argc, char** argv) {
   CLI::App app{"trainplan planner: what fits, how fast it goes, and why"};
   app.require_subcommand(0, 1);
 
@@ -270,12 +272,21 @@ int main(int argc, char** argv) {
     std::vector<std::pair<std::string, std::string>> inputs;
     if (!plan_file.empty()) inputs.emplace_back("plan file", plan_file);
     for (const std::string& f : calibrate_files) inputs.emplace_back("measurement", f);
+    // And what those name as their model and cluster.
+    for (const std::string& document : [&] {
+           std::vector<std::string> d = calibrate_files;
+           if (!plan_file.empty()) d.push_back(plan_file);
+           return d;
+         }()) {
+      for (const std::string& f : cm::referenced_files(document)) inputs.emplace_back("file " + document + " names", f);
+    }
     for (const std::string& f : profile_csv) inputs.emplace_back("--from-csv file", f);
     // A preset's name is no file even where a file of that name exists (presets come first).
     const auto is_preset = [](const std::vector<std::string>& names, const std::string& name) {
       return std::find(names.begin(), names.end(), name) != names.end();
     };
     if (!cluster.empty() && !is_preset(cm::hwprofile_preset_names(), cluster)) inputs.emplace_back("--cluster file", cluster);
+    if (!is_preset(cm::hwprofile_preset_names(), profile_base)) inputs.emplace_back("--base profile", profile_base);
     if (!model.empty() && !is_preset(cm::model_preset_names(), cm::resolve_model_alias(model))) inputs.emplace_back("--model file", model);
     const std::pair<const char*, std::string> outputs[] = {
         {"--save-plan", save_plan}, {"--out", export_out}, {"--out", profile_out}, {"--out", calibrate_out}, {"--measurement", app.got_subcommand("run") ? measurement_file : ""}};
@@ -341,6 +352,7 @@ int main(int argc, char** argv) {
     if (stack_choice) req.training.stack = *stack_choice;
     if (app.count("--allocator") > 0) req.training.allocator = *cm::allocator_from_name(allocator);
   } else {
+    if (app.count("--gpus") == 0) return fail("--gpus: required, the number of GPUs to plan for (e.g. --gpus 64), or a plan file with search or evaluate");
     if (gpus <= 0 || gpus > (1 << 24)) {  // 2^24, as in plan files (wider counts overflow the search's products)
       return fail("--gpus: must be a number of GPUs from 1 to 16777216 (e.g. --gpus 64; got " + std::to_string(gpus) + ")");
     }
@@ -474,4 +486,18 @@ int main(int argc, char** argv) {
   }
   std::cout << pl::render_search(req, *result, ctx, fmt);
   return result->ranked.empty() ? kExitNoFit : 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int status = run(argc, argv);
+  // What went to standard output (a report, an export, a trace redirected to a file) must have
+  // reached it: a full disk or a closed pipe is an error, not a silent empty file.
+  std::cout.flush();
+  if (!std::cout || std::fflush(stdout) != 0 || std::ferror(stdout) != 0) {
+    std::cerr << "planner: error: writing to standard output failed (" << std::strerror(errno) << ")\n";
+    return status == 0 ? kExitBadInput : status;
+  }
+  return status;
 }

@@ -243,7 +243,14 @@ PerformanceDocument read_document(const nlohmann::json& json, const std::string&
   d.device = r.string("device");
   const auto gpus = r.integer("gpus", 1, 1 << 24);
   d.world_size = r.integer("world_size", 1, 1 << 24).value_or(gpus.value_or(0));
-  if (r.find("parallel")) d.layout = read_layout(r.object("parallel"));
+  if (r.find("parallel")) {
+    d.layout = read_layout(r.object("parallel"));
+    // The layout covers the GPUs (expert parallelism splits the data-parallel ranks, not more).
+    const long long ranks = static_cast<long long>(d.layout->tp) * d.layout->pp * d.layout->dp * d.layout->cp;
+    if (d.world_size > 0 && ranks != d.world_size) {
+      r.fail("parallel", "tp x pp x dp x cp = " + std::to_string(ranks) + " ranks, but the run had " + std::to_string(d.world_size) + " GPUs");
+    }
+  }
   if (r.find("training")) {
     const LenientReader t = r.object("training");
     d.stack = t.string("stack");
@@ -310,7 +317,19 @@ PerformanceDocument read_document(const nlohmann::json& json, const std::string&
       d.losses.push_back(v.is_null() ? std::nan("") : v.get<double>());  // JSON writers turn NaN into null
     }
   }
-  if (r.find("trace")) d.trace = read_trace(r.object("trace"));
+  if (r.find("trace")) {
+    d.trace = read_trace(r.object("trace"));
+    // Every event on a rank, a stage and a model chunk the run had.
+    for (std::size_t i = 0; i < d.trace->events.size(); ++i) {
+      const TraceEvent& e = d.trace->events[i];
+      const std::string at = "trace/events/" + std::to_string(i) + "/";
+      if (d.world_size > 0 && e.rank >= d.world_size) r.fail(at + "rank", "must be below the " + std::to_string(d.world_size) + " ranks of the run (got " + std::to_string(e.rank) + ")");
+      if (e.stage >= d.trace->stages) r.fail(at + "stage", "must be below the trace's " + std::to_string(d.trace->stages) + " stages (got " + std::to_string(e.stage) + ")");
+      if (e.chunk >= d.trace->virtual_stages) {
+        r.fail(at + "chunk", "must be below the trace's " + std::to_string(d.trace->virtual_stages) + " virtual stages (got " + std::to_string(e.chunk) + ")");
+      }
+    }
+  }
   if (r.find("moe")) d.moe = read_moe(r.object("moe"));
   return d;
 }

@@ -1,7 +1,9 @@
 #include "trainplan/planner/stack_logs.hpp"
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <regex>
 #include <sstream>
@@ -29,16 +31,32 @@ std::string without_colour(const std::string& line) {
   return std::regex_replace(line, kEscape, "");
 }
 
-double number(const std::string& text) {
+// A number as the logs print it (thousands separated by commas in torchtitan's tps), or nothing
+// when the text is not one whole finite number.
+std::optional<double> number(const std::string& text) {
   std::string digits;
   for (const char c : text) {
     if (c != ',') digits += c;
   }
-  return std::stod(digits);
+  char* end = nullptr;
+  errno = 0;
+  const double x = std::strtod(digits.c_str(), &end);
+  if (digits.empty() || end != digits.c_str() + digits.size() || errno == ERANGE || !std::isfinite(x)) return std::nullopt;
+  return x;
 }
 
-const std::regex kTitanStep(R"(step:\s*(\d+)\s+loss:\s*(\S+).*?memory:\s*([0-9.]+)GiB.*?(?:tps|wps):\s*([0-9,]+))");
-const std::regex kMegatronIteration(R"(iteration\s+(\d+)/\s*\d+\s*\|.*elapsed time per iteration \(ms\):\s*([0-9.]+))");
+// A count the logs print (sizes, batch, sequence length): a whole number from 1 to 2^31 - 1.
+std::optional<int> count(const std::string& text) {
+  const auto x = number(text);
+  if (!x || *x < 1 || *x > 2147483647.0 || *x != std::floor(*x)) return std::nullopt;
+  return static_cast<int>(*x);
+}
+
+// Numbers with an exponent too ("5.6e3"), so that a value is read whole or refused, never cut.
+#define TRAINPLAN_LOG_NUMBER R"([0-9][0-9,]*(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?)"
+const std::regex kTitanStep(R"(step:\s*(\d+)\s+loss:\s*(\S+).*?memory:\s*()" TRAINPLAN_LOG_NUMBER R"()GiB.*?(?:tps|wps):\s*()" TRAINPLAN_LOG_NUMBER ")");
+const std::regex kMegatronIteration(R"(iteration\s+(\d+)/\s*\d+\s*\|.*elapsed time per iteration \(ms\):\s*(\S+))");
+#undef TRAINPLAN_LOG_NUMBER
 
 // The steps the measurement stands for: every logged step after the first (compilation, warm-up
 // and the allocator's first growth land there), or the one step a log has.
@@ -53,6 +71,24 @@ struct Parsed {
   std::optional<long long> seq_len, global_batch;
   std::string device;
   bool compiled = false;
+  std::string error;  // the first value that is not what the log should print, with its line
+  int line = 0;
+
+  // `text` as a number above 0 (a time, a rate, a size), or the error set.
+  double positive(const std::string& text, const char* what) {
+    const auto x = number(text);
+    if (x && *x > 0) return *x;
+    if (error.empty()) error = "line " + std::to_string(line) + ": " + what + " \"" + text + "\" is not a number above 0";
+    return 0;
+  }
+  int counted(const std::string& text, const char* what) {
+    const auto n = count(text);
+    if (n) return *n;
+    if (error.empty()) error = "line " + std::to_string(line) + ": " + what + " \"" + text + "\" is not a whole number from 1 to 2147483647";
+    return 1;
+  }
+  // A loss: any finite number (nan is what a diverged run prints: kept as not a number).
+  double loss(const std::string& text) { return number(text).value_or(std::nan("")); }
 };
 
 void read_torchtitan(std::istream& in, Parsed& p) {
@@ -60,25 +96,32 @@ void read_torchtitan(std::istream& in, Parsed& p) {
   static const std::regex kBatch(R"(local batch size (\d+), global batch size (\d+), gradient accumulation steps (\d+), sequence length (\d+))");
   static const std::regex kDevice(R"(CUDA capacity: (.+?) with [0-9.]+GiB memory)");
   std::smatch m;
-  for (std::string raw; std::getline(in, raw);) {
+  for (std::string raw; p.error.empty() && std::getline(in, raw);) {
+    ++p.line;
     const std::string line = without_colour(raw);
     if (std::regex_search(line, m, kTitanStep)) {
-      p.losses.push_back(number(m[2]));
-      p.reserved_bytes = std::max(p.reserved_bytes, number(m[3]) * 1073741824.0);  // GiB: device memory monitor's 1024^3
-      p.tokens_per_second_per_gpu.push_back(number(m[4]));
+      p.losses.push_back(p.loss(m[2]));
+      p.reserved_bytes = std::max(p.reserved_bytes, p.positive(m[3], "memory (GiB)") * 1073741824.0);  // GiB: device memory monitor's 1024^3
+      p.tokens_per_second_per_gpu.push_back(p.positive(m[4], "tps"));
     } else if (std::regex_search(line, m, kMesh)) {
-      p.pp = std::stoi(m[1]);
-      p.cp = std::stoi(m[4]);
-      p.tp = std::stoi(m[5]);
-      p.ep = m[6].matched ? std::stoi(m[6]) : 1;
-      const int replicate = std::stoi(m[2]), shard = std::stoi(m[3]);
-      if (shard > 0) {
-        p.dp = replicate * shard;
-        p.world_size = *p.dp * *p.cp * *p.tp * *p.pp;
+      p.pp = p.counted(m[1], "pp");
+      p.cp = p.counted(m[4], "cp");
+      p.tp = p.counted(m[5], "tp");
+      p.ep = m[6].matched ? p.counted(m[6], "ep") : 1;
+      const int replicate = p.counted(m[2], "dp_replicate");
+      const auto shard = number(m[3]);  // -1: the ranks left over
+      if (shard && *shard > 0) {
+        const double dp = replicate * *shard, world = dp * *p.cp * *p.tp * *p.pp;
+        if (world > 16777216.0) {
+          p.error = "line " + std::to_string(p.line) + ": a mesh of " + std::to_string(world) + " ranks";
+        } else {
+          p.dp = static_cast<int>(dp);
+          p.world_size = static_cast<int>(world);
+        }
       }
     } else if (std::regex_search(line, m, kBatch)) {
-      p.global_batch = std::stoll(m[2]);
-      p.seq_len = std::stoll(m[4]);
+      p.global_batch = p.counted(m[2], "global batch size");
+      p.seq_len = p.counted(m[4], "sequence length");
     } else if (std::regex_search(line, m, kDevice)) {
       p.device = m[1];
     } else if (line.find("with torch.compile") != std::string::npos && line.find("Compiling") != std::string::npos) {
@@ -97,28 +140,29 @@ void read_megatron(std::istream& in, Parsed& p) {
     static const std::regex kSize(R"((world|data-parallel|context-parallel|tensor-model-parallel|pipeline-model-parallel) size: (\d+))");
     for (std::sregex_iterator it(line.begin(), line.end(), kSize), end; it != end; ++it) {
       const std::string what = (*it)[1];
-      const int value = std::stoi((*it)[2]);
+      const int value = p.counted((*it)[2], "size");
       (what == "world" ? p.world_size : what == "data-parallel" ? p.dp : what == "context-parallel" ? p.cp : what == "tensor-model-parallel" ? p.tp : p.pp) =
           value;
     }
   };
   std::smatch m;
-  for (std::string line; std::getline(in, line);) {
+  for (std::string line; p.error.empty() && std::getline(in, line);) {
+    ++p.line;
     if (std::regex_search(line, m, kMegatronIteration)) {
-      p.step_seconds.push_back(number(m[2]) / 1e3);
-      if (std::regex_search(line, m, kBatch)) p.global_batch = std::stoll(m[1]);
-      if (std::regex_search(line, m, kLoss)) p.losses.push_back(number(m[1]));
+      p.step_seconds.push_back(p.positive(m[2], "elapsed time per iteration (ms)") / 1e3);
+      if (std::regex_search(line, m, kBatch)) p.global_batch = p.counted(m[1], "global batch size");
+      if (std::regex_search(line, m, kLoss)) p.losses.push_back(p.loss(m[1]));
     } else if (std::regex_search(line, m, kMemory)) {
       // report_memory: MB of 1024 x 1024 bytes (mega_bytes = 1024.0 * 1024.0); the busiest rank printed.
-      p.allocated_bytes = std::max(p.allocated_bytes, number(m[1]) * 1048576.0);
-      p.reserved_bytes = std::max(p.reserved_bytes, number(m[2]) * 1048576.0);
+      p.allocated_bytes = std::max(p.allocated_bytes, p.positive(m[1], "max allocated (MB)") * 1048576.0);
+      p.reserved_bytes = std::max(p.reserved_bytes, p.positive(m[2], "max reserved (MB)") * 1048576.0);
     } else if (line.find("using world size:") != std::string::npos) {
       sizes(line);
     } else if (std::regex_search(line, m, kArgument)) {
       const std::string key = m[1];
-      if (key == "seq_length") p.seq_len = std::stoll(m[2]);
-      if (key == "world_size") p.world_size = std::stoi(m[2]);
-      if (key == "expert_model_parallel_size") p.ep = std::stoi(m[2]);
+      if (key == "seq_length") p.seq_len = p.counted(m[2], "seq_length");
+      if (key == "world_size") p.world_size = p.counted(m[2], "world_size");
+      if (key == "expert_model_parallel_size") p.ep = p.counted(m[2], "expert_model_parallel_size");
     }
   }
 }
@@ -144,6 +188,17 @@ Result<PerformanceDocument> read_stack_log(const std::string& path, const std::s
     read_megatron(in, p);
   }
   const std::string what = std::string(stack_log_name(log)) + " log";
+  if (!p.error.empty()) return Error{path + ": " + p.error + " (a " + what + ")"};
+  // The plan's values stand in for what the log does not state; one the log states otherwise
+  // would set its tokens per second beside a prediction of other work.
+  const auto differs = [&](const char* name, std::optional<long long> logged, long long planned) -> std::optional<Error> {
+    if (!logged || planned <= 0 || *logged == planned) return std::nullopt;
+    return Error{path + ": the " + what + " ran " + name + " " + std::to_string(*logged) + " where the plan has " + std::to_string(planned) +
+                 "; compare a log with the plan it ran"};
+  };
+  if (auto e = differs("global batch", p.global_batch, defaults.global_batch)) return *e;
+  if (auto e = differs("sequence length", p.seq_len, defaults.seq_len)) return *e;
+  if (auto e = differs("world size", p.world_size ? std::optional<long long>(*p.world_size) : std::nullopt, defaults.world_size)) return *e;
   const std::size_t steps = log == StackLog::kTorchtitan ? p.tokens_per_second_per_gpu.size() : p.step_seconds.size();
   if (steps == 0) return Error{path + ": no " + (log == StackLog::kTorchtitan ? "step" : "iteration") + " lines in this " + what};
   const int world = p.world_size.value_or(defaults.world_size);

@@ -359,6 +359,30 @@ TEST_F(PlannerCli, AFailedSavePlanLeavesNoTemporaryFile) {
   EXPECT_EQ(left, (std::vector<std::string>{"stderr.txt", "taken"}));
 }
 
+// --save-plan through a symbolic link replaces the file it names and keeps the link; a path that
+// is not a regular file (here /dev/null) is written in place, not renamed over; and output that
+// cannot reach standard output (a full device) is an error, not an empty file and exit 0.
+TEST_F(PlannerCli, SavePlanFollowsLinksWritesDevicesInPlaceAndAFullStdoutIsAnError) {
+  const fs::path target = write("real.json", "{}\n");
+  fs::create_symlink("real.json", dir_ / "link.json");
+  const auto linked = run("--model 8b --gpus 8 --quiet --save-plan " + quote((dir_ / "link.json").string()));
+  ASSERT_EQ(linked.exit_code, 0) << linked.all();
+  EXPECT_TRUE(fs::is_symlink(dir_ / "link.json"));
+  EXPECT_NE(testing::read_text(target.string()).find("\"schema\": \"trainplan/plan/v1\""), std::string::npos);
+  EXPECT_FALSE(fs::exists(dir_ / "real.json.tmp"));
+
+  const auto null = run("--model 8b --gpus 8 --quiet --save-plan /dev/null");
+  ASSERT_EQ(null.exit_code, 0) << null.all();
+  EXPECT_TRUE(fs::is_character_file("/dev/null"));
+
+  if (fs::is_character_file("/dev/full")) {
+    const fs::path err = dir_ / "full.err";
+    const auto full = run("--model 8b --gpus 8 --quiet > /dev/full 2>" + quote(err.string()) + "; echo \"rc=$?\"");
+    EXPECT_NE(full.out.find("rc=2"), std::string::npos) << full.all();
+    EXPECT_NE(testing::read_text(err.string()).find("planner: error: writing to standard output failed"), std::string::npos);
+  }
+}
+
 TEST_F(PlannerCli, ContradictoryFixValuesNameTheConstraints) {
   expect_bad_inputs({
       {"axes beyond the GPUs", "--model 8b --gpus 32 --fix tp=8 --fix pp=8", "no plan can satisfy the fixed values: --fix tp=8 x --fix pp=8 = 64 > 32 GPUs"},

@@ -105,6 +105,17 @@ TEST(BuildKernelTables, RefusesIncompleteOrImpossibleSamples) {
   s = minimal_samples();
   s.elementwise = {{"softmax", 1000, 64, "", 1e-5, 1e-5}};
   cases.push_back({"unknown op", s, "unknown op \"softmax\""});
+  // Beyond any GPU: 2 x 4096^3 FLOP in 1e-300 s, and a 1e23-row GEMM in 2 ms (5e22 PFLOP/s).
+  s = minimal_samples();
+  s.gemm[0].seconds = 1e-300;
+  cases.push_back({"a time typed wrong", s, "GEMM sample 4096x4096x4096 in 1e-300 s"});
+  s = minimal_samples();
+  s.gemm[0].m = 1e23;
+  cases.push_back({"a shape typed wrong", s, "PFLOP/s, beyond any GPU"});
+  // 256,000 elements in 1 ns: 2.56e14 a second.
+  s = minimal_samples();
+  s.elementwise = {{"rmsnorm", 1000, 256, "", 1e-9, 30e-6}};
+  cases.push_back({"an element-wise time typed wrong", s, "element-wise sample rmsnorm 1000x256: more than 1e14 elements a second"});
   for (const Case& c : cases) {
     auto built = planner::build_kernel_tables(c.samples, 4e-6);
     ASSERT_FALSE(built) << c.what;

@@ -4,6 +4,8 @@
 // outputs/autoresearch/may19-qwen3-14b/run230-...) and Megatron-LM's iteration lines of Mixtral
 // 8x7B on 16 H100 (NVIDIA/Megatron-LM issue 756). Expected values worked by hand from the lines.
 
+#include <algorithm>
+
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -82,6 +84,58 @@ TEST(StackLogs, WhatNeitherTheLogNorThePlanSaysIsAnError) {
   auto empty = planner::read_stack_log("t.log", "[titan] Training starts at step 1\n", StackLog::kTorchtitan, {});
   ASSERT_FALSE(empty);
   EXPECT_EQ(empty.error().message, "t.log: no step lines in this torchtitan log");
+}
+
+// The sample logs with one value edited: a value that is not a number above 0 (a zero time, a
+// number the log would not print whole) names its line; a log of other work than the plan's is
+// refused rather than set beside the plan's prediction.
+std::string edited(const std::string& text, const std::string& from, const std::string& to) {
+  std::string out = text;
+  const auto at = out.find(from);
+  EXPECT_NE(at, std::string::npos) << from;
+  if (at != std::string::npos) out.replace(at, from.size(), to);
+  return out;
+}
+
+TEST(StackLogs, AValueThatIsNotANumberAboveZeroNamesItsLine) {
+  planner::LogDefaults plan;
+  plan.seq_len = 4096;
+  // Megatron's second iteration line (line 3 of the sample) at 0 ms: a step of no time.
+  auto zero = planner::read_stack_log("m.log", edited(read(kMegatron), "(ms): 5630.1", "(ms): 0"), StackLog::kMegatron, plan);
+  ASSERT_FALSE(zero);
+  EXPECT_EQ(zero.error().message, "m.log: line 3: elapsed time per iteration (ms) \"0\" is not a number above 0 (a megatron-lm log)");
+  // "1e999" is beyond a double: refused, not read as 1.
+  auto huge = planner::read_stack_log("m.log", edited(read(kMegatron), "(ms): 5630.1", "(ms): 1e999"), StackLog::kMegatron, plan);
+  ASSERT_FALSE(huge);
+  EXPECT_NE(huge.error().message.find("\"1e999\" is not a number above 0"), std::string::npos) << huge.error().message;
+  // An exponent is read whole: 5.6e3 ms is 5.6 s, not 5.6 ms.
+  auto exponent = planner::read_stack_log("m.log", edited(read(kMegatron), "(ms): 5630.1", "(ms): 5.6301e3"), StackLog::kMegatron, plan);
+  ASSERT_TRUE(exponent.ok()) << exponent.error().message;
+  auto plain = planner::read_stack_log("m.log", read(kMegatron), StackLog::kMegatron, plan);
+  ASSERT_TRUE(plain.ok());
+  EXPECT_DOUBLE_EQ(exponent->time.at("step_seconds"), plain->time.at("step_seconds"));
+  // torchtitan's tps of 0 on a step line.
+  const std::string titan = read(kTitan);
+  const auto step = titan.find("tps: 8,750");
+  ASSERT_NE(step, std::string::npos);
+  auto stalled = planner::read_stack_log("t.log", edited(titan, "tps: 8,750", "tps: 0"), StackLog::kTorchtitan, {});
+  ASSERT_FALSE(stalled);
+  const int line = 1 + static_cast<int>(std::count(titan.begin(), titan.begin() + static_cast<long>(step), '\n'));
+  EXPECT_EQ(stalled.error().message, "t.log: line " + std::to_string(line) + ": tps \"0\" is not a number above 0 (a torchtitan log)");
+}
+
+TEST(StackLogs, ALogOfOtherWorkThanThePlansIsRefused) {
+  planner::LogDefaults plan;
+  plan.seq_len = 4096;
+  plan.global_batch = 256;  // the log's iterations say 128
+  auto other = planner::read_stack_log("m.log", read(kMegatron), StackLog::kMegatron, plan);
+  ASSERT_FALSE(other);
+  EXPECT_EQ(other.error().message, "m.log: the megatron-lm log ran global batch 128 where the plan has 256; compare a log with the plan it ran");
+  planner::LogDefaults eight;
+  eight.world_size = 16;  // the torchtitan sample's mesh is 8 GPUs
+  auto ranks = planner::read_stack_log("t.log", read(kTitan), StackLog::kTorchtitan, eight);
+  ASSERT_FALSE(ranks);
+  EXPECT_EQ(ranks.error().message, "t.log: the torchtitan log ran world size 8 where the plan has 16; compare a log with the plan it ran");
 }
 
 class StackLogCli : public testing::PlannerCliTest {};

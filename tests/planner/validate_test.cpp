@@ -310,7 +310,7 @@ TEST(ValidateMeasurement, BadDocumentsAreErrorsNamingTheFileAndThePointer) {
       {"unknown model preset", [](nlohmann::json& m) { m["model"] = "no-such-model"; }, "/model"},
       {"unknown cluster preset", [](nlohmann::json& m) { m["cluster"] = "no-such-cluster"; }, "/cluster"},
       {"bad reserved bytes", [](nlohmann::json& m) { m["memory"]["reserved_bytes"] = "lots"; }, "/memory/reserved_bytes: must be a number >= 0"},
-      {"layout that is not the GPU count", [](nlohmann::json& m) { m["parallel"]["dp"] = 8; }, "gpus(4)"},
+      {"layout that is not the GPU count", [](nlohmann::json& m) { m["parallel"]["dp"] = 8; }, "/parallel: tp x pp x dp x cp = 8 ranks, but the run had 4 GPUs"},
       {"unknown training key", [](nlohmann::json& m) { m["training"]["sequence_length"] = 2048; }, "/training/sequence_length"},
       {"wrong schema", [](nlohmann::json& m) { m["schema"] = "trainplan/estimate/v1"; }, "/schema"},
   };

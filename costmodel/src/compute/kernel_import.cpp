@@ -21,10 +21,17 @@ std::string shape_text(std::initializer_list<double> values) {
   for (double v : values) {
     char text[32];
     std::snprintf(text, sizeof text, "%g", v);
-    out += (out.empty() ? "" : "x") + std::string(text);
+    if (!out.empty()) out += 'x';
+    out += text;
   }
   return out;
 }
+
+// What no GPU reaches, so that a sample beyond it is a unit or typing error, not a measurement:
+// 100 PFLOP/s of one kernel (a B300's dense fp4 peak is 15 PFLOP/s, NVIDIA's datasheet) and 100
+// TB/s of memory traffic, at least one byte an element (a B300's HBM3e: 8 TB/s).
+constexpr double kImpossibleFlops = 1e17;
+constexpr double kImpossibleElementsPerSecond = 1e14;
 
 }  // namespace
 
@@ -44,6 +51,16 @@ Result<KernelImport> build_kernel_tables(const KernelSamples& samples, double fa
     if (!(g.m > 0 && g.n > 0 && g.k > 0 && g.seconds > 0 && std::isfinite(g.seconds))) {
       return Error{"GEMM sample " + shape_text({g.m, g.n, g.k}) + ": every value must be a finite number > 0"};
     }
+    if (const double flops = 2 * g.m * g.n * g.k / g.seconds; flops > kImpossibleFlops) {
+      std::string message = "GEMM sample ";
+      message += shape_text({g.m, g.n, g.k});
+      message += " in ";
+      message += shape_text({g.seconds});
+      message += " s: ";
+      message += shape_text({flops / 1e15});
+      message += " PFLOP/s, beyond any GPU (a unit or shape typed wrong?)";
+      return Error{message};
+    }
     gemm[{g.m, g.n, g.k}].push_back(g.seconds);
   }
   for (const auto& a : samples.attention) {
@@ -55,6 +72,16 @@ Result<KernelImport> build_kernel_tables(const KernelSamples& samples, double fa
     if (!(e.tokens > 0 && e.width > 0 && e.forward_seconds > 0 && e.backward_seconds > 0 && std::isfinite(e.forward_seconds) &&
           std::isfinite(e.backward_seconds))) {
       return Error{"element-wise sample " + e.op + " " + shape_text({e.tokens, e.width}) + ": every value must be a finite number > 0"};
+    }
+    // The forward only: a backward may launch nothing (a residual add's gradient passes through:
+    // the H100 CSVs time it at 1e-9 s).
+    if (e.tokens * e.width / e.forward_seconds > kImpossibleElementsPerSecond) {
+      std::string message = "element-wise sample ";
+      message += e.op;
+      message += " ";
+      message += shape_text({e.tokens, e.width});
+      message += ": more than 1e14 elements a second, beyond any GPU's memory (a unit typed wrong?)";
+      return Error{message};
     }
     elementwise[{static_cast<int>(info->op), e.tokens * e.width}].push_back({e.forward_seconds, e.backward_seconds});
     by_size[{e.op, e.shape.empty() ? shape_text({e.width}) : e.shape}][e.tokens] = e.forward_seconds;

@@ -316,7 +316,11 @@ const char* hf_model_types() {
 }
 
 bool is_hf_config(const nlohmann::json& json) {
-  return json.is_object() && json.contains("model_type") && !json.contains("schema");
+  // model_type names the architecture; a config.json without it but with the keys every
+  // transformers config has is one still, so that its error is the missing model_type, not a
+  // missing trainplan schema.
+  return json.is_object() && !json.contains("schema") &&
+         (json.contains("model_type") || json.contains("architectures") || json.contains("num_hidden_layers"));
 }
 
 Result<ModelSpec> parse_hf_config(const nlohmann::json& json, const std::string& file) {

@@ -358,6 +358,22 @@ Result<PlanRequest> load_plan_file(const std::string& path) {
   return parse_plan_text(*text, path);
 }
 
+std::vector<std::string> referenced_files(const std::string& path) {
+  std::vector<std::string> files;
+  auto text = read_text_file(path);
+  if (!text) return files;
+  auto json = parse_json_text(*text, path);
+  if (!json || !json->is_object()) return files;
+  for (const char* key : {"model", "cluster"}) {
+    const auto it = json->find(key);
+    if (it == json->end() || !it->is_string()) continue;
+    const std::string file = resolve_relative(it->get<std::string>(), path);
+    std::error_code ec;
+    if (std::filesystem::is_regular_file(file, ec)) files.push_back(file);
+  }
+  return files;
+}
+
 namespace {
 std::string dims_text(int tp, int cp, int pp, int dp) {
   return "tp(" + std::to_string(tp) + ") * cp(" + std::to_string(cp) + ") * pp(" + std::to_string(pp) + ") * dp(" +

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <map>
 #include <sstream>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -91,12 +92,21 @@ Result<std::string> read_text_file(const std::string& path) {
   std::error_code ec;
   // An ifstream opens a directory on Linux and then fails to read it: say what it is instead.
   if (std::filesystem::is_directory(path, ec)) return Error{path + ": is a directory, not a file"};
+  const auto too_large = [&] {
+    return Error{path + ": larger than " + std::to_string(kMaxTextFileBytes >> 20) + " MiB, more than any document, table or log this tool reads"};
+  };
+  if (std::filesystem::is_regular_file(path, ec) && std::filesystem::file_size(path, ec) > kMaxTextFileBytes && !ec) return too_large();
   std::ifstream in(path, std::ios::binary);
   if (!in) return Error{path + ": cannot open file (" + std::strerror(errno) + ")"};
-  std::ostringstream out;
-  out << in.rdbuf();
+  // Read in pieces, so that an endless stream (/dev/zero, a pipe) stops at the limit.
+  std::string text;
+  std::vector<char> piece(1 << 20);
+  while (in.read(piece.data(), static_cast<std::streamsize>(piece.size())) || in.gcount() > 0) {
+    text.append(piece.data(), static_cast<std::size_t>(in.gcount()));
+    if (text.size() > kMaxTextFileBytes) return too_large();
+  }
   if (in.bad()) return Error{path + ": read error"};
-  return out.str();
+  return text;
 }
 
 std::string overwrite_conflict(const std::string& output_flag, const std::string& output,

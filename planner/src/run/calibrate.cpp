@@ -109,7 +109,12 @@ Result<MeasuredRun> load_measured_run(const std::string& path, const std::string
     if (!m.contains(key)) return Error{path + ": /" + key + ": missing (the plan the run was made for)"};
   }
   nlohmann::json plan = measurement_plan_document(m, path);
-  if (!cluster_override.empty()) plan["cluster"] = cluster_override;
+  if (!cluster_override.empty()) {
+    // The --cluster given instead of the run's own: its errors are the flag's, not the file's.
+    auto profile = costmodel::find_hwprofile(cluster_override);
+    if (!profile) return Error{"--cluster " + cluster_override + ": " + profile.error().message};
+    plan["cluster"] = cluster_override;
+  }
   auto request = costmodel::parse_plan(plan, path);
   if (!request) return Error{measurement_plan_error(request.error().message, m, path)};
   auto fixed = costmodel::plan_with_defaults(*request);

@@ -23,7 +23,8 @@ namespace trainplan::costmodel {
 // The model_type values parse_hf_config reads, comma-separated, for messages and help texts.
 [[nodiscard]] const char* hf_model_types();
 
-// True for a JSON object with `model_type` and no `schema`: a Hugging Face config, not a
+// True for a JSON object with no `schema` and `model_type`, `architectures` or
+// `num_hidden_layers`: a Hugging Face config (one without model_type is refused for that), not a
 // trainplan document.
 [[nodiscard]] bool is_hf_config(const nlohmann::json& json);
 

@@ -219,6 +219,10 @@ void resolve_training_defaults(const ModelSpec& model, TrainingConfig& training)
 [[nodiscard]] Result<PlanRequest> parse_plan(const nlohmann::json& json, const std::string& file);
 [[nodiscard]] Result<PlanRequest> parse_plan_text(const std::string& text, const std::string& file);
 [[nodiscard]] Result<PlanRequest> load_plan_file(const std::string& path);
+// The files a plan or measurement document at `path` names as its "model" and "cluster" (paths
+// resolved as parse_plan resolves them; presets and inline documents are no files), so that no
+// output replaces them. Empty where the document cannot be read: reading it reports that.
+[[nodiscard]] std::vector<std::string> referenced_files(const std::string& path);
 
 // Structural checks of a fixed plan (divisibility, products, supported combinations).
 // Returns the first violated rule as an error, e.g.

@@ -39,7 +39,9 @@ inline constexpr const char* kDefaultCluster = "dgx-h100";
 [[nodiscard]] Result<HardwareProfile> find_hwprofile(const std::string& name_or_path);
 
 // Reads a whole file; the error names the path ("x.json: cannot open file", "dir: is a
-// directory, not a file").
+// directory, not a file", "x: larger than 1024 MiB"). kMaxTextFileBytes is the most it reads,
+// 1 GiB: a measurement with a full trace is tens of MB, and an endless stream (/dev/zero) stops.
+inline constexpr std::size_t kMaxTextFileBytes = std::size_t{1} << 30;
 [[nodiscard]] Result<std::string> read_text_file(const std::string& path);
 
 // The message when writing `output` (given as `output_flag`) would replace one of `inputs` (the

@@ -40,6 +40,8 @@ enum class StackLog { kTorchtitan, kMegatron };
 
 // What the plan says where the log does not (older torchtitan prints no mesh or batch; Megatron's
 // iteration lines have no sequence length unless the arguments block is in the log).
+// What the plan beside the log gives: used where the log does not state it, and a log that
+// states another sequence length, global batch or world size is refused (0: no plan's value).
 struct LogDefaults {
   long long seq_len = 0;       // tokens per sequence
   long long global_batch = 0;  // sequences per optimizer step
