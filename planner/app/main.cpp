@@ -295,7 +295,18 @@ int run(int argc, char** argv) {
     }
   }
   if (app.got_subcommand("compare")) return compare_files(estimate_file, measurement_file, fmt);
-  if (app.got_subcommand("calibrate")) return calibrate_profile(calibrate_files, cluster, calibrate_out, fmt);
+  if (app.got_subcommand("calibrate")) {
+    // One run given twice would weigh twice in the fit.
+    for (std::size_t i = 0; i < calibrate_files.size(); ++i) {
+      for (std::size_t j = 0; j < i; ++j) {
+        std::error_code ec;
+        if (std::filesystem::equivalent(calibrate_files[i], calibrate_files[j], ec)) {
+          return fail(calibrate_files[i] + ": given twice (as " + calibrate_files[j] + "); each measurement counts once in the fit");
+        }
+      }
+    }
+    return calibrate_profile(calibrate_files, cluster, calibrate_out, fmt);
+  }
   if (app.got_subcommand("trace")) return write_chrome_trace(measurement_file);
   if (app.got_subcommand("validate")) return validate(validate_files, fmt);
   const pl::ExecutorSearch executor_search{executor, environment("TRAINPLAN_EXECUTOR"), pl::own_binary_dir(argv[0]), environment("PATH")};

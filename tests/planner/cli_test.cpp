@@ -383,6 +383,31 @@ TEST_F(PlannerCli, SavePlanFollowsLinksWritesDevicesInPlaceAndAFullStdoutIsAnErr
   }
 }
 
+// Outputs may not replace what the inputs name either (a plan's model file), a flag's bad value
+// is the flag's, a config.json without model_type is named as one, and --gpus is asked for.
+TEST_F(PlannerCli, InputsNamedByInputsAreKeptAndErrorsNameWhatWasGiven) {
+  const fs::path model = write("m.json", testing::read_text(testing::source_path("samples/models/tiny-llama.json")));
+  const fs::path plan = write("p.json", R"({"schema": "trainplan/plan/v1", "model": "m.json", "cluster": "dgx-h100", "gpus": 1,
+    "training": {"seq_len": 64, "global_batch": 8}})");
+  const std::string before = testing::read_text(model.string());
+  expect_bad_inputs({
+      {"--save-plan over the plan's model file", "search " + quote(plan.string()) + " --save-plan " + quote(model.string()),
+       "--save-plan " + model.string() + ": is the file " + plan.string() + " names " + model.string() + "; writing there would replace it"},
+      {"a --cluster that is no preset", "calibrate " + quote(testing::source_path("samples/measurements/tiny-llama-pp4.measurement.json")) +
+           " --cluster nosuch --out " + quote((dir_ / "c.json").string()),
+       "--cluster nosuch: unknown cluster \"nosuch\""},
+      {"a config.json without model_type", "--model " + quote(write("config.json", R"({"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 2})").string()) +
+           " --gpus 1",
+       "config.json: /model_type: is required"},
+      {"no --gpus", "--model 8b", "--gpus: required, the number of GPUs to plan for"},
+      {"one measurement twice", "calibrate " + quote(testing::source_path("samples/measurements/tiny-llama-pp4.measurement.json")) + " " +
+           quote(testing::source_path("samples/measurements/../measurements/tiny-llama-pp4.measurement.json")),
+       "given twice (as "},
+  });
+  EXPECT_EQ(testing::read_text(model.string()), before);
+  EXPECT_FALSE(fs::exists(dir_ / "c.json"));
+}
+
 TEST_F(PlannerCli, ContradictoryFixValuesNameTheConstraints) {
   expect_bad_inputs({
       {"axes beyond the GPUs", "--model 8b --gpus 32 --fix tp=8 --fix pp=8", "no plan can satisfy the fixed values: --fix tp=8 x --fix pp=8 = 64 > 32 GPUs"},
