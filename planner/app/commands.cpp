@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <cstdio>
 #include <cstring>
@@ -52,15 +53,24 @@ pl::Format parse_format(const std::string& s) {
 }
 
 // Writes `text` to `path` through `path`.tmp and a rename, so a reader never sees half a file;
-// on any failure the temporary file is removed and `error` says why. A symbolic link is followed
-// (the file it names is replaced, the link kept), and a path that is not a regular file (a
-// device such as /dev/stdout, a FIFO) is written in place, as the shell's > would: renaming over
-// it would replace the device or pipe with a file.
+// on any failure the temporary file is removed and `error` says why. What is not a plain file is
+// not renamed over: the planner's own standard output (/dev/stdout, or the file it is redirected
+// to) gets the text there, after what was written before; another device or a FIFO is written
+// in place; a symbolic link is followed to the file it names (created if missing), which is
+// replaced while the link stays.
 bool write_file(const std::string& path, const std::string& text, std::string& error) {
   namespace fs = std::filesystem;
   std::error_code ec;
   const fs::file_status status = fs::status(path, ec);  // follows links
   if (fs::is_directory(status)) { error = path + ": is a directory, not a file"; return false; }
+  struct stat target_stat {}, stdout_stat {};
+  if (::stat(path.c_str(), &target_stat) == 0 && ::fstat(STDOUT_FILENO, &stdout_stat) == 0 && target_stat.st_dev == stdout_stat.st_dev &&
+      target_stat.st_ino == stdout_stat.st_ino) {
+    std::cout << text;
+    std::cout.flush();
+    if (!std::cout) { error = path + ": write failed (standard output)"; return false; }
+    return true;
+  }
   if (fs::exists(status) && !fs::is_regular_file(status)) {
     std::ofstream out(path, std::ios::binary);
     if (!out) { error = path + ": cannot write (" + std::strerror(errno) + ")"; return false; }
@@ -69,12 +79,15 @@ bool write_file(const std::string& path, const std::string& text, std::string& e
     if (!out) { error = path + ": write failed"; return false; }
     return true;
   }
-  std::string target = path;
-  if (fs::is_symlink(fs::symlink_status(path, ec))) {
-    const fs::path resolved = fs::weakly_canonical(path, ec);
-    if (!ec) target = resolved.string();
+  // The file at the end of a chain of links, each relative to its own folder (the kernel's 40 at most).
+  fs::path target = path;
+  for (int hops = 0; fs::is_symlink(fs::symlink_status(target, ec)); ++hops) {
+    if (hops == 40) { error = path + ": too many levels of symbolic links"; return false; }
+    const fs::path next = fs::read_symlink(target, ec);
+    if (ec) { error = path + ": cannot read the link (" + ec.message() + ")"; return false; }
+    target = next.is_absolute() ? next : target.parent_path() / next;
   }
-  const std::string tmp = target + ".tmp";
+  const std::string tmp = target.string() + ".tmp";
   const auto give_up = [&](const std::string& why) {
     error = path + ": " + why;
     std::error_code ignored;

@@ -507,7 +507,7 @@ int main(int argc, char** argv) {
   // reached it: a full disk or a closed pipe is an error, not a silent empty file.
   std::cout.flush();
   if (!std::cout || std::fflush(stdout) != 0 || std::ferror(stdout) != 0) {
-    std::cerr << "planner: error: writing to standard output failed (" << std::strerror(errno) << ")\n";
+    std::cerr << "planner: error: writing to standard output failed (a full disk, or a closed output?)\n";
     return status == 0 ? kExitBadInput : status;
   }
   return status;

@@ -371,6 +371,20 @@ TEST_F(PlannerCli, SavePlanFollowsLinksWritesDevicesInPlaceAndAFullStdoutIsAnErr
   EXPECT_NE(testing::read_text(target.string()).find("\"schema\": \"trainplan/plan/v1\""), std::string::npos);
   EXPECT_FALSE(fs::exists(dir_ / "real.json.tmp"));
 
+  // A link to a file not yet there: the file is made, the link kept.
+  fs::create_symlink("made.json", dir_ / "dangling.json");
+  ASSERT_EQ(run("--model 8b --gpus 8 --quiet --save-plan " + quote((dir_ / "dangling.json").string())).exit_code, 0);
+  EXPECT_TRUE(fs::is_symlink(dir_ / "dangling.json"));
+  EXPECT_TRUE(fs::is_regular_file(dir_ / "made.json"));
+  // /dev/stdout appended to a log: the plan follows what the log held (the shell's >> file is
+  // the planner's standard output, not a file to rename over).
+  const fs::path log = write("log.txt", "kept\n");
+  const auto appended = run("--model 8b --gpus 8 --quiet --format json --save-plan /dev/stdout >> " + quote(log.string()));
+  ASSERT_EQ(appended.exit_code, 0) << appended.all();
+  const std::string logged = testing::read_text(log.string());
+  EXPECT_EQ(logged.rfind("kept\n", 0), 0u) << logged.substr(0, 200);
+  EXPECT_NE(logged.find("\"schema\": \"trainplan/plan/v1\""), std::string::npos);
+
   const auto null = run("--model 8b --gpus 8 --quiet --save-plan /dev/null");
   ASSERT_EQ(null.exit_code, 0) << null.all();
   EXPECT_TRUE(fs::is_character_file("/dev/null"));

@@ -360,6 +360,9 @@ Result<PlanRequest> load_plan_file(const std::string& path) {
 
 std::vector<std::string> referenced_files(const std::string& path) {
   std::vector<std::string> files;
+  // A pipe (/dev/stdin, <(...)) is read once, by the command: not here.
+  std::error_code regular;
+  if (!std::filesystem::is_regular_file(path, regular)) return files;
   auto text = read_text_file(path);
   if (!text) return files;
   auto json = parse_json_text(*text, path);

@@ -221,7 +221,8 @@ void resolve_training_defaults(const ModelSpec& model, TrainingConfig& training)
 [[nodiscard]] Result<PlanRequest> load_plan_file(const std::string& path);
 // The files a plan or measurement document at `path` names as its "model" and "cluster" (paths
 // resolved as parse_plan resolves them; presets and inline documents are no files), so that no
-// output replaces them. Empty where the document cannot be read: reading it reports that.
+// output replaces them. Empty where the document is not a regular file (a pipe is read once, by
+// the command) or cannot be read (reading it reports that).
 [[nodiscard]] std::vector<std::string> referenced_files(const std::string& path);
 
 // Structural checks of a fixed plan (divisibility, products, supported combinations).
