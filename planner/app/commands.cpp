@@ -60,18 +60,17 @@ pl::Format parse_format(const std::string& s) {
 // replaced while the link stays.
 bool write_file(const std::string& path, const std::string& text, std::string& error) {
   namespace fs = std::filesystem;
-  std::error_code ec;
-  const fs::file_status status = fs::status(path, ec);  // follows links
-  if (fs::is_directory(status)) { error = path + ": is a directory, not a file"; return false; }
   struct stat target_stat {}, stdout_stat {};
-  if (::stat(path.c_str(), &target_stat) == 0 && ::fstat(STDOUT_FILENO, &stdout_stat) == 0 && target_stat.st_dev == stdout_stat.st_dev &&
+  const bool exists = ::stat(path.c_str(), &target_stat) == 0;  // follows links
+  if (exists && S_ISDIR(target_stat.st_mode)) { error = path + ": is a directory, not a file"; return false; }
+  if (exists && ::fstat(STDOUT_FILENO, &stdout_stat) == 0 && target_stat.st_dev == stdout_stat.st_dev &&
       target_stat.st_ino == stdout_stat.st_ino) {
     std::cout << text;
     std::cout.flush();
     if (!std::cout) { error = path + ": write failed (standard output)"; return false; }
     return true;
   }
-  if (fs::exists(status) && !fs::is_regular_file(status)) {
+  if (exists && !S_ISREG(target_stat.st_mode)) {
     std::ofstream out(path, std::ios::binary);
     if (!out) { error = path + ": cannot write (" + std::strerror(errno) + ")"; return false; }
     out << text;
@@ -80,6 +79,7 @@ bool write_file(const std::string& path, const std::string& text, std::string& e
     return true;
   }
   // The file at the end of a chain of links, each relative to its own folder (the kernel's 40 at most).
+  std::error_code ec;
   fs::path target = path;
   for (int hops = 0; fs::is_symlink(fs::symlink_status(target, ec)); ++hops) {
     if (hops == 40) { error = path + ": too many levels of symbolic links"; return false; }

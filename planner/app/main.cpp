@@ -273,11 +273,9 @@ int run(int argc, char** argv) {
     if (!plan_file.empty()) inputs.emplace_back("plan file", plan_file);
     for (const std::string& f : calibrate_files) inputs.emplace_back("measurement", f);
     // And what those name as their model and cluster.
-    for (const std::string& document : [&] {
-           std::vector<std::string> d = calibrate_files;
-           if (!plan_file.empty()) d.push_back(plan_file);
-           return d;
-         }()) {
+    std::vector<std::string> documents = calibrate_files;
+    if (!plan_file.empty()) documents.push_back(plan_file);
+    for (const std::string& document : documents) {
       for (const std::string& f : cm::referenced_files(document)) inputs.emplace_back("file " + document + " names", f);
     }
     for (const std::string& f : profile_csv) inputs.emplace_back("--from-csv file", f);

@@ -52,14 +52,8 @@ Result<KernelImport> build_kernel_tables(const KernelSamples& samples, double fa
       return Error{"GEMM sample " + shape_text({g.m, g.n, g.k}) + ": every value must be a finite number > 0"};
     }
     if (const double flops = 2 * g.m * g.n * g.k / g.seconds; flops > kImpossibleFlops) {
-      std::string message = "GEMM sample ";
-      message += shape_text({g.m, g.n, g.k});
-      message += " in ";
-      message += shape_text({g.seconds});
-      message += " s: ";
-      message += shape_text({flops / 1e15});
-      message += " PFLOP/s, beyond any GPU (a unit or shape typed wrong?)";
-      return Error{message};
+      return Error{"GEMM sample " + shape_text({g.m, g.n, g.k}) + " in " + shape_text({g.seconds}) + " s: " + shape_text({flops / 1e15}) +
+                   " PFLOP/s, beyond any GPU (a unit or shape typed wrong?)"};
     }
     gemm[{g.m, g.n, g.k}].push_back(g.seconds);
   }
@@ -76,12 +70,8 @@ Result<KernelImport> build_kernel_tables(const KernelSamples& samples, double fa
     // The forward only: a backward may launch nothing (a residual add's gradient passes through:
     // the H100 CSVs time it at 1e-9 s).
     if (e.tokens * e.width / e.forward_seconds > kImpossibleElementsPerSecond) {
-      std::string message = "element-wise sample ";
-      message += e.op;
-      message += " ";
-      message += shape_text({e.tokens, e.width});
-      message += ": more than 1e14 elements a second, beyond any GPU's memory (a unit typed wrong?)";
-      return Error{message};
+      return Error{"element-wise sample " + e.op + " " + shape_text({e.tokens, e.width}) +
+                   ": more than 1e14 elements a second, beyond any GPU's memory (a unit typed wrong?)"};
     }
     elementwise[{static_cast<int>(info->op), e.tokens * e.width}].push_back({e.forward_seconds, e.backward_seconds});
     by_size[{e.op, e.shape.empty() ? shape_text({e.width}) : e.shape}][e.tokens] = e.forward_seconds;

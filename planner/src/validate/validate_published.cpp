@@ -491,7 +491,8 @@ Result<ValidationTable> validate_torchtitan_a100() {
 // columns in torchao_float8_h100.csv) predicted for the fsdp2-compile stack with the published
 // layout, local batch, activation checkpointing ("op" as selective, TP with sequence-parallel
 // norms), fp8 as tensorwise current scaling with or without the fp8 all-gather, the allocator the
-// launcher set and the loss (compiled or eager) of the torchtitan commit; `gpus` maps the table's gpu column to a profile.
+// launcher set and the loss (compiled or eager) of the torchtitan commit; `gpus` maps the table's
+// gpu column to a profile.
 void torchtitan_rows(const PublishedTable& t, ValidationTable& table, const std::map<std::string, costmodel::HardwareProfile>& gpus) {
   for (const CsvRow& row : t.rows) {
     const std::string gpu = t.text(row, "gpu");

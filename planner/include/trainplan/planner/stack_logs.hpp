@@ -39,8 +39,7 @@ enum class StackLog { kTorchtitan, kMegatron };
 [[nodiscard]] std::optional<StackLog> detect_stack_log(const std::string& text);
 
 // What the plan says where the log does not (older torchtitan prints no mesh or batch; Megatron's
-// iteration lines have no sequence length unless the arguments block is in the log).
-// What the plan beside the log gives: used where the log does not state it, and a log that
+// iteration lines have no sequence length unless the arguments block is in the log); a log that
 // states another sequence length, global batch or world size is refused (0: no plan's value).
 struct LogDefaults {
   long long seq_len = 0;       // tokens per sequence
