@@ -90,7 +90,7 @@ TEST(Flash3Rates, HeadSize256ForwardIsPublished) {
 }
 
 // A plan states the kernel its script runs (training.attention_kernel): FlashAttention-3 under the
-// fsdp2 stack, whose own is FlashAttention-2, runs Llama 3 8B's causal attention (32 heads, hd128)
+// fsdp2 stack, against FlashAttention-2 stated the same way (the stack's own is SDPA's cuDNN), runs Llama 3 8B's causal attention (32 heads, hd128)
 // at 8K on one H100 at 602 TFLOP/s forward where FlashAttention-2 runs 333: the attention time
 // of each pass shrinks by its ratio and nothing else moves. Refused off Hopper, in fp32, with a mask tensor, with dropout (it has none), under PyTorch's
 // context parallelism (which splits SDPA calls) and beside materialised scores.
@@ -99,6 +99,7 @@ TEST(Flash3Rates, APlanThatRunsFlashAttention3) {
   p.training.stack = Stack::kFsdp2;
   p.parallel.micro_batch = 1;
   p.parallel.recompute = Recompute::kFull;
+  p.training.attention_kernel = AttentionImpl::kFlash2;  // fsdp2's own is SDPA's cuDNN (torchtitan v0.2.2)
   const Estimate fa2 = testing::checked_estimate(p);
   p.training.attention_kernel = AttentionImpl::kFlash3;
   const Estimate fa3 = testing::checked_estimate(p);

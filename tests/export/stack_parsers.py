@@ -169,6 +169,11 @@ def check_torchtitan(path, pv):
         expect(errors, "activation_checkpoint.mode", cfg.activation_checkpoint.mode, pv["recompute"])
         if pv["recompute"] == "selective":  # the per-operator policy the fsdp2 stacks price
             expect(errors, "activation_checkpoint.selective_ac_option", cfg.activation_checkpoint.selective_ac_option, "op")
+        # The fsdp2-compile stack: the blocks and the loss under torch.compile (train.py's apply_compile,
+        # components/loss.py); the eager stacks leave it off.
+        expect(errors, "compile.enable", cfg.compile.enable, pv["stack"] == "fsdp2-compile")
+        if cfg.compile.enable:
+            expect(errors, "compile.components", sorted(cfg.compile.components), ["loss", "model"])
         if pv["precision"] == "fp8":
             expect(errors, "model.converters", "quantize.linear.float8" in cfg.model.converters, True)
             f8 = cfg.quantize.linear.float8

@@ -762,6 +762,26 @@ TEST(StackChecks, TorchtitanWritesFloat8AsItsConverter) {
   EXPECT_TRUE(contains(exported->text, "\n[quantize.linear.float8]\nrecipe_name = \"tensorwise\"\nfilter_fqns = [\"output\"]\n"));
 }
 
+// A plan for the fsdp2-compile stack turns torchtitan's compile on for the blocks and the loss
+// (job_config.py Compile at v0.2.2; the stack prices both compiled) and is predicted for that stack;
+// one for fsdp2 leaves it off (torchtitan's default) and writes no [compile] section.
+TEST(StackChecks, TorchtitanCompilesWhereThePlansStackDoes) {
+  costmodel::Plan plan = testing::make_plan("llama3-8b", "dgx-h100", 8, 4096, 64);
+  plan.parallel.zero_stage = 3;
+  plan.training.stack = costmodel::Stack::kFsdp2Compile;
+  EXPECT_EQ(planner::export_stack(plan, ExportTarget::kTorchtitan), costmodel::Stack::kFsdp2Compile);
+  auto exported = planner::export_plan(plan, ExportTarget::kTorchtitan);
+  ASSERT_TRUE(exported) << exported.error().message;
+  EXPECT_TRUE(contains(exported->text, "\n[compile]\n"));
+  EXPECT_TRUE(contains(exported->text, "enable = true\ncomponents = [\"model\", \"loss\"]\n"));
+  EXPECT_TRUE(contains(exported->notes.front(), "trainplan predicts for the fsdp2-compile stack")) << exported->notes.front();
+  plan.training.stack = costmodel::Stack::kFsdp2;
+  exported = planner::export_plan(plan, ExportTarget::kTorchtitan);
+  ASSERT_TRUE(exported) << exported.error().message;
+  EXPECT_FALSE(contains(exported->text, "[compile]"));
+  EXPECT_TRUE(contains(exported->notes.front(), "trainplan predicts for the fsdp2 stack")) << exported->notes.front();
+}
+
 // DeepSpeed reduces gradients in communication_data_type, and left out in the gradients' own dtype
 // (runtime/config.py get_communication_data_type): the export states the plan's, bf16 included
 // (the deepspeed stack's default), where it used to refuse anything but fp32.

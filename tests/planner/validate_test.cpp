@@ -29,7 +29,7 @@ using testing::Outcome;
 using testing::quote;
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-const char* const kPublishedIds[] = {"h100_executor_runs", "h100_stacks_mb4", "megatron2021_table1", "korthikanti2022_table3",
+const char* const kPublishedIds[] = {"h100_executor_runs", "h100_stacks_mb4", "h200_stack_runs", "megatron2021_table1", "korthikanti2022_table3",
                                      "korthikanti2022_table4", "zero2020_table1", "fsdp_runs_a100",
                                      "torchtitan_a100", "torchtitan_h100_h200", "torchao_float8_h100", "llama3_405b_h100", "nemo_h100_fp8", "nccl_tests_published"};
 
@@ -371,6 +371,28 @@ TEST_F(ValidateCli, ABadMeasurementExitsTwoNamingTheFileAndPointer) {
 // Every bandwidth-bound row (1 GiB and more): ring, tree, and NVLS / NVLS-tree on the p5 (H100
 // nodes with NVLink SHARP on, at the NVLS bus bandwidth ml-engineering measured on another
 // 8xH100 node) within 10%.
+// Our runs of the exports on one H200 (bench/gpu/stacks-h200, tests/data/h200-stacks): every run
+// gives a step and a reserve row. torchtitan's six steps are within 11% with its cuDNN attention
+// priced (the one-GPU autocast copies, not modelled, are most of what remains: 87 ms of the eager
+// 8K step's 1.016 s), its reserves within 17% (compiled activations over-predicted by 13 GiB at 8K).
+TEST(H200StackRuns, EveryRunHasAStepAndAReserveAndTorchtitanStepsAreWithinElevenPercent) {
+  const auto table = planner::validate_h200_stack_runs();
+  ASSERT_TRUE(table) << table.error().message;
+  ASSERT_EQ(table->rows.size(), 16u);
+  int titan_steps = 0;
+  for (const auto& row : table->rows) {
+    SCOPED_TRACE(row.label);
+    if (row.label.rfind("titan-", 0) != 0) continue;
+    if (row.label.find("step seconds") != std::string::npos) {
+      ++titan_steps;
+      EXPECT_LE(std::abs(row.error), 0.11);
+    } else {
+      EXPECT_LE(std::abs(row.error), 0.17);
+    }
+  }
+  EXPECT_EQ(titan_steps, 6);
+}
+
 TEST(NcclTestsTable, BandwidthBoundRowsWithinTenPercent) {
   auto table = planner::validate_nccl_tests();
   ASSERT_TRUE(table) << table.error().message;

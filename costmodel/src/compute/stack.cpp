@@ -136,20 +136,27 @@ constexpr StackSpec kPytorchEager = {
 // copy-out (_fsdp_param_group.py all_gather_state: 3 units); each reduce-scatter copies the
 // unsharded gradients into one buffer in the reduce dtype (chunk_cat, the cast fused) and
 // adds the result into the fp32 sharded gradient (foreach_reduce), every micro-batch; the loss
-// is F.cross_entropy on .float() logits (components/loss.py); attention is SDPA under
-// sdpa_kernel([FLASH_ATTENTION, EFFICIENT_ATTENTION, MATH]) (models/attention.py): the flash
-// backend, FlashAttention-2; fused AdamW; selective recompute is torch's op-level policy.
-// The module runs pytorch-eager's kernels, with FlashAttention-2; the rest of its optimizer
-// step moves 12 bytes per parameter.
+// is F.cross_entropy on .float() logits (components/loss.py); fused AdamW; selective recompute is
+// torch's op-level policy. Attention is SDPA under sdpa_kernel(..., set_priority=True) with
+// CUDNN_ATTENTION first (models/attention.py from 6a3a9da95, 2025-10-09; v0.2.2, the version
+// `planner export --to torchtitan` writes for): cuDNN's fused attention, priced from the profile's
+// measured SDPA table (kProfile; the H100 and H200 presets' tables are torch 2.11's cuDNN kernels).
+// Measured: every step of torchtitan 0.2.2 on the H200 ran cudnn_generated_fort_native_sdpa_sm90_
+// flash_{fprop,bprop} (bench/gpu/stacks-h200/titan-*-kernels.csv), at 512-549 TFLOP/s where SDPA's
+// flash backend (FlashAttention-2) ran 293-326 (sdpa.json). Before 6a3a9da95 torchtitan asked for
+// [FLASH_ATTENTION, EFFICIENT_ATTENTION, MATH] on Hopper and A100 (cuDNN first on B200 from
+// 3b85aa31f), and before 5cfe514b6 (2025-03) called SDPA without a choice: FlashAttention-2 there,
+// which the validation rows of those runs state (tests/data/torchtitan_*.csv "attention").
+// The module runs pytorch-eager's kernels; the rest of its optimizer step moves 12 bytes per parameter.
 constexpr StackSpec kFsdp2 = [] {
   StackSpec s = kPytorchEager;
   s.stack = Stack::kFsdp2;
   s.name = "fsdp2";
   s.summary = "PyTorch FSDP2 (torchtitan; Accelerate FSDP2): fully_shard per block, parameters copied into and out of each "
-              "all-gather, gradients copied into an fp32 reduce-scatter every micro-batch, eager modules with FlashAttention-2, "
+              "all-gather, gradients copied into an fp32 reduce-scatter every micro-batch, eager modules with SDPA's cuDNN attention, "
               "fp32 logits for the loss, fused AdamW";
   s.optimizer_overhead_bytes = 12;
-  s.attention_kernel = AttentionImpl::kFlash2;
+  s.attention_kernel = AttentionImpl::kProfile;
   // ZeRO-0 (pure data parallelism) is not torch DDP here: torchtitan 42b0beb4's replicate was DDP
   // on an fp32 module under autocast, synchronising every micro-batch, and torchtitan replaced it
   // with FSDP's own replication (e1847f439, 2026-03; fully_shard, 00b7f5693): priced as FSDP's
@@ -166,7 +173,8 @@ constexpr StackSpec kFsdp2 = [] {
   // Full recompute as pytorch-eager's: torchtitan 42b0beb4 wraps each block in
   // ptd_checkpoint_wrapper (non-reentrant) with torch's default early stop; from 25413d224
   // (2025-08) it passes early_stop=False and replays the whole block (kWhole).
-  s.source = "pytorch/torchtitan 42b0beb4 config_manager.py, components/loss.py, models/attention.py, models/llama3/infra/parallelize.py; "
+  s.source = "pytorch/torchtitan 42b0beb4 config_manager.py, components/loss.py, models/llama3/infra/parallelize.py; 6a3a9da95 (v0.2.2) "
+             "models/attention.py; "
              "pytorch/pytorch v2.8.0 (a1cb3cc0) torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py, _fsdp_param_group.py; "
              "torch 2.11.0 torch/distributed/tensor/experimental/_context_parallel/_attention.py (rotate_method ALL_GATHER)";
   return s;
@@ -181,7 +189,7 @@ constexpr StackSpec compiled(StackSpec s) {
   s.stack = Stack::kFsdp2Compile;
   s.name = "fsdp2-compile";
   s.summary = "PyTorch FSDP2 under torch.compile (torchtitan --compile): blocks and loss compiled by Inductor, FSDP2's "
-              "copies and fp32 reduce-scatter as fsdp2, FlashAttention-2, fused AdamW";
+              "copies and fp32 reduce-scatter as fsdp2, SDPA's cuDNN attention, fused AdamW";
   s.fused_elementwise = true;
   s.loss = LossKernel::kFused;
   s.swiglu_saved = 2;

@@ -174,7 +174,8 @@ std::vector<std::string> model_shape_refusals(const costmodel::ModelSpec& m, con
 costmodel::Stack export_stack(const Plan& plan, ExportTarget target) {
   switch (target) {
     case ExportTarget::kMegatron: return costmodel::Stack::kMegatronTe;
-    case ExportTarget::kTorchtitan: return costmodel::Stack::kFsdp2;
+    case ExportTarget::kTorchtitan:  // compiled where the plan's stack is (its [compile] section)
+      return plan.training.stack == costmodel::Stack::kFsdp2Compile ? costmodel::Stack::kFsdp2Compile : costmodel::Stack::kFsdp2;
     case ExportTarget::kDeepspeed: return costmodel::Stack::kDeepspeed;
     case ExportTarget::kAccelerate:  // FSDP where the plan shards, in its FSDP version (fsdp_version 1 for fsdp1, else 2); else DDP
       if (plan.parallel.dp <= 1 || plan.parallel.zero_stage < 2) return costmodel::Stack::kPytorchEager;

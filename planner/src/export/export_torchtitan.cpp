@@ -237,6 +237,12 @@ PlanExport torchtitan_export(const Plan& plan, const Derived& d) {
     o << "# Stop each block's replay once backward has every tensor it saved: w2 and what follows are not run again\n";
     o << "early_stop = true\n";
   }
+  if (t.stack == cm::Stack::kFsdp2Compile) {
+    // job_config.py Compile at v0.2.2: each transformer block compiled on its own
+    // (models/llama3/infra/parallelize.py apply_compile) and the loss (components/loss.py
+    // build_cross_entropy_loss), what the fsdp2-compile stack prices.
+    o << "\n[compile]\n# torch.compile (Inductor) of each transformer block and of the loss\nenable = true\ncomponents = [\"model\", \"loss\"]\n";
+  }
   if (t.precision == cm::Precision::kFp8) {
     // job_config.py Float8Linear. Tensorwise dynamic scaling, the output layer left in bf16, as the
     // cost model's fp8 assumes. FSDP's all-gathers move fp8 where the plan says so

@@ -95,4 +95,41 @@ Result<ValidationTable> validate_h100_stacks() {
   return table;
 }
 
+// Our own runs of the stacks' exports on one H200 (issue 32, tests/data/h200-stacks/): each plan as
+// exported, predicted for the stack its export runs on, against the step and the peak reserve the
+// stack itself measured.
+Result<ValidationTable> validate_h200_stack_runs() {
+  ValidationTable table;
+  table.id = "h200_stack_runs";
+  table.title = "Stacks run from the exports on one H200";
+  table.quantity = "step seconds, peak reserved GiB";
+  table.reference = "measured";
+  table.run_kind = "measured";
+  table.source = "bench/gpu/stacks-h200 (bench/stack_runs.sh, 2026-11-29): torchtitan 0.2.2 eager and compiled, bf16 and torchao "
+                 "float8, seq 8K and 32K; DeepSpeed 0.19.8 ZeRO-3 and Accelerate 1.15.0 on a Hugging Face Llama (bench/stack_train.py); "
+                 "one H200 141GB, torch 2.11.0; Llama 3 8B's layer 16 (torchtitan at 8K) or 8 times";
+  table.missing = "one GPU is not FSDP: torchtitan trains an fp32 module under torch.autocast (87 ms of dtype copies in the eager 8K "
+                  "step), Accelerate's DDP the same; the Hugging Face module's unfused float32 RMSNorm and rotary (DeepSpeed, "
+                  "Accelerate: 146-154 ms of 548 ms in element-wise kernels); compiled activations over-predicted (13 GiB at 8K)";
+  auto text = published_data_text("stack_runs");
+  if (!text) return text.error();
+  auto rows = parse_csv(*text, "stack_runs.csv");
+  if (!rows) return rows.error();
+  for (const CsvRow& row : *rows) {
+    const std::string run = row.cells.at("run"), name = row.cells.at("stack");
+    const auto stack = costmodel::stack_from_name(name);
+    if (!stack) return Error{fmt("stack_runs.csv: line %d: unknown stack \"%s\"", row.line, name.c_str())};
+    auto embedded = embedded_plan(run);
+    if (!embedded) return embedded.error();
+    costmodel::Plan plan = *embedded;
+    plan.training.stack = *stack;
+    const costmodel::Estimate e = costmodel::estimate(plan);
+    const std::string label = run + " (" + name + ")";
+    table.rows.push_back(validation_row(label + ": step seconds", std::stod(row.cells.at("step_seconds")), e.time.step.value()));
+    table.rows.push_back(validation_row(label + ": peak reserved GiB", std::stod(row.cells.at("peak_reserved_gib")), e.memory.reserved.value() / kGiB));
+  }
+  summarise(table);
+  return table;
+}
+
 }  // namespace trainplan::planner

@@ -90,6 +90,8 @@ void summarise(ValidationTable& table);
 // Issue 12's stacks on one H100 at micro-batch 4 (trainplan-reference, pytorch-eager, torch-compile):
 // tokens/s and peak allocated GiB.
 [[nodiscard]] costmodel::Result<ValidationTable> validate_h100_stacks();
+// Our runs of the stacks' exports on one H200 against the stacks they run on (tests/data/h200-stacks/).
+[[nodiscard]] costmodel::Result<ValidationTable> validate_h200_stack_runs();
 // FSDP runs of Llama-family models on A100 (TinyLlama; PyTorch/IBM blog): MFU in percent.
 [[nodiscard]] costmodel::Result<ValidationTable> validate_fsdp_runs_a100();
 // torchtitan's published A100 runs (64 x A100-80GB, FSDP): MFU in percent.
