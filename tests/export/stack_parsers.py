@@ -166,6 +166,9 @@ def check_torchtitan(path, pv):
         param_dtype = {"bf16": "bfloat16", "fp8": "bfloat16", "fp32": "float32", "fp16": "float16"}[pv["precision"]]
         if dims.fsdp_enabled or dims.dp_replicate > 1:
             expect(errors, "training.mixed_precision_param", cfg.training.mixed_precision_param, param_dtype)
+        elif dims.tp_enabled or dims.pp_enabled:
+            # distributed/utils.py maybe_enable_amp: no FSDP or CP beside TP or PP turns mixed precision off.
+            expect(errors, "the dtype torchtitan trains in (TP or PP without FSDP or CP)", "float32", param_dtype)
         expect(errors, "activation_checkpoint.mode", cfg.activation_checkpoint.mode, pv["recompute"])
         if pv["recompute"] == "selective":  # the per-operator policy the fsdp2 stacks price
             expect(errors, "activation_checkpoint.selective_ac_option", cfg.activation_checkpoint.selective_ac_option, "op")

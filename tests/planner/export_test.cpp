@@ -762,6 +762,29 @@ TEST(StackChecks, TorchtitanWritesFloat8AsItsConverter) {
   EXPECT_TRUE(contains(exported->text, "\n[quantize.linear.float8]\nrecipe_name = \"tensorwise\"\nfilter_fqns = [\"output\"]\n"));
 }
 
+// torchtitan's mixed precision without FSDP or CP is autocast, which it turns off beside TP or PP
+// (distributed/utils.py maybe_enable_amp at v0.2.2): a bf16 plan with tp 8 and dp 1 would train in
+// float32 there, so the export refuses it; sharded over dp 2 it is written, and in fp32 too.
+TEST(StackChecks, TorchtitanRefusesMixedPrecisionItWouldTurnOff) {
+  costmodel::Plan plan = testing::make_plan("llama3-8b", "dgx-h100", 8, 4096, 8);
+  plan.parallel.tp = 8;
+  plan.parallel.dp = 1;
+  plan.parallel.sequence_parallel = true;
+  auto exported = planner::export_plan(plan, ExportTarget::kTorchtitan);
+  ASSERT_FALSE(exported);
+  EXPECT_TRUE(contains(exported.error().message, "precision=bf16 with tp or pp and no sharded data parallelism: torchtitan then trains in float32"))
+      << exported.error().message;
+  plan.training.precision = costmodel::Precision::kFp32;
+  EXPECT_TRUE(planner::export_plan(plan, ExportTarget::kTorchtitan)) << "an fp32 plan is what torchtitan runs";
+  plan = testing::make_plan("llama3-8b", "dgx-h100", 16, 4096, 16);
+  plan.parallel.tp = 8;
+  plan.parallel.dp = 2;
+  plan.parallel.zero_stage = 3;
+  plan.parallel.sequence_parallel = true;
+  exported = planner::export_plan(plan, ExportTarget::kTorchtitan);
+  EXPECT_TRUE(exported) << exported.error().message;
+}
+
 // A plan for the fsdp2-compile stack turns torchtitan's compile on for the blocks and the loss
 // (job_config.py Compile at v0.2.2; the stack prices both compiled) and is predicted for that stack;
 // one for fsdp2 leaves it off (torchtitan's default) and writes no [compile] section.

@@ -375,6 +375,7 @@ TEST_F(ValidateCli, ABadMeasurementExitsTwoNamingTheFileAndPointer) {
 // gives a step and a reserve row. torchtitan's six steps are within 11% with its cuDNN attention
 // priced (the one-GPU autocast copies, not modelled, are most of what remains: 87 ms of the eager
 // 8K step's 1.016 s), its reserves within 17% (compiled activations over-predicted by 13 GiB at 8K).
+// DeepSpeed's Hugging Face Llama, its LlamaRMSNorm priced op by op: step and reserve within 5%.
 TEST(H200StackRuns, EveryRunHasAStepAndAReserveAndTorchtitanStepsAreWithinElevenPercent) {
   const auto table = planner::validate_h200_stack_runs();
   ASSERT_TRUE(table) << table.error().message;
@@ -382,6 +383,7 @@ TEST(H200StackRuns, EveryRunHasAStepAndAReserveAndTorchtitanStepsAreWithinEleven
   int titan_steps = 0;
   for (const auto& row : table->rows) {
     SCOPED_TRACE(row.label);
+    if (row.label.rfind("deepspeed-", 0) == 0) EXPECT_LE(std::abs(row.error), 0.05);
     if (row.label.rfind("titan-", 0) != 0) continue;
     if (row.label.find("step seconds") != std::string::npos) {
       ++titan_steps;

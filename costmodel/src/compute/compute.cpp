@@ -127,7 +127,8 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
     run();
     return p.forward - before;
   };
-  const ElementwiseOp norm_op = feat.layer_norm ? ElementwiseOp::kLayerNorm : ElementwiseOp::kRmsNorm;
+  const bool unfused_norm = !feat.layer_norm && stack.unfused_rms_norm;  // Hugging Face's LlamaRMSNorm (stack.hpp)
+  const ElementwiseOp norm_op = feat.layer_norm ? ElementwiseOp::kLayerNorm : unfused_norm ? ElementwiseOp::kRmsNormUnfused : ElementwiseOp::kRmsNorm;
   // Norm outputs recomputed in backward (stack.hpp): only without TP, where the executor's fused
   // norm path runs; under TP it keeps them (the norm's output enters the TP region).
   const bool norm_recomputed = stack.norm_recomputed && s.tp == 1;
@@ -401,7 +402,8 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
   }
 
   // --- activations kept for backward (bytes) ---
-  const double norm_inputs = 2.0 * Tn * h * e;
+  // Each norm's input; LlamaRMSNorm keeps instead its float32 copy and the normalised tensor (4 + e).
+  const double norm_inputs = 2.0 * Tn * h * (unfused_norm ? 4.0 + e : e);
   // The norms' float32 statistics, a token each, kept where a norm's output is not recomputed:
   // 1/RMS, and LayerNorm's mean too (executor/src/model/fused_ops.hpp rms_norm, ATen's layer_norm);
   // before a router the MLP norm is a plain one even where the others are recomputed.

@@ -29,6 +29,15 @@ constexpr std::array<ElementwiseOpInfo, kElementwiseOpCount> kOps = {{
     {ElementwiseOp::kCrossEntropyFp32, "cross_entropy_fp32", 2, 10, 3, 3, 21.2, 22.3},
     {ElementwiseOp::kCrossEntropyBf16, "cross_entropy_bf16", 2, 4, 2, 2, 6.1, 8.5},
     {ElementwiseOp::kEmbedding, "embedding", 4, 4, 1, 3, 3.9, 55.0},
+    // transformers' LlamaRMSNorm (models/llama/modeling_llama.py, the same from 4.40 to 5.x), bf16 in
+    // and out, no measured row: the bytes its ATen ops move, counted. Forward, 8 kernels: the fp32
+    // copy (reads 2, writes 4), pow (4 + 4), mean (4), + eps and rsqrt (a value per token), the
+    // multiply (4 + 4), the cast back (4 + 2), the weight's multiply (2 + 2): 36. Backward, 14: the
+    // weight's MulBackward (the input's gradient 2 + 2; the weight's, a product 2 + 2 + 2 and its sum
+    // over tokens 2), the cast's (2 + 4), the multiply's (the input's 4 + 4; the statistic's, a
+    // product 4 + 4 + 4 and a sum 4), mean's expand (4), pow's (2 x: 4 + 4, then x grad: 4 + 4 + 4),
+    // the two gradients of the fp32 copy added (4 + 4 + 4), the copy's cast back (4 + 2): 84.
+    {ElementwiseOp::kRmsNormUnfused, "rmsnorm_unfused", 4, 6, 8, 14, 36.0, 84.0},
 }};
 
 std::atomic<std::uint64_t> next_tables_id{1};

@@ -223,13 +223,18 @@ constexpr StackSpec kFsdp1 = [] {
   s.name = "fsdp1";
   s.summary = "PyTorch FSDP1 (Accelerate, Lightning, Composer): one FlatParameter per block, limit_all_gathers, "
               "gradients pre-divided and reduce-scattered every micro-batch into an fp32 shard, eager Hugging Face modules "
-              "with FlashAttention-2 and the loss on fp32 logits, foreach AdamW";
+              "(LlamaRMSNorm as float32 ATen ops) with FlashAttention-2 and the loss on fp32 logits, foreach AdamW";
   s.fused_optimizer = false;
   s.optimizer_update_factor = 106.0 / 32.0;
   s.optimizer_overhead_bytes = 12;
   s.attention_kernel = AttentionImpl::kFlash2;
   s.dp = {.gathered_units = 2, .reduce_copy_bytes = 4, .sharded_grad_bytes = 4, .grad_op_units = true};
   s.reduce_dtype = Dtype::kBf16;
+  // transformers' LlamaRMSNorm (models/llama/modeling_llama.py, 4.51.3 and 5.x alike): eight ATen
+  // ops in float32. Measured on one H200 (bench/gpu/stacks-h200/deepspeed-kernels.csv and
+  // accelerate-kernels.csv, a Hugging Face Llama): 146-154 ms of a 548 ms step in element-wise
+  // kernels, with float32 multiplies, pow, means and sums per norm.
+  s.unfused_rms_norm = true;
   // FSDP1 shards data only: Composer, Accelerate (its parallelism_config needs FSDP2) and
   // Lightning's FSDPStrategy have no tensor, context or pipeline parallelism with it.
   s.tensor_parallel = false;
@@ -265,6 +270,7 @@ constexpr StackSpec kComposer = [] {
   s.summary = "PyTorch FSDP1 as Composer runs MosaicML's MPT models: fsdp1's FlatParameters and limit_all_gathers, flash-attn's "
               "fused cross-entropy on the bf16 logits (no fp32 copy), FlashAttention-2";
   s.loss = LossKernel::kFused;
+  s.unfused_rms_norm = false;  // MPT's norms are F.layer_norm (low_precision_layernorm), one kernel each
   s.source = "MosaicML's MPT training code (8c8dd48) models/mpt/modeling_mpt.py (ComposerMPTCausalLM: loss_fn fused_crossentropy), "
              "scripts/train/yamls (fsdp_config); Dao-AILab/flash-attention flash_attn/losses/cross_entropy.py; as fsdp1 for FSDP1";
   return s;
@@ -292,9 +298,10 @@ constexpr StackSpec kDeepspeed = [] {
   s.name = "deepspeed";
   s.summary = "DeepSpeed v0.16.5 ZeRO-1/2/3 (for 2021's v0.3: deepspeed-v0.3): per-submodule coalesced all-gathers with a 5e7 prefetch bucket, 5e8-element gradient buckets "
               "(all-reduced under ZeRO-1/2, every micro-batch under ZeRO-2), gradients kept in bf16 (ZeRO-0 in bf16: BF16_Optimizer, states "
-              "sharded as ZeRO-1 beside an fp32 gradient buffer), FusedAdam, eager modules "
-              "with FlashAttention-2 and fp32 logits for the loss";
+              "sharded as ZeRO-1 beside an fp32 gradient buffer), FusedAdam, eager Hugging Face modules "
+              "(LlamaRMSNorm as float32 ATen ops) with FlashAttention-2 and fp32 logits for the loss";
   s.optimizer_kernels_per_tensor = 0.3;
+  s.unfused_rms_norm = true;  // the Hugging Face module DeepSpeed is handed (its HF integration): LlamaRMSNorm, as fsdp1
   s.fp16_unscale = false;  // its fp16 optimizers' overflow check and unscale are not read here: not priced
   s.attention_kernel = AttentionImpl::kFlash2;
   s.op_level_selective = false;

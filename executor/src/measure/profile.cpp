@@ -111,6 +111,14 @@ void add_elementwise_tasks(const ProfileSweep& sweep, at::Device device, const T
       add_elementwise(tasks, out, timer, "rmsnorm", tokens, h, "",
                       [=] { return std::vector<at::Tensor>{leaf({tokens, h}, device), at::ones({h}, bf16).requires_grad_(true)}; },
                       [=](const std::vector<at::Tensor>& in) { return at::rms_norm(in[0], {h}, in[1], 1e-5); });
+      // transformers' LlamaRMSNorm op by op (models/llama/modeling_llama.py), the stacks' Hugging Face norm.
+      add_elementwise(tasks, out, timer, "rmsnorm_unfused", tokens, h, "",
+                      [=] { return std::vector<at::Tensor>{leaf({tokens, h}, device), at::ones({h}, bf16).requires_grad_(true)}; },
+                      [](const std::vector<at::Tensor>& in) {
+                        const at::Tensor x = in[0].to(at::kFloat);
+                        const at::Tensor normed = x * at::rsqrt(x.pow(2).mean({-1}, true) + 1e-5);
+                        return in[1] * normed.to(in[0].scalar_type());
+                      });
       add_elementwise(tasks, out, timer, "layernorm", tokens, h, "",
                       [=] {
                         return std::vector<at::Tensor>{leaf({tokens, h}, device), at::ones({h}, bf16).requires_grad_(true),

@@ -12,6 +12,7 @@
 // --data-parallel-sharding-strategy optim_grads / optim_grads_params is ZeRO-2 / ZeRO-3.
 
 #include <algorithm>
+#include <cstdio>
 #include <sstream>
 
 #include "export_writers.hpp"
@@ -124,6 +125,12 @@ PlanExport megatron_export(const Plan& plan, const Derived& d) {
     line("--swiglu");
     line("--normalization RMSNorm");
     line("--position-embedding-type rope");
+    // The rotary base (arguments.py --rotary-base, an int, 10000 by default): Llama 3's is 500000.
+    if (m.rope_theta != 10000.0) {
+      char base[32];
+      std::snprintf(base, sizeof base, "%.0f", m.rope_theta);
+      line(std::string("--rotary-base ") + base);
+    }
     line("--disable-bias-linear");
     if (m.features().qkv_bias) line("--add-qkv-bias");
   } else {

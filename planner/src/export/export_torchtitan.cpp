@@ -84,7 +84,17 @@ std::vector<std::string> torchtitan_refusals(const Plan& plan) {
   // (models/llama3/infra/parallelize.py at 42b0beb4: "DDP has not supported > 1D parallelism").
   if (p.zero_stage == 0 && p.dp > 1 && (p.tp > 1 || p.pp > 1 || p.cp > 1)) {
     r.push_back("zero_stage=0 with tp, pp or cp: torchtitan's DDP runs alone (\"DDP has not supported > 1D parallelism\"); choose zero_stage 2 or 3 "
-                "(FSDP) or dp=1");
+                "(FSDP)");
+  }
+  // Without FSDP (no data parallelism sharded) and without CP, torchtitan's mixed precision is
+  // autocast, which it turns off beside TP or PP: the model trains in float32
+  // (distributed/utils.py maybe_enable_amp at v0.2.2: "Mixed precision training with TP or PP is
+  // only supported when FSDP/HSDP/CP is enabled").
+  const bool fsdp = p.dp > 1 && p.zero_stage >= 2 && p.shard_size() > 1;
+  if (t.precision != cm::Precision::kFp32 && !fsdp && p.cp == 1 && (p.tp > 1 || p.pp > 1)) {
+    r.push_back(std::string("precision=") + cm::precision_name(t.precision) +
+                " with tp or pp and no sharded data parallelism: torchtitan then trains in float32 (\"Mixed precision training with TP or PP is "
+                "only supported when FSDP/HSDP/CP is enabled\"); shard over dp > 1 (zero_stage 2 or 3) or plan with --precision fp32");
   }
   if (p.zero_stage == 1 && p.dp > 1) {
     r.push_back("zero_stage=1: torchtitan has no optimizer-only sharding (data_parallel_replicate_degree shards nothing, "
@@ -155,10 +165,14 @@ PlanExport torchtitan_export(const Plan& plan, const Derived& d) {
     const double base = std::floor(8.0 * static_cast<double>(m.hidden) / 3.0);
     char multiplier[64];
     std::snprintf(multiplier, sizeof multiplier, "%.12g", (static_cast<double>(m.ffn_hidden) + 0.5) / base);
+    // The rotary base: TransformerModelArgs defaults to 10000 (models/llama3/model/args.py), Llama 3's is 500000.
+    char rope_theta[32];
+    std::snprintf(rope_theta, sizeof rope_theta, "%.12g", m.rope_theta);
     // The name double-quoted, a Python string literal of the same text: the line pastes into
     // Python as the name and nothing else.
     o << "#   llama3_args[" << double_quoted(m.name) << "] = TransformerModelArgs(dim=" << m.hidden << ", n_layers=" << m.layers << ", n_heads=" << m.heads
-      << ", n_kv_heads=" << m.kv_heads << ", vocab_size=" << m.vocab << ", multiple_of=1, ffn_dim_multiplier=" << multiplier << ")\n";
+      << ", n_kv_heads=" << m.kv_heads << ", vocab_size=" << m.vocab << ", multiple_of=1, ffn_dim_multiplier=" << multiplier
+      << ", rope_theta=" << rope_theta << ")\n";
     o << "# (its MLP width then comes out at the plan's " << m.ffn_hidden << ": int(" << multiplier << " * int(8 * " << m.hidden << " / 3))).\n";
     o << "flavor = " << double_quoted(m.name) << "\n";
   } else {

@@ -109,8 +109,8 @@ Result<ValidationTable> validate_h200_stack_runs() {
                  "float8, seq 8K and 32K; DeepSpeed 0.19.8 ZeRO-3 and Accelerate 1.15.0 on a Hugging Face Llama (bench/stack_train.py); "
                  "one H200 141GB, torch 2.11.0; Llama 3 8B's layer 16 (torchtitan at 8K) or 8 times";
   table.missing = "one GPU is not FSDP: torchtitan trains an fp32 module under torch.autocast (87 ms of dtype copies in the eager 8K "
-                  "step), Accelerate's DDP the same; the Hugging Face module's unfused float32 RMSNorm and rotary (DeepSpeed, "
-                  "Accelerate: 146-154 ms of 548 ms in element-wise kernels); compiled activations over-predicted (13 GiB at 8K)";
+                  "step), Accelerate's DDP the same, and its one-GPU export is priced as pytorch-eager, whose module is not Hugging "
+                  "Face's; compiled activations over-predicted (13 GiB at 8K)";
   auto text = published_data_text("stack_runs");
   if (!text) return text.error();
   auto rows = parse_csv(*text, "stack_runs.csv");

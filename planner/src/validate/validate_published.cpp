@@ -382,7 +382,9 @@ Result<ValidationTable> validate_fsdp_runs_a100() {
     table.quantity = "tokens/s per GPU";
     table.source = "TinyLlama README (jzhang38/TinyLlama); PyTorch/IBM blog \"Maximizing training throughput using PyTorch FSDP\", "
                    "Table 1 (FULL_SHARD, bf16, predicted for the fsdp1 stack with a bf16 reduce-scatter; cluster IBM Vela, "
-                   "tests/data/ibm-vela-a100-80g.json); the tokens per second per GPU they measured, as published, rounded (700 may be "
+                   "tests/data/ibm-vela-a100-80g.json; their Llama's norms are foundation-model-stack's LayerNormParameterized, "
+                   "fms/modules/layernorm.py: float32 ATen ops like transformers' LlamaRMSNorm, which fsdp1 prices); the tokens per "
+                   "second per GPU they measured, as published, rounded (700 may be "
                    "650 to 750). Their MFUs follow no one FLOP count the published pairs show: the 13B row's fits 6 N + 12 L h s per "
                    "token (attention non-causal), the 7B row's is above it, the 70B row's below even a causal count, the 34B row's "
                    "too coarse to tell";

@@ -26,6 +26,7 @@ ARGS=(
   --swiglu
   --normalization RMSNorm
   --position-embedding-type rope
+  --rotary-base 500000
   --disable-bias-linear
   --untie-embeddings-and-output-weights
   --attention-dropout 0.0

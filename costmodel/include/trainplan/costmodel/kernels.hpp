@@ -56,8 +56,11 @@ enum class ElementwiseOp {
   kCrossEntropyFp32,  // F.cross_entropy(logits.float()): v = tokens x vocab (cast included)
   kCrossEntropyBf16,  // F.cross_entropy(logits) in bf16: v = tokens x vocab
   kEmbedding,         // F.embedding forward (gather) and backward (sort, scatter-add): n = tokens x hidden
+  // RMSNorm as Hugging Face transformers writes it (LlamaRMSNorm): x.to(float32), pow(2), mean, + eps,
+  // rsqrt, multiply, .to(input dtype), times the weight, each its own ATen op: n = tokens x hidden
+  kRmsNormUnfused,
 };
-inline constexpr int kElementwiseOpCount = 11;
+inline constexpr int kElementwiseOpCount = 12;
 
 struct ElementwiseOpInfo {
   ElementwiseOp op;

@@ -312,6 +312,12 @@ struct StackSpec {
   // the residual stream), its forward time added to the backward. Only without tensor
   // parallelism (the executor's fused norm path; under TP the norm output enters the TP region).
   bool norm_recomputed;
+  // RMSNorm runs as Hugging Face transformers' LlamaRMSNorm (ElementwiseOp::kRmsNormUnfused): eight
+  // ATen ops in float32 instead of one fused kernel, keeping for backward the float32 copy of its
+  // input (pow's and the multiply's) and the normalised tensor before the weight (the weight's
+  // multiply) rather than the input. The stacks whose modules are Hugging Face's (Accelerate,
+  // DeepSpeed, Lightning on transformers models); LayerNorm blocks are unaffected (nn.LayerNorm).
+  bool unfused_rms_norm = false;
   // Linears sharing an input (Q/K/V, gate/up) sum their input gradients in the GEMMs (cuBLAS beta
   // = 1: the running sum read once more per GEMM) rather than in separate adds. Only without TP,
   // like norm_recomputed (the executor's NormLinearsFn).
