@@ -7,7 +7,7 @@ import torch
 
 def profile_step(run_step, path):
     """Runs run_step() under the profiler, writes the CSV at path (busiest kernel first) and returns
-    (kernels, busy milliseconds)."""
+    (launches, distinct kernel names, busy milliseconds)."""
     from torch.profiler import ProfilerActivity, profile
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -27,4 +27,4 @@ def profile_step(run_step, path):
         w.writerow(["kernel", "calls", "device_us"])
         for name, (calls, us) in sorted(rows.items(), key=lambda kv: -kv[1][1]):
             w.writerow([name, calls, f"{us:.1f}"])
-    return len(rows), sum(us for _, us in rows.values()) / 1e3
+    return sum(calls for calls, _ in rows.values()), len(rows), sum(us for _, us in rows.values()) / 1e3

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The cost model's predictions of the bench/stack_runs.sh runs beside what they measured.
 
-    bench/stack_predictions.py PLANNER RUNS_DIR
+    bench/stack_predictions.py PLANNER RUNS_DIR      (from the repository root: the plans name their
+                                                     models by paths relative to it)
 
 For each run in RUNS_DIR: torchtitan logs (titan-*.log: the median tokens/s of the steps after the
 first, as `planner compare` reads them, and the peak reserved memory torchtitan prints) and

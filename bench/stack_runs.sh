@@ -71,8 +71,8 @@ for run in "$@"; do
         --job.config_file "bench/stacks/$run.toml" --training.steps "$steps" --metrics.log_freq 1 > "$out/$run.log" 2>&1 ;;
     deepspeed)
       # DeepSpeed's op builder reads TORCH_CUDA_ARCH_LIST as numbers only (builder.py compute_capability_args:
-      # int() of each part): a machine's "9.0a" stops its FusedAdam build, so the plain arch is given.
-      KERNELS="$out/$run-kernels.csv" TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST%a}" timeout "$(left)" torchrun --standalone --nproc-per-node 1 bench/stack_train.py --stack deepspeed \
+      # int() of each part): a machine's "9.0a" stops its FusedAdam build, so the plain archs are given.
+      KERNELS="$out/$run-kernels.csv" TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST//a/}" timeout "$(left)" torchrun --standalone --nproc-per-node 1 bench/stack_train.py --stack deepspeed \
         --deepspeed_config bench/stacks/deepspeed-zero3.json --model bench/stacks/llama3-8b-8l.json --seq-len 8192 \
         --steps "$steps" --out "$out/$run.json" > "$out/$run.log" 2>&1 ;;
     accelerate)

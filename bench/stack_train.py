@@ -133,8 +133,8 @@ def main():
     if kernels:  # one more step, after the timed ones, under the profiler
         from kernel_csv import profile_step
         batches = [torch.randint(0, doc["vocab"], (micro, a.seq_len), generator=generator).to(device) for _ in range(accumulation)]
-        count, busy = profile_step(lambda: step(batches), kernels)
-        print(f"stack_train: one more step profiled: {count} kernels, {busy:.1f} ms busy -> {kernels}", flush=True)
+        launches, names, busy = profile_step(lambda: step(batches), kernels)
+        print(f"stack_train: one more step profiled: {launches} launches of {names} kernels, {busy:.1f} ms busy -> {kernels}", flush=True)
     steady = times[a.warmup:]
     median = statistics.median(steady)
     tokens = micro * accumulation * a.seq_len * int(os.environ.get("WORLD_SIZE", "1"))

@@ -126,8 +126,9 @@ def main():
                 return super().train_step(data_iterator)
             from kernel_csv import profile_step
             self.metrics_processor.should_log = lambda step: False
-            count, busy = profile_step(lambda: super(Trainer_, self).train_step(data_iterator), kernels)
-            print(f"torchtitan_train: step {self.step} profiled: {count} kernels, {busy:.1f} ms busy -> {kernels}", flush=True)
+            launches, names, busy = profile_step(lambda: super(Trainer_, self).train_step(data_iterator), kernels)
+            print(f"torchtitan_train: step {self.step} profiled: {launches} launches of {names} kernels, {busy:.1f} ms busy -> {kernels}",
+                  flush=True)
 
     titan_main(Trainer_)
 

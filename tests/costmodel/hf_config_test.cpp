@@ -129,6 +129,19 @@ TEST(HfConfig, ActiveParametersOfTheMixturesOfExperts) {
   }
 }
 
+// transformers 5 saves the rotary base inside rope_parameters (RopeParameters), 4.x at the top: both
+// read, the top-level key first; neither leaves transformers' default, 10000.
+TEST(HfConfig, RotaryBaseAtTheTopOrInRopeParameters) {
+  nlohmann::json config = nlohmann::json::parse(
+      R"({"model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+          "intermediate_size": 14336, "vocab_size": 128256, "max_position_embeddings": 8192})");
+  EXPECT_DOUBLE_EQ(parse_hf_config(config, "c.json")->rope_theta, 10000.0);
+  config["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 500000.0}};
+  EXPECT_DOUBLE_EQ(parse_hf_config(config, "c.json")->rope_theta, 500000.0);
+  config["rope_theta"] = 250000.0;
+  EXPECT_DOUBLE_EQ(parse_hf_config(config, "c.json")->rope_theta, 250000.0);
+}
+
 TEST(HfConfig, ReadsEachFamilysKeys) {
   const ModelSpec llama = hf_model("llama-3.1-8b");
   EXPECT_EQ(llama.name, "llama-3.1-8b");

@@ -785,6 +785,29 @@ TEST(StackChecks, TorchtitanRefusesMixedPrecisionItWouldTurnOff) {
   EXPECT_TRUE(exported) << exported.error().message;
 }
 
+// The rotary base goes with the model: Llama 3's 500000 (the presets, from config.json) as
+// Megatron's --rotary-base (its default is 10000) and as torchtitan's built-in 8B flavor; the same
+// shape with another base is no built-in flavor, and its registration line carries the base.
+TEST(StackChecks, TheRotaryBaseGoesWithTheModel) {
+  costmodel::Plan plan = testing::make_plan("llama3-8b", "dgx-h100", 8, 4096, 64);
+  plan.parallel.zero_stage = 3;
+  EXPECT_DOUBLE_EQ(plan.model.rope_theta, 500000.0);
+  auto megatron = planner::export_plan(plan, ExportTarget::kMegatron);
+  ASSERT_TRUE(megatron) << megatron.error().message;
+  EXPECT_TRUE(contains(megatron->text, "  --rotary-base 500000\n"));
+  auto titan = planner::export_plan(plan, ExportTarget::kTorchtitan);
+  ASSERT_TRUE(titan) << titan.error().message;
+  EXPECT_TRUE(contains(titan->text, "flavor = \"8B\"\n"));
+  plan.model.rope_theta = 10000.0;
+  megatron = planner::export_plan(plan, ExportTarget::kMegatron);
+  ASSERT_TRUE(megatron) << megatron.error().message;
+  EXPECT_FALSE(contains(megatron->text, "--rotary-base"));
+  titan = planner::export_plan(plan, ExportTarget::kTorchtitan);
+  ASSERT_TRUE(titan) << titan.error().message;
+  EXPECT_TRUE(contains(titan->text, ", rope_theta=10000)\n"));
+  EXPECT_FALSE(contains(titan->text, "flavor = \"8B\""));
+}
+
 // A plan for the fsdp2-compile stack turns torchtitan's compile on for the blocks and the loss
 // (job_config.py Compile at v0.2.2; the stack prices both compiled) and is predicted for that stack;
 // one for fsdp2 leaves it off (torchtitan's default) and writes no [compile] section.

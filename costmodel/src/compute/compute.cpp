@@ -547,7 +547,8 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
       } else {
         // Flash already keeps no scores: recompute the cheap memory-bound ops instead (norms,
         // activation function) and keep only their inputs.
-        c.activation_bytes = c.full_activation_bytes - norm_outputs - norm_stats - mlp_act_out;
+        // LlamaRMSNorm's float32 copy goes with its outputs: only each norm's input stays.
+        c.activation_bytes = c.full_activation_bytes - norm_outputs - norm_stats - mlp_act_out - (unfused_norm ? 2.0 * Tn * h * 4.0 : 0.0);
         c.recompute = recompute_pointwise + p.pointwise_input_casts;  // fp8: their outputs cast again
       }
       break;

@@ -32,12 +32,14 @@ constexpr std::array<ElementwiseOpInfo, kElementwiseOpCount> kOps = {{
     // transformers' LlamaRMSNorm (models/llama/modeling_llama.py, the same from 4.40 to 5.x), bf16 in
     // and out, no measured row: the bytes its ATen ops move, counted. Forward, 8 kernels: the fp32
     // copy (reads 2, writes 4), pow (4 + 4), mean (4), + eps and rsqrt (a value per token), the
-    // multiply (4 + 4), the cast back (4 + 2), the weight's multiply (2 + 2): 36. Backward, 14: the
+    // multiply (4 + 4), the cast back (4 + 2), the weight's multiply (2 + 2): 36. Backward, 15: the
     // weight's MulBackward (the input's gradient 2 + 2; the weight's, a product 2 + 2 + 2 and its sum
-    // over tokens 2), the cast's (2 + 4), the multiply's (the input's 4 + 4; the statistic's, a
-    // product 4 + 4 + 4 and a sum 4), mean's expand (4), pow's (2 x: 4 + 4, then x grad: 4 + 4 + 4),
-    // the two gradients of the fp32 copy added (4 + 4 + 4), the copy's cast back (4 + 2): 84.
-    {ElementwiseOp::kRmsNormUnfused, "rmsnorm_unfused", 4, 6, 8, 14, 36.0, 84.0},
+    // over tokens 2: 3 kernels), the cast's (2 + 4), the multiply's (the input's 4 + 4; the
+    // statistic's, a product 4 + 4 + 4 and a sum 4: 3), rsqrt's and the mean's per token (2, no
+    // bytes to speak of), the mean's expand (4), pow's (ATen's pow_backward: grad * (2 * x.pow(1)),
+    // x.pow(1) a copy 4 + 4, the scale 4 + 4, the product 4 + 4 + 4: 3), the two gradients of the
+    // fp32 copy added (4 + 4 + 4), the copy's cast back (4 + 2): 92.
+    {ElementwiseOp::kRmsNormUnfused, "rmsnorm_unfused", 4, 6, 8, 15, 36.0, 92.0},
 }};
 
 std::atomic<std::uint64_t> next_tables_id{1};

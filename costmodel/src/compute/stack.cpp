@@ -270,7 +270,9 @@ constexpr StackSpec kComposer = [] {
   s.summary = "PyTorch FSDP1 as Composer runs MosaicML's MPT models: fsdp1's FlatParameters and limit_all_gathers, flash-attn's "
               "fused cross-entropy on the bf16 logits (no fp32 copy), FlashAttention-2";
   s.loss = LossKernel::kFused;
-  s.unfused_rms_norm = false;  // MPT's norms are F.layer_norm (low_precision_layernorm), one kernel each
+  // MPT's default norm (low_precision_layernorm) is F.layer_norm, one kernel; its rmsnorm option runs
+  // unfused bf16 ops, not priced here (an MPT with RMSNorm is priced with the fused kernel).
+  s.unfused_rms_norm = false;
   s.source = "MosaicML's MPT training code (8c8dd48) models/mpt/modeling_mpt.py (ComposerMPTCausalLM: loss_fn fused_crossentropy), "
              "scripts/train/yamls (fsdp_config); Dao-AILab/flash-attention flash_attn/losses/cross_entropy.py; as fsdp1 for FSDP1";
   return s;
@@ -388,6 +390,9 @@ constexpr StackSpec kDeepspeedV03 = [] {
   StackSpec s = kDeepspeed;
   s.stack = Stack::kDeepspeedV03;
   s.name = "deepspeed-v0.3";
+  // 2021's published ZeRO-3 runs trained Megatron-DeepSpeed's GPT (apex's fused LayerNorm), not a
+  // Hugging Face Llama: no LlamaRMSNorm here.
+  s.unfused_rms_norm = false;
   s.summary = "DeepSpeed v0.3.16 (2021) with PyTorch 1.8: ZeRO-3 gathers each parameter on its own after a device sync, through "
               "list all-gathers that copy every rank's chunk with a kernel of its own, and all-reduces its gradient buckets; "
               "ZeRO-1/2 with deepspeed's buckets";

@@ -124,6 +124,11 @@ ModelSpec read_llama_like(ObjectReader& r, const std::string& type) {
   // The executor's arithmetic (model.hpp): rotary base and the RMSNorm epsilon, transformers'
   // defaults where absent (10000 everywhere; 1e-5 for Mixtral, 1e-6 for the others).
   m.rope_theta = r.optional_number("rope_theta", 1.0, 1e12).value_or(10000.0);
+  // transformers 5 writes it inside rope_parameters (configuration_utils.py, RopeParameters).
+  if (!r.has("rope_theta") && r.has("rope_parameters") && r.raw("rope_parameters").is_object()) {
+    ObjectReader rope = r.object("rope_parameters");
+    m.rope_theta = rope.optional_number("rope_theta", 1.0, 1e12).value_or(10000.0);
+  }
   m.norm_eps = r.optional_number("rms_norm_eps", 1e-12, 0.1).value_or(type == "mixtral" ? 1e-5 : 1e-6);
   if (type == "mistral") m.sliding_window = optional_dim(r, "sliding_window", 4096).value_or(0);
   if (type == "mixtral" || type == "phi3") m.sliding_window = optional_dim(r, "sliding_window", std::nullopt).value_or(0);

@@ -35,8 +35,9 @@ std::string llama3_flavor(const cm::ModelSpec& m) {
   };
   constexpr Flavor kFlavors[] = {{"8B", 32, 4096, 32, 14336}, {"70B", 80, 8192, 64, 28672}, {"405B", 126, 16384, 128, 53248}};
   for (const auto& f : kFlavors) {
+    // ... and the flavors' rotary base (models/llama3/__init__.py: rope_theta=500000).
     if (m.layers == f.layers && m.hidden == f.hidden && m.heads == f.heads && m.kv_heads == 8 && m.ffn_hidden == f.ffn &&
-        m.vocab == 128256) {
+        m.vocab == 128256 && m.rope_theta == 500000.0) {
       return f.name;
     }
   }

@@ -110,7 +110,8 @@ Result<ValidationTable> validate_h200_stack_runs() {
                  "one H200 141GB, torch 2.11.0; Llama 3 8B's layer 16 (torchtitan at 8K) or 8 times";
   table.missing = "one GPU is not FSDP: torchtitan trains an fp32 module under torch.autocast (87 ms of dtype copies in the eager 8K "
                   "step), Accelerate's DDP the same, and its one-GPU export is priced as pytorch-eager, whose module is not Hugging "
-                  "Face's; compiled activations over-predicted (13 GiB at 8K)";
+                  "Face's; DeepSpeed's GPU idles 41 of 589 ms between kernels (ZeRO-3's Python hooks); compiled activations "
+                  "over-predicted (13 GiB at 8K)";
   auto text = published_data_text("stack_runs");
   if (!text) return text.error();
   auto rows = parse_csv(*text, "stack_runs.csv");

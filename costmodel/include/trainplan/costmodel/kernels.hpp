@@ -70,7 +70,7 @@ struct ElementwiseOpInfo {
   int forward_kernels;           // ATen kernels an eager call launches
   int backward_kernels;
   // Bytes per element an eager implementation moves in effect (its measured time times the copy
-  // bandwidth), for profiles without a table row: shared/data/measured/h100-llama3.2-1b/
+  // bandwidth; rmsnorm_unfused's counted, it has no measured row yet), for profiles without a table row: shared/data/measured/h100-llama3.2-1b/
   // h100_elementwise.csv (H100, PyTorch 2.11 eager) at 8192 x 2048..8192, divided by the copy rate.
   double eager_forward_bytes, eager_backward_bytes;
 };
