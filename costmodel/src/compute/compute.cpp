@@ -127,8 +127,7 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
     run();
     return p.forward - before;
   };
-  const bool unfused_norm = !feat.layer_norm && stack.unfused_rms_norm;  // Hugging Face's LlamaRMSNorm (stack.hpp)
-  const ElementwiseOp norm_op = feat.layer_norm ? ElementwiseOp::kLayerNorm : unfused_norm ? ElementwiseOp::kRmsNormUnfused : ElementwiseOp::kRmsNorm;
+  const ElementwiseOp norm_op = compute_detail::norm_op(feat, stack);
   // Norm outputs recomputed in backward (stack.hpp): only without TP, where the executor's fused
   // norm path runs; under TP it keeps them (the norm's output enters the TP region).
   const bool norm_recomputed = stack.norm_recomputed && s.tp == 1;
@@ -403,7 +402,7 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
 
   // --- activations kept for backward (bytes) ---
   // Each norm's input; LlamaRMSNorm keeps instead its float32 copy and the normalised tensor (4 + e).
-  const double norm_inputs = 2.0 * Tn * h * (unfused_norm ? 4.0 + e : e);
+  const double norm_inputs = 2.0 * Tn * h * norm_saved_bytes(feat, stack, e);
   // The norms' float32 statistics, a token each, kept where a norm's output is not recomputed:
   // 1/RMS, and LayerNorm's mean too (executor/src/model/fused_ops.hpp rms_norm, ATen's layer_norm);
   // before a router the MLP norm is a plain one even where the others are recomputed.
@@ -548,7 +547,7 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
         // Flash already keeps no scores: recompute the cheap memory-bound ops instead (norms,
         // activation function) and keep only their inputs.
         // LlamaRMSNorm's float32 copy goes with its outputs: only each norm's input stays.
-        c.activation_bytes = c.full_activation_bytes - norm_outputs - norm_stats - mlp_act_out - (unfused_norm ? 2.0 * Tn * h * 4.0 : 0.0);
+        c.activation_bytes = c.full_activation_bytes - norm_outputs - norm_stats - mlp_act_out - 2.0 * Tn * h * (norm_saved_bytes(feat, stack, e) - e);
         c.recompute = recompute_pointwise + p.pointwise_input_casts;  // fp8: their outputs cast again
       }
       break;

@@ -135,6 +135,15 @@ struct Pass {
 };
 
 // The trainplan executor (any path) runs its own code, whichever kernels it uses.
+// A block's norm: LayerNorm, or RMSNorm as one fused kernel or as transformers' LlamaRMSNorm
+// (StackSpec::unfused_rms_norm), and the bytes per element it keeps for backward: its input, or
+// LlamaRMSNorm's float32 copy and the normalised tensor (4 + e).
+inline bool unfused_norm(const ModelFeatures& feat, const StackSpec& stack) { return !feat.layer_norm && stack.unfused_rms_norm; }
+inline ElementwiseOp norm_op(const ModelFeatures& feat, const StackSpec& stack) {
+  return feat.layer_norm ? ElementwiseOp::kLayerNorm : unfused_norm(feat, stack) ? ElementwiseOp::kRmsNormUnfused : ElementwiseOp::kRmsNorm;
+}
+inline double norm_saved_bytes(const ModelFeatures& feat, const StackSpec& stack, double e) { return unfused_norm(feat, stack) ? 4.0 + e : e; }
+
 inline bool is_trainplan(Stack stack) { return stack == Stack::kTrainplan || stack == Stack::kTrainplanReference; }
 
 // Gradients added into the fp32 gradient by the kernels that compute them (stack.hpp,

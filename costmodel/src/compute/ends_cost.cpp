@@ -95,10 +95,7 @@ EndsCost ends_cost(const ModelSpec& mdl, const HardwareProfile& hw, const LayerS
   if (s.attention_mask == AttentionMask::kExplicit) c.embedding_activation_bytes += s.micro_batch * (s.seq_len / s.cp) * mdl.attended_keys(s.seq_len) * e;
 
   Pass p{rates, rates, stack, e, e};
-  p.elementwise(feat.layer_norm                ? ElementwiseOp::kLayerNorm
-                : stack.unfused_rms_norm ? ElementwiseOp::kRmsNormUnfused
-                                         : ElementwiseOp::kRmsNorm,
-                Tn * h, 2 * e, 3 * e);  // final norm
+  p.elementwise(norm_op(feat, stack), Tn * h, 2 * e, 3 * e);  // final norm
   // Under TP the executor's chunked loss gives way to its vocab-parallel fp32 cross-entropy.
   // The plan's loss kernel, else the stack's. Under TP the chunked loss (the executor's, Liger's:
   // whole-vocabulary rows) gives way to the vocab-parallel fp32 cross-entropy.
@@ -205,8 +202,7 @@ EndsCost ends_cost(const ModelSpec& mdl, const HardwareProfile& hw, const LayerS
   c.head_model_flops = (frozen ? 4.0 : 6.0) * static_cast<double>(mdl.vocab) / t * h * T;
   // The final norm's input (LlamaRMSNorm: its float32 copy and the normalised tensor, stack.hpp) and
   // the output layer's input: bf16 in every precision.
-  const double final_norm_saved = !feat.layer_norm && stack.unfused_rms_norm ? Tn * h * (4.0 + e) : Tn * h * e;
-  c.head_activation_bytes = final_norm_saved + T * h * e + loss_saved;
+  c.head_activation_bytes = Tn * h * norm_saved_bytes(feat, stack, e) + T * h * e + loss_saved;
   return c;
 }
 

@@ -91,7 +91,7 @@ std::vector<std::string> torchtitan_refusals(const Plan& plan) {
   // autocast, which it turns off beside TP or PP: the model trains in float32
   // (distributed/utils.py maybe_enable_amp at v0.2.2: "Mixed precision training with TP or PP is
   // only supported when FSDP/HSDP/CP is enabled").
-  const bool fsdp = p.dp > 1 && p.zero_stage >= 2 && p.shard_size() > 1;
+  const bool fsdp = p.zero_stage >= 2 && p.shard_size() > 1;  // data_parallel_shard_degree > 1, as written below
   if (t.precision != cm::Precision::kFp32 && !fsdp && p.cp == 1 && (p.tp > 1 || p.pp > 1)) {
     r.push_back(std::string("precision=") + cm::precision_name(t.precision) +
                 " with tp or pp and no sharded data parallelism: torchtitan then trains in float32 (\"Mixed precision training with TP or PP is "
