@@ -9,7 +9,7 @@ first, as `planner compare` reads them, and the peak reserved memory torchtitan 
 bench/stack_train.py documents (deepspeed.json, accelerate.json: the median step after the warm-up
 steps, peak reserved). The plan is bench/stacks/RUN.plan.json, predicted with `planner evaluate`
 for the stack its export runs on (`planner export` maps torchtitan to fsdp2 or fsdp2-compile,
-deepspeed to deepspeed, accelerate on one GPU to pytorch-eager: DDP), and again with each plan's
+deepspeed to deepspeed, accelerate on one GPU to hf-ddp: DDP under autocast), and again with each plan's
 attention kernel set to the profile's measured table (SDPA's cuDNN backend) and to FlashAttention-2.
 Differences are predicted tokens/s over measured (the step's columns) and predicted reserved bytes over
 measured, minus one: positive means the model is too fast or too large."""
@@ -29,6 +29,8 @@ def evaluate(planner, plan, stack, attention=None):
     with open(plan) as f:
         doc = json.load(f)
     doc["training"]["stack"] = stack
+    if stack == "hf-ddp":  # Accelerate without FSDP is DDP: nothing sharded (as planner export predicts it)
+        doc["parallel"]["zero_stage"] = 0
     if attention:
         doc["training"]["attention_kernel"] = attention
     with tempfile.NamedTemporaryFile("w", suffix=".plan.json", delete=False) as f:
@@ -71,7 +73,7 @@ def main():
         measured = torchtitan_log(log, t["global_batch"] * t["seq_len"])
         if measured:
             rows.append((run, t.get("stack", "fsdp2"), plan, *measured))
-    for run, stack in (("deepspeed", "deepspeed"), ("accelerate", "pytorch-eager")):
+    for run, stack in (("deepspeed", "deepspeed"), ("accelerate", "hf-ddp")):
         path = os.path.join(runs, run + ".json")
         if os.path.exists(path):
             with open(path) as f:

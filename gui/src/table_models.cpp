@@ -279,7 +279,8 @@ void BreakdownModel::set_estimate(const cm::Estimate& e, const pl::PerformanceDo
   if (kind_ == Kind::kMemory) {
     const auto& m = e.memory;
     add("weights", "weights_bytes", m.weights.value(), kGiB);
-    add("gradients", "gradients_bytes", m.gradients.value(), kGiB);
+    // The gradients alive at the peak: fewer than the step ends with where the stack frees them each step.
+    add(m.gradients_step_end.value() > m.gradients.value() ? "gradients alive at the peak" : "gradients", "gradients_bytes", m.gradients.value(), kGiB);
     add("optimizer states", "optimizer_bytes", m.optimizer.value(), kGiB);
     add("activations", "activations_bytes", m.activations.value(), kGiB);
     add("comm buffers, workspaces", "buffers_bytes", m.buffers.value(), kGiB);

@@ -30,10 +30,10 @@ const char* section_name(Section section) {
 
 const std::vector<std::string>& section_keys(Section section) {
   static const std::vector<std::string> kMemory = {
-      "weights_bytes", "gradients_bytes", "optimizer_bytes", "activations_bytes", "buffers_bytes",
+      "weights_bytes", "gradients_bytes", "gradients_step_end_bytes", "autocast_copies_bytes", "optimizer_bytes", "activations_bytes", "buffers_bytes",
       "overhead_bytes", "total_bytes", "reserved_bytes", "required_bytes", "cpu_offload_per_node_bytes", "cpu_offload_per_gpu_bytes"};
   static const std::vector<std::string> kTime = {
-      "step_seconds", "compute_seconds", "recompute_seconds", "tp_comm_seconds", "tp_copy_seconds", "cp_comm_seconds",
+      "step_seconds", "compute_seconds", "recompute_seconds", "tp_comm_seconds", "tp_copy_seconds", "autocast_cast_seconds", "cp_comm_seconds",
       "ep_comm_seconds", "pp_comm_seconds", "dp_comm_exposed_seconds", "dp_comm_total_seconds", "dp_copy_seconds", "host_wait_seconds", "sustained_clock_seconds", "straggler_seconds", "sustained_step_seconds", "bubble_seconds",
       "optimizer_seconds", "offload_seconds"};
   static const std::vector<std::string> kThroughput = {

@@ -112,9 +112,9 @@ std::string training_line(const TrainingConfig& t, const std::string& tokens_not
   return s;
 }
 
-// `fp8_gathered`: whether the plan's weights are gathered in fp8 (LayerSetting::fp8_gathered_weights),
-// where one plan is reported; empty for a search's request.
-std::string stack_line(const TrainingConfig& t, std::optional<bool> fp8_gathered = std::nullopt) {
+// `plan`: the layer setting of the one plan reported (whether its weights are gathered in fp8,
+// whether it trains under autocast); null for a search's request.
+std::string stack_line(const TrainingConfig& t, const LayerSetting* plan = nullptr) {
   std::string s = std::string(stack_name(t.stack)) + ": " + stack_spec(t.stack).summary + " [choose with --stack]";
   // What the plan changes in the stack (--loss, --attention-kernel, --attention-mask, --pure-16bit, --fp8-all-gather).
   std::string changes;
@@ -130,13 +130,17 @@ std::string stack_line(const TrainingConfig& t, std::optional<bool> fp8_gathered
   }
   if (t.fp8_all_gather) {
     const std::string gathered = "fp8 all-gather of the linear layers' weights, scales precomputed once a step";
-    if (!fp8_gathered) {
+    if (plan == nullptr) {
       add(gathered + " (where FSDP shards them over data-parallel ranks)");
     } else {
-      add(*fp8_gathered ? gathered : "fp8 all-gather asked, but no parameters are sharded over data-parallel ranks: nothing gathered");
+      add(plan->fp8_gathered_weights ? gathered : "fp8 all-gather asked, but no parameters are sharded over data-parallel ranks: nothing gathered");
     }
   }
   if (t.allocator != Allocator::kCaching) add(std::string("PYTORCH_ALLOC_CONF=") + allocator_conf(t.allocator));
+  if (plan && plan->autocast) {
+    add("the fp32 module under torch.autocast, no FSDP sharding (fp32 weights, gradients and optimizer states; each weight and input cast at "
+        "every use; an fp32 residual stream)");
+  }
   if (!changes.empty()) s += "; this plan: " + changes;
   return s;
 }
@@ -170,9 +174,16 @@ std::string memory_table(const Estimate& e, const TrainingConfig& t, bool md) {
   };
   const char* verdict = !e.fits ? "DOES NOT FIT" : e.tight ? "fits, but tight (within the memory headroom)" : "fits";
   add("weights", m.weights, "");
-  add("gradients", m.gradients, "");
-  add("optimizer states", m.optimizer, state_widths(t.precision, t.optimizer, t.master_weights).master ? "incl. fp32 master weights" : "");
-  add("activations", m.activations, "peak; " + count_text(m.micro_batches_in_flight, "micro-batch", "micro-batches") + " in flight, logits and gradients included");
+  add("gradients", m.gradients,
+      m.gradients_step_end.value() > m.gradients.value()
+          ? "alive at the peak; " + bounded_number(gib(m.gradients_step_end), 2) + " by the step's end (zero_grad freed them; backward makes them)"
+          : "");
+  add("optimizer states", m.optimizer,
+      e.autocast ? "fp32 module under autocast: no master copy"
+                 : state_widths(t.precision, t.optimizer, t.master_weights).master ? "incl. fp32 master weights" : "");
+  add("activations", m.activations,
+      "peak; " + count_text(m.micro_batches_in_flight, "micro-batch", "micro-batches") + " in flight, logits and gradients included" +
+          (m.autocast_copies.value() > 0 ? ", and " + bounded_number(gib(m.autocast_copies), 2) + " of autocast's 16-bit weight copies" : ""));
   add("comm buffers, workspaces", m.buffers, "");
   add("= allocated", m.total, "peak of the tensors alive at once");
   add("allocator cache", m.reserved - m.total,
@@ -203,7 +214,9 @@ std::string time_table(const Plan& plan, const Estimate& e, bool md) {
     if (s.value() <= 0 && std::string(name) != "step") return;
     rows.push_back(Row{{name, bounded_number(s.value(), 3), bounded_number(100 * s.value() / t.step.value(), 1) + "%", note}});
   };
-  add("compute", t.compute, count_text(e.micro_batches, "micro-batch", "micro-batches"));
+  add("compute", t.compute,
+      count_text(e.micro_batches, "micro-batch", "micro-batches") +
+          (t.autocast_casts.value() > 0 ? "; autocast's casts " + bounded_number(t.autocast_casts.value(), 3) + " s of it and of recompute" : ""));
   add("recompute", t.recompute, "");
   add("tensor-parallel comm", t.tp_comm,
       t.tp_copies.value() > 0 ? "exposed, incl. " + bounded_number(t.tp_copies.value(), 3) + " s of DTensor's sequence-shard copies" : "exposed");
@@ -337,7 +350,8 @@ std::string render_evaluation(const Candidate& c, const ReportContext& ctx, Form
   out << (md ? "- " : "") << "Model     " << model_line(plan.model) << "\n";
   out << (md ? "- " : "") << "Cluster   " << cluster_line(plan.cluster, plan.gpus, false) << "\n";
   out << (md ? "- " : "") << "Training  " << training_line(plan.training, ctx.train_tokens_note, ctx.batch_note) << "\n";
-  out << (md ? "- " : "") << "Stack     " << stack_line(plan.training, layer_setting(plan).fp8_gathered_weights) << "\n";
+  const LayerSetting setting = layer_setting(plan);
+  out << (md ? "- " : "") << "Stack     " << stack_line(plan.training, &setting) << "\n";
   out << (md ? "- " : "") << "Plan      " << plan_line(plan.parallel) << "\n\n";
   if (!e.fits || e.tight) {
     out << (e.fits ? "TIGHT:\n" : "DOES NOT FIT:\n");

@@ -383,7 +383,7 @@ TEST(ExportPlan, StatesThePredictionForTheStackThatRunsIt) {
   } cases[] = {{planner::ExportTarget::kMegatron, "megatron-te"},
                {planner::ExportTarget::kTorchtitan, "fsdp2"},
                {planner::ExportTarget::kDeepspeed, "deepspeed"},
-               {planner::ExportTarget::kAccelerate, plan.parallel.zero_stage >= 2 ? "fsdp2" : "pytorch-eager"}};
+               {planner::ExportTarget::kAccelerate, plan.parallel.zero_stage >= 2 ? "fsdp2" : "hf-ddp"}};
   for (const auto& c : cases) {
     SCOPED_TRACE(c.stack);
     EXPECT_STREQ(costmodel::stack_name(planner::export_stack(plan, c.target)), c.stack);
@@ -391,6 +391,7 @@ TEST(ExportPlan, StatesThePredictionForTheStackThatRunsIt) {
     ASSERT_TRUE(exported.ok()) << exported.error().message;
     costmodel::Plan as_run = plan;
     as_run.training.stack = planner::export_stack(plan, c.target);
+    if (as_run.training.stack == costmodel::Stack::kHfDdp) as_run.parallel.zero_stage = 0;  // DDP: nothing sharded
     const costmodel::Estimate e = costmodel::estimate(as_run);
     char step[32];
     std::snprintf(step, sizeof step, "%.3g s per step", e.time.step.value());

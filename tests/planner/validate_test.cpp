@@ -370,25 +370,32 @@ TEST_F(ValidateCli, ABadMeasurementExitsTwoNamingTheFileAndPointer) {
 // DeepSpeed's Hugging Face Llama (cuDNN attention, as it ran; LlamaRMSNorm priced op by op): its
 // reserve within 5%, its step within 12% (the GPU idles 41 of its 589 ms, ZeRO-3's Python hooks
 // around every submodule, not priced).
-TEST(H200StackRuns, EveryRunHasAStepAndAReserveAndTorchtitanStepsAreWithinElevenPercent) {
+// torchtitan's one-GPU runs train the fp32 module under autocast (fsdp2's AutocastUse::kOneGpu)
+// and Accelerate's DDP does always (hf-ddp): steps within 6% (the compiled fp8 one -5.4%: its
+// casts are not yet attributed kernel by kernel), reserves within 8% (the eager 8K runs' -6.9% and
+// +5.8%: which freed blocks their allocator reuses); DeepSpeed's ZeRO-3 step within 12%
+// (its hooks' host time is not priced), its reserve within 5%.
+TEST(H200StackRuns, EveryRunHasAStepAndAReserveWithinTheirBounds) {
   const auto table = planner::validate_h200_stack_runs();
   ASSERT_TRUE(table) << table.error().message;
   ASSERT_EQ(table->rows.size(), 16u);
-  int titan_steps = 0;
+  int titan_steps = 0, accelerate = 0;
   for (const auto& row : table->rows) {
     SCOPED_TRACE(row.label);
+    const bool step = row.label.find("step seconds") != std::string::npos;
     if (row.label.rfind("deepspeed-", 0) == 0) {
-      EXPECT_LE(std::abs(row.error), row.label.find("step") != std::string::npos ? 0.12 : 0.05);
+      EXPECT_LE(std::abs(row.error), step ? 0.12 : 0.05);
+    }
+    if (row.label.rfind("accelerate (hf-ddp)", 0) == 0) {
+      ++accelerate;
+      EXPECT_LE(std::abs(row.error), step ? 0.06 : 0.08);
     }
     if (row.label.rfind("titan-", 0) != 0) continue;
-    if (row.label.find("step seconds") != std::string::npos) {
-      ++titan_steps;
-      EXPECT_LE(std::abs(row.error), 0.11);
-    } else {
-      EXPECT_LE(std::abs(row.error), 0.17);
-    }
+    if (step) ++titan_steps;
+    EXPECT_LE(std::abs(row.error), step ? 0.06 : 0.08);
   }
   EXPECT_EQ(titan_steps, 6);
+  EXPECT_EQ(accelerate, 2);
 }
 
 // Published nccl-tests rows (tests/data/nccl_tests_published.csv) where the buffer is large

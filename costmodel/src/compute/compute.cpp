@@ -119,8 +119,20 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
   const bool causal_kernel = !gathered_kv && s.attention_mask == AttentionMask::kCausal;
   const double attended_keys = gathered_kv ? s_k * (2.0 * s.cp + 1.0) / (4.0 * s.cp) : s_k;
 
+  // torch.autocast on the fp32 module (LayerSetting::autocast): the residual stream, the norms and
+  // the residual adds in float32 (a 16-bit branch added to a float32 stream gives float32: type
+  // promotion; nn.RMSNorm of a float32 input is float32), each linear layer's weight and input
+  // cast on the way in (Pass::autocast_*).
+  const double es = s.autocast ? 4.0 : e;  // bytes per element of the residual stream
+  // Eager autocast keeps each linear's own cast of its input (Q, K and V three copies of the
+  // norm's output, gate and up two); Inductor's common-subexpression pass makes one of each.
+  const bool eager_casts = s.autocast && !stack.fused_elementwise;
+  const double attention_input_copies = eager_casts && !mla && !stack.fused_qkv ? 3.0 : 1.0;
+  const double mlp_input_copies = eager_casts && !mdl.moe && feat.gated_mlp && !stack.fused_gate_up ? 2.0 : 1.0;
+
   LayerCost c;
   Pass p{gemm_rates, rates, stack, lin_in, e, fp8};
+  p.autocast = s.autocast;
   double recompute_pointwise = 0;  // forward time of the cheap ops selective recompute re-runs (flash, fusing stacks)
   const auto timed = [&](auto&& run) {  // forward time of what `run` adds to the pass
     const double before = p.forward;
@@ -139,7 +151,10 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
   double norm_forward = 0;  // forward time of the block's norms, run again in backward when recomputed
 
   // --- attention block ---
-  norm_forward += timed([&] { p.elementwise(norm_op, Tn * h, 2 * e, 3 * e); });  // norm 1
+  // Fused norms read the stream and write the 16-bit output (under autocast Inductor fuses the
+  // cast in); backward reads the output's gradient and the input, writes the input's gradient.
+  const NormWidths nw = norm_widths(feat, stack, e, es);
+  norm_forward += timed([&] { p.elementwise(norm_op, Tn * h, es + e, e + 2 * es, true, nw.forward, nw.backward); });  // norm 1
   double mla_latents = 0;  // MLA: widths of the low-rank latents (inputs of q_b and kv_b), per token
   if (mla) {
     // Down projections (replicated under TP), their RMSNorms, then the up projections.
@@ -168,8 +183,9 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
     p.linear(T, kv_local, h, frozen, true, Fp8Cast::kShared);
     p.linear(T, kv_local, h, frozen, true, Fp8Cast::kShared);
     if (gemm_sums) p.backward += rates.stream(2.0 * e * T * h);  // K's and V's GEMMs read the running sum
-    else p.gradient_sum(2.0 * T * h);  // three input gradients summed
+    else p.gradient_sum(2.0 * T * h, es);  // three input gradients summed (under autocast in float32)
   }
+  if (!mla) p.autocast_inputs(attention_input_copies, T * h);
   if (feat.qkv_bias) p.backward += rates.stream(e * T * (q_local + (k_local + v_local)));  // bias gradients (a reduction over tokens)
   if (lora && mla) {
     for (const LinearShape& l : attention_linears(mdl)) {
@@ -225,13 +241,16 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
   p.linear(T, h, o_in_local, frozen);  // output projection
   if (lora && s.lora.targets_include("o")) p.adapter(T, o_in_local, h, r);
   if (s.dropout) p.elementwise(ElementwiseOp::kDropout, Tn * h, 0, 2 * e + 1);
+  // The residual add reads the stream and the branch and writes the stream.
+  const double add_bytes = 2 * es + e;
   if (adds_in_mlp_norm) p.forward += rates.stream((2 * e + (s.dropout ? 1.0 : 0.0)) * Tn * h);  // norm 2 reads the branch, writes the sum
-  else p.elementwise(ElementwiseOp::kResidualAdd, Tn * h, 3 * e + (s.dropout ? 1.0 : 0.0), 0, false);  // (bias,) dropout, residual add
+  else p.elementwise(ElementwiseOp::kResidualAdd, Tn * h, add_bytes + (s.dropout ? 1.0 : 0.0), 0, false, add_bytes / 3.0);  // (bias,) dropout, residual add
+  p.autocast_branch(Tn * h);
   if (adds_in_norms) p.backward += rates.stream(e * Tn * h);  // norm 1's backward reads the stream's gradient
-  else p.gradient_sum(Tn * h);  // the residual stream feeds norm 1 and the add
+  else p.gradient_sum(Tn * h, es);  // the residual stream feeds norm 1 and the add
 
   // --- MLP block ---
-  norm_forward += timed([&] { p.elementwise(norm_op, Tn * h, 2 * e, 3 * e); });  // norm 2
+  norm_forward += timed([&] { p.elementwise(norm_op, Tn * h, es + e, e + 2 * es, true, nw.forward, nw.backward); });  // norm 2
   recompute_pointwise += norm_forward;
   if (norm_recomputed) p.backward += norm_forward;  // each norm's forward again before its backward
   double tokens_mlp = T;
@@ -262,8 +281,9 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
       p.linear(tokens, width, h, frozen, true, input, act);  // gate
       p.linear(tokens, width, h, frozen, true, input == Fp8Cast::kFromNorm ? Fp8Cast::kShared : input, act);  // up
       if (gemm_sums) p.backward += rates.stream(e * tokens * h);  // up's GEMM reads the running sum
-      else p.gradient_sum(tokens * h);
+      else p.gradient_sum(tokens * h, input == Fp8Cast::kFromNorm ? es : e);
     }
+    if (input == Fp8Cast::kFromNorm) p.autocast_inputs(mlp_input_copies, tokens * h);  // the dense MLP's norm output
     p.linear(tokens, h, width, frozen, true, act);
     last_linear_forward = p.last_gemm_forward;  // its fp8 casts (Inductor) are still counted as replayed
   };
@@ -287,9 +307,10 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
   });
   if (s.dropout) p.elementwise(ElementwiseOp::kDropout, Tn * h, 0, 2 * e + 1);
   const double output_add_forward =
-      timed([&] { p.elementwise(ElementwiseOp::kResidualAdd, Tn * h, 3 * e + (s.dropout ? 1.0 : 0.0), 0, false); });
+      timed([&] { p.elementwise(ElementwiseOp::kResidualAdd, Tn * h, add_bytes + (s.dropout ? 1.0 : 0.0), 0, false, add_bytes / 3.0); });
+  p.autocast_branch(Tn * h);
   if (adds_in_mlp_norm) p.backward += rates.stream(e * Tn * h);  // norm 2's backward reads the stream's gradient
-  else p.gradient_sum(Tn * h);  // the stream after attention feeds norm 2 and the block's output add
+  else p.gradient_sum(Tn * h, es);  // the stream after attention feeds norm 2 and the block's output add
   if (s.mode == TrainingMode::kQlora) {
     // Frozen weights are dequantized to bf16 for the forward and again for the backward.
     const double weights = local_attention_matmul(mdl, t) + mlp_matrices * h * (ffn_local * experts_local + shared_local);
@@ -300,6 +321,7 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
 
   c.forward = p.forward;
   c.backward = p.backward;
+  c.autocast_casts = p.autocast_seconds;
 
   // --- communication ---
   // DTensor's sequence-parallel copies (StackSpec::sequence_parallel_rearranges), per collective:
@@ -402,7 +424,8 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
 
   // --- activations kept for backward (bytes) ---
   // Each norm's input; LlamaRMSNorm keeps instead its float32 copy and the normalised tensor (4 + e).
-  const double norm_inputs = 2.0 * Tn * h * norm_saved_bytes(feat, stack, e);
+  // Under autocast the input is the float32 stream.
+  const double norm_inputs = 2.0 * Tn * h * norm_saved_bytes(feat, stack, es);
   // The norms' float32 statistics, a token each, kept where a norm's output is not recomputed:
   // 1/RMS, and LayerNorm's mean too (executor/src/model/fused_ops.hpp rms_norm, ATen's layer_norm);
   // before a router the MLP norm is a plain one even where the others are recomputed.
@@ -411,7 +434,9 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
   // which the stack keeps gathered or as the shard (stack.hpp).
   const double gemm_input_tokens = s.sequence_parallel && stack.sequence_parallel_keeps_gathered_input ? T : Tn;
   const double norm_outputs =
-      norm_recomputed ? 0.0 : ((attention_input_kept ? 1.0 : 0.0) + (mlp_input_kept ? 1.0 : 0.0)) * gemm_input_tokens * h * (lora ? e : kept_lin_in);
+      norm_recomputed ? 0.0
+                      : ((attention_input_kept ? attention_input_copies : 0.0) + (mlp_input_kept ? mlp_input_copies : 0.0)) * gemm_input_tokens * h *
+                            (lora ? e : kept_lin_in);
   // Q, K and V (all-gathered K/V: every rank's, s.cp times the local ones). MLA: latents and their norms' inputs.
   const double qkv = T * (q_local + (gathered_kv ? s.cp : 1.0) * (k_local + v_local)) * e + 2.0 * T * mla_latents * e;
   const double score_bytes = s.attention == AttentionKernel::kStandard ? scores * (e + (s.dropout ? 1.0 + e : 0.0))
@@ -465,8 +490,12 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
       adapters += tokens * width * (target == "down" ? 1.0 : 1.0 + e);
     }
   }
+  // Eager autocast: each GEMM keeps its weight's bf16 copy for the input gradient (torchao's fp8
+  // linears keep the fp32 weight itself).
+  const double weight_copies =
+      eager_casts && !fp8 ? 2.0 * (local_attention_matmul(mdl, t) + mlp_matrices * h * (ffn_local * experts_local + shared_local)) : 0.0;
   c.full_activation_bytes = norm_inputs + norm_stats + norm_outputs + qkv + score_bytes + proj_input + masks + mlp_saved +
-                            mlp_act_out + routed_input + moe_kept + adapters;
+                            mlp_act_out + routed_input + moe_kept + adapters + weight_copies;
   // Temporaries of one forward: eager rotate-half holds q, the rotated copy, x*cos, rotated*sin
   // and the negated half (4.5 x q); fused rotary the unrotated q; GPT the projection output.
   c.forward_transient_bytes = (feat.learned_positions || feat.alibi) && !mla ? T * h * e : (stack.fused_elementwise ? 1.0 : 4.5) * T * q_local * e;
@@ -503,7 +532,7 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
         // matmul of the block are saved (wq, wv, w1, w2 of wq, wk, wv, wo, w1, w3, w2), the rest
         // recomputed in backward from the block's input: the wk, wo and w3 GEMMs and every
         // element-wise op.
-        c.activation_bytes = Tn * h * e + T * q_local * e + T * kv_local * e + proj_input + score_bytes + masks +
+        c.activation_bytes = Tn * h * es + T * q_local * e + T * kv_local * e + proj_input + score_bytes + masks +
                              mlp_width_elements * e + Tn * h * e + routed_input + adapters;
         const auto ok = [&](double a, double b) { return gemm_aligned(a, lin_in) && gemm_aligned(b, lin_in); };
         double gemms = gemm_rates.gemm(T, kv_local, h, 1, lin_in, ok(kv_local, h)) + gemm_rates.gemm(T, h, q_local, 1, lin_in, ok(h, q_local)) +
@@ -516,7 +545,11 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
                    (shared_local > 0 ? rates.stream(f.input * T * h) : 0.0) +
                    rates.stream(f.weight_forward * h * (kv_local + q_local + experts_local * ffn_local + shared_local));
         }
-        c.recompute = recompute_pointwise + gemms + rotary_forward;
+        // Autocast's casts are recomputed too (not in the policy's save list): every weight's, and
+        // eager's of the linear layers' inputs.
+        c.recompute = recompute_pointwise + gemms + rotary_forward + p.autocast_weight_forward + p.autocast_input_forward;
+        c.autocast_casts += p.autocast_weight_forward + p.autocast_input_forward;
+        c.autocast_cache_bytes = weight_copies;
         c.forward_transient_bytes = std::max(c.forward_transient_bytes, T * kv_local * e + Tn * h * e);
         if (s.tp > 1) {
           // The policy saves reduce-scatters but no all-gather or all-reduce (torchtitan 820504e
@@ -552,8 +585,10 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
       }
       break;
     case Recompute::kFull:
-      c.activation_bytes = Tn * h * e;  // the layer input only
+      c.activation_bytes = Tn * h * es;  // the layer input only
       c.recompute = c.forward;
+      c.autocast_casts += p.autocast_weight_forward + p.autocast_input_forward;  // the forward's casts again
+      c.autocast_cache_bytes = weight_copies;
       c.tp_comm_recompute = c.tp_comm_forward;
       if (dtensor_sp) c.tp_copies += 2.0 * (rs_copy + ag_copy);  // the forward's copies again
       if (replay_stops_before_last_linear) {
@@ -570,7 +605,7 @@ LayerCost uniform_layer_cost(const ModelSpec& mdl, const HardwareProfile& hw, co
       if (s.cp > 1) c.cp_bytes += (s.cp - 1) * T * (k_local + v_local) * e + moe_counts_bytes;
       // The forward runs without a graph: every tensor of the layer is alive at once, then cached.
       c.forward_transient_bytes += c.full_activation_bytes;
-      c.smallest_saved_tensor_bytes = Tn * h * e;
+      c.smallest_saved_tensor_bytes = Tn * h * es;
       p.kernels *= 1.5;  // the forward's kernels run twice
       break;
   }
@@ -624,6 +659,8 @@ LayerCost blend(const LayerCost& a, const LayerCost& b, double f) {
   c.tp_comm_backward = mix(a.tp_comm_backward, b.tp_comm_backward);
   c.tp_comm_recompute = mix(a.tp_comm_recompute, b.tp_comm_recompute);
   c.tp_copies = mix(a.tp_copies, b.tp_copies);
+  c.autocast_casts = mix(a.autocast_casts, b.autocast_casts);
+  c.autocast_cache_bytes = mix(a.autocast_cache_bytes, b.autocast_cache_bytes);
   c.cp_comm = mix(a.cp_comm, b.cp_comm);
   c.cp_bytes = mix(a.cp_bytes, b.cp_bytes);
   c.ep_comm = mix(a.ep_comm, b.ep_comm);

@@ -36,6 +36,21 @@ struct Pass {
   // recompute of those ops runs again.
   double pointwise_input_casts = 0;
   double last_gemm_forward = 0;  // the forward GEMM of the last linear added (its fp8 casts apart)
+  // torch.autocast on the fp32 module (LayerSetting::autocast): every linear layer casts its fp32
+  // weight to the 16-bit dtype in forward (autocast's cached_cast, aten/src/ATen/autocast_mode.cpp;
+  // a cache per autocast region, so once per micro-batch and again in a recompute) and autograd
+  // casts the weight's 16-bit gradient back to fp32 (ToCopyBackward) before it reaches .grad.
+  // Eager casts at ATen's measured copy rates (ElementwiseOp::kCast: bf16 -> fp32 its forward,
+  // fp32 -> bf16 its backward), Inductor's as one kernel reading 4 bytes and writing 2 each way.
+  // Under fp8 torchao's Float8Linear casts the fp32 weight to fp8 itself: its amax and cast read 4
+  // bytes an element instead of 2 (4 more forward, 2 more for the transposing cast backward).
+  bool autocast = false;
+  // The casts run as ATen ops in a fusing stack too (torchtitan compiles its blocks and loss only:
+  // its final norm and output layer run eagerly).
+  bool casts_eager = false;
+  double autocast_weight_forward = 0;  // forward time of the weight casts, which a recompute runs again
+  double autocast_input_forward = 0;   // forward time of the eager input casts, likewise
+  double autocast_seconds = 0;         // every autocast cast of the pass, forward and backward
 
   // y[T, out] = x[T, in] W[out, in]^T. Backward: dX (unless the input needs no gradient) and,
   // unless the weight is frozen, dW = dY^T X (PyTorch's orientation: out x in, contracting T).
@@ -45,6 +60,16 @@ struct Pass {
   void linear(double tokens, double out, double in, bool frozen, bool input_grad = true, Fp8Cast input = Fp8Cast::kOwn,
               Fp8Cast grad_output = Fp8Cast::kOwn) {
     gemms(gemm_rates, operand_bytes, tokens, out, in, frozen, input_grad);
+    if (autocast && fp8 && !frozen) {  // the wider reads inside torchao's casts: no launches of their own
+      const double f = rates.stream(out * in * 4.0, 0), b = rates.stream(out * in * 2.0, 0);
+      forward += f;
+      backward += b;
+      autocast_weight_forward += f;
+      autocast_seconds += f + b;
+      autocast_gradient_cast(out * in);
+    } else if (autocast) {
+      autocast_weight_cast(out * in, frozen);
+    }
     if (!fp8) return;
     // A norm that takes the amax in its own kernel saves the cast that kernel (Fp8Casting::kernels_per_cast).
     const int norm_kernels = std::max(1, stack.fp8.kernels_per_cast - 1);
@@ -71,6 +96,47 @@ struct Pass {
   // layer, a router, LoRA adapters): no casts.
   void linear_unquantised(double tokens, double out, double in, bool frozen, bool input_grad = true) {
     gemms(rates, e, tokens, out, in, frozen, input_grad);
+    if (autocast) autocast_weight_cast(out * in, frozen);
+  }
+  bool fused_casts() const { return stack.fused_elementwise && !casts_eager; }
+  // Autocast's cast of a weight of `elements` to the 16-bit dtype, and of its gradient back.
+  void autocast_weight_cast(double elements, bool frozen) {
+    const double f = fused_casts() ? rates.stream(6.0 * elements) : rates.op(ElementwiseOp::kCast, elements, true, 2.0);
+    forward += f;
+    kernels += 1;
+    autocast_weight_forward += f;
+    autocast_seconds += f;
+    if (!frozen) autocast_gradient_cast(elements);
+  }
+  void autocast_gradient_cast(double elements) {
+    const double b = fused_casts() ? rates.stream(6.0 * elements) : rates.op(ElementwiseOp::kCast, elements, false, 2.0);
+    backward += b;
+    kernels += 1;
+    autocast_seconds += b;
+  }
+  // Eager autocast: `count` linear layers each cast their fp32 input of `elements` to the 16-bit
+  // dtype (one copy per layer: autocast caches only leaf tensors), and each input's 16-bit
+  // gradient is cast back to fp32 to join the fp32 tensor's others. Inductor fuses these casts
+  // into the norms that produce the inputs and the sums that take the gradients: none there.
+  void autocast_inputs(double count, double elements) {
+    if (!autocast || fused_casts() || count <= 0 || elements <= 0) return;
+    const double f = count * rates.op(ElementwiseOp::kCast, elements, true, 2.0);
+    const double b = count * rates.op(ElementwiseOp::kCast, elements, false, 2.0);
+    forward += f;
+    backward += b;
+    kernels += 2.0 * count;
+    autocast_input_forward += f;
+    autocast_seconds += f + b;
+  }
+  // Eager autocast: a 16-bit branch output (attention's, the MLP's) added to the fp32 residual
+  // stream; autograd casts the stream's fp32 gradient to the branch's dtype (the engine's
+  // validate_outputs) before the branch's backward.
+  void autocast_branch(double elements) {
+    if (!autocast || fused_casts() || elements <= 0) return;
+    const double b = rates.op(ElementwiseOp::kCast, elements, true, 2.0);
+    backward += b;
+    kernels += 1;
+    autocast_seconds += b;
   }
   void gemms(const KernelRates& r, double bytes, double tokens, double out, double in, bool frozen, bool input_grad) {
     const bool aligned = gemm_aligned(out, bytes) && gemm_aligned(in, bytes);
@@ -98,7 +164,9 @@ struct Pass {
   // An element-wise op over `elements` elements: PyTorch's eager kernels at their measured rates,
   // or, in a fusing stack, one kernel each way moving `fused_forward` / `fused_backward` bytes per
   // element (multiples of the element size; 0: no kernel).
-  void elementwise(ElementwiseOp op, double elements, double fused_forward, double fused_backward, bool with_backward = true) {
+  // `element_bytes`: the eager op's element size where it differs from the activations' (0: e).
+  void elementwise(ElementwiseOp op, double elements, double fused_forward, double fused_backward, bool with_backward = true,
+                   double element_bytes = 0, double backward_element_bytes = 0) {
     if (elements <= 0) return;
     if (stack.fused_elementwise) {
       if (fused_forward > 0) {
@@ -112,18 +180,20 @@ struct Pass {
       return;
     }
     const ElementwiseOpInfo& info = elementwise_op_info(op);
-    forward += rates.op(op, elements, false, e);
+    const double width = element_bytes > 0 ? element_bytes : e;
+    forward += rates.op(op, elements, false, width);
     kernels += info.forward_kernels;
     if (with_backward) {
-      backward += rates.op(op, elements, true, e);
+      backward += rates.op(op, elements, true, backward_element_bytes > 0 ? backward_element_bytes : width);
       kernels += info.backward_kernels;
     }
   }
   // Autograd's sum of two gradients reaching one tensor (a residual junction, an input shared
   // by two GEMMs): one add in backward.
-  void gradient_sum(double elements) {
+  void gradient_sum(double elements, double element_bytes = 0) {
     if (elements <= 0) return;
-    backward += stack.fused_elementwise ? rates.stream(3.0 * e * elements) : rates.op(ElementwiseOp::kResidualAdd, elements, false, e);
+    const double width = element_bytes > 0 ? element_bytes : e;
+    backward += stack.fused_elementwise ? rates.stream(3.0 * width * elements) : rates.op(ElementwiseOp::kResidualAdd, elements, false, width);
     kernels += 1;
   }
   // LoRA adapter x A B on a linear from `in` to `out` features, rank r (A, B trainable).
@@ -143,6 +213,17 @@ inline ElementwiseOp norm_op(const ModelFeatures& feat, const StackSpec& stack) 
   return feat.layer_norm ? ElementwiseOp::kLayerNorm : unfused_norm(feat, stack) ? ElementwiseOp::kRmsNormUnfused : ElementwiseOp::kRmsNorm;
 }
 inline double norm_saved_bytes(const ModelFeatures& feat, const StackSpec& stack, double e) { return unfused_norm(feat, stack) ? 4.0 + e : e; }
+// The element sizes Pass::elementwise prices a block norm at, forward and backward, for a residual
+// stream of `es` bytes an element (float32 under autocast): the fused norm reads and writes it;
+// transformers' LlamaRMSNorm of a float32 input skips its two casts (.to(float32) and back are no-ops),
+// 28 bytes an element forward against its 36 in bf16, and moves its 92 backward (kernels.cpp).
+struct NormWidths {
+  double forward, backward;
+};
+inline NormWidths norm_widths(const ModelFeatures& feat, const StackSpec& stack, double e, double es) {
+  if (!unfused_norm(feat, stack)) return {es, es};
+  return {es > e ? e * 28.0 / 36.0 : e, e};
+}
 
 inline bool is_trainplan(Stack stack) { return stack == Stack::kTrainplan || stack == Stack::kTrainplanReference; }
 

@@ -64,8 +64,11 @@ EndsCost ends_cost(const ModelSpec& mdl, const HardwareProfile& hw, const LayerS
       head_scatter = tp_reduce;
     }
   }
+  // Under torch.autocast (LayerSetting::autocast) the table, its output (the residual stream) and
+  // its gradient are float32: the embedding is no autocast op.
+  const double es = s.autocast ? 4.0 : e;
   Pass emb{rates, rates, stack, e, e};  // the ends' GEMMs stay in the activation dtype
-  emb.elementwise(ElementwiseOp::kEmbedding, T * h, 2 * e, 0, !frozen);
+  emb.elementwise(ElementwiseOp::kEmbedding, T * h, 2 * es, 0, !frozen, es);
   // The executor's fused path scatters the rows' gradients straight into the fp32 gradient
   // (fused_ops.cpp EmbeddingIntoFn: the gradient widened to fp32, then a sorted accumulating
   // index_put_ reading and writing the rows): no table-sized gradient, no sum with the output
@@ -76,12 +79,12 @@ EndsCost ends_cost(const ModelSpec& mdl, const HardwareProfile& hw, const LayerS
     emb.backward += rates.stream((e + 4.0 + 4.0 + 8.0) * T * h, 4);
     emb.kernels += 4;
   } else if (stack.fused_elementwise && !frozen) {  // zero-fill of the table's gradient, then the scatter-add
-    emb.backward += rates.stream(v_local * h * e) + rates.stream(2.0 * e * T * h);
+    emb.backward += rates.stream(v_local * h * es) + rates.stream(2.0 * es * T * h);
     emb.kernels += 2;
   }
   if (feat.learned_positions) emb.elementwise(ElementwiseOp::kResidualAdd, (split_after_positions ? T : Tn) * h, 3 * e, 0, false);  // learned positions
   if (mdl.tied_embeddings && !frozen && !embedding_in_gemm) {  // the output layer's and the embedding's gradients summed
-    emb.backward += rates.stream(3.0 * v_local * h * e);
+    emb.backward += rates.stream(3.0 * v_local * h * es);
     emb.kernels += 1;
   }
   c.embedding_forward = emb.forward + tp_reduce;
@@ -95,13 +98,21 @@ EndsCost ends_cost(const ModelSpec& mdl, const HardwareProfile& hw, const LayerS
   if (s.attention_mask == AttentionMask::kExplicit) c.embedding_activation_bytes += s.micro_batch * (s.seq_len / s.cp) * mdl.attended_keys(s.seq_len) * e;
 
   Pass p{rates, rates, stack, e, e};
-  p.elementwise(norm_op(feat, stack), Tn * h, 2 * e, 3 * e);  // final norm
+  p.autocast = s.autocast;  // the output layer's weight cast (Pass::autocast)
+  // torchtitan compiles its blocks and the loss (apply_compile, components/loss.py), not the final
+  // norm and the output layer: their autocast casts are eager.
+  p.casts_eager = s.stack == Stack::kFsdp2Compile;
+  const NormWidths nw = norm_widths(feat, stack, e, es);
+  p.elementwise(norm_op(feat, stack), Tn * h, es + e, e + 2 * es, true, nw.forward, nw.backward);  // final norm
   // Under TP the executor's chunked loss gives way to its vocab-parallel fp32 cross-entropy.
   // The plan's loss kernel, else the stack's. Under TP the chunked loss (the executor's, Liger's:
   // whole-vocabulary rows) gives way to the vocab-parallel fp32 cross-entropy.
   const LossKernel chosen = s.loss.value_or(stack.loss);
   const LossKernel loss = chosen == LossKernel::kChunkedFused && s.tp > 1 ? LossKernel::kFp32Copy : chosen;
-  if (loss != LossKernel::kChunkedFused) p.linear_unquantised(T, v_local, h, frozen);  // output projection (vocab-parallel), never fp8
+  if (loss != LossKernel::kChunkedFused) {
+    p.linear_unquantised(T, v_local, h, frozen);  // output projection (vocab-parallel), never fp8
+    p.autocast_inputs(1.0, T * h);                // eager autocast: its input cast from the fp32 norm
+  }
   double loss_saved = 0;
   switch (loss) {
     case LossKernel::kFp32Copy:
@@ -198,11 +209,14 @@ EndsCost ends_cost(const ModelSpec& mdl, const HardwareProfile& hw, const LayerS
   p.backward += head_scatter;  // its gradient reduced back (scattered to the sequence shards)
   c.head_forward = p.forward;
   c.head_backward = p.backward;
+  c.head_autocast_casts = p.autocast_seconds;
   c.kernels = emb.kernels + p.kernels;
   c.head_model_flops = (frozen ? 4.0 : 6.0) * static_cast<double>(mdl.vocab) / t * h * T;
   // The final norm's input (LlamaRMSNorm: its float32 copy and the normalised tensor, stack.hpp) and
   // the output layer's input: bf16 in every precision.
-  c.head_activation_bytes = Tn * h * norm_saved_bytes(feat, stack, e) + T * h * e + loss_saved;
+  c.head_activation_bytes = Tn * h * norm_saved_bytes(feat, stack, es) + T * h * e + loss_saved;
+  // Under autocast the output layer's GEMM keeps its weight's bf16 copy for the input gradient.
+  if (s.autocast && loss != LossKernel::kChunkedFused) c.head_activation_bytes += 2.0 * v_local * h;
   return c;
 }
 

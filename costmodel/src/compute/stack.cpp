@@ -124,6 +124,7 @@ constexpr StackSpec kPytorchEager = {
     .op_level_selective = true,
     .dp = {.ddp_bucket_copies = true},  // ZeRO-0/1: torch DDP
     .pure_16bit = true,
+    .grads_freed_each_step = true,  // bench/eager_reference.py: w.grad = None, optimizer.zero_grad(set_to_none=True)
     .source = "bench/eager_reference.py (nn.RMSNorm, nn.Linear q/k/v, rotate-half rotary, F.silu(gate) * up, "
               "F.cross_entropy(logits.float()), torch.optim.AdamW(fused=True), clip_grad_norm_(foreach=True))"};
 
@@ -167,6 +168,15 @@ constexpr StackSpec kFsdp2 = [] {
   // torchao's fp8 all-gather hooks fully_shard (torchao float8/fsdp_utils.py; torchtitan's
   // [quantize.linear.float8] enable_fsdp_float8_all_gather).
   s.fp8_all_gather = true;
+  // Without FSDP (one GPU, or data_parallel_replicate_degree alone: DDP, v0.2.2
+  // models/llama3/infra/parallelize.py apply_ddp) torchtitan trains the fp32 module under
+  // torch.autocast (v0.2.2 distributed/utils.py maybe_enable_amp: "Mixed precision training is
+  // handled by AMP" unless FSDP (dp_shard or cp) is on; with TP or PP and no FSDP it trains in
+  // float32, which the torchtitan export refuses). Measured on one H200 (bench/gpu/stacks-h200/
+  // titan-bf16-eager-kernels.csv): 813 dtype copies, 87 ms of a 1016 ms eager step. Its train step
+  // starts with optimizers.zero_grad() (train.py; set_to_none by default). Its data parallelism
+  // without sharding stays priced as FSDP's replication (above), not DDP's buckets.
+  s.autocast = AutocastUse::kUnsharded;
   // Context parallelism as PyTorch runs it by default (torchtitan's context_parallel_rotate_method
   // "allgather"; Accelerate's parallelism_config_cp_comm_strategy the same choice).
   s.context_attention = ContextAttention::kAllGatherRotate;
@@ -340,6 +350,9 @@ constexpr StackSpec kDeepspeed = [] {
   // _configure_zero_optimizer: "MoE not supported with Stage 3").
   s.max_zero_with_expert_parallel = 2;
   s.pure_16bit = false;  // its 16-bit optimizers keep fp32 partitions
+  // ZeRO-3 allocates its gradient partitions once (stage3.py grad_partitions_flat_buffer) and
+  // ZeRO-1/2 their bucket buffers; not freed between steps.
+  s.grads_freed_each_step = false;
   // Its PipelineEngine (runtime/pipe/): TrainSchedule only, 1F1B with one chunk per stage
   // (schedule.py); the exchange after each pass a blocking p2p.send and p2p.recv in turn
   // (p2p.py: dist.send, dist.recv, each waited for; engine.py _exec_send_grads then
@@ -427,6 +440,46 @@ constexpr StackSpec kDeepspeedV03 = [] {
              "(fetch_sub_module, _synchronize_communication, average_tensor, buffered_reduce_fallback), constants.py, "
              "runtime/pipe/engine.py, p2p.py; "
              "pytorch v1.8.0 ProcessGroupNCCL.cpp (allgather: flattenForScatterGather, a copy_ per output tensor)";
+  return s;
+}();
+
+// A Hugging Face module under PyTorch DDP with mixed precision as Accelerate runs it without FSDP
+// or DeepSpeed (accelerate 1.15.0 accelerator.py prepare_model: with mixed_precision bf16 or fp16
+// model.forward is wrapped in torch.autocast and its outputs converted to fp32; the parameters
+// stay fp32), and as the Trainer runs it by default (it prepares the model through Accelerate):
+// the module is fsdp1's (transformers' LlamaRMSNorm as float32 ATen ops, SDPA's FlashAttention-2,
+// the loss on an fp32 copy of the logits) in fp32 under autocast (AutocastUse::kAlways: weights,
+// gradients and AdamW states fp32, each weight and linear input cast at every use, an fp32
+// residual stream); DDP with gradient_as_bucket_view=False (accelerate utils/dataclasses.py
+// DistributedDataParallelKwargs), its gradients all-reduced in fp32, the gradients' dtype;
+// torch's fused AdamW (the Trainer's default optim adamw_torch_fused from torch 2.8, transformers
+// 4.57.1 training_args.py; the script an Accelerate export leaves takes AdamW(fused=True)), the
+// gradient clipped with a foreach norm, zero_grad(set_to_none=True) each step; full recompute
+// non-reentrant, as the Accelerate export asks the script to turn it on (transformers' own default,
+// use_reentrant True in 4.57.1 modeling_utils.py gradient_checkpointing_enable, replays the whole
+// block: one more down projection per layer, not priced here).
+constexpr StackSpec kHfDdp = [] {
+  StackSpec s = kFsdp1;
+  s.stack = Stack::kHfDdp;
+  s.name = "hf-ddp";
+  s.summary = "a Hugging Face module in fp32 under torch.autocast with PyTorch DDP (Accelerate without FSDP or DeepSpeed, the Trainer's "
+              "default): LlamaRMSNorm as float32 ATen ops, FlashAttention-2, fp32 logits for the loss, weights and inputs cast at every "
+              "use, fp32 gradients all-reduced from DDP's buckets, fused AdamW";
+  s.fused_optimizer = true;
+  s.optimizer_update_factor = 1;
+  s.optimizer_overhead_bytes = 12;  // clip_grad_norm_: the foreach norm (4) and the scale (8); no master copy
+  s.autocast = AutocastUse::kAlways;
+  s.max_zero = 0;
+  s.dp = {.ddp_bucket_copies = true};
+  s.reduce_dtype = Dtype::kFp32;
+  s.full_recompute_replay = FullRecomputeReplay::kUntilLastSaved;
+  s.pure_16bit = true;  // a model loaded in bf16 and trained without mixed precision: no autocast then
+  s.hybrid_shard = false;
+  s.expert_parallel = false;
+  s.source = "huggingface/accelerate 1.15.0 accelerator.py (prepare_model: autocast, convert_outputs_to_fp32), utils/dataclasses.py "
+             "(DistributedDataParallelKwargs); transformers 4.57.1 modeling_utils.py (gradient_checkpointing_enable), training_args.py "
+             "(adamw_torch_fused), models/llama/modeling_llama.py (LlamaRMSNorm); torch 2.11.0 torch/nn/parallel/distributed.py; as fsdp1 "
+             "for the module";
   return s;
 }();
 
@@ -527,6 +580,7 @@ constexpr StackSpec kSpecs[] = {
      .op_level_selective = true,
      .dp = {.ddp_bucket_copies = true},  // ZeRO-0/1: torch DDP
      .pure_16bit = true,
+     .grads_freed_each_step = true,  // bench/eager_reference.py under torch.compile: as pytorch-eager
      .source = "PyTorch 2 Inductor fuses pointwise and reduction ops and its min-cut partitioner recomputes cheap "
                "pointwise results in backward (Ansel et al. 2024, ASPLOS, Sec. 5); measured on H100: 66.7 K tokens/s and "
                "29.9 GiB peak for Llama 3.2 1B at micro-batch 4 against 54.1 K and 41.6 GiB eager (issue 12)"},
@@ -575,6 +629,7 @@ constexpr StackSpec kSpecs[] = {
     compiled(kFsdp2),
     kDeepspeed,
     kDeepspeedV03,
+    kHfDdp,
 };
 
 }  // namespace
@@ -684,7 +739,7 @@ const char* loss_kernel_choices() { return "fp32-logits | fused | chunked-linear
 
 const char* stack_choices() {
   return "trainplan | trainplan-reference | pytorch-eager | torch-compile | megatron-te | fsdp1 | composer | fsdp2 | fsdp2-compile | deepspeed | "
-         "deepspeed-v0.3";
+         "deepspeed-v0.3 | hf-ddp";
 }
 
 }  // namespace trainplan::costmodel

@@ -635,6 +635,14 @@ Result<bool> validate_plan(const Plan& plan) {
       return err(e);
     }
     if (const std::string e = mask_error(plan.training, p.cp); !e.empty()) return err(e);
+    if (p.zero_stage > stack.max_zero) {
+      return err("/parallel/zero_stage: the " + std::string(stack.name) + " stack is PyTorch DDP: zero_stage " + n(stack.max_zero) +
+                 " (FSDP runs as fsdp1 or fsdp2, ZeRO as deepspeed)");
+    }
+    if (stack.max_zero == 0 && (p.offload_optimizer != Offload::kNone || p.offload_params != Offload::kNone)) {
+      return err(std::string(p.offload_optimizer != Offload::kNone ? "/parallel/offload_optimizer" : "/parallel/offload_params") + ": the " +
+                 stack.name + " stack is PyTorch DDP: no CPU offload (FSDP's or ZeRO's)");
+    }
     if (p.zero_stage == 1 && p.dp * p.cp > 1 && !stack.optimizer_only_sharding) {  // sharded over dp x cp (torchtitan's dp_shard_cp)
       return err("/parallel/zero_stage: the " + std::string(stack.name) +
                  " stack has no optimizer-only sharding (FSDP shards gradients with the optimizer states): zero_stage 0, 2 or 3");

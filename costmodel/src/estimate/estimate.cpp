@@ -38,6 +38,16 @@ bool gathers_fp8_weights(const Plan& plan) {
 
 }  // namespace
 
+bool autocast_fp32_module(const Plan& plan) {
+  const TrainingConfig& tr = plan.training;
+  const ParallelConfig& p = plan.parallel;
+  const bool lora = tr.mode == TrainingMode::kLora || tr.mode == TrainingMode::kQlora;
+  const AutocastUse use = stack_spec(tr.stack).autocast;
+  const bool unsharded = p.tp == 1 && p.pp == 1 && p.cp == 1 && p.ep == 1 && (p.zero_stage == 0 || p.shard_size() == 1);
+  return (use == AutocastUse::kAlways || (use == AutocastUse::kUnsharded && unsharded)) && tr.precision != Precision::kFp32 && tr.master_weights &&
+         !lora;
+}
+
 LayerSetting layer_setting(const Plan& plan) {
   const TrainingConfig& tr = plan.training;
   const ParallelConfig& p = plan.parallel;
@@ -58,6 +68,7 @@ LayerSetting layer_setting(const Plan& plan) {
   s.attention_kernel = tr.attention_kernel;
   s.fp8_recipe = tr.fp8_recipe;
   s.fp8_gathered_weights = gathers_fp8_weights(plan);
+  s.autocast = autocast_fp32_module(plan);
   s.cp_comm = p.cp_comm;
   s.stack = tr.stack;
   s.recompute = p.recompute;
@@ -188,6 +199,7 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
   const int m = est.micro_batches;
 
   const LayerSetting s = layer_setting(plan);
+  est.autocast = s.autocast;
   EstimateMemo* const memo = options.memo;
   const auto layer_cost = [&](const LayerSetting& x) { return memo ? memo->layer(mdl, hw, x) : transformer_layer_cost(mdl, hw, x); };
   LayerCost lc = layer_cost(s);
@@ -241,7 +253,9 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
   // Tensors a layer gathers under ZeRO-3: LoRA's frozen base as in pretraining, its adapters too
   // where large enough.
   const double gathered = tensors.large + (lora ? adapters.large : 0.0);
-  const StateWidths w = state_widths(tr.precision, tr.optimizer, tr.master_weights);
+  // torch.autocast on the fp32 module (autocast_fp32_module): weights, gradients and optimizer
+  // states as in fp32 training, no master copy.
+  const StateWidths w = s.autocast ? state_widths(Precision::kFp32, tr.optimizer, false) : state_widths(tr.precision, tr.optimizer, tr.master_weights);
   // ZeRO-3 under a stack that keeps parameters gathered for reuse (DeepSpeed's
   // stage3_max_reuse_distance, stack.hpp): between a layer's forward and its backward the trace
   // fetches the stage's later layers and its output layer twice (their forward, then their
@@ -390,7 +404,7 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
           // (FSDP: cast to fp32 and added; DeepSpeed: added into its partition).
           x.grad_pass = (m - 1.0) / m * rates.stream(grads_local / dense_shard * 3.0 * sharded_grad_bytes, static_cast<int>(std::lround(units)));
         } else {  // param.grad += from the second micro-batch on
-          x.grad_pass = (m - 1.0) / m * rates.stream(grads_local * 3.0 * e, static_cast<int>(std::lround(units * per_unit)));
+          x.grad_pass = (m - 1.0) / m * rates.stream(grads_local * 3.0 * w.gradients, static_cast<int>(std::lround(units * per_unit)));
         }
         break;
       case GradAccumulation::kFusedInGemm:
@@ -544,19 +558,32 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
     const double saved = x.in_flight * layers[i] * lc.activation_bytes + (first ? x.in_flight * ec.embedding_activation_bytes : 0.0);
     const double layer_cache = lc.forward_transient_bytes;  // one layer's forward temporaries, cached
     // Peak in a layer's backward: its gradients (and, with full recompute, its rebuilt activations).
-    double activation_peak = saved + lc.backward_transient_bytes + (p.recompute == Recompute::kFull ? lc.full_activation_bytes : 0.0);
-    double reserved_activation_peak = activation_peak + layer_cache;
+    const double layer_backward_peak = saved + lc.backward_transient_bytes + (p.recompute == Recompute::kFull ? lc.full_activation_bytes : 0.0);
+    // Eager autocast's cache (LayerSetting::autocast): the 16-bit copy of every weight it cast
+    // lives until the autocast region ends, after the forward and the loss (torch/amp/
+    // autocast_mode.py __exit__: clear_autocast_cache); where the layers recompute their casts
+    // only the cache holds them (LayerCost::autocast_cache_bytes; without recompute autograd
+    // keeps them too and they are counted with the activations, as the output layer's are).
+    const double autocast_copies = x.in_flight * layers[i] * lc.autocast_cache_bytes;
+    // Phases of the step (each a max of allocated bytes beyond the model states, and with the
+    // allocator's slack): the forward to the loss, the backward from its top, a layer's backward.
+    double forward_peak = saved + autocast_copies, reserved_forward_peak = forward_peak + layer_cache;
+    double backward_peak = layer_backward_peak, reserved_backward_peak = layer_backward_peak + layer_cache;
     if (last) {
       const double held = (p.schedule == Schedule::kGpipe && stages > 1 ? m : 1) * ec.head_activation_bytes;
-      const double loss_forward = saved + held + ec.head_forward_transient_bytes;
+      const double loss_forward = saved + held + ec.head_forward_transient_bytes + autocast_copies;
       const double loss_backward = saved + held + ec.head_backward_transient_bytes;
       // Saved tensors under 10 MiB share segments; once the loss's big blocks sit idle between
       // micro-batches, such tensors are carved from them and pin one for the next peak.
       const bool pinned = lc.smallest_saved_tensor_bytes >= 1048576.0 && lc.smallest_saved_tensor_bytes < 10.0 * 1048576.0;
       const double loss_slack = layer_cache + ec.head_idle_bytes + (pinned ? ec.largest_head_block_bytes : 0.0);
-      activation_peak = std::max({activation_peak, loss_forward, loss_backward});
-      reserved_activation_peak = std::max({reserved_activation_peak, loss_forward + layer_cache, loss_backward + loss_slack});
+      forward_peak = std::max(forward_peak, loss_forward);
+      reserved_forward_peak = std::max(reserved_forward_peak, loss_forward + layer_cache);
+      backward_peak = std::max(backward_peak, loss_backward);
+      reserved_backward_peak = std::max(reserved_backward_peak, loss_backward + loss_slack);
     }
+    double activation_peak = std::max(forward_peak, backward_peak);
+    double reserved_activation_peak = std::max(reserved_forward_peak, reserved_backward_peak);
     // The optimizer step's temporaries (activations are freed by then).
     double optimizer_temporaries = 0;
     if (p.offload_optimizer == Offload::kNone) {
@@ -568,14 +595,81 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
         optimizer_temporaries = 3.0 * 4.0 * std::max(embedding_unit, lora ? lora_layer : dense_layer + expert_layer) / shard;
       } else if (bf16_optimizer) {  // the 16-bit copy of the whole fp32 buffer being all-reduced; the step needs no cast
         optimizer_temporaries = reduce_bytes < 4.0 ? reduce_bytes * x.trainable : 0.0;
-      } else if (stack.grads == GradAccumulation::kParamDtype) {  // master.grad = w.grad.float() for every tensor
+      } else if (stack.grads == GradAccumulation::kParamDtype && !s.autocast) {  // master.grad = w.grad.float() for every tensor
         optimizer_temporaries = 4.0 * x.trainable / shard;
       }
     }
     const double states = x.weights + x.gradients + x.optimizer + x.buffers;
     x.activations = activation_peak;
+    x.grads_at_peak = x.gradients;
+    x.autocast_copies = autocast_copies;
     x.total = states + std::max(activation_peak, optimizer_temporaries);
-    const double held = states + std::max(reserved_activation_peak, optimizer_temporaries);
+    double held = states + std::max(reserved_activation_peak, optimizer_temporaries);
+    if (stack.grads_freed_each_step && m == 1) {
+      // zero_grad(set_to_none=True) freed the gradients (StackSpec::grads_freed_each_step): in a
+      // step of one micro-batch the forward runs with none; backward makes them as the
+      // activations go, the output layer's first (with the logits' gradient), a layer's as its
+      // own activations are freed, so a layer's backward sees the stage's gradients only at the
+      // bottom, beside one layer's activations.
+      // The output layer's gradient (a tied table's on one stage too: it waits in the table's
+      // accumulation until the embedding's backward adds its share) from the backward's top; the
+      // untied embedding's only after the bottom layer.
+      const double grad_shard = p.zero_stage >= 2 ? dense_shard : 1;
+      const double head_grads = last ? (mdl.tied_embeddings ? pc.embedding : pc.output) / t * stack_grad_width / grad_shard : 0.0;
+      const double embedding_grads = first && !(mdl.tied_embeddings && last) ? pc.embedding / t * stack_grad_width / grad_shard : 0.0;
+      const double bottom = x.gradients - embedding_grads + lc.activation_bytes + lc.backward_transient_bytes +
+                            (p.recompute == Recompute::kFull ? lc.full_activation_bytes : 0.0);
+      const double backward_top = backward_peak + head_grads;
+      const double others = states - x.gradients;
+      const double step_end = x.gradients + optimizer_temporaries;
+      // The freed gradients' blocks stay with the caching allocator, and the forward's tensors
+      // reuse only blocks at least their size (c10/cuda/CUDACachingAllocator.cpp get_free_block:
+      // the smallest free block that fits, split): a block smaller than the smallest tensor the
+      // layers keep is still reserved at the forward's peak. A sharded gradient is one buffer
+      // per unit (FSDP2's reduce-scatter output, whose views the parameters' gradients are:
+      // _fsdp_collectives.py foreach_reduce; FSDP1's FlatParameter); an unsharded one a tensor
+      // per parameter.
+      const double smallest = lc.smallest_saved_tensor_bytes;
+      const auto unusable = [&](double elements, double count) {
+        const double block = elements * stack_grad_width;
+        return block < smallest ? block * count : 0.0;
+      };
+      double unreused = 0;
+      if (p.zero_stage >= 2 && dense_shard > 1) {
+        unreused = unusable(dense_layer / dense_shard + expert_layer / expert_shard, layers[i]);
+        if (first) unreused += unusable(pc.embedding / t / dense_shard, 1);
+        if (last && !mdl.tied_embeddings) unreused += unusable(pc.output / t / dense_shard, 1);
+      } else {
+        for (const LinearShape& l : attention_linears(mdl)) unreused += unusable(l.in * l.out / t, layers[i]);
+        const double mlp_matrix = (pc.mlp - pc.router) / t / (mdl.features().gated_mlp ? 3.0 : 2.0);
+        unreused += unusable(mlp_matrix, (mdl.features().gated_mlp ? 3.0 : 2.0) * layers[i]) + unusable(h, 2.0 * layers[i]);
+        if (first) unreused += unusable(pc.embedding / t, 1);
+        if (last && !mdl.tied_embeddings) unreused += unusable(pc.output / t, 1);
+      }
+      x.total = others + std::max({forward_peak, backward_top, bottom, step_end});
+      // They stay idle into the backward until its own gradients, the same sizes, take them.
+      unreused = std::min(unreused, x.gradients);
+      held = others + std::max({reserved_forward_peak + unreused, reserved_backward_peak + std::max(head_grads, unreused), bottom + layer_cache,
+                                step_end});
+      // The breakdown at the peak: the gradients alive then, the rest activations.
+      if (forward_peak >= std::max({backward_top, bottom, step_end})) {
+        x.grads_at_peak = 0;
+        x.activations = forward_peak;
+      } else if (backward_top >= std::max(bottom, step_end)) {
+        x.grads_at_peak = head_grads;
+        x.activations = backward_peak;
+        x.autocast_copies = 0;
+      } else if (bottom >= step_end) {
+        x.grads_at_peak = x.gradients - embedding_grads;
+        x.activations = bottom - x.grads_at_peak;
+        x.autocast_copies = 0;
+      } else {
+        x.activations = optimizer_temporaries;
+        x.autocast_copies = 0;
+      }
+    } else if (forward_peak < backward_peak) {
+      x.autocast_copies = 0;  // gone by the backward's peak
+    }
     if (tr.allocator == Allocator::kExpandableSegments) {
       // expandable_segments:True (pytorch c10/cuda/CUDACachingAllocator.cpp, the note above
       // struct ExpandableSegment): each stream's segment grows by pages of 20 MiB (the large
@@ -612,7 +706,9 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
 
   MemoryBreakdown& mem = est.memory;
   mem.weights = Bytes(W.weights);
-  mem.gradients = Bytes(W.gradients);
+  mem.gradients = Bytes(W.grads_at_peak);
+  mem.gradients_step_end = Bytes(W.gradients);
+  mem.autocast_copies = Bytes(W.autocast_copies);
   mem.optimizer = Bytes(W.optimizer);
   mem.activations = Bytes(W.activations);
   mem.buffers = Bytes(W.buffers);
@@ -677,6 +773,7 @@ Estimate estimate(const Plan& plan, const EstimateOptions& options) {
   tm.dp_copies = Seconds(m * S.dp_copies);
   tm.tp_comm = Seconds(static_cast<double>(m) * L * (lc.tp_comm_forward + lc.tp_comm_backward + lc.tp_comm_recompute));
   tm.tp_copies = Seconds(static_cast<double>(m) * L * lc.tp_copies);
+  tm.autocast_casts = Seconds(m * (L * lc.autocast_casts + (critical == stages - 1 ? ec.head_autocast_casts : 0.0)));
   tm.cp_comm = Seconds(static_cast<double>(m) * L * lc.cp_comm);
   est.communication.cp_sent = Bytes(static_cast<double>(m) * *std::max_element(layers.begin(), layers.end()) * lc.cp_bytes);
   est.communication.ep_sent = Bytes(static_cast<double>(m) * *std::max_element(layers.begin(), layers.end()) * lc.ep_bytes);

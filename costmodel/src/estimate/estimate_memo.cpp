@@ -26,7 +26,7 @@ bool same_lora(const LoraConfig& a, const LoraConfig& b) {
 // added to one of them stops the build here until it is.
 [[maybe_unused]] void every_field_is_compared(const LayerSetting& s, const LoraConfig& l, const CollectiveGroup& g) {
   [[maybe_unused]] const auto& [micro_batch, seq_len, tp, cp, ep, sequence_parallel, precision, dropout, sharded_gradients, attention,
-                                attention_mask, loss, attention_kernel, fp8_recipe, fp8_gathered_weights, cp_comm, stack, recompute, mode, lora, tp_group,
+                                attention_mask, loss, attention_kernel, fp8_recipe, fp8_gathered_weights, autocast, cp_comm, stack, recompute, mode, lora, tp_group,
                                 cp_group, ep_group] = s;
   [[maybe_unused]] const auto& [rank, targets, base_format, alpha, lora_dropout] = l;
   [[maybe_unused]] const auto& [size, per_node, pods, groups_per_pod] = g;
@@ -103,7 +103,7 @@ bool same_setting(const LayerSetting& a, const LayerSetting& b) {
   return a.micro_batch == b.micro_batch && a.seq_len == b.seq_len && a.tp == b.tp && a.cp == b.cp && a.ep == b.ep &&
          a.sequence_parallel == b.sequence_parallel && a.precision == b.precision && a.dropout == b.dropout &&
          a.sharded_gradients == b.sharded_gradients && a.attention == b.attention && a.attention_mask == b.attention_mask && a.loss == b.loss &&
-         a.attention_kernel == b.attention_kernel && a.fp8_recipe == b.fp8_recipe && a.fp8_gathered_weights == b.fp8_gathered_weights && a.cp_comm == b.cp_comm && a.stack == b.stack &&
+         a.attention_kernel == b.attention_kernel && a.fp8_recipe == b.fp8_recipe && a.fp8_gathered_weights == b.fp8_gathered_weights && a.autocast == b.autocast && a.cp_comm == b.cp_comm && a.stack == b.stack &&
          a.recompute == b.recompute && a.mode == b.mode && same_lora(a.lora, b.lora) && same_group(a.tp_group, b.tp_group) &&
          same_group(a.cp_group, b.cp_group) && same_group(a.ep_group, b.ep_group);
 }

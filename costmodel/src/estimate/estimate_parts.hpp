@@ -55,6 +55,8 @@ struct StageState {
   double dense = 0, expert = 0, trainable = 0, frozen_linear = 0;
   double forward = 0, backward = 0, grad_pass = 0, host_wait = 0, dp_copies = 0;
   double weights = 0, gradients = 0, optimizer = 0, activations = 0, buffers = 0, overhead = 0;
+  double grads_at_peak = 0;    // of `gradients`, alive at the peak (MemoryBreakdown::gradients)
+  double autocast_copies = 0;  // of `activations`, autocast's 16-bit weight copies
   double total = 0, reserved = 0, required = 0;
   double idle_cache = 0;  // MemoryBreakdown::idle_cache
   double in_flight = 0;

@@ -178,7 +178,7 @@ costmodel::Stack export_stack(const Plan& plan, ExportTarget target) {
       return plan.training.stack == costmodel::Stack::kFsdp2Compile ? costmodel::Stack::kFsdp2Compile : costmodel::Stack::kFsdp2;
     case ExportTarget::kDeepspeed: return costmodel::Stack::kDeepspeed;
     case ExportTarget::kAccelerate:  // FSDP where the plan shards, in its FSDP version (fsdp_version 1 for fsdp1, else 2); else DDP
-      if (plan.parallel.dp <= 1 || plan.parallel.zero_stage < 2) return costmodel::Stack::kPytorchEager;
+      if (plan.parallel.dp <= 1 || plan.parallel.zero_stage < 2) return costmodel::Stack::kHfDdp;
       return costmodel::is_fsdp1(plan.training.stack) ? costmodel::Stack::kFsdp1 : costmodel::Stack::kFsdp2;
     case ExportTarget::kLitgpt:  // Lightning Fabric's FSDPStrategy (FSDP1) or, for LoRA, ModelParallelStrategy (FSDP2)
       if (plan.gpus == 1) return costmodel::Stack::kPytorchEager;
@@ -254,6 +254,8 @@ std::vector<std::string> script_notes(const Plan& plan, ExportTarget target) {
 std::string export_prediction(const Plan& plan, ExportTarget target) {
   Plan as_run = plan;
   as_run.training.stack = export_stack(plan, target);
+  // Accelerate without FSDP is DDP: nothing sharded (its one-GPU export of a ZeRO plan among them).
+  if (as_run.training.stack == costmodel::Stack::kHfDdp) as_run.parallel.zero_stage = 0;
   const costmodel::Estimate e = costmodel::estimate(as_run);
   return detail::fmt("trainplan predicts for the %s stack: %.3g s per step, %s tokens/s (%s per GPU), MFU %.1f%%, %.1f of %.0f GiB per GPU%s",
                      costmodel::stack_name(as_run.training.stack), e.time.step.value(), si(e.throughput.tokens_per_second).c_str(),

@@ -207,7 +207,7 @@ PlanExport accelerate_export(const Plan& plan, const Derived& d) {
       if (p.cp > 1) o << "  parallelism_config_cp_comm_strategy: " << (ring ? "alltoall" : "allgather") << "\n";
     }
   } else if (p.recompute == cm::Recompute::kFull) {
-    // Non-reentrant, as the pytorch-eager stack prices it (the replay ends before w2); transformers'
+    // Non-reentrant, as the hf-ddp stack prices it (the replay ends before w2); transformers'
     // default is reentrant, which replays the whole block.
     e.notes.push_back("accelerate: recompute=full: without FSDP, turn on activation checkpointing in the training script "
                       "(model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={\"use_reentrant\": False}))");

@@ -572,8 +572,8 @@ Result<ValidationTable> validate_torchtitan_h100_h200() {
     table.title = "torchtitan on H100 and H200";
     table.quantity = "tokens/s per GPU, peak reserved GiB";
     table.missing = "the clock the 500 W H100s hold (none published; at the 700 W preset's they run +10% to +17%); on H200 (+17%, "
-                    "+19%) most of it is in the compiled step itself: torchtitan's compiled fp8 step on one of our H200s runs 10% slower than "
-                    "predicted (h200_stack_runs), not yet attributed kernel by kernel; peak memory within 6%";
+                    "+19%) most of it is in the compiled step itself: torchtitan's compiled fp8 step on one of our H200s runs 5.4% slower "
+                    "than predicted (h200_stack_runs), not yet attributed kernel by kernel; peak memory within 6%";
     table.source = "torchtitan benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md (vanilla TP; Grand Teton H100 96GB HBM2e at "
                    "2.4 TB/s, 500 W power limit: dgx-h100 with that memory) and benchmarks/llama3-8b_h200_202506_trainy-whitefiber.md "
                    "(dgx-h200; fp8 all-gather with precomputed scales), pytorch/torchtitan b5bcd76c6; predicted for the fsdp2-compile "
@@ -600,8 +600,9 @@ Result<ValidationTable> validate_torchao_float8_h100() {
     table.title = "torchao float8 on 8 H100";
     table.quantity = "tokens/s per GPU, peak reserved GiB";
     table.missing = "tokens/s +34% (bf16) and +43% (fp8) on one node, where the network plays no part; part of it is the compiled step "
-                    "itself: torchtitan's compiled bf16 and fp8 steps on one of our H200s run 5% and 10% slower than predicted "
-                    "(h200_stack_runs); the rest not found, and the file states no power limit; peak reserved within 4%";
+                    "itself: torchtitan's compiled bf16 and fp8 steps on one of our H200s run 2% and 5.4% slower than predicted "
+                    "(h200_stack_runs); the rest not found, and the file states no power limit; peak reserved -4% and -6%: the "
+                    "gradients zero_grad freed leave blocks the forward reuses only in part (counted as reused)";
     table.source = "pytorch/ao torchao/float8/README.md (b79503772^), e2e training benchmarks on 8 H100: torchtitan Llama 3 8B, "
                    "seq 8192, local batch 1, FSDP2, torch.compile, per-op selective checkpointing, bf16 and tensorwise fp8 with the "
                    "fp8 all-gather, launched through run_train.sh (expandable segments), the loss run eagerly on fp32 logits (torchtitan "

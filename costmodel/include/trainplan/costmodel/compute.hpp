@@ -38,6 +38,9 @@ struct LayerSetting {
   // computed once a step (TrainingConfig::fp8_all_gather under sharded parameters): no weight
   // cast in forward, a transposing copy of the fp8 weight in backward.
   bool fp8_gathered_weights = false;
+  // The fp32 module runs under torch.autocast (autocast_fp32_module, estimate.hpp): each linear
+  // layer's weight and input cast to the 16-bit dtype at every use, a float32 residual stream.
+  bool autocast = false;
   std::optional<ContextAttention> cp_comm;  // empty: the stack's
   Stack stack = Stack::kTrainplan;
   Recompute recompute = Recompute::kNone;
@@ -57,6 +60,12 @@ struct LayerCost {
   // Of those three: the copies DTensor's sequence-parallel collectives make of the gathered
   // tensor (StackSpec::sequence_parallel_rearranges), on the compute stream, waited for like them.
   double tp_copies = 0;
+  // Of forward, backward and recompute: torch.autocast's dtype casts (LayerSetting::autocast):
+  // the weights' and their gradients', and eager's of the linear layers' inputs and gradients.
+  double autocast_casts = 0;
+  // Eager autocast: the bf16 copies of the layer's weights that only autocast's cache holds after
+  // its forward (the layer recomputes its casts, so autograd keeps none): alive to the forward's end.
+  double autocast_cache_bytes = 0;
   double cp_comm = 0;          // exposed context-parallel traffic (stack.hpp ContextAttention), fwd + bwd (+ recompute)
   // Bytes this rank sends for context parallelism, fwd + bwd (+ recompute), as the ring
   // algorithms move them (a (cp-1)/cp share of each all-gather's output and reduce-scatter's input).
@@ -95,6 +104,8 @@ struct LayerCost {
 struct EndsCost {
   double embedding_forward = 0, embedding_backward = 0;
   double head_forward = 0, head_backward = 0;  // final norm, output GEMM, cross-entropy
+  // Of the head's: torch.autocast's casts (the output layer's weight and input, as LayerCost's).
+  double head_autocast_casts = 0;
   double head_model_flops = 0;
   double kernels = 0;
   double embedding_activation_bytes = 0;

@@ -51,7 +51,14 @@ struct StateWidths {
 // `reserved` adds the blocks the allocator holds cached at that peak; `required` adds the CUDA
 // context and workspaces outside the allocator (`overhead`) and is what must fit in `capacity`.
 struct MemoryBreakdown {
+  // At the peak: `gradients` are those alive then, which is fewer than the step ends with
+  // (`gradients_step_end`) where the stack frees them each step and the peak comes before its
+  // backward has made them all (StackSpec::grads_freed_each_step).
   Bytes weights, gradients, optimizer, activations, buffers, overhead, total, reserved, required, capacity;
+  Bytes gradients_step_end;
+  // Of `activations`: eager torch.autocast's 16-bit copies of the weights, held by its cache to the
+  // end of the forward (LayerSetting::autocast); 0 where the peak is later or there is no cache.
+  Bytes autocast_copies;
   int worst_stage = 0;           // pipeline stage with the largest total
   double micro_batches_in_flight = 0;  // on that stage, per the schedule
   Bytes cpu_offload_per_node;    // host memory used by offloaded states
@@ -71,6 +78,8 @@ struct TimeBreakdown {
   // Of tp_comm: the copies of the gathered tensor DTensor's sequence-parallel collectives make
   // (StackSpec::sequence_parallel_rearranges); 0 in the other stacks.
   Seconds tp_copies;
+  // Of compute and recompute: torch.autocast's dtype casts (LayerSetting::autocast); 0 elsewhere.
+  Seconds autocast_casts;
   // What the GPUs wait for a host that issues work slower than they run it: kernel launches
   // (StackSpec::host_seconds_per_kernel) and the stack's loops over the ranks of its shard group
   // (DataParallelSpec::*_host_seconds_per_rank_*), beyond the micro-batch's GPU time.
@@ -184,6 +193,9 @@ struct CommunicationVolume {
 
 struct Estimate {
   bool fits = true;
+  // The stack trains the fp32 module under torch.autocast (autocast_fp32_module): fp32 weights,
+  // gradients and optimizer states, no master copy.
+  bool autocast = false;
   bool tight = false;  // fits, but `required` is within the memory headroom of capacity
   std::vector<std::string> reasons;  // why it does not fit or is tight, or notable warnings
   MemoryBreakdown memory;
@@ -259,6 +271,10 @@ struct EstimateOptions {
 // fits and is tight again, from its memory, and why. REQUIRES: e = estimate(plan, options).
 void explain_memory(const Plan& plan, const EstimateOptions& options, Estimate& e);
 
+// Whether the plan's stack trains its fp32 module under torch.autocast (StackSpec::autocast: always,
+// or without FSDP's sharding, tensor, context, pipeline or expert parallelism), in a 16-bit or fp8
+// precision with master weights, not LoRA.
+[[nodiscard]] bool autocast_fp32_module(const Plan& plan);
 // The setting of one transformer layer of `plan` (its micro-batch, parallelism, precision, stack,
 // recompute and the groups' placement in the NVLink domain) and that layer's cost for one
 // micro-batch on one GPU: the layer estimate() prices (before partial recompute is blended in).

@@ -25,10 +25,11 @@ enum class Stack {
   kFsdp2Compile,  // the same under torch.compile (torchtitan's --compile: each block and the loss compiled)
   kDeepspeed,     // DeepSpeed ZeRO-1/2/3 on a PyTorch module
   kDeepspeedV03,  // DeepSpeed v0.3.16 (2021) with the PyTorch of its time: ZeRO-3 parameter by parameter
+  kHfDdp,         // a Hugging Face module in fp32 under torch.autocast with PyTorch DDP (Accelerate without FSDP, the HF Trainer)
 };
 inline constexpr Stack kStacks[] = {Stack::kTrainplan, Stack::kTrainplanReference, Stack::kPytorchEager, Stack::kTorchCompile,
                                     Stack::kMegatronTe, Stack::kFsdp1, Stack::kComposer, Stack::kFsdp2, Stack::kFsdp2Compile,
-                                    Stack::kDeepspeed, Stack::kDeepspeedV03};
+                                    Stack::kDeepspeed, Stack::kDeepspeedV03, Stack::kHfDdp};
 // PyTorch FSDP1 (fsdp1, composer): FlatParameters, sharding strategies, Accelerate's fsdp_version 1.
 [[nodiscard]] constexpr bool is_fsdp1(Stack stack) { return stack == Stack::kFsdp1 || stack == Stack::kComposer; }
 
@@ -272,6 +273,15 @@ struct DataParallelSpec {
   bool ddp_bucket_copies = false;
 };
 
+// Where a stack trains the fp32 module under torch.autocast (StackSpec::autocast).
+enum class AutocastUse {
+  kNever,
+  // Without FSDP's sharding, tensor, context, pipeline or expert parallelism: on one GPU or under
+  // plain data parallelism (torchtitan v0.2.2: DDP then, parallelize.py apply_ddp).
+  kUnsharded,
+  kAlways,  // in every 16-bit plan with master weights (a module under DDP: Accelerate, the HF Trainer)
+};
+
 struct StackSpec {
   Stack stack;
   const char* name;     // "trainplan", as on the command line and in documents
@@ -426,6 +436,20 @@ struct StackSpec {
   // always keep fp32 main parameters (Float16OptimizerWithFloat16Params; ZeRO's fp32 partitions),
   // and the executor trains with fp32 masters.
   bool pure_16bit = false;
+  // Frees the gradients after each optimizer step (zero_grad(set_to_none=True), PyTorch's default
+  // since 2.0: torch/optim/optimizer.py Optimizer.zero_grad; FSDP's sharded gradients alike) and
+  // makes them again in the next backward: in a step of one micro-batch none is alive during the
+  // forward, and in the backward a layer's gradients appear as its activations go. false: the
+  // stack keeps gradient buffers through the step (Megatron's main_grad, DeepSpeed's partitions,
+  // the executor's fp32 buffers).
+  bool grads_freed_each_step = false;
+  // Where the stack trains its fp32 module under torch.autocast rather than in its sharding's
+  // mixed precision (AutocastUse; autocast_fp32_module in estimate.hpp): float32 weights,
+  // gradients and optimizer states, each linear layer's weight and input cast to the 16-bit dtype
+  // at every use, a float32 residual stream.
+  AutocastUse autocast = AutocastUse::kNever;
+  // The highest ZeRO stage the stack runs over more than one data-parallel rank (PyTorch DDP: 0).
+  int max_zero = 3;
   // Runs fp8 all-gathers of the linear layers' weights (TrainingConfig::fp8_all_gather): torchao's
   // Float8LinearConfig enable_fsdp_float8_all_gather, which hooks FSDP2's fully_shard
   // (WeightWithDynamicFloat8CastTensor's fsdp_pre_all_gather / fsdp_post_all_gather), for its
