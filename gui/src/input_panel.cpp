@@ -243,7 +243,8 @@ InputPanel::InputPanel(QWidget* parent) : QWidget(parent) {
              {tr("PyTorch FSDP2 (torchtitan)"), QStringLiteral("fsdp2")},
              {tr("PyTorch FSDP2 + torch.compile"), QStringLiteral("fsdp2-compile")}, {tr("DeepSpeed ZeRO"), QStringLiteral("deepspeed")},
              {tr("DeepSpeed v0.3 (2021)"), QStringLiteral("deepspeed-v0.3")},
-             {tr("Hugging Face + DDP under autocast (Accelerate, Trainer)"), QStringLiteral("hf-ddp")}}));
+             {tr("Hugging Face + DDP under autocast (Accelerate, Trainer)"), QStringLiteral("hf-ddp")},
+             {tr("Hugging Face + FSDP2 (Accelerate)"), QStringLiteral("hf-fsdp2")}}));
   auto* headroom = line(QString::number(100 * cm::kDefaultMemoryHeadroom));
   headroom->setToolTip(tr("Percent of HBM kept free: plans needing more are tight, ranked after the others"));
   row(tr("Memory headroom %"), QStringLiteral("memory_headroom"), headroom);

@@ -209,7 +209,7 @@ BuiltRequest build_request(const RequestForm& form) {
   if (enum_field("allocator", form.allocator, {"caching", "expandable-segments"})) t.allocator = *cm::allocator_from_name(form.allocator);
   if (enum_field("stack", form.stack,
                  {"trainplan", "trainplan-reference", "pytorch-eager", "torch-compile", "megatron-te", "fsdp1", "composer", "fsdp2", "fsdp2-compile", "deepspeed",
-                  "deepspeed-v0.3", "hf-ddp"})) {
+                  "deepspeed-v0.3", "hf-ddp", "hf-fsdp2"})) {
     t.stack = *cm::stack_from_name(form.stack);
   }
   req.parallel.reduce_dtype = cm::default_reduce_dtype(t);  // as `planner --stack` and `--pure-16bit`

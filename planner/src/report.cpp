@@ -49,7 +49,7 @@ std::string plan_line(const ParallelConfig& p) {
 // hybrid shard is MiCS), the ZeRO stages with their FSDP names elsewhere.
 const char* sharding_name(const ParallelConfig& p, Stack stack) {
   if (p.dp * p.cp == 1) return "none";
-  const bool fsdp = is_fsdp1(stack) || stack == Stack::kFsdp2 || stack == Stack::kFsdp2Compile;
+  const bool fsdp = is_fsdp1(stack) || stack == Stack::kFsdp2 || stack == Stack::kFsdp2Compile || stack == Stack::kHfFsdp2;
   const bool deepspeed = stack == Stack::kDeepspeed || stack == Stack::kDeepspeedV03;
   switch (p.zero_stage) {
     case 0: return fsdp ? "NO_SHARD (DDP)" : "DDP";

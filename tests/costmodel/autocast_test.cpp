@@ -200,6 +200,30 @@ TEST(HfDdp, IsDataParallelOnly) {
   EXPECT_NE(offload.error().message.find("/parallel/offload_optimizer: the hf-ddp stack is PyTorch DDP: no CPU offload"), std::string::npos);
 }
 
+// hf-fsdp2 is fsdp2's sharding with the Hugging Face module: the same parameters gathered and the
+// same collectives, but LlamaRMSNorm's float32 ops (36 bytes an element forward, 92 backward, against
+// the fused norm's 4 and 6) and its float32 copy kept; whole-layer recompute only.
+TEST(HfFsdp2, IsFsdp2WithTheHuggingFaceModule) {
+  Plan plan = testing::make_plan("llama3-8b", "dgx-h100", 8, 8192, 8);
+  plan.parallel.zero_stage = 3;
+  plan.parallel.recompute = Recompute::kFull;
+  plan.training.stack = Stack::kFsdp2;
+  plan.training.attention_kernel = AttentionImpl::kFlash2;
+  plan.parallel.reduce_dtype = Dtype::kBf16;
+  Plan hf = plan;
+  hf.training.stack = Stack::kHfFsdp2;
+  const LayerCost a = plan_layer_cost(plan), b = plan_layer_cost(hf);
+  EXPECT_GT(b.forward, a.forward);
+  EXPECT_GT(b.backward, a.backward);
+  // A layer's full activations keep each norm's float32 copy beside its input: 2 x 4 bytes more.
+  EXPECT_DOUBLE_EQ(b.full_activation_bytes - a.full_activation_bytes, 2.0 * 4.0 * 8192.0 * 4096.0);
+  EXPECT_DOUBLE_EQ(testing::checked_estimate(hf).time.dp_comm_total.value(), testing::checked_estimate(plan).time.dp_comm_total.value());
+  hf.parallel.recompute = Recompute::kSelective;
+  const auto refused = validate_plan(hf);
+  ASSERT_FALSE(refused);
+  EXPECT_NE(refused.error().message.find("/parallel/recompute: the hf-fsdp2 stack recomputes whole layers only"), std::string::npos);
+}
+
 // One stage with a tied table: the output layer's gradient of it is made at the backward's top
 // and waits there for the embedding's share, so a one-micro-batch step of Llama 3.2 1B (tied,
 // 128,256 x 2048) holds it, fp32 under autocast (4 bytes), from the loss's backward on: the

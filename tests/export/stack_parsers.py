@@ -97,10 +97,10 @@ PLAN_FILES = [os.path.join(ROOT, "samples", "plans", f) for f in sorted(os.listd
 def default_reduce_dtype(training):
     """The planner's default_reduce_dtype (costmodel/src/documents/plan.cpp): the 16-bit dtype in
     pure 16-bit training, else the stack's (StackSpec::reduce_dtype: bf16 for fsdp1 and the
-    deepspeed stacks, fp32 for the others)."""
+    deepspeed stacks and hf-fsdp2, fp32 for the others)."""
     if not training.get("master_weights", True):
         return "fp16" if training.get("precision") == "fp16" else "bf16"
-    return "bf16" if training.get("stack", "trainplan") in ("fsdp1", "composer", "deepspeed", "deepspeed-v0.3") else "fp32"
+    return "bf16" if training.get("stack", "trainplan") in ("fsdp1", "composer", "deepspeed", "deepspeed-v0.3", "hf-fsdp2") else "fp32"
 
 
 def plan_values(plan):

@@ -240,7 +240,7 @@ TEST_F(PlannerCli, BadInputExitsTwoWithOneLineMessage) {
        "/parallel/schedule: the deepspeed stack's pipeline engine runs 1F1B with one chunk per stage"},
       {"FlashAttention-3 off Hopper", "--model 8b --gpus 8 --cluster dgx-a100-80g --attention-kernel flash3",
        "/training/attention_kernel: flash3 (FlashAttention-3) runs on Hopper GPUs only (H100, H200), not on A100 SXM4 80GB"},
-      {"unknown stack", "--model 8b --gpus 8 --stack jax", "--stack: must be one of trainplan | trainplan-reference | pytorch-eager | torch-compile | megatron-te | fsdp1 | composer | fsdp2 | fsdp2-compile | deepspeed | deepspeed-v0.3 | hf-ddp (got \"jax\")"},
+      {"unknown stack", "--model 8b --gpus 8 --stack jax", "--stack: must be one of trainplan | trainplan-reference | pytorch-eager | torch-compile | megatron-te | fsdp1 | composer | fsdp2 | fsdp2-compile | deepspeed | deepspeed-v0.3 | hf-ddp | hf-fsdp2 (got \"jax\")"},
       {"headroom past half of HBM", "--model 8b --gpus 8 --memory-headroom 60", "--memory-headroom"},
       {"negative headroom", "--model 8b --gpus 8 --memory-headroom -1", "--memory-headroom"},
       {"heads not divisible by tp", "--model 70b --gpus 64 --fix tp=3", "--fix tp=3: tp must divide the model's attention heads (64)"},

@@ -383,7 +383,7 @@ TEST(ExportPlan, StatesThePredictionForTheStackThatRunsIt) {
   } cases[] = {{planner::ExportTarget::kMegatron, "megatron-te"},
                {planner::ExportTarget::kTorchtitan, "fsdp2"},
                {planner::ExportTarget::kDeepspeed, "deepspeed"},
-               {planner::ExportTarget::kAccelerate, plan.parallel.zero_stage >= 2 ? "fsdp2" : "hf-ddp"}};
+               {planner::ExportTarget::kAccelerate, plan.parallel.zero_stage >= 2 ? "hf-fsdp2" : "hf-ddp"}};
   for (const auto& c : cases) {
     SCOPED_TRACE(c.stack);
     EXPECT_STREQ(costmodel::stack_name(planner::export_stack(plan, c.target)), c.stack);
@@ -408,14 +408,14 @@ TEST(ExportPlan, StatesThePredictionForTheStackThatRunsIt) {
 
 // Accelerate follows the plan's FSDP version (issue 32): a plan made for the fsdp1 stack is
 // written as fsdp_version 1 and predicted for fsdp1, any other sharded plan as fsdp_version 2 and
-// fsdp2. FSDP1's HYBRID_SHARD builds its shard group from the node's devices and Accelerate's
+// hf-fsdp2 (FSDP2 with the Hugging Face module the script trains). FSDP1's HYBRID_SHARD builds its shard group from the node's devices and Accelerate's
 // parallelism_config needs FSDP2, so an fsdp1 plan sharded over another group is refused
 // (accelerate 1.15.0 utils/dataclasses.py, commands/launch.py).
 TEST(ExportPlan, AccelerateFollowsThePlansFsdpVersion) {
   costmodel::Plan plan = load(testing::data_path("export/llama3-8b-fsdp1-hybrid16.plan.json"));
   EXPECT_EQ(planner::export_stack(plan, ExportTarget::kAccelerate), costmodel::Stack::kFsdp1);
   plan.training.stack = costmodel::Stack::kFsdp2;
-  EXPECT_EQ(planner::export_stack(plan, ExportTarget::kAccelerate), costmodel::Stack::kFsdp2);
+  EXPECT_EQ(planner::export_stack(plan, ExportTarget::kAccelerate), costmodel::Stack::kHfFsdp2);
   auto v2 = planner::export_plan(plan, ExportTarget::kAccelerate);
   ASSERT_TRUE(v2.ok()) << v2.error().message;
   EXPECT_TRUE(contains(v2->text, "  fsdp_version: 2\n"));

@@ -476,10 +476,40 @@ constexpr StackSpec kHfDdp = [] {
   s.pure_16bit = true;  // a model loaded in bf16 and trained without mixed precision: no autocast then
   s.hybrid_shard = false;
   s.expert_parallel = false;
+  s.selective_recompute = false;  // transformers' gradient checkpointing recomputes whole layers
   s.source = "huggingface/accelerate 1.15.0 accelerator.py (prepare_model: autocast, convert_outputs_to_fp32), utils/dataclasses.py "
              "(DistributedDataParallelKwargs); transformers 4.57.1 modeling_utils.py (gradient_checkpointing_enable), training_args.py "
              "(adamw_torch_fused), models/llama/modeling_llama.py (LlamaRMSNorm); torch 2.11.0 torch/nn/parallel/distributed.py; as fsdp1 "
              "for the module";
+  return s;
+}();
+
+// A Hugging Face module under FSDP2 as Accelerate runs it (fsdp_version 2: accelerate 1.15.0
+// utils/fsdp_utils.py fsdp2_prepare_model, fully_shard per decoder layer with the plugin's
+// MixedPrecisionPolicy, which set_mixed_precision gives the mixed-precision dtype for parameters and
+// reduction alike): fsdp2's sharding, copies and collectives (the same fully_shard), fsdp1's
+// module (transformers' LlamaRMSNorm as float32 ATen ops, keeping its float32 copy; SDPA's
+// FlashAttention-2; the loss on fp32 logits); full recompute as fsdp_activation_checkpointing
+// wraps each layer (non-reentrant), no selective policy; no tensor parallelism here (its
+// parallelism_config tp_size applies the model's own tp_plan, not priced) and no fp8 all-gather.
+constexpr StackSpec kHfFsdp2 = [] {
+  StackSpec s = kFsdp2;
+  s.stack = Stack::kHfFsdp2;
+  s.name = "hf-fsdp2";
+  s.summary = "a Hugging Face module under FSDP2 as Accelerate's fsdp_version 2 runs it: fsdp2's fully_shard per layer, copies and "
+              "collectives, reduced in the mixed-precision dtype; LlamaRMSNorm as float32 ATen ops, FlashAttention-2, fp32 logits for the "
+              "loss, fused AdamW";
+  s.unfused_rms_norm = true;
+  s.attention_kernel = AttentionImpl::kFlash2;
+  s.reduce_dtype = Dtype::kBf16;
+  s.autocast = AutocastUse::kNever;  // its parameters are FSDP's: the policy casts them
+  s.selective_recompute = false;
+  s.tensor_parallel = false;
+  s.pipeline_parallel = false;
+  s.expert_parallel = false;
+  s.fp8_all_gather = false;
+  s.source = "huggingface/accelerate 1.15.0 utils/fsdp_utils.py (fsdp2_prepare_model), utils/dataclasses.py "
+             "(FullyShardedDataParallelPlugin.set_mixed_precision); as fsdp2 for FSDP2, as fsdp1 for the module";
   return s;
 }();
 
@@ -630,6 +660,7 @@ constexpr StackSpec kSpecs[] = {
     kDeepspeed,
     kDeepspeedV03,
     kHfDdp,
+    kHfFsdp2,
 };
 
 }  // namespace
@@ -739,7 +770,7 @@ const char* loss_kernel_choices() { return "fp32-logits | fused | chunked-linear
 
 const char* stack_choices() {
   return "trainplan | trainplan-reference | pytorch-eager | torch-compile | megatron-te | fsdp1 | composer | fsdp2 | fsdp2-compile | deepspeed | "
-         "deepspeed-v0.3 | hf-ddp";
+         "deepspeed-v0.3 | hf-ddp | hf-fsdp2";
 }
 
 }  // namespace trainplan::costmodel

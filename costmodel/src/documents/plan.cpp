@@ -639,6 +639,9 @@ Result<bool> validate_plan(const Plan& plan) {
       return err("/parallel/zero_stage: the " + std::string(stack.name) + " stack is PyTorch DDP: zero_stage " + n(stack.max_zero) +
                  " (FSDP runs as fsdp1 or fsdp2, ZeRO as deepspeed)");
     }
+    if (p.recompute == Recompute::kSelective && !stack.selective_recompute) {
+      return err("/parallel/recompute: the " + std::string(stack.name) + " stack recomputes whole layers only: recompute none or full");
+    }
     if (stack.max_zero == 0 && (p.offload_optimizer != Offload::kNone || p.offload_params != Offload::kNone)) {
       return err(std::string(p.offload_optimizer != Offload::kNone ? "/parallel/offload_optimizer" : "/parallel/offload_params") + ": the " +
                  stack.name + " stack is PyTorch DDP: no CPU offload (FSDP's or ZeRO's)");

@@ -179,7 +179,7 @@ costmodel::Stack export_stack(const Plan& plan, ExportTarget target) {
     case ExportTarget::kDeepspeed: return costmodel::Stack::kDeepspeed;
     case ExportTarget::kAccelerate:  // FSDP where the plan shards, in its FSDP version (fsdp_version 1 for fsdp1, else 2); else DDP
       if (plan.parallel.dp <= 1 || plan.parallel.zero_stage < 2) return costmodel::Stack::kHfDdp;
-      return costmodel::is_fsdp1(plan.training.stack) ? costmodel::Stack::kFsdp1 : costmodel::Stack::kFsdp2;
+      return costmodel::is_fsdp1(plan.training.stack) ? costmodel::Stack::kFsdp1 : costmodel::Stack::kHfFsdp2;
     case ExportTarget::kLitgpt:  // Lightning Fabric's FSDPStrategy (FSDP1) or, for LoRA, ModelParallelStrategy (FSDP2)
       if (plan.gpus == 1) return costmodel::Stack::kPytorchEager;
       return plan.training.mode == costmodel::TrainingMode::kLora || plan.training.mode == costmodel::TrainingMode::kQlora ? costmodel::Stack::kFsdp2

@@ -26,10 +26,11 @@ enum class Stack {
   kDeepspeed,     // DeepSpeed ZeRO-1/2/3 on a PyTorch module
   kDeepspeedV03,  // DeepSpeed v0.3.16 (2021) with the PyTorch of its time: ZeRO-3 parameter by parameter
   kHfDdp,         // a Hugging Face module in fp32 under torch.autocast with PyTorch DDP (Accelerate without FSDP, the HF Trainer)
+  kHfFsdp2,       // a Hugging Face module under FSDP2 as Accelerate's fsdp_version 2 runs it
 };
 inline constexpr Stack kStacks[] = {Stack::kTrainplan, Stack::kTrainplanReference, Stack::kPytorchEager, Stack::kTorchCompile,
                                     Stack::kMegatronTe, Stack::kFsdp1, Stack::kComposer, Stack::kFsdp2, Stack::kFsdp2Compile,
-                                    Stack::kDeepspeed, Stack::kDeepspeedV03, Stack::kHfDdp};
+                                    Stack::kDeepspeed, Stack::kDeepspeedV03, Stack::kHfDdp, Stack::kHfFsdp2};
 // PyTorch FSDP1 (fsdp1, composer): FlatParameters, sharding strategies, Accelerate's fsdp_version 1.
 [[nodiscard]] constexpr bool is_fsdp1(Stack stack) { return stack == Stack::kFsdp1 || stack == Stack::kComposer; }
 
@@ -448,8 +449,11 @@ struct StackSpec {
   // gradients and optimizer states, each linear layer's weight and input cast to the 16-bit dtype
   // at every use, a float32 residual stream.
   AutocastUse autocast = AutocastUse::kNever;
-  // The highest ZeRO stage the stack runs over more than one data-parallel rank (PyTorch DDP: 0).
+  // The highest ZeRO stage the stack runs (PyTorch DDP: 0).
   int max_zero = 3;
+  // Runs selective recompute (an op-level policy or the attention core's); false: only whole
+  // blocks (Accelerate's fsdp_activation_checkpointing, transformers' gradient checkpointing).
+  bool selective_recompute = true;
   // Runs fp8 all-gathers of the linear layers' weights (TrainingConfig::fp8_all_gather): torchao's
   // Float8LinearConfig enable_fsdp_float8_all_gather, which hooks FSDP2's fully_shard
   // (WeightWithDynamicFloat8CastTensor's fsdp_pre_all_gather / fsdp_post_all_gather), for its
